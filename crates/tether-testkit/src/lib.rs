@@ -1,0 +1,1 @@
+//! Scripted fake servers for tether's tests: real HTTP on 127.0.0.1, with fault injection.
