@@ -1,0 +1,65 @@
+//! Errors.
+
+use crate::verify::Violation;
+
+/// Result alias of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong while serving a run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An event would have broken the AG-UI ordering rules; the run was ended with
+    /// `RUN_ERROR{code: violation.code()}` and accepts no further events.
+    #[error("AG-UI stream violation: {0}")]
+    Verification(#[from] Violation),
+    /// The client went away (or the run was cancelled); stop working.
+    #[error("the run was cancelled or its client disconnected")]
+    Cancelled,
+    /// The run already ended; nothing more can be emitted on it.
+    #[error("the run has already ended; start a new run before emitting more events")]
+    RunEnded,
+    /// The agent produced events faster than the transport drained them.
+    #[error("event buffer full ({capacity} events): the client is not reading the stream")]
+    BufferFull {
+        /// The configured capacity.
+        capacity: usize,
+    },
+    /// JSON (de)serialization failed (typed state, tool arguments).
+    #[error("JSON error: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The input state does not fit the agent's typed state.
+    #[error("RunAgentInput.state does not match the agent's state type: {0}")]
+    InvalidState(serde_json::Error),
+    /// The agent failed; becomes `RUN_ERROR{message, code}`.
+    #[error("{message}")]
+    Agent {
+        /// Machine-readable code for `RUN_ERROR.code`.
+        code: Option<String>,
+        /// Message for `RUN_ERROR.message`.
+        message: String,
+    },
+}
+
+impl Error {
+    /// An agent failure with a code, reported as `RUN_ERROR{code, message}`.
+    pub fn agent(code: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Agent {
+            code: Some(code.into()),
+            message: message.into(),
+        }
+    }
+
+    /// The `RUN_ERROR.code` this error is reported with.
+    pub fn code(&self) -> String {
+        match self {
+            Error::Verification(v) => v.code().to_owned(),
+            Error::Cancelled => "CANCELLED".to_owned(),
+            Error::RunEnded => "RUN_ENDED".to_owned(),
+            Error::BufferFull { .. } => "EVENT_BUFFER_FULL".to_owned(),
+            Error::Json(_) => "JSON_ERROR".to_owned(),
+            Error::InvalidState(_) => "INVALID_STATE".to_owned(),
+            Error::Agent { code, .. } => code.clone().unwrap_or_else(|| "AGENT_ERROR".to_owned()),
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! # tether-agui
+//!
+//! Serves any tether session to a browser over [AG-UI](https://docs.ag-ui.com) 1.0, conformant
+//! to the official TypeScript client (`@ag-ui/client@1.0.0`).
+//!
+//! - [`event`] and [`types`]: every AG-UI 1.0 event, `RunAgentInput` and the message types,
+//!   serialized exactly as the schema says.
+//! - [`encode`] and [`proto`]: the SSE and protobuf encoders, the latter byte-identical with
+//!   `@ag-ui/proto@1.0.0`.
+//! - [`verify`]: the server-side verifier that every served stream passes through.
+//! - [`RunContext`] and its RAII handles; [`Agent`] and [`run_agent`].
+//! - [`server`]: the axum router.
+//!
+//! This crate knows no provider crate; it depends only on the `tether` vocabulary.
+
+#![warn(missing_docs)]
+
+pub mod encode;
+pub mod error;
+pub mod event;
+pub mod ids;
+pub mod patch;
+pub mod proto;
+pub mod types;
+pub mod verify;
+
+pub use encode::Encoding;
+pub use error::{Error, Result};
+pub use event::{Event, EventType, PROTOCOL_VERSION};
+pub use ids::{InterruptId, MessageId, RunId, SubagentRunId, ThreadId, ToolCallId};
+pub use types::*;
+pub use verify::{Rule, Verifier, Violation};
