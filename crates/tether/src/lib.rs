@@ -1,1 +1,46 @@
-pub fn x(){}
+//! # tether
+//!
+//! Run any AI agent, wherever its loop lives, with the tools kept local.
+//!
+//! This crate is tether's vocabulary and seams, and knows no wire format:
+//! - [`Event`], [`ToolSpec`], [`ToolUse`], [`ToolResult`], [`Usage`], [`SessionInfo`],
+//!   [`Terminal`], [`TurnResult`], [`SessionResult`]: what every provider speaks.
+//! - [`Provider`] (where the loop lives), [`ChatModel`] (one model call for the local loop),
+//!   [`Handler`] (where tools, permissions, files and terminals are served), [`EventStore`]
+//!   (the exactly-once record and tool-result memo).
+//! - [`Session`]: the engine, written once for every provider.
+//! - [`local::LocalLoop`]: the in-process agent loop over any [`ChatModel`], with loop guards.
+//! - [`RetryPolicy`]: one retry policy for every provider.
+//! - [`workspace::Workspace`]: a ready handler serving files, searches and commands in a root.
+
+#![warn(missing_docs)]
+
+pub mod chat;
+pub mod error;
+pub mod event;
+pub mod handler;
+pub mod local;
+pub mod provider;
+pub mod retry;
+pub mod session;
+pub mod sink;
+pub mod store;
+pub mod types;
+pub mod workspace;
+
+pub use chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse, ChatToolCall, ScriptedModel};
+pub use error::{Error, Result, TransportKind};
+pub use event::{Event, EventKind, Role};
+pub use handler::{
+    Capabilities, ElicitationMode, ElicitationRequest, ElicitationResponse, ExitStatus, Handler,
+    HandlerError, NoTools, PermissionKind, PermissionOption, PermissionOutcome, PermissionRequest,
+    ReadTextFile, TerminalRequest, TerminalResponse, ToolOutput, ToolSet, WriteTextFile,
+};
+pub use provider::{Input, Opened, Provider, TurnContext};
+pub use retry::{RecordingSleeper, RetryPolicy, Sleeper, TokioSleeper};
+pub use session::{GuardDecision, GuardInfo, Session, SessionBuilder, SessionConfig, SessionHandle};
+pub use sink::{DeltaSink, EventSink};
+pub use store::{EventStore, MemoryStore};
+pub use types::{
+    SessionInfo, SessionResult, Terminal, ToolResult, ToolSpec, ToolUse, TurnResult, Usage, stop_reason,
+};

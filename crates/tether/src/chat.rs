@@ -1,0 +1,224 @@
+//! [`ChatModel`]: one model call for the local loop, on a neutral OpenAI-chat-shaped contract.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::Result;
+use crate::event::Role;
+use crate::sink::DeltaSink;
+use crate::types::{ToolSpec, ToolUse, Usage};
+
+/// A tool call inside an assistant message: id, name and the argument text as the model wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatToolCall {
+    /// The call's id.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The argument JSON text (possibly invalid: the model wrote it).
+    pub arguments: String,
+}
+
+impl ChatToolCall {
+    /// The call as a [`ToolUse`], its arguments decoded (see [`ToolUse::from_arguments`]).
+    pub fn to_tool_use(&self) -> ToolUse {
+        ToolUse::from_arguments(&self.id, &self.name, &self.arguments)
+    }
+}
+
+/// One message of a chat history, in a provider-neutral shape.
+///
+/// OpenAI-compatible and Anthropic models both map to and from it. `provider_data` carries
+/// anything a provider must get back unchanged in a later request (e.g. Anthropic thinking blocks
+/// with their signatures), so round-trips lose nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// Who wrote it.
+    pub role: Role,
+    /// The text (`None` for an assistant message with only tool calls).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// Tool calls made by an assistant message.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ChatToolCall>,
+    /// For a tool message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// For a tool message: whether it reports an error.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub is_error: bool,
+    /// Reasoning text of an assistant message, when the model exposed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    /// Provider-specific content to send back unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_data: Option<Value>,
+}
+
+impl ChatMessage {
+    fn plain(role: Role, text: impl Into<String>) -> Self {
+        ChatMessage {
+            role,
+            content: Some(text.into()),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            is_error: false,
+            reasoning: None,
+            provider_data: None,
+        }
+    }
+
+    /// A system message.
+    pub fn system(text: impl Into<String>) -> Self {
+        Self::plain(Role::System, text)
+    }
+
+    /// A user message.
+    pub fn user(text: impl Into<String>) -> Self {
+        Self::plain(Role::User, text)
+    }
+
+    /// An assistant message with text only.
+    pub fn assistant(text: impl Into<String>) -> Self {
+        Self::plain(Role::Assistant, text)
+    }
+
+    /// A tool result message.
+    pub fn tool(tool_call_id: impl Into<String>, content: impl Into<String>, is_error: bool) -> Self {
+        ChatMessage {
+            tool_call_id: Some(tool_call_id.into()),
+            is_error,
+            ..Self::plain(Role::Tool, content)
+        }
+    }
+}
+
+/// One model call's input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatRequest {
+    /// The model name (empty: the model's configured default).
+    pub model: String,
+    /// The whole history.
+    pub messages: Vec<ChatMessage>,
+    /// The tools the model may call.
+    pub tools: Vec<ToolSpec>,
+}
+
+/// One model call's output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatResponse {
+    /// The assistant message.
+    pub message: ChatMessage,
+    /// The raw finish reason (`stop`, `tool_calls`, `length`, `end_turn`, ...); `None` if absent.
+    pub finish_reason: Option<String>,
+    /// Usage, when reported.
+    pub usage: Option<Usage>,
+    /// The response as the server described it (assembled for streams), for the record.
+    pub raw: Value,
+}
+
+/// One model call, streaming its deltas into a [`DeltaSink`] as it goes.
+///
+/// Implementations: `tether-openai` (OpenAI-compatible HTTP), `tether-anthropic` (Messages), and
+/// [`ScriptedModel`] for tests. The loop, its guards and its retries live above this trait, in
+/// [`crate::local::LocalLoop`]; an implementation makes exactly one attempt per call and reports
+/// failures as typed [`crate::Error`]s the shared retry policy can classify.
+#[async_trait]
+pub trait ChatModel: Send + Sync + 'static {
+    /// A short name for logs (`openai`, `anthropic`, ...).
+    fn name(&self) -> &str;
+    /// Makes one call.
+    async fn chat(&self, req: &ChatRequest, deltas: &DeltaSink) -> Result<ChatResponse>;
+}
+
+/// A [`ChatModel`] that replays scripted responses in order: for tests and examples.
+///
+/// ```
+/// use tether::{ChatMessage, ChatResponse, ScriptedModel};
+/// let m = ScriptedModel::new(vec![Ok(ScriptedModel::text("hello"))]);
+/// assert_eq!(m.remaining(), 1);
+/// ```
+#[derive(Debug, Default)]
+pub struct ScriptedModel {
+    script: std::sync::Mutex<std::collections::VecDeque<Result<ChatResponse>>>,
+    requests: std::sync::Mutex<Vec<ChatRequest>>,
+}
+
+impl ScriptedModel {
+    /// A model that answers with `script`, one entry per call.
+    pub fn new(script: Vec<Result<ChatResponse>>) -> Self {
+        ScriptedModel {
+            script: std::sync::Mutex::new(script.into()),
+            requests: Default::default(),
+        }
+    }
+
+    /// A plain text response with finish reason `stop`.
+    pub fn text(text: &str) -> ChatResponse {
+        ChatResponse {
+            message: ChatMessage::assistant(text),
+            finish_reason: Some("stop".into()),
+            usage: None,
+            raw: Value::Null,
+        }
+    }
+
+    /// A response calling tools: `(id, name, arguments)`.
+    pub fn tool_calls(calls: &[(&str, &str, &str)]) -> ChatResponse {
+        let mut m = ChatMessage::assistant("");
+        m.content = None;
+        m.tool_calls = calls
+            .iter()
+            .map(|(id, name, args)| ChatToolCall {
+                id: (*id).into(),
+                name: (*name).into(),
+                arguments: (*args).into(),
+            })
+            .collect();
+        ChatResponse {
+            message: m,
+            finish_reason: Some("tool_calls".into()),
+            usage: None,
+            raw: Value::Null,
+        }
+    }
+
+    /// Responses not yet used.
+    pub fn remaining(&self) -> usize {
+        self.script.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    /// The requests received so far.
+    pub fn requests(&self) -> Vec<ChatRequest> {
+        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl ChatModel for ScriptedModel {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    async fn chat(&self, req: &ChatRequest, deltas: &DeltaSink) -> Result<ChatResponse> {
+        if let Ok(mut r) = self.requests.lock() {
+            r.push(req.clone());
+        }
+        let next = self.script.lock().ok().and_then(|mut s| s.pop_front());
+        let resp = next.unwrap_or_else(|| {
+            Err(crate::Error::Malformed(
+                "the scripted model has no more responses".into(),
+            ))
+        })?;
+        if let Some(t) = &resp.message.content {
+            deltas.text(t).await;
+        }
+        for c in &resp.message.tool_calls {
+            deltas.tool_call_start(&c.id, &c.name).await;
+            deltas.tool_call_args(&c.id, &c.arguments).await;
+            deltas.tool_call_end(&c.id).await;
+        }
+        Ok(resp)
+    }
+}

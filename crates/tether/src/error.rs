@@ -1,0 +1,264 @@
+//! The one error type every tether seam returns.
+
+use std::time::Duration;
+
+/// How a transport failed before a full response arrived.
+///
+/// Kept separate from HTTP status errors because the retry policy treats most of these as
+/// transient, and because callers want to tell "nothing listens there" from "it hung up".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum TransportKind {
+    /// The request or a read timed out.
+    Timeout,
+    /// The connection could not be established in time.
+    ConnectTimeout,
+    /// Nothing accepted the connection (e.g. no server on that port).
+    Refused,
+    /// The peer reset the connection.
+    Reset,
+    /// The connection closed before the response (or stream) was complete.
+    Closed,
+    /// A stream went silent for longer than its idle timeout.
+    Idle,
+    /// Any other transport failure (DNS, TLS, ...); not retried.
+    Other,
+}
+
+impl std::fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = match self {
+            TransportKind::Timeout => "timeout",
+            TransportKind::ConnectTimeout => "connect timeout",
+            TransportKind::Refused => "connection refused",
+            TransportKind::Reset => "connection reset",
+            TransportKind::Closed => "connection closed",
+            TransportKind::Idle => "stream idle",
+            TransportKind::Other => "other",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Everything that can go wrong in a tether session, as a type a caller can match on.
+///
+/// Every variant's message says what happened and, where it can, what to do about it.
+/// [`Error::is_transient`] is the single classification the shared [`crate::RetryPolicy`] uses.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The server answered with a non-success HTTP status.
+    #[error("HTTP {status} from {endpoint}: {message}")]
+    Http {
+        /// The HTTP status code.
+        status: u16,
+        /// The server's message (from its JSON error body when it sent one).
+        message: String,
+        /// The server's error code or type (`insufficient_quota`, `overloaded_error`, ...).
+        code: Option<String>,
+        /// The delay the server asked for (`retry-after-ms` / `retry-after`).
+        retry_after: Option<Duration>,
+        /// The server's `x-should-retry` verdict, which wins over the status classification.
+        should_retry: Option<bool>,
+        /// What was called (a URL or an operation name), for the message.
+        endpoint: String,
+    },
+    /// The connection failed before a complete response arrived.
+    #[error("{kind} talking to {endpoint}: {message}")]
+    Transport {
+        /// How it failed.
+        kind: TransportKind,
+        /// Details from the transport.
+        message: String,
+        /// What was called.
+        endpoint: String,
+    },
+    /// The server reported an error inside a successful (200) stream.
+    #[error("the stream reported an error{}: {message}", code.as_deref().map(|c| format!(" ({c})")).unwrap_or_default())]
+    Stream {
+        /// The error's message.
+        message: String,
+        /// The error's code or type, if any.
+        code: Option<String>,
+    },
+    /// The response could not be understood.
+    #[error("malformed response: {0}")]
+    Malformed(String),
+    /// The run did not finish within its time limit.
+    #[error("the run did not finish within {0:?}; in-flight work was torn down")]
+    Timeout(Duration),
+    /// The run was cancelled by the caller.
+    #[error("the run was cancelled")]
+    Cancelled,
+    /// The configuration is incomplete or inconsistent.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// Authentication failed or credentials are missing.
+    #[error("authentication: {0}")]
+    Auth(String),
+    /// The turn guard panicked (a guard that halts ends the session with a stop reason instead).
+    #[error("the turn guard failed: {0}")]
+    Guard(String),
+    /// A provider-specific failure that fits no other variant.
+    #[error("{provider}: {message}")]
+    Provider {
+        /// The provider's name.
+        provider: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The event store failed.
+    #[error("event store: {0}")]
+    Store(String),
+    /// The session is closed and takes no more input.
+    #[error("the session is closed")]
+    Closed,
+    /// An I/O error outside any protocol.
+    #[error("I/O: {0}")]
+    Io(String),
+}
+
+/// Shorthand for results whose error is [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Whether retrying the same request may succeed.
+    ///
+    /// Transient: HTTP 408, 409, 429 (but not quota exhaustion such as `insufficient_quota`),
+    /// every 5xx including Anthropic's 529, and transport failures other than [`TransportKind::Other`].
+    /// An `x-should-retry` header wins over the status. In-stream errors are transient when their
+    /// code names an overload or server error.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Http {
+                status,
+                code,
+                should_retry,
+                ..
+            } => {
+                if let Some(v) = should_retry {
+                    return *v;
+                }
+                match *status {
+                    408 | 409 => true,
+                    429 => !code.as_deref().is_some_and(is_quota_code),
+                    s => s >= 500,
+                }
+            }
+            Error::Transport { kind, .. } => !matches!(kind, TransportKind::Other),
+            Error::Stream { code, .. } => code.as_deref().is_some_and(|c| {
+                matches!(
+                    c,
+                    "overloaded_error"
+                        | "server_error"
+                        | "api_error"
+                        | "rate_limit_error"
+                        | "rate_limit_exceeded"
+                        | "internal_error"
+                )
+            }),
+            _ => false,
+        }
+    }
+
+    /// The HTTP status, when the error came from one.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Error::Http { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The delay the server asked for before a retry, if any.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::Http { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+
+    /// A short machine-readable code for this error (used in AG-UI RUN_ERROR and CLI output).
+    pub fn code(&self) -> &'static str {
+        match self {
+            Error::Http { status: 401, .. } | Error::Http { status: 403, .. } | Error::Auth(_) => "auth",
+            Error::Http { status: 404, .. } => "not_found",
+            Error::Http { status: 429, .. } => "rate_limited",
+            Error::Http { .. } => "http",
+            Error::Transport { .. } => "transport",
+            Error::Stream { .. } => "stream_error",
+            Error::Malformed(_) => "malformed_response",
+            Error::Timeout(_) => "timeout",
+            Error::Cancelled => "cancelled",
+            Error::Config(_) => "config",
+            Error::Guard(_) => "guard",
+            Error::Provider { .. } => "provider",
+            Error::Store(_) => "store",
+            Error::Closed => "closed",
+            Error::Io(_) => "io",
+        }
+    }
+
+    /// Builds a [`Error::Provider`].
+    pub fn provider(provider: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Provider {
+            provider: provider.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Whether an error code or type names quota exhaustion, which no retry will fix.
+fn is_quota_code(code: &str) -> bool {
+    matches!(
+        code,
+        "insufficient_quota" | "quota_exceeded" | "billing_hard_limit_reached"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn http(status: u16, code: Option<&str>) -> Error {
+        Error::Http {
+            status,
+            message: "m".into(),
+            code: code.map(str::to_owned),
+            retry_after: None,
+            should_retry: None,
+            endpoint: "x".into(),
+        }
+    }
+
+    #[test]
+    fn classification_follows_the_sdk_rules() {
+        for s in [408, 409, 429, 500, 502, 503, 504, 529] {
+            assert!(http(s, None).is_transient(), "{s} should be transient");
+        }
+        for s in [400, 401, 403, 404, 422] {
+            assert!(!http(s, None).is_transient(), "{s} should not be transient");
+        }
+        assert!(!http(429, Some("insufficient_quota")).is_transient());
+        let mut e = http(500, None);
+        if let Error::Http { should_retry, .. } = &mut e {
+            *should_retry = Some(false);
+        }
+        assert!(!e.is_transient());
+        for k in [
+            TransportKind::Timeout,
+            TransportKind::ConnectTimeout,
+            TransportKind::Refused,
+            TransportKind::Reset,
+            TransportKind::Closed,
+        ] {
+            let e = Error::Transport {
+                kind: k,
+                message: String::new(),
+                endpoint: String::new(),
+            };
+            assert!(e.is_transient());
+        }
+        assert!(!Error::Cancelled.is_transient());
+    }
+}

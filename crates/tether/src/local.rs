@@ -1,0 +1,394 @@
+//! [`LocalLoop`]: the agent loop run in-process over any [`ChatModel`], with loop guards.
+//!
+//! The guards exist for models that follow instructions weakly:
+//! - **duplicate call**: a call with the same tool name and arguments as an earlier call in the
+//!   same request is not run again; it is answered in history with a "duplicate" tool message and
+//!   a `local.duplicate_tool_call` event. Arguments that are not valid JSON are keyed by their raw
+//!   text, so two different malformed calls never collide. A turn whose calls were all
+//!   duplicates continues by itself (the next model call sees the answers).
+//! - **corrective**: after two consecutive errors from the same tool, a user message tells the
+//!   model to change its input (`local.directive`, role `corrective`).
+//! - **final turn**: on the last turn the request may take, a user message tells the model to
+//!   finish now, naming the terminal tool when there is one (`local.directive`, role `final_turn`).
+//!
+//! Guards reset on every new user message: budgets are per request.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use crate::chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse};
+use crate::error::{Error, Result};
+use crate::event::{EventKind, Role};
+use crate::provider::{Input, Opened, Provider, TurnContext};
+use crate::retry::RetryPolicy;
+use crate::sink::DeltaSink;
+use crate::types::{Terminal, ToolResult, ToolUse, TurnResult};
+
+/// The in-process agent loop, a [`Provider`] over a [`ChatModel`].
+///
+/// ```no_run
+/// # async fn f() -> tether::Result<()> {
+/// use tether::{Session, ScriptedModel, local::LocalLoop};
+/// let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("4"))]);
+/// let provider = LocalLoop::new(model).system_prompt("You add numbers.");
+/// let result = Session::builder(provider).run("2+2?").await?;
+/// assert_eq!(result.text, "4");
+/// # Ok(()) }
+/// ```
+pub struct LocalLoop {
+    model: Arc<dyn ChatModel>,
+    model_name: String,
+    system_prompt: Option<String>,
+    retry: RetryPolicy,
+    session_id: String,
+    history: Vec<ChatMessage>,
+    resumed: bool,
+    seen: HashSet<String>,
+    error_counts: HashMap<String, u32>,
+    calls: u64,
+}
+
+impl std::fmt::Debug for LocalLoop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalLoop")
+            .field("model", &self.model.name())
+            .field("model_name", &self.model_name)
+            .field("session_id", &self.session_id)
+            .field("history_len", &self.history.len())
+            .finish()
+    }
+}
+
+impl LocalLoop {
+    /// A loop over `model`.
+    pub fn new(model: impl ChatModel) -> Self {
+        Self::with_model(Arc::new(model))
+    }
+
+    /// A loop over a shared model.
+    pub fn with_model(model: Arc<dyn ChatModel>) -> Self {
+        LocalLoop {
+            model,
+            model_name: String::new(),
+            system_prompt: None,
+            retry: RetryPolicy::default(),
+            session_id: format!("local_{:016x}", rand::random::<u64>()),
+            history: Vec::new(),
+            resumed: false,
+            seen: HashSet::new(),
+            error_counts: HashMap::new(),
+            calls: 0,
+        }
+    }
+
+    /// The model name sent with every request (empty: the model's own default).
+    pub fn model_name(mut self, name: impl Into<String>) -> Self {
+        self.model_name = name.into();
+        self
+    }
+
+    /// The system prompt.
+    pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.system_prompt = Some(prompt.into());
+        self
+    }
+
+    /// The retry policy for model calls (default [`RetryPolicy::default`]).
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.retry = policy;
+        self
+    }
+
+    /// The session id (default `local_` + 16 hex digits).
+    pub fn session_id(mut self, id: impl Into<String>) -> Self {
+        self.session_id = id.into();
+        self
+    }
+
+    /// Continues from a transcript exported earlier ([`crate::SessionResult::transcript`]).
+    pub fn transcript(mut self, transcript: &Value) -> Result<Self> {
+        let history: Vec<ChatMessage> = serde_json::from_value(transcript.clone())
+            .map_err(|e| Error::Config(format!("the transcript is not a list of chat messages: {e}")))?;
+        self.resumed = !history.is_empty();
+        self.history = history;
+        Ok(self)
+    }
+
+    /// The history so far.
+    pub fn history(&self) -> &[ChatMessage] {
+        &self.history
+    }
+
+    async fn directive(&mut self, cx: &TurnContext, role: &str, text: String) -> Result<()> {
+        self.history.push(ChatMessage::user(text.clone()));
+        cx.sink
+            .record(
+                "",
+                "local.directive",
+                json!({"type": "local.directive", "role": role, "text": text}),
+                EventKind::Directive {
+                    role: role.into(),
+                    text,
+                },
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn apply_results(
+        &mut self,
+        cx: &TurnContext,
+        uses: &[ToolUse],
+        results: &[ToolResult],
+    ) -> Result<()> {
+        for (u, r) in uses.iter().zip(results) {
+            let content = if r.is_error {
+                json!({"error": r.content, "isError": true}).to_string()
+            } else {
+                r.content.clone()
+            };
+            self.history.push(ChatMessage::tool(&u.id, content, r.is_error));
+            let n = self.error_counts.entry(u.name.clone()).or_insert(0);
+            if r.is_error {
+                *n += 1;
+            } else {
+                *n = 0;
+            }
+        }
+        let mut warned = HashSet::new();
+        for (u, r) in uses.iter().zip(results) {
+            if r.is_error
+                && self.error_counts.get(&u.name).copied().unwrap_or(0) >= 2
+                && warned.insert(u.name.clone())
+            {
+                let finish = match &cx.terminal_tool {
+                    Some(t) => format!(" (or call your terminal tool `{t}` if you are done)"),
+                    None => String::new(),
+                };
+                let text = format!(
+                    "STOP — the {} tool rejected your input again: {}. Change your input before calling it again{finish}.",
+                    u.name, r.content
+                );
+                self.directive(cx, "corrective", text).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn call_model(&mut self, cx: &TurnContext, message_id: &str) -> Result<ChatResponse> {
+        let req = ChatRequest {
+            model: self.model_name.clone(),
+            messages: self.history.clone(),
+            tools: cx.tools.clone(),
+        };
+        let mut retries = 0u32;
+        loop {
+            let mid = if retries == 0 {
+                message_id.to_owned()
+            } else {
+                format!("{message_id}-r{retries}")
+            };
+            let deltas = DeltaSink::new(cx.sink.clone(), mid);
+            match self.model.chat(&req, &deltas).await {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    let Some(d) = self.retry.delay_for(&e, retries) else {
+                        return Err(e);
+                    };
+                    retries += 1;
+                    tracing::warn!(attempt = retries, delay_ms = d.as_millis() as u64, error = %e, "retrying model call");
+                    cx.sink
+                        .record(
+                            "",
+                            "local.retry",
+                            json!({"type": "local.retry", "attempt": retries, "delay_ms": d.as_millis() as u64, "error": e.to_string(), "status": e.status()}),
+                            EventKind::Retry {
+                                attempt: retries,
+                                delay_ms: d.as_millis() as u64,
+                                error: e.to_string(),
+                            },
+                        )
+                        .await?;
+                    self.retry.sleeper.sleep(d).await;
+                }
+            }
+        }
+    }
+}
+
+/// The duplicate-call key: the tool name and its arguments, canonical JSON when they parse,
+/// the raw text when they don't.
+fn call_key(name: &str, arguments: &str) -> String {
+    let canon = match serde_json::from_str::<Value>(arguments) {
+        Ok(v) => format!("json:{v}"),
+        Err(_) if arguments.trim().is_empty() => "json:{}".to_owned(),
+        Err(_) => format!("raw:{arguments}"),
+    };
+    format!("{name}\u{0}{canon}")
+}
+
+#[async_trait]
+impl Provider for LocalLoop {
+    fn name(&self) -> &str {
+        "local"
+    }
+
+    async fn open(&mut self, _cx: &TurnContext) -> Result<Opened> {
+        if self.history.is_empty()
+            && let Some(p) = &self.system_prompt
+        {
+            self.history.push(ChatMessage::system(p.clone()));
+        }
+        Ok(Opened {
+            session_id: self.session_id.clone(),
+            resumed: self.resumed,
+            pending: Vec::new(),
+        })
+    }
+
+    async fn turn(&mut self, input: Input, cx: &TurnContext) -> Result<TurnResult> {
+        match input {
+            Input::Message(text) => {
+                self.history.push(ChatMessage::user(text));
+                self.seen.clear();
+                self.error_counts.clear();
+            }
+            Input::ToolResults(uses, results) => self.apply_results(cx, &uses, &results).await?,
+            Input::Continue => {}
+            Input::Raw(v) => {
+                let m: ChatMessage = serde_json::from_value(v).map_err(|e| {
+                    Error::Config(format!(
+                        "a raw input to the local loop must be a chat message: {e}"
+                    ))
+                })?;
+                if m.role == Role::User {
+                    self.seen.clear();
+                    self.error_counts.clear();
+                }
+                self.history.push(m);
+            }
+        }
+        if cx.is_final_turn() {
+            let text = match &cx.terminal_tool {
+                Some(t) => format!(
+                    "FINAL TURN: you are about to reach the maximum number of turns. Call `{t}` now with your final answer, and no other tool."
+                ),
+                None => "FINAL TURN: you are about to reach the maximum number of turns. Give your final answer now, without calling any tool.".to_owned(),
+            };
+            self.directive(cx, "final_turn", text).await?;
+        }
+        self.calls += 1;
+        let message_id = format!("{}-m{}", self.session_id, self.calls);
+        let resp = self.call_model(cx, &message_id).await?;
+        self.history.push(resp.message.clone());
+
+        let mut uses = Vec::new();
+        let mut dups = Vec::new();
+        for c in &resp.message.tool_calls {
+            if self.seen.insert(call_key(&c.name, &c.arguments)) {
+                uses.push(c.to_tool_use());
+            } else {
+                dups.push(c.clone());
+            }
+        }
+        let text = resp.message.content.clone().unwrap_or_default();
+        let all_uses: Vec<ToolUse> = resp.message.tool_calls.iter().map(|c| c.to_tool_use()).collect();
+        cx.sink
+            .record(
+                &message_id,
+                "local.model_response",
+                json!({
+                    "type": "local.model_response",
+                    "message": resp.message,
+                    "finish_reason": resp.finish_reason,
+                    "usage": resp.usage,
+                    "response": resp.raw,
+                }),
+                EventKind::Message {
+                    message_id: message_id.clone(),
+                    role: Role::Assistant,
+                    text: text.clone(),
+                    reasoning: resp.message.reasoning.clone(),
+                    tool_uses: all_uses,
+                },
+            )
+            .await?;
+        for d in &dups {
+            let directive = format!(
+                "You already made this exact call to `{}` with these arguments in this request. Do not repeat it; use the earlier result{}.",
+                d.name,
+                match &cx.terminal_tool {
+                    Some(t) => format!(", or call `{t}` if you are done"),
+                    None => String::new(),
+                }
+            );
+            self.history.push(ChatMessage::tool(
+                &d.id,
+                json!({"duplicate": true, "message": directive}).to_string(),
+                false,
+            ));
+            let input = d.to_tool_use().input;
+            cx.sink
+                .record(
+                    format!("dup:{}", d.id),
+                    "local.duplicate_tool_call",
+                    json!({"type": "local.duplicate_tool_call", "id": d.id, "name": d.name, "input": input}),
+                    EventKind::Directive {
+                        role: "duplicate".into(),
+                        text: directive,
+                    },
+                )
+                .await?;
+        }
+
+        let finish = resp.finish_reason.clone().filter(|s| !s.is_empty());
+        let stop = finish.clone().map(Value::String).unwrap_or(Value::Null);
+        let terminal = if !uses.is_empty() || !dups.is_empty() {
+            Terminal::RequiresAction
+        } else {
+            match finish.as_deref() {
+                None | Some("stop") => Terminal::EndTurn,
+                Some(_) => Terminal::Terminated,
+            }
+        };
+        Ok(TurnResult {
+            terminal,
+            stop_reason: if stop.is_null() { json!("stop") } else { stop },
+            text,
+            tool_uses: uses,
+            server_tool_uses: Vec::new(),
+            usage: resp.usage,
+        })
+    }
+
+    async fn record_tool_results(&mut self, uses: &[ToolUse], results: &[ToolResult]) -> Result<()> {
+        for (u, r) in uses.iter().zip(results) {
+            self.history
+                .push(ChatMessage::tool(&u.id, r.content.clone(), r.is_error));
+        }
+        Ok(())
+    }
+
+    fn transcript(&self) -> Option<Value> {
+        serde_json::to_value(&self.history).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_arguments_never_collide() {
+        assert_ne!(call_key("t", "{bad"), call_key("t", "{worse"));
+        assert_eq!(
+            call_key("t", r#"{"a":1,"b":2}"#),
+            call_key("t", r#"{ "b":2, "a":1 }"#)
+        );
+        assert_eq!(call_key("t", ""), call_key("t", "{}"));
+        assert_ne!(call_key("t", "{}"), call_key("u", "{}"));
+    }
+}

@@ -1,0 +1,142 @@
+//! [`Provider`]: where the agent loop lives.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::error::Result;
+use crate::handler::Handler;
+use crate::sink::EventSink;
+use crate::types::{SessionInfo, ToolResult, ToolSpec, ToolUse, TurnResult};
+
+/// What drives a turn.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Input {
+    /// The first prompt of a request, or a follow-up user message.
+    Message(String),
+    /// Results of the tool uses the previous turn asked for, in the same order.
+    ToolResults(Vec<ToolUse>, Vec<ToolResult>),
+    /// Go on without new input: the previous `RequiresAction` turn left nothing to run (its calls
+    /// were all answered in the provider's own history), or a reconnect resumes a turn in flight.
+    Continue,
+    /// A provider-specific raw input (e.g. a Managed Agents `user.define_outcome` event).
+    Raw(Value),
+}
+
+/// What [`Provider::open`] learned.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Opened {
+    /// The session's id (the provider's when it has one).
+    pub session_id: String,
+    /// True when an existing session was reattached rather than created.
+    pub resumed: bool,
+    /// Tool uses the reattached session still waits for.
+    pub pending: Vec<ToolUse>,
+}
+
+/// What a provider sees of the session while it drives a turn.
+///
+/// `sink` is where it reports events (durable ones exactly once); `handler` is where requests it
+/// gets *during* a turn go (ACP's file, terminal and permission requests, Managed Agents' tool
+/// confirmations). Tool uses it hands back as `RequiresAction` are run by the engine, not by it.
+#[derive(Clone)]
+pub struct TurnContext {
+    /// The session's event pipeline.
+    pub sink: EventSink,
+    /// The session's handler.
+    pub handler: Arc<dyn Handler>,
+    /// The tools to declare to the model (the handler's, plus the terminal tool).
+    pub tools: Vec<ToolSpec>,
+    /// The terminal tool's name, when one is configured.
+    pub terminal_tool: Option<String>,
+    /// This turn's number within the current request (1-based).
+    pub turn: u32,
+    /// The most turns the request may take.
+    pub max_turns: u32,
+}
+
+impl std::fmt::Debug for TurnContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TurnContext")
+            .field("turn", &self.turn)
+            .field("max_turns", &self.max_turns)
+            .field("terminal_tool", &self.terminal_tool)
+            .finish()
+    }
+}
+
+impl TurnContext {
+    /// The session's identity.
+    pub fn info(&self) -> Arc<SessionInfo> {
+        self.sink.info()
+    }
+
+    /// Whether this is the last turn the request may take.
+    pub fn is_final_turn(&self) -> bool {
+        self.turn >= self.max_turns
+    }
+}
+
+/// Where the agent loop lives: the local loop, Claude Managed Agents, Bedrock AgentCore, or an
+/// ACP agent. The session engine drives every provider the same way:
+///
+/// 1. [`open`](Provider::open) once (create, or reattach to an existing remote session);
+/// 2. [`turn`](Provider::turn) with the first [`Input`], then with tool results, until a turn ends
+///    in `EndTurn` or `Terminated`;
+/// 3. on a transient error from `turn`, [`reconnect`](Provider::reconnect) (after backoff) and
+///    re-run whatever tool uses it reports unanswered, then continue;
+/// 4. [`close`](Provider::close) at the end.
+///
+/// # Cancel safety
+/// The engine may drop a `turn` future (cancellation, timeout). It then calls
+/// [`interrupt`](Provider::interrupt), so the provider can stop the remote loop, and may call
+/// `turn` again later: a provider must stay usable after a dropped turn.
+#[async_trait]
+pub trait Provider: Send + 'static {
+    /// The provider's name (`local`, `managed`, `agentcore`, `acp`).
+    fn name(&self) -> &str;
+
+    /// Opens or reattaches the session.
+    async fn open(&mut self, cx: &TurnContext) -> Result<Opened>;
+
+    /// Drives one turn from `input` to its terminal, reporting its events through `cx.sink`.
+    async fn turn(&mut self, input: Input, cx: &TurnContext) -> Result<TurnResult>;
+
+    /// Whether a transient error from [`turn`](Provider::turn) means a dropped stream that
+    /// [`reconnect`](Provider::reconnect) can re-establish. Request/response providers retry inside
+    /// their turn and say no (the default).
+    fn can_reconnect(&self) -> bool {
+        false
+    }
+
+    /// Re-establishes a dropped connection and returns the tool uses still unanswered (to re-run:
+    /// at-least-once). The default has nothing to reconnect.
+    async fn reconnect(&mut self, cx: &TurnContext) -> Result<Vec<ToolUse>> {
+        let _ = cx;
+        Ok(Vec::new())
+    }
+
+    /// Records tool results without starting a turn: used when the terminal tool ended the run,
+    /// so the provider's history stays well formed. The default does nothing.
+    async fn record_tool_results(&mut self, uses: &[ToolUse], results: &[ToolResult]) -> Result<()> {
+        let _ = (uses, results);
+        Ok(())
+    }
+
+    /// Asks the remote loop to stop the turn in flight (after a cancel or a timeout).
+    async fn interrupt(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The client-held history, when the provider keeps one (to reattach later).
+    fn transcript(&self) -> Option<Value> {
+        None
+    }
+
+    /// Tears the session down on the provider's side where that applies.
+    async fn close(&mut self) -> Result<()> {
+        Ok(())
+    }
+}

@@ -1,0 +1,329 @@
+//! [`EventSink`]: where providers put what happens, and where the exactly-once record is kept.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex as StdMutex};
+
+use serde_json::Value;
+use tokio::sync::{Mutex, mpsc};
+
+use crate::error::Result;
+use crate::event::{Event, EventKind};
+use crate::handler::Handler;
+use crate::store::EventStore;
+use crate::types::SessionInfo;
+
+/// The session's event pipeline, handed to providers through [`crate::TurnContext`].
+///
+/// [`EventSink::emit`] records a durable event exactly once (a repeated id is dropped), appends it
+/// to the [`EventStore`], and delivers it to the handler and every subscriber.
+/// [`EventSink::emit_live`] delivers without recording (token deltas). Delivery to subscribers
+/// waits for room in their queues: a slow subscriber slows the session, and nothing is dropped.
+///
+/// Cloning is cheap; clones share the same record.
+#[derive(Clone)]
+pub struct EventSink {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    info: StdMutex<Arc<SessionInfo>>,
+    handler: Arc<dyn Handler>,
+    store: Arc<dyn EventStore>,
+    record: Mutex<Record>,
+    subscribers: Mutex<Vec<mpsc::Sender<Event>>>,
+}
+
+#[derive(Default)]
+struct Record {
+    seen: HashSet<String>,
+    next_seq: u64,
+    events: Vec<Event>,
+}
+
+impl std::fmt::Debug for EventSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EventSink").field("info", &self.info()).finish()
+    }
+}
+
+impl EventSink {
+    /// A sink for a session, delivering to `handler` and recording in `store`.
+    pub fn new(info: SessionInfo, handler: Arc<dyn Handler>, store: Arc<dyn EventStore>) -> Self {
+        EventSink {
+            inner: Arc::new(Inner {
+                info: StdMutex::new(Arc::new(info)),
+                handler,
+                store,
+                record: Mutex::new(Record {
+                    next_seq: 1,
+                    ..Default::default()
+                }),
+                subscribers: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// A sink that records in memory and delivers to nobody: for using a provider or model alone.
+    pub fn detached() -> Self {
+        EventSink::new(
+            SessionInfo::new("detached", "none"),
+            Arc::new(crate::handler::NoTools),
+            Arc::new(crate::store::MemoryStore::default()),
+        )
+    }
+
+    /// The session's identity as of now.
+    pub fn info(&self) -> Arc<SessionInfo> {
+        match self.inner.info.lock() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    /// Replaces the session's identity (after a provider opened or reattached the session).
+    pub fn set_info(&self, info: SessionInfo) {
+        match self.inner.info.lock() {
+            Ok(mut g) => *g = Arc::new(info),
+            Err(p) => *p.into_inner() = Arc::new(info),
+        }
+    }
+
+    /// The handler events are delivered to.
+    pub fn handler(&self) -> &Arc<dyn Handler> {
+        &self.inner.handler
+    }
+
+    /// The store the record is appended to.
+    pub fn store(&self) -> &Arc<dyn EventStore> {
+        &self.inner.store
+    }
+
+    /// Seeds the record with events already stored for this session (after a restart): their ids
+    /// count as seen and numbering continues after the highest sequence number.
+    pub async fn seed(&self, events: &[Event]) {
+        let mut rec = self.inner.record.lock().await;
+        for e in events {
+            rec.seen.insert(e.id.clone());
+            if let Some(s) = e.seq {
+                rec.next_seq = rec.next_seq.max(s + 1);
+            }
+        }
+    }
+
+    /// Marks event ids as seen without recording them (a reconnect learned them from history).
+    pub async fn mark_seen<I: IntoIterator<Item = String>>(&self, ids: I) {
+        let mut rec = self.inner.record.lock().await;
+        rec.seen.extend(ids);
+    }
+
+    /// Whether an event id is already in the record.
+    pub async fn has_seen(&self, id: &str) -> bool {
+        self.inner.record.lock().await.seen.contains(id)
+    }
+
+    /// Records a durable event exactly once and delivers it.
+    ///
+    /// An empty id is replaced by one tether assigns (`<session>:<seq>`). Returns `false`, doing
+    /// nothing, when the id is already recorded: that is how redelivered events are deduplicated.
+    pub async fn emit(&self, mut event: Event) -> Result<bool> {
+        {
+            let mut rec = self.inner.record.lock().await;
+            let seq = rec.next_seq;
+            if event.id.is_empty() {
+                event.id = format!("{}:{seq}", self.info().session_id);
+            }
+            if !rec.seen.insert(event.id.clone()) {
+                return Ok(false);
+            }
+            rec.next_seq += 1;
+            event.seq = Some(seq);
+            // Appending under the record lock keeps the store in sequence order.
+            let session_id = self.info().session_id.clone();
+            self.inner.store.append(&session_id, &event).await?;
+            rec.events.push(event.clone());
+        }
+        self.deliver(event).await;
+        Ok(true)
+    }
+
+    /// Delivers a live-only event (not recorded): token and argument deltas.
+    pub async fn emit_live(&self, event: Event) {
+        self.deliver(event).await;
+    }
+
+    /// Shorthand: records a durable event built from a raw type, raw payload and kind.
+    pub async fn record(
+        &self,
+        id: impl Into<String>,
+        raw_type: &str,
+        raw: Value,
+        kind: EventKind,
+    ) -> Result<bool> {
+        self.emit(Event::new(id, raw_type, raw, kind)).await
+    }
+
+    async fn deliver(&self, event: Event) {
+        let info = self.info();
+        self.inner.handler.on_event(&event, &info).await;
+        let mut subs = self.inner.subscribers.lock().await;
+        match subs.len() {
+            0 => {}
+            1 => {
+                if subs[0].send(event).await.is_err() {
+                    subs.clear();
+                }
+            }
+            _ => {
+                let mut closed = Vec::new();
+                for (i, s) in subs.iter().enumerate() {
+                    if s.send(event.clone()).await.is_err() {
+                        closed.push(i);
+                    }
+                }
+                for i in closed.into_iter().rev() {
+                    subs.remove(i);
+                }
+            }
+        }
+    }
+
+    /// Subscribes to every event delivered from now on (durable and live), in order.
+    ///
+    /// `capacity` bounds the queue; when it is full the session waits for the subscriber.
+    /// Dropping the receiver unsubscribes.
+    pub async fn subscribe(&self, capacity: usize) -> mpsc::Receiver<Event> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        self.inner.subscribers.lock().await.push(tx);
+        rx
+    }
+
+    /// Takes the record accumulated since the last call (one request's events).
+    pub async fn take_record(&self) -> Vec<Event> {
+        std::mem::take(&mut self.inner.record.lock().await.events)
+    }
+}
+
+/// Where a [`crate::ChatModel`] streams its deltas while a call runs.
+///
+/// It turns each piece into a live [`Event`] of the local loop (`local.text_delta`, ...) tagged
+/// with the assistant message's id. [`DeltaSink::discard`] gives one that goes nowhere, for using
+/// a model on its own.
+#[derive(Debug, Clone)]
+pub struct DeltaSink {
+    sink: Option<EventSink>,
+    message_id: String,
+}
+
+impl DeltaSink {
+    /// Deltas for message `message_id`, delivered through `sink`.
+    pub fn new(sink: EventSink, message_id: impl Into<String>) -> Self {
+        DeltaSink {
+            sink: Some(sink),
+            message_id: message_id.into(),
+        }
+    }
+
+    /// A sink that drops every delta.
+    pub fn discard() -> Self {
+        DeltaSink {
+            sink: None,
+            message_id: String::new(),
+        }
+    }
+
+    /// The id of the assistant message being streamed.
+    pub fn message_id(&self) -> &str {
+        &self.message_id
+    }
+
+    async fn live(&self, raw_type: &'static str, kind: EventKind) {
+        if let Some(s) = &self.sink {
+            s.emit_live(Event {
+                id: String::new(),
+                seq: None,
+                raw_type: raw_type.to_owned(),
+                raw: Value::Null,
+                kind,
+            })
+            .await;
+        }
+    }
+
+    /// A piece of assistant text.
+    pub async fn text(&self, delta: &str) {
+        if self.sink.is_some() && !delta.is_empty() {
+            self.live(
+                "local.text_delta",
+                EventKind::TextDelta {
+                    message_id: self.message_id.clone(),
+                    delta: delta.to_owned(),
+                },
+            )
+            .await;
+        }
+    }
+
+    /// A piece of reasoning text.
+    pub async fn reasoning(&self, delta: &str) {
+        if self.sink.is_some() && !delta.is_empty() {
+            self.live(
+                "local.reasoning_delta",
+                EventKind::ReasoningDelta {
+                    message_id: self.message_id.clone(),
+                    delta: delta.to_owned(),
+                },
+            )
+            .await;
+        }
+    }
+
+    /// The opaque signature of a reasoning block.
+    pub async fn reasoning_signature(&self, value: &str) {
+        self.live(
+            "local.reasoning_signature",
+            EventKind::ReasoningSignature {
+                message_id: self.message_id.clone(),
+                value: value.to_owned(),
+            },
+        )
+        .await;
+    }
+
+    /// A tool call began.
+    pub async fn tool_call_start(&self, tool_use_id: &str, name: &str) {
+        self.live(
+            "local.tool_call_start",
+            EventKind::ToolCallStart {
+                tool_use_id: tool_use_id.to_owned(),
+                name: name.to_owned(),
+                message_id: Some(self.message_id.clone()),
+            },
+        )
+        .await;
+    }
+
+    /// A piece of a tool call's arguments.
+    pub async fn tool_call_args(&self, tool_use_id: &str, delta: &str) {
+        if self.sink.is_some() && !delta.is_empty() {
+            self.live(
+                "local.tool_call_args",
+                EventKind::ToolCallArgs {
+                    tool_use_id: tool_use_id.to_owned(),
+                    delta: delta.to_owned(),
+                },
+            )
+            .await;
+        }
+    }
+
+    /// A tool call's arguments are complete.
+    pub async fn tool_call_end(&self, tool_use_id: &str) {
+        self.live(
+            "local.tool_call_end",
+            EventKind::ToolCallEnd {
+                tool_use_id: tool_use_id.to_owned(),
+            },
+        )
+        .await;
+    }
+}

@@ -1,0 +1,112 @@
+//! [`EventStore`]: the exactly-once record, the tool-result memo and session state, per session.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::types::ToolResult;
+
+/// Durable storage of sessions: events appended exactly once (keyed by event id), tool results
+/// memoized by tool-use id, and small named state values (a provider's transcript, a thread
+/// mapping) so a session can be loaded back after a restart.
+///
+/// The memo is what turns at-least-once tool delivery into an exactly-once effect: the engine
+/// looks a tool use up before running it and records the result before resuming the provider.
+#[async_trait]
+pub trait EventStore: Send + Sync + 'static {
+    /// Appends an event; returns `false` (and stores nothing) when its id is already stored.
+    async fn append(&self, session_id: &str, event: &Event) -> Result<bool>;
+    /// Every stored event of a session, in sequence order.
+    async fn load(&self, session_id: &str) -> Result<Vec<Event>>;
+    /// The recorded result of a tool use, if any.
+    async fn tool_result(&self, session_id: &str, tool_use_id: &str) -> Result<Option<ToolResult>>;
+    /// Records a tool use's result (the first record wins).
+    async fn put_tool_result(&self, session_id: &str, result: &ToolResult) -> Result<()>;
+    /// Stores a named value for the session (overwriting).
+    async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> Result<()>;
+    /// Reads a named value of the session.
+    async fn state(&self, session_id: &str, key: &str) -> Result<Option<Value>>;
+    /// Ids of all sessions with stored events or state.
+    async fn sessions(&self) -> Result<Vec<String>>;
+}
+
+/// An [`EventStore`] in memory: for tests, the CLI, and sessions that need no durability.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    inner: Mutex<HashMap<String, SessionData>>,
+}
+
+#[derive(Debug, Default)]
+struct SessionData {
+    events: Vec<Event>,
+    ids: std::collections::HashSet<String>,
+    tools: HashMap<String, ToolResult>,
+    state: HashMap<String, Value>,
+}
+
+impl MemoryStore {
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, SessionData>) -> T) -> Result<T> {
+        let mut g = self
+            .inner
+            .lock()
+            .map_err(|_| Error::Store("memory store lock poisoned".into()))?;
+        Ok(f(&mut g))
+    }
+}
+
+#[async_trait]
+impl EventStore for MemoryStore {
+    async fn append(&self, session_id: &str, event: &Event) -> Result<bool> {
+        self.with(|m| {
+            let s = m.entry(session_id.to_owned()).or_default();
+            if !s.ids.insert(event.id.clone()) {
+                return false;
+            }
+            s.events.push(event.clone());
+            true
+        })
+    }
+
+    async fn load(&self, session_id: &str) -> Result<Vec<Event>> {
+        self.with(|m| m.get(session_id).map(|s| s.events.clone()).unwrap_or_default())
+    }
+
+    async fn tool_result(&self, session_id: &str, tool_use_id: &str) -> Result<Option<ToolResult>> {
+        self.with(|m| m.get(session_id).and_then(|s| s.tools.get(tool_use_id).cloned()))
+    }
+
+    async fn put_tool_result(&self, session_id: &str, result: &ToolResult) -> Result<()> {
+        self.with(|m| {
+            m.entry(session_id.to_owned())
+                .or_default()
+                .tools
+                .entry(result.tool_use_id.clone())
+                .or_insert_with(|| result.clone());
+        })
+    }
+
+    async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> Result<()> {
+        self.with(|m| {
+            m.entry(session_id.to_owned())
+                .or_default()
+                .state
+                .insert(key.to_owned(), value.clone());
+        })
+    }
+
+    async fn state(&self, session_id: &str, key: &str) -> Result<Option<Value>> {
+        self.with(|m| m.get(session_id).and_then(|s| s.state.get(key).cloned()))
+    }
+
+    async fn sessions(&self) -> Result<Vec<String>> {
+        self.with(|m| {
+            let mut v: Vec<String> = m.keys().cloned().collect();
+            v.sort();
+            v
+        })
+    }
+}

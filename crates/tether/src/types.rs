@@ -1,0 +1,274 @@
+//! The session vocabulary shared by every provider: tools, tool uses and results, usage,
+//! session identity, turn terminals and results.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::event::Event;
+
+/// A tool the model may call: name, description and a JSON Schema for its input.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// The tool's name, as the model will call it.
+    pub name: String,
+    /// What the tool does, for the model.
+    #[serde(default)]
+    pub description: String,
+    /// JSON Schema of the tool's input (an object schema).
+    #[serde(default = "empty_object_schema")]
+    pub input_schema: Value,
+}
+
+fn empty_object_schema() -> Value {
+    serde_json::json!({"type": "object"})
+}
+
+impl ToolSpec {
+    /// A tool with a name, a description and an input schema.
+    ///
+    /// ```
+    /// let t = tether::ToolSpec::new("get_weather", "Weather for a city",
+    ///     serde_json::json!({"type":"object","properties":{"city":{"type":"string"}}}));
+    /// assert_eq!(t.name, "get_weather");
+    /// ```
+    pub fn new(name: impl Into<String>, description: impl Into<String>, input_schema: Value) -> Self {
+        ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            input_schema,
+        }
+    }
+}
+
+/// One call of a tool, as the model or remote loop asked for it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolUse {
+    /// The provider's id for this call; results are matched to it.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The decoded input (an object; `{}` when the model sent nothing).
+    #[serde(default)]
+    pub input: Value,
+    /// Set when the model's argument text was not valid JSON: the parse error. The engine then
+    /// answers the call with an error result naming it, instead of running the tool on `{}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_error: Option<String>,
+    /// The raw argument text as the model produced it, when it was a string.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_input: Option<String>,
+}
+
+impl ToolUse {
+    /// A tool use with a decoded input.
+    pub fn new(id: impl Into<String>, name: impl Into<String>, input: Value) -> Self {
+        ToolUse {
+            id: id.into(),
+            name: name.into(),
+            input,
+            input_error: None,
+            raw_input: None,
+        }
+    }
+
+    /// A tool use from the model's raw argument text: empty means `{}`, invalid JSON is kept
+    /// raw with its parse error recorded.
+    pub fn from_arguments(id: impl Into<String>, name: impl Into<String>, arguments: &str) -> Self {
+        let mut u = ToolUse::new(id, name, Value::Object(Default::default()));
+        if !arguments.trim().is_empty() {
+            match serde_json::from_str::<Value>(arguments) {
+                Ok(v) => u.input = v,
+                Err(e) => u.input_error = Some(e.to_string()),
+            }
+        }
+        u.raw_input = Some(arguments.to_owned());
+        u
+    }
+}
+
+/// The answer to one [`ToolUse`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResult {
+    /// The id of the tool use this answers.
+    pub tool_use_id: String,
+    /// The result text (or the error text when `is_error`).
+    #[serde(default)]
+    pub content: String,
+    /// Whether the tool failed.
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+impl ToolResult {
+    /// A successful result.
+    pub fn ok(tool_use_id: impl Into<String>, content: impl Into<String>) -> Self {
+        ToolResult {
+            tool_use_id: tool_use_id.into(),
+            content: content.into(),
+            is_error: false,
+        }
+    }
+
+    /// A failed result.
+    pub fn error(tool_use_id: impl Into<String>, content: impl Into<String>) -> Self {
+        ToolResult {
+            tool_use_id: tool_use_id.into(),
+            content: content.into(),
+            is_error: true,
+        }
+    }
+}
+
+/// Token usage, summed over model calls, with each provider's usage object kept verbatim.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Input (prompt) tokens.
+    #[serde(default)]
+    pub input_tokens: u64,
+    /// Output (completion) tokens.
+    #[serde(default)]
+    pub output_tokens: u64,
+    /// Input tokens served from a prompt cache, where the provider reports them.
+    #[serde(default)]
+    pub cache_read_tokens: u64,
+    /// Each provider usage object as it arrived.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub raw: Vec<Value>,
+}
+
+impl Usage {
+    /// Adds another usage into this one (sums, and appends the raw objects).
+    pub fn add(&mut self, other: &Usage) {
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.cache_read_tokens += other.cache_read_tokens;
+        self.raw.extend(other.raw.iter().cloned());
+    }
+
+    /// Total tokens, input plus output.
+    pub fn total(&self) -> u64 {
+        self.input_tokens + self.output_tokens
+    }
+}
+
+/// Who the running session is: handed to every handler callback.
+///
+/// It grows by fields, never by arity: new facts about the session are added here.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SessionInfo {
+    /// The session's id (the provider's when it has one).
+    pub session_id: String,
+    /// The provider's name (`local`, `managed`, `agentcore`, `acp`, ...).
+    pub provider: String,
+    /// Caller metadata given at session start.
+    #[serde(default)]
+    pub metadata: serde_json::Map<String, Value>,
+}
+
+impl SessionInfo {
+    /// Info for a session id and provider name.
+    pub fn new(session_id: impl Into<String>, provider: impl Into<String>) -> Self {
+        SessionInfo {
+            session_id: session_id.into(),
+            provider: provider.into(),
+            metadata: Default::default(),
+        }
+    }
+}
+
+/// How a turn ended. Exactly three: the provider's own stop reason is kept beside it, raw.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Terminal {
+    /// The agent finished its answer.
+    EndTurn,
+    /// The agent waits for tool results.
+    RequiresAction,
+    /// The turn ended for any other reason (length, filter, limit, error, interruption).
+    Terminated,
+}
+
+/// What a provider reports at the end of one turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TurnResult {
+    /// How the turn ended.
+    pub terminal: Terminal,
+    /// The provider's own stop reason, raw (`"stop"`, `{"type":"requires_action",...}`, ...).
+    pub stop_reason: Value,
+    /// The turn's assistant text.
+    #[serde(default)]
+    pub text: String,
+    /// Tool uses to run locally (with `RequiresAction`).
+    #[serde(default)]
+    pub tool_uses: Vec<ToolUse>,
+    /// Tool uses the remote loop ran itself (observe only).
+    #[serde(default)]
+    pub server_tool_uses: Vec<ToolUse>,
+    /// The turn's usage, when reported.
+    #[serde(default)]
+    pub usage: Option<Usage>,
+}
+
+impl TurnResult {
+    /// A turn that ended with `terminal` and a raw stop reason.
+    pub fn new(terminal: Terminal, stop_reason: impl Into<Value>) -> Self {
+        TurnResult {
+            terminal,
+            stop_reason: stop_reason.into(),
+            text: String::new(),
+            tool_uses: Vec::new(),
+            server_tool_uses: Vec::new(),
+            usage: None,
+        }
+    }
+}
+
+/// Stop reasons the session engine itself produces (beside the providers' raw ones).
+pub mod stop_reason {
+    /// The request used all its turns.
+    pub const MAX_TURNS: &str = "max_turns";
+    /// The model ended its turn without calling the required terminal tool, after re-prompts.
+    pub const NO_TERMINAL_TOOL: &str = "no_terminal_tool";
+    /// The terminal tool was called: the run is complete.
+    pub const TERMINAL_TOOL: &str = "terminal_tool";
+    /// The turn guard halted the session.
+    pub const HALTED: &str = "halted";
+    /// Some tool uses belong to no local handler (front-end tools) and wait for results.
+    pub const PENDING_TOOLS: &str = "pending_tools";
+    /// A `RequiresAction` turn had nothing to run and the provider could not continue.
+    pub const UNRESOLVED_REQUIRES_ACTION: &str = "unresolved_requires_action";
+    /// A reattached session had nothing pending and no prompt to deliver.
+    pub const IDLE: &str = "idle";
+}
+
+/// The outcome of one request (a prompt or a follow-up message) on a session.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionResult {
+    /// How the last turn ended.
+    pub terminal: Terminal,
+    /// The last turn's raw stop reason, or one of [`stop_reason`]'s.
+    pub stop_reason: Value,
+    /// The session's id.
+    pub session_id: String,
+    /// The final turn's text: the answer.
+    pub text: String,
+    /// Every turn's text in order, for callers that want all of it.
+    pub texts: Vec<String>,
+    /// Tool uses run in this request, deduplicated by id (first kept).
+    pub tool_uses: Vec<ToolUse>,
+    /// Tool uses the remote loop ran itself.
+    pub server_tool_uses: Vec<ToolUse>,
+    /// Tool uses waiting for results from outside (front-end tools).
+    pub pending_tool_uses: Vec<ToolUse>,
+    /// The input of the terminal tool, when it was called.
+    pub final_output: Option<Value>,
+    /// Usage summed over the request.
+    pub usage: Usage,
+    /// Turns taken in this request.
+    pub turns: u32,
+    /// The exactly-once record of this request's events (deduplicated by event id).
+    pub events: Vec<Event>,
+    /// The provider's client-held history, when it keeps one (the local loop does).
+    pub transcript: Option<Value>,
+}
