@@ -1,0 +1,219 @@
+//! Shared test helpers: locating the peers and a recording handler.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tether_acp::schema::{
+    ContentBlock, CreateElicitationRequest, CreateElicitationResponse, ElicitationAction,
+    ReadTextFileRequest, ReadTextFileResponse, RequestId, RequestPermissionOutcome,
+    RequestPermissionRequest, SelectedPermissionOutcome, SessionUpdate, TextContent,
+    WriteTextFileRequest, WriteTextFileResponse,
+};
+use tether_acp::{
+    AcpUpdate, ClientHandler, HandlerError, HandlerSupport, RawMessage, SessionUpdateEvent,
+    TerminalRequest, TerminalResponse,
+};
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The fake agent binary from tether-testkit, built on first use.
+pub fn fake_agent() -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().expect("test exe path");
+            // target/<profile>/deps/<test> → target/<profile>/fake-acp-agent
+            let dir = exe
+                .parent()
+                .and_then(Path::parent)
+                .expect("target dir")
+                .to_path_buf();
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let status = std::process::Command::new(cargo)
+                .args(["build", "-q", "-p", "tether-testkit", "--bin", "fake-acp-agent"])
+                .current_dir(repo_root())
+                .status()
+                .expect("run cargo build for fake-acp-agent");
+            assert!(status.success(), "building fake-acp-agent failed");
+            let bin = dir.join("fake-acp-agent");
+            assert!(bin.exists(), "fake-acp-agent not found at {}", bin.display());
+            bin
+        })
+        .clone()
+}
+
+/// The TS SDK example agent, or `None` (with a notice) when it is not installed and CI is unset.
+pub fn example_agent() -> Option<PathBuf> {
+    let p = repo_root()
+        .join("conformance/acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js");
+    if p.exists() {
+        return Some(p);
+    }
+    let msg = format!(
+        "the ACP example agent is not installed at {}; run conformance/acp/setup.sh (npm ci)",
+        p.display()
+    );
+    if std::env::var("CI").map(|v| v == "true" || v == "1").unwrap_or(false) {
+        panic!("{msg}");
+    }
+    eprintln!("SKIPPED: {msg}");
+    None
+}
+
+pub fn text(s: &str) -> Vec<ContentBlock> {
+    vec![ContentBlock::Text(TextContent::new(s))]
+}
+
+/// How the recording handler answers permission requests.
+#[derive(Clone, Debug)]
+pub enum PermissionAnswer {
+    Select(String),
+    Cancelled,
+    /// Never answers (until cancelled).
+    Hang,
+}
+
+/// A handler that records everything and answers as configured.
+pub struct Recorder {
+    pub support: HandlerSupport,
+    pub permission: Mutex<PermissionAnswer>,
+    pub events: Mutex<Vec<SessionUpdateEvent>>,
+    pub raw_messages: Mutex<Vec<String>>,
+    pub permissions: Mutex<Vec<(RequestPermissionRequest, Option<RequestId>)>>,
+    /// Every file/terminal/elicitation call that reached the handler.
+    pub calls: Mutex<Vec<String>>,
+    pub ext_notes: Mutex<Vec<String>>,
+    pub completed: Mutex<Vec<String>>,
+    pub update_delay: Option<Duration>,
+}
+
+impl Recorder {
+    pub fn new(support: HandlerSupport, permission: PermissionAnswer) -> Arc<Self> {
+        Arc::new(Self::build(support, permission, None))
+    }
+    pub fn build(
+        support: HandlerSupport,
+        permission: PermissionAnswer,
+        update_delay: Option<Duration>,
+    ) -> Self {
+        Recorder {
+            support,
+            permission: Mutex::new(permission),
+            events: Mutex::new(Vec::new()),
+            raw_messages: Mutex::new(Vec::new()),
+            permissions: Mutex::new(Vec::new()),
+            calls: Mutex::new(Vec::new()),
+            ext_notes: Mutex::new(Vec::new()),
+            completed: Mutex::new(Vec::new()),
+            update_delay,
+        }
+    }
+    pub fn texts(&self) -> Vec<String> {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|e| match &e.update {
+                AcpUpdate::Known(u) => match u.as_ref() {
+                    SessionUpdate::AgentMessageChunk(c) => match &c.content {
+                        ContentBlock::Text(t) => Some(t.text.clone()),
+                        _ => None,
+                    },
+                    _ => None,
+                },
+                _ => None,
+            })
+            .collect()
+    }
+    pub fn kinds(&self) -> Vec<String> {
+        self.events
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|e| e.update.kind())
+            .collect()
+    }
+    pub fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl ClientHandler for Recorder {
+    fn supports(&self) -> HandlerSupport {
+        self.support
+    }
+    async fn session_update_with_message(&self, event: &SessionUpdateEvent, message: &RawMessage<'_>) {
+        if let Some(d) = self.update_delay {
+            tokio::time::sleep(d).await;
+        }
+        self.events.lock().unwrap().push(event.clone());
+        self.raw_messages.lock().unwrap().push(message.json().to_owned());
+    }
+    async fn request_permission_with_message(
+        &self,
+        request: &RequestPermissionRequest,
+        message: &RawMessage<'_>,
+    ) -> RequestPermissionOutcome {
+        self.permissions
+            .lock()
+            .unwrap()
+            .push((request.clone(), message.id()));
+        let answer = self.permission.lock().unwrap().clone();
+        match answer {
+            PermissionAnswer::Select(id) => {
+                RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(id))
+            }
+            PermissionAnswer::Cancelled => RequestPermissionOutcome::Cancelled,
+            PermissionAnswer::Hang => {
+                std::future::pending::<()>().await;
+                RequestPermissionOutcome::Cancelled
+            }
+        }
+    }
+    async fn read_text_file(&self, r: ReadTextFileRequest) -> Result<ReadTextFileResponse, HandlerError> {
+        self.calls.lock().unwrap().push(format!("read {}", r.path.display()));
+        std::fs::read_to_string(&r.path)
+            .map(ReadTextFileResponse::new)
+            .map_err(|e| HandlerError::not_found(e.to_string()))
+    }
+    async fn write_text_file(&self, r: WriteTextFileRequest) -> Result<WriteTextFileResponse, HandlerError> {
+        self.calls.lock().unwrap().push(format!("write {}", r.path.display()));
+        std::fs::write(&r.path, &r.content)
+            .map(|_| WriteTextFileResponse::new())
+            .map_err(|e| HandlerError::internal(e.to_string()))
+    }
+    async fn terminal(&self, request: TerminalRequest, _id: &RequestId) -> Result<TerminalResponse, HandlerError> {
+        self.calls.lock().unwrap().push(format!("{} {:?}", request.method(), match &request {
+            TerminalRequest::Create(c) => c.cwd.clone(),
+            _ => None,
+        }));
+        Err(HandlerError::refused("terminals are not run by the recording handler"))
+    }
+    async fn form_elicitation(&self, r: CreateElicitationRequest) -> Result<CreateElicitationResponse, HandlerError> {
+        self.calls.lock().unwrap().push(format!("form {}", r.message));
+        let content: Value = serde_json::json!({"name": "Ada"});
+        let action: ElicitationAction = serde_json::from_value(serde_json::json!({"action":"accept","content":content}))
+            .map_err(|e| HandlerError::internal(e.to_string()))?;
+        Ok(CreateElicitationResponse::new(action))
+    }
+    async fn url_elicitation(&self, r: CreateElicitationRequest) -> Result<CreateElicitationResponse, HandlerError> {
+        self.calls.lock().unwrap().push(format!("url {}", r.message));
+        Ok(CreateElicitationResponse::new(ElicitationAction::Decline))
+    }
+    async fn elicitation_complete(&self, n: tether_acp::schema::CompleteElicitationNotification) {
+        self.completed.lock().unwrap().push(n.elicitation_id.to_string());
+    }
+    async fn ext_method(&self, method: &str, params: &serde_json::value::RawValue) -> Result<Value, HandlerError> {
+        Ok(serde_json::json!({"method": method, "params": serde_json::from_str::<Value>(params.get()).unwrap_or(Value::Null)}))
+    }
+    async fn ext_notification(&self, method: &str, _params: &serde_json::value::RawValue) {
+        self.ext_notes.lock().unwrap().push(method.to_owned());
+    }
+}
