@@ -17,13 +17,12 @@ use crate::handler::ClientHandler;
 use crate::options::ClientOptions;
 use crate::roots::canonical_root;
 use crate::schema::{
-    AgentCapabilities, AuthenticateRequest, AuthenticateResponse, CancelNotification,
-    ClientCapabilities, CloseSessionRequest, CloseSessionResponse, ContentBlock,
-    DeleteSessionRequest, DeleteSessionResponse, Implementation, InitializeRequest,
-    InitializeResponse, ListSessionsRequest, ListSessionsResponse, LoadSessionRequest,
-    LoadSessionResponse, LogoutRequest, LogoutResponse, NewSessionRequest, NewSessionResponse,
-    PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse, SessionId,
-    SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest,
+    AgentCapabilities, AuthenticateRequest, AuthenticateResponse, CancelNotification, ClientCapabilities,
+    CloseSessionRequest, CloseSessionResponse, ContentBlock, DeleteSessionRequest, DeleteSessionResponse,
+    Implementation, InitializeRequest, InitializeResponse, ListSessionsRequest, ListSessionsResponse,
+    LoadSessionRequest, LoadSessionResponse, LogoutRequest, LogoutResponse, NewSessionRequest,
+    NewSessionResponse, PromptRequest, PromptResponse, ResumeSessionRequest, ResumeSessionResponse,
+    SessionId, SetSessionConfigOptionRequest, SetSessionConfigOptionResponse, SetSessionModeRequest,
     SetSessionModeResponse, StopReason,
 };
 use agent_client_protocol_schema::ProtocolVersion;
@@ -314,10 +313,9 @@ impl AcpClient {
     }
 
     fn agent_caps_for(&self, method: &str) -> Result<AgentCapabilities, AcpError> {
-        self.agent_capabilities()
-            .ok_or_else(|| AcpError::NotInitialized {
-                method: method.into(),
-            })
+        self.agent_capabilities().ok_or_else(|| AcpError::NotInitialized {
+            method: method.into(),
+        })
     }
 
     /// `authenticate` with one of the agent's `authMethods`.
@@ -361,8 +359,7 @@ impl AcpClient {
             }
         });
         let t = Some(self.conn().opts.request_timeout);
-        self.request_hooked("session/new", &request, t, Some(hook))
-            .await
+        self.request_hooked("session/new", &request, t, Some(hook)).await
     }
 
     fn register(&self, id: &SessionId, cwd: PathBuf, roots: Vec<PathBuf>) {
@@ -522,8 +519,7 @@ impl AcpClient {
         &self,
         request: SetSessionConfigOptionRequest,
     ) -> Result<Received<SetSessionConfigOptionResponse>, AcpError> {
-        self.request("session/set_config_option", &request, None)
-            .await
+        self.request("session/set_config_option", &request, None).await
     }
 
     /// `session/prompt`: updates stream to the handler while it runs (all of them handled before
@@ -547,12 +543,8 @@ impl AcpClient {
         let caps = self.agent_caps_for("session/prompt")?;
         for block in &prompt {
             let (ok, cap) = match block {
-                ContentBlock::Image(_) => {
-                    (caps.prompt_capabilities.image, "promptCapabilities.image")
-                }
-                ContentBlock::Audio(_) => {
-                    (caps.prompt_capabilities.audio, "promptCapabilities.audio")
-                }
+                ContentBlock::Image(_) => (caps.prompt_capabilities.image, "promptCapabilities.image"),
+                ContentBlock::Audio(_) => (caps.prompt_capabilities.audio, "promptCapabilities.audio"),
                 ContentBlock::Resource(_) => (
                     caps.prompt_capabilities.embedded_context,
                     "promptCapabilities.embeddedContext",
@@ -568,10 +560,7 @@ impl AcpClient {
         }
         self.set_cancelling(session_id, false);
         let req = PromptRequest::new(session_id.clone(), prompt);
-        let result = self
-            .conn()
-            .call("session/prompt", &req, timeout, None)
-            .await;
+        let result = self.conn().call("session/prompt", &req, timeout, None).await;
         self.set_cancelling(session_id, false);
         let raw = result?;
         let stop_reason_raw = raw
@@ -602,10 +591,7 @@ impl AcpClient {
         self.set_cancelling(session_id, true);
         self.conn().cancel_session_requests(session_id).await;
         self.conn()
-            .notify(
-                "session/cancel",
-                &CancelNotification::new(session_id.clone()),
-            )
+            .notify("session/cancel", &CancelNotification::new(session_id.clone()))
             .await
     }
 

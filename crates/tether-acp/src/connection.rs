@@ -28,11 +28,10 @@ use crate::handler::{
 use crate::options::ClientOptions;
 use crate::roots::confine;
 use crate::schema::{
-    CancelRequestNotification, ClientCapabilities, CompleteElicitationNotification,
-    CreateElicitationRequest, CreateElicitationResponse, CreateTerminalRequest, ElicitationAction,
-    ElicitationMode, ElicitationScope, InitializeResponse, KillTerminalRequest, Meta,
-    ReadTextFileRequest, ReleaseTerminalRequest, RequestId, RequestPermissionOutcome,
-    RequestPermissionRequest, RequestPermissionResponse, SessionId, SessionUpdate,
+    CancelRequestNotification, ClientCapabilities, CompleteElicitationNotification, CreateElicitationRequest,
+    CreateElicitationResponse, CreateTerminalRequest, ElicitationAction, ElicitationMode, ElicitationScope,
+    InitializeResponse, KillTerminalRequest, Meta, ReadTextFileRequest, ReleaseTerminalRequest, RequestId,
+    RequestPermissionOutcome, RequestPermissionRequest, RequestPermissionResponse, SessionId, SessionUpdate,
     TerminalOutputRequest, WaitForTerminalExitRequest, WriteTextFileRequest,
 };
 
@@ -121,11 +120,7 @@ async fn read_frame<R: AsyncBufRead + Unpin>(
     loop {
         let avail = r.fill_buf().await?;
         if avail.is_empty() {
-            return Ok(if buf.is_empty() {
-                Frame::Eof
-            } else {
-                Frame::Line
-            });
+            return Ok(if buf.is_empty() { Frame::Eof } else { Frame::Line });
         }
         match avail.iter().position(|&b| b == b'\n') {
             Some(i) => {
@@ -176,11 +171,7 @@ async fn reader_loop<R: AsyncRead + Unpin>(reader: R, tx: mpsc::Sender<Item>, li
     }
 }
 
-async fn writer_loop<W: AsyncWrite + Unpin>(
-    conn: Arc<Conn>,
-    mut rx: mpsc::Receiver<String>,
-    writer: W,
-) {
+async fn writer_loop<W: AsyncWrite + Unpin>(conn: Arc<Conn>, mut rx: mpsc::Receiver<String>, writer: W) {
     let mut w = tokio::io::BufWriter::with_capacity(64 * 1024, writer);
     let mut closed = conn.closed.subscribe();
     loop {
@@ -361,22 +352,18 @@ impl Drop for CallGuard<'_> {
     fn drop(&mut self) {
         if self.armed && lock(&self.conn.pending).remove(&self.id).is_some() {
             // The caller gave up (its future was dropped): tell the agent.
-            self.conn.notify_nowait(
-                "$/cancel_request",
-                serde_json::json!({ "requestId": self.id }),
-            );
+            self.conn
+                .notify_nowait("$/cancel_request", serde_json::json!({ "requestId": self.id }));
         }
     }
 }
 
 fn to_value<T: Serialize>(v: &T) -> Result<Value, HandlerError> {
-    serde_json::to_value(v)
-        .map_err(|e| HandlerError::internal(format!("could not encode the answer: {e}")))
+    serde_json::to_value(v).map_err(|e| HandlerError::internal(format!("could not encode the answer: {e}")))
 }
 
 fn parse_params<T: serde::de::DeserializeOwned>(params: &str) -> Result<T, HandlerError> {
-    serde_json::from_str(params)
-        .map_err(|e| HandlerError::invalid_params(format!("invalid params: {e}")))
+    serde_json::from_str(params).map_err(|e| HandlerError::invalid_params(format!("invalid params: {e}")))
 }
 
 impl Conn {
@@ -517,12 +504,8 @@ impl Conn {
                 Item::Line(line) => self.dispatch_line(line).await,
                 Item::NotUtf8 => {
                     tracing::warn!("agent sent a frame that is not UTF-8");
-                    self.send_error(
-                        &RequestId::Null,
-                        codes::PARSE_ERROR,
-                        "frame is not valid UTF-8",
-                    )
-                    .await;
+                    self.send_error(&RequestId::Null, codes::PARSE_ERROR, "frame is not valid UTF-8")
+                        .await;
                 }
                 Item::End(end) => {
                     let (err, kill) = match end {
@@ -573,12 +556,8 @@ impl Conn {
                 match serde_json::from_str::<RequestId>(id_raw.get()) {
                     Ok(id) => self.on_request(id, method, line).await,
                     Err(_) => {
-                        self.send_error(
-                            &RequestId::Null,
-                            codes::INVALID_REQUEST,
-                            "invalid request id",
-                        )
-                        .await
+                        self.send_error(&RequestId::Null, codes::INVALID_REQUEST, "invalid request id")
+                            .await
                     }
                 }
             }
@@ -609,12 +588,8 @@ impl Conn {
             }
             (false, Field::Absent) => {
                 tracing::warn!(line = %line, "agent sent a message that is neither request, notification nor response");
-                self.send_error(
-                    &RequestId::Null,
-                    codes::INVALID_REQUEST,
-                    "not a JSON-RPC message",
-                )
-                .await;
+                self.send_error(&RequestId::Null, codes::INVALID_REQUEST, "not a JSON-RPC message")
+                    .await;
             }
         }
     }
@@ -648,12 +623,7 @@ impl Conn {
         let _ = p.tx.send(result);
     }
 
-    async fn on_notification(
-        self: &Arc<Self>,
-        method: &str,
-        params: Option<&RawValue>,
-        line: &str,
-    ) {
+    async fn on_notification(self: &Arc<Self>, method: &str, params: Option<&RawValue>, line: &str) {
         let params_str = params.map(RawValue::get).unwrap_or("null");
         match method {
             "session/update" => {
@@ -678,12 +648,10 @@ impl Conn {
                     Err(e) => tracing::warn!(error = %e, "malformed elicitation/complete"),
                 }
             }
-            "$/cancel_request" => {
-                match serde_json::from_str::<CancelRequestNotification>(params_str) {
-                    Ok(n) => self.cancel_inbound(&n.request_id).await,
-                    Err(e) => tracing::warn!(error = %e, "malformed $/cancel_request"),
-                }
-            }
+            "$/cancel_request" => match serde_json::from_str::<CancelRequestNotification>(params_str) {
+                Ok(n) => self.cancel_inbound(&n.request_id).await,
+                Err(e) => tracing::warn!(error = %e, "malformed $/cancel_request"),
+            },
             m if m.starts_with('_') => {
                 let raw = params.unwrap_or(null_raw());
                 self.handler.ext_notification(m, raw).await;
@@ -726,8 +694,7 @@ impl Conn {
         }
         let conn = self.clone();
         let work_id = id.clone();
-        let work =
-            tokio::spawn(async move { conn.process_request(&work_id, &method, &line).await });
+        let work = tokio::spawn(async move { conn.process_request(&work_id, &method, &line).await });
         let abort = work.abort_handle();
         if let Some(e) = lock(&self.inbound).get_mut(&id)
             && e.generation == generation
@@ -752,12 +719,7 @@ impl Conn {
         });
     }
 
-    async fn finish_inbound(
-        &self,
-        id: &RequestId,
-        generation: u64,
-        result: Result<Value, HandlerError>,
-    ) {
+    async fn finish_inbound(&self, id: &RequestId, generation: u64, result: Result<Value, HandlerError>) {
         let owned = {
             let mut inbound = lock(&self.inbound);
             match inbound.get(id) {
@@ -790,9 +752,7 @@ impl Conn {
             let mut inbound = lock(&self.inbound);
             let ids: Vec<RequestId> = inbound
                 .iter()
-                .filter(|(_, e)| {
-                    e.kind != InboundKind::Other && e.session.as_ref() == Some(session)
-                })
+                .filter(|(_, e)| e.kind != InboundKind::Other && e.session.as_ref() == Some(session))
                 .map(|(id, _)| id.clone())
                 .collect();
             ids.into_iter()
@@ -823,12 +783,7 @@ impl Conn {
             .ok_or_else(|| HandlerError::invalid_params(format!("unknown session {id}")))
     }
 
-    async fn process_request(
-        &self,
-        id: &RequestId,
-        method: &str,
-        line: &str,
-    ) -> Result<Value, HandlerError> {
+    async fn process_request(&self, id: &RequestId, method: &str, line: &str) -> Result<Value, HandlerError> {
         let env: Envelope<'_> = serde_json::from_str(line)
             .map_err(|e| HandlerError::new(codes::INVALID_REQUEST, e.to_string()))?;
         let params = env.params.raw().map(RawValue::get).unwrap_or("null");
@@ -844,10 +799,7 @@ impl Conn {
                         RequestPermissionOutcome::Cancelled,
                     ));
                 }
-                let outcome = self
-                    .handler
-                    .request_permission_with_message(&req, &message)
-                    .await;
+                let outcome = self.handler.request_permission_with_message(&req, &message).await;
                 if let RequestPermissionOutcome::Selected(s) = &outcome
                     && !req.options.iter().any(|o| o.option_id == s.option_id)
                 {
@@ -901,13 +853,9 @@ impl Conn {
                         TerminalRequest::Output(parse_params::<TerminalOutputRequest>(params)?)
                     }
                     "terminal/wait_for_exit" => {
-                        TerminalRequest::WaitForExit(parse_params::<WaitForTerminalExitRequest>(
-                            params,
-                        )?)
+                        TerminalRequest::WaitForExit(parse_params::<WaitForTerminalExitRequest>(params)?)
                     }
-                    "terminal/kill" => {
-                        TerminalRequest::Kill(parse_params::<KillTerminalRequest>(params)?)
-                    }
+                    "terminal/kill" => TerminalRequest::Kill(parse_params::<KillTerminalRequest>(params)?),
                     _ => TerminalRequest::Release(parse_params::<ReleaseTerminalRequest>(params)?),
                 };
                 self.session(request.session_id())?;
@@ -918,9 +866,9 @@ impl Conn {
                         response.method()
                     )));
                 }
-                response.to_value().map_err(|e| {
-                    HandlerError::internal(format!("could not encode the answer: {e}"))
-                })
+                response
+                    .to_value()
+                    .map_err(|e| HandlerError::internal(format!("could not encode the answer: {e}")))
             }
             "elicitation/create" => {
                 let Some(ecaps) = caps
@@ -940,18 +888,14 @@ impl Conn {
                         ));
                     }
                     ElicitationMode::Url(_) => {
-                        return Err(HandlerError::invalid_params(
-                            "url elicitation was not advertised",
-                        ));
+                        return Err(HandlerError::invalid_params("url elicitation was not advertised"));
                     }
                     _ => return Err(HandlerError::invalid_params("unknown elicitation mode")),
                 };
                 match req.scope() {
                     ElicitationScope::Session(s) => {
                         if self.session(&s.session_id)?.cancelling {
-                            return to_value(&CreateElicitationResponse::new(
-                                ElicitationAction::Cancel,
-                            ));
+                            return to_value(&CreateElicitationResponse::new(ElicitationAction::Cancel));
                         }
                     }
                     ElicitationScope::Request(r) => {
@@ -1101,10 +1045,7 @@ impl Conn {
                 Err(_) => {
                     guard.armed = false;
                     if lock(&self.pending).remove(&id).is_some() {
-                        self.notify_nowait(
-                            "$/cancel_request",
-                            serde_json::json!({ "requestId": id }),
-                        );
+                        self.notify_nowait("$/cancel_request", serde_json::json!({ "requestId": id }));
                     }
                     return Err(AcpError::Timeout {
                         method: method.into(),
@@ -1124,11 +1065,7 @@ impl Conn {
     }
 
     /// Sends a notification (waits for room in the outbound queue).
-    pub(crate) async fn notify<P: Serialize>(
-        &self,
-        method: &str,
-        params: &P,
-    ) -> Result<(), AcpError> {
+    pub(crate) async fn notify<P: Serialize>(&self, method: &str, params: &P) -> Result<(), AcpError> {
         if let Some(e) = self.closed_error() {
             return Err(e);
         }

@@ -94,9 +94,7 @@ pub enum AcpError {
         limit: usize,
     },
     /// A call did not get its answer in time; `$/cancel_request` was sent for it.
-    #[error(
-        "`{method}` timed out after {after:?} (the per-call timeout is configurable in ClientOptions)"
-    )]
+    #[error("`{method}` timed out after {after:?} (the per-call timeout is configurable in ClientOptions)")]
     Timeout {
         /// The method called.
         method: String,
@@ -124,9 +122,7 @@ pub enum AcpError {
         message: String,
     },
     /// The agent speaks a protocol version this client does not.
-    #[error(
-        "the agent speaks ACP protocol version {agent}, this client only speaks version {ours}"
-    )]
+    #[error("the agent speaks ACP protocol version {agent}, this client only speaks version {ours}")]
     UnsupportedVersion {
         /// The agent's version.
         agent: u16,
@@ -218,10 +214,7 @@ impl HandlerError {
     }
     /// `-32601`: the method is not implemented by this handler.
     pub fn method_not_found(method: &str) -> Self {
-        Self::new(
-            codes::METHOD_NOT_FOUND,
-            format!("method not supported: {method}"),
-        )
+        Self::new(codes::METHOD_NOT_FOUND, format!("method not supported: {method}"))
     }
     /// `-32602`: invalid parameters.
     pub fn invalid_params(message: impl Into<String>) -> Self {

@@ -13,14 +13,13 @@ use serde_json::value::RawValue;
 
 use crate::error::HandlerError;
 use crate::schema::{
-    ClientCapabilities, CompleteElicitationNotification, CreateElicitationRequest,
-    CreateElicitationResponse, CreateTerminalRequest, CreateTerminalResponse, ElicitationAction,
-    ElicitationCapabilities, ElicitationFormCapabilities, ElicitationUrlCapabilities,
-    FileSystemCapabilities, KillTerminalRequest, KillTerminalResponse, Meta, PermissionOptionKind,
-    ReadTextFileRequest, ReadTextFileResponse, ReleaseTerminalRequest, ReleaseTerminalResponse,
-    RequestId, RequestPermissionOutcome, RequestPermissionRequest, SelectedPermissionOutcome,
-    SessionId, SessionUpdate, TerminalOutputRequest, TerminalOutputResponse,
-    WaitForTerminalExitRequest, WaitForTerminalExitResponse, WriteTextFileRequest,
+    ClientCapabilities, CompleteElicitationNotification, CreateElicitationRequest, CreateElicitationResponse,
+    CreateTerminalRequest, CreateTerminalResponse, ElicitationAction, ElicitationCapabilities,
+    ElicitationFormCapabilities, ElicitationUrlCapabilities, FileSystemCapabilities, KillTerminalRequest,
+    KillTerminalResponse, Meta, PermissionOptionKind, ReadTextFileRequest, ReadTextFileResponse,
+    ReleaseTerminalRequest, ReleaseTerminalResponse, RequestId, RequestPermissionOutcome,
+    RequestPermissionRequest, SelectedPermissionOutcome, SessionId, SessionUpdate, TerminalOutputRequest,
+    TerminalOutputResponse, WaitForTerminalExitRequest, WaitForTerminalExitResponse, WriteTextFileRequest,
     WriteTextFileResponse,
 };
 
@@ -120,11 +119,7 @@ impl AcpUpdate {
         match self {
             AcpUpdate::Known(u) => serde_json::to_value(u.as_ref())
                 .ok()
-                .and_then(|v| {
-                    v.get("sessionUpdate")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                })
+                .and_then(|v| v.get("sessionUpdate").and_then(Value::as_str).map(str::to_owned))
                 .unwrap_or_default(),
             AcpUpdate::Unknown { kind, .. } => kind.clone(),
         }
@@ -268,9 +263,7 @@ pub fn refuse_permission(request: &RequestPermissionRequest) -> RequestPermissio
                 PermissionOptionKind::RejectOnce | PermissionOptionKind::RejectAlways
             )
         })
-        .map(|o| {
-            RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(o.option_id.clone()))
-        })
+        .map(|o| RequestPermissionOutcome::Selected(SelectedPermissionOutcome::new(o.option_id.clone())))
         .unwrap_or(RequestPermissionOutcome::Cancelled)
 }
 
@@ -295,20 +288,13 @@ pub trait ClientHandler: Send + Sync + 'static {
 
     /// Like [`ClientHandler::session_update`] with the message as received (unknown fields kept).
     /// The connection calls this one; the default forwards to `session_update`.
-    async fn session_update_with_message(
-        &self,
-        event: &SessionUpdateEvent,
-        _message: &RawMessage<'_>,
-    ) {
+    async fn session_update_with_message(&self, event: &SessionUpdateEvent, _message: &RawMessage<'_>) {
         self.session_update(event).await
     }
 
     /// `session/request_permission`. Must return `cancelled` or one of the offered option ids
     /// (anything else is answered with `-32603`). Default: [`refuse_permission`].
-    async fn request_permission(
-        &self,
-        request: &RequestPermissionRequest,
-    ) -> RequestPermissionOutcome {
+    async fn request_permission(&self, request: &RequestPermissionRequest) -> RequestPermissionOutcome {
         refuse_permission(request)
     }
 

@@ -24,7 +24,9 @@ async fn start(recorder: Arc<Recorder>) -> Option<AcpClient> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_turn_with_permission_ends_end_turn() {
     let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Select("allow".into()));
-    let Some(client) = start(rec.clone()).await else { return };
+    let Some(client) = start(rec.clone()).await else {
+        return;
+    };
     let init = client.initialize().await.expect("initialize");
     assert_eq!(init.protocol_version.as_u16(), 1);
     assert!(!init.agent_capabilities.load_session);
@@ -47,7 +49,10 @@ async fn full_turn_with_permission_ends_end_turn() {
     let texts = rec.texts();
     assert_eq!(texts.len(), 3, "{texts:?}");
     assert!(texts[0].starts_with("I'll help you with that."));
-    assert!(texts[2].contains("successfully updated the configuration"), "{texts:?}");
+    assert!(
+        texts[2].contains("successfully updated the configuration"),
+        "{texts:?}"
+    );
 
     // Tool calls: call_1 read → completed; call_2 edit → completed after permission.
     let events = rec.events.lock().unwrap().clone();
@@ -74,7 +79,12 @@ async fn full_turn_with_permission_ends_end_turn() {
     let perms = rec.permissions.lock().unwrap().clone();
     assert_eq!(perms.len(), 1);
     assert_eq!(perms[0].1, Some(RequestId::Number(0)));
-    let ids: Vec<String> = perms[0].0.options.iter().map(|o| o.option_id.to_string()).collect();
+    let ids: Vec<String> = perms[0]
+        .0
+        .options
+        .iter()
+        .map(|o| o.option_id.to_string())
+        .collect();
     assert_eq!(ids, ["allow", "reject"]);
     client.shutdown().await;
 }
@@ -82,23 +92,36 @@ async fn full_turn_with_permission_ends_end_turn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_permission_takes_the_other_branch() {
     let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Select("reject".into()));
-    let Some(client) = start(rec.clone()).await else { return };
+    let Some(client) = start(rec.clone()).await else {
+        return;
+    };
     client.initialize().await.unwrap();
     let cwd = tempfile::tempdir().unwrap();
-    let s = client.new_session(NewSessionRequest::new(cwd.path())).await.unwrap();
+    let s = client
+        .new_session(NewSessionRequest::new(cwd.path()))
+        .await
+        .unwrap();
     let out = client.prompt(&s.session_id, text("hi")).await.unwrap();
     assert_eq!(out.stop_reason, Some(StopReason::EndTurn));
     let texts = rec.texts();
-    assert!(texts.last().unwrap().contains("skip the configuration update"), "{texts:?}");
+    assert!(
+        texts.last().unwrap().contains("skip the configuration update"),
+        "{texts:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_turn_ends_cancelled() {
     let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Hang);
-    let Some(client) = start(rec.clone()).await else { return };
+    let Some(client) = start(rec.clone()).await else {
+        return;
+    };
     client.initialize().await.unwrap();
     let cwd = tempfile::tempdir().unwrap();
-    let s = client.new_session(NewSessionRequest::new(cwd.path())).await.unwrap();
+    let s = client
+        .new_session(NewSessionRequest::new(cwd.path()))
+        .await
+        .unwrap();
     let c2 = client.clone();
     let sid = s.session_id.clone();
     let turn = tokio::spawn(async move { c2.prompt(&sid, text("hi")).await });
@@ -124,10 +147,15 @@ async fn cancelled_turn_ends_cancelled() {
 async fn cancel_answers_a_pending_permission_cancelled() {
     // The handler never answers the permission question; cancel must answer it at once.
     let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Hang);
-    let Some(client) = start(rec.clone()).await else { return };
+    let Some(client) = start(rec.clone()).await else {
+        return;
+    };
     client.initialize().await.unwrap();
     let cwd = tempfile::tempdir().unwrap();
-    let s = client.new_session(NewSessionRequest::new(cwd.path())).await.unwrap();
+    let s = client
+        .new_session(NewSessionRequest::new(cwd.path()))
+        .await
+        .unwrap();
     let c2 = client.clone();
     let sid = s.session_id.clone();
     let turn = tokio::spawn(async move { c2.prompt(&sid, text("hi")).await });
@@ -137,7 +165,11 @@ async fn cancel_answers_a_pending_permission_cancelled() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert_eq!(rec.permissions.lock().unwrap().len(), 1, "permission request never came");
+    assert_eq!(
+        rec.permissions.lock().unwrap().len(),
+        1,
+        "permission request never came"
+    );
     client.cancel(&s.session_id).await.unwrap();
     // The example agent returns right after a `cancelled` outcome.
     let out = tokio::time::timeout(Duration::from_secs(20), turn)
@@ -146,7 +178,10 @@ async fn cancel_answers_a_pending_permission_cancelled() {
         .unwrap()
         .unwrap();
     assert!(
-        matches!(out.stop_reason, Some(StopReason::Cancelled) | Some(StopReason::EndTurn)),
+        matches!(
+            out.stop_reason,
+            Some(StopReason::Cancelled) | Some(StopReason::EndTurn)
+        ),
         "{out:?}"
     );
     // No completion text: the edit was not applied.

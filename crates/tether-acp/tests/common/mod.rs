@@ -9,13 +9,12 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tether_acp::schema::{
     ContentBlock, CreateElicitationRequest, CreateElicitationResponse, ElicitationAction,
-    ReadTextFileRequest, ReadTextFileResponse, RequestId, RequestPermissionOutcome,
-    RequestPermissionRequest, SelectedPermissionOutcome, SessionUpdate, TextContent,
-    WriteTextFileRequest, WriteTextFileResponse,
+    ReadTextFileRequest, ReadTextFileResponse, RequestId, RequestPermissionOutcome, RequestPermissionRequest,
+    SelectedPermissionOutcome, SessionUpdate, TextContent, WriteTextFileRequest, WriteTextFileResponse,
 };
 use tether_acp::{
-    AcpUpdate, ClientHandler, HandlerError, HandlerSupport, RawMessage, SessionUpdateEvent,
-    TerminalRequest, TerminalResponse,
+    AcpUpdate, ClientHandler, HandlerError, HandlerSupport, RawMessage, SessionUpdateEvent, TerminalRequest,
+    TerminalResponse,
 };
 
 pub fn repo_root() -> PathBuf {
@@ -50,8 +49,7 @@ pub fn fake_agent() -> PathBuf {
 
 /// The TS SDK example agent, or `None` (with a notice) when it is not installed and CI is unset.
 pub fn example_agent() -> Option<PathBuf> {
-    let p = repo_root()
-        .join("conformance/acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js");
+    let p = repo_root().join("conformance/acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js");
     if p.exists() {
         return Some(p);
     }
@@ -59,7 +57,10 @@ pub fn example_agent() -> Option<PathBuf> {
         "the ACP example agent is not installed at {}; run conformance/acp/setup.sh (npm ci)",
         p.display()
     );
-    if std::env::var("CI").map(|v| v == "true" || v == "1").unwrap_or(false) {
+    if std::env::var("CI")
+        .map(|v| v == "true" || v == "1")
+        .unwrap_or(false)
+    {
         panic!("{msg}");
     }
     eprintln!("SKIPPED: {msg}");
@@ -178,40 +179,69 @@ impl ClientHandler for Recorder {
         }
     }
     async fn read_text_file(&self, r: ReadTextFileRequest) -> Result<ReadTextFileResponse, HandlerError> {
-        self.calls.lock().unwrap().push(format!("read {}", r.path.display()));
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("read {}", r.path.display()));
         std::fs::read_to_string(&r.path)
             .map(ReadTextFileResponse::new)
             .map_err(|e| HandlerError::not_found(e.to_string()))
     }
     async fn write_text_file(&self, r: WriteTextFileRequest) -> Result<WriteTextFileResponse, HandlerError> {
-        self.calls.lock().unwrap().push(format!("write {}", r.path.display()));
+        self.calls
+            .lock()
+            .unwrap()
+            .push(format!("write {}", r.path.display()));
         std::fs::write(&r.path, &r.content)
             .map(|_| WriteTextFileResponse::new())
             .map_err(|e| HandlerError::internal(e.to_string()))
     }
-    async fn terminal(&self, request: TerminalRequest, _id: &RequestId) -> Result<TerminalResponse, HandlerError> {
-        self.calls.lock().unwrap().push(format!("{} {:?}", request.method(), match &request {
-            TerminalRequest::Create(c) => c.cwd.clone(),
-            _ => None,
-        }));
-        Err(HandlerError::refused("terminals are not run by the recording handler"))
+    async fn terminal(
+        &self,
+        request: TerminalRequest,
+        _id: &RequestId,
+    ) -> Result<TerminalResponse, HandlerError> {
+        self.calls.lock().unwrap().push(format!(
+            "{} {:?}",
+            request.method(),
+            match &request {
+                TerminalRequest::Create(c) => c.cwd.clone(),
+                _ => None,
+            }
+        ));
+        Err(HandlerError::refused(
+            "terminals are not run by the recording handler",
+        ))
     }
-    async fn form_elicitation(&self, r: CreateElicitationRequest) -> Result<CreateElicitationResponse, HandlerError> {
+    async fn form_elicitation(
+        &self,
+        r: CreateElicitationRequest,
+    ) -> Result<CreateElicitationResponse, HandlerError> {
         self.calls.lock().unwrap().push(format!("form {}", r.message));
         let content: Value = serde_json::json!({"name": "Ada"});
-        let action: ElicitationAction = serde_json::from_value(serde_json::json!({"action":"accept","content":content}))
-            .map_err(|e| HandlerError::internal(e.to_string()))?;
+        let action: ElicitationAction =
+            serde_json::from_value(serde_json::json!({"action":"accept","content":content}))
+                .map_err(|e| HandlerError::internal(e.to_string()))?;
         Ok(CreateElicitationResponse::new(action))
     }
-    async fn url_elicitation(&self, r: CreateElicitationRequest) -> Result<CreateElicitationResponse, HandlerError> {
+    async fn url_elicitation(
+        &self,
+        r: CreateElicitationRequest,
+    ) -> Result<CreateElicitationResponse, HandlerError> {
         self.calls.lock().unwrap().push(format!("url {}", r.message));
         Ok(CreateElicitationResponse::new(ElicitationAction::Decline))
     }
     async fn elicitation_complete(&self, n: tether_acp::schema::CompleteElicitationNotification) {
         self.completed.lock().unwrap().push(n.elicitation_id.to_string());
     }
-    async fn ext_method(&self, method: &str, params: &serde_json::value::RawValue) -> Result<Value, HandlerError> {
-        Ok(serde_json::json!({"method": method, "params": serde_json::from_str::<Value>(params.get()).unwrap_or(Value::Null)}))
+    async fn ext_method(
+        &self,
+        method: &str,
+        params: &serde_json::value::RawValue,
+    ) -> Result<Value, HandlerError> {
+        Ok(
+            serde_json::json!({"method": method, "params": serde_json::from_str::<Value>(params.get()).unwrap_or(Value::Null)}),
+        )
     }
     async fn ext_notification(&self, method: &str, _params: &serde_json::value::RawValue) {
         self.ext_notes.lock().unwrap().push(method.to_owned());
