@@ -15,16 +15,25 @@
 
 #![warn(missing_docs)]
 
+pub mod context;
 pub mod encode;
 pub mod error;
 pub mod event;
 pub mod ids;
 pub mod patch;
 pub mod proto;
+pub mod run;
+pub mod server;
 pub mod types;
 pub mod verify;
 
+pub use context::{
+    AgentState, CallSlot, CancelToken, EventReceiver, MessageHandle, ParallelToolCalls,
+    ReasoningHandle, RunContext, RunOptions, RunOutcome, StepGuard, ToolCallHandle, state_update,
+};
 pub use encode::Encoding;
+pub use run::{Agent, EventStream, run_agent};
+pub use server::{AgUiRouterExt, EndpointOptions, router};
 pub use error::{Error, Result};
 pub use event::{Event, EventType, PROTOCOL_VERSION};
 pub use ids::{InterruptId, MessageId, RunId, SubagentRunId, ThreadId, ToolCallId};

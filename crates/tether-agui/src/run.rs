@@ -1,0 +1,146 @@
+//! Driving an [`Agent`] over one request: `RUN_STARTED` first, exactly one terminal last,
+//! every event verified, the run cancelled (and its task aborted) when the stream is dropped.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+
+use futures_util::{FutureExt, Stream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+use crate::context::{AgentState, CancelToken, RunContext, RunOptions, RunOutcome};
+use crate::error::{Error, Result};
+use crate::event::Event;
+use crate::types::RunAgentInput;
+
+/// An AG-UI agent: writes one run through a [`RunContext`].
+///
+/// ```
+/// use tether_agui::{Agent, RunContext, RunOutcome, Result};
+///
+/// struct Echo;
+/// impl Agent for Echo {
+///     type State = ();
+///     async fn run(&self, ctx: &mut RunContext) -> Result<RunOutcome> {
+///         let text = ctx.last_user_text().unwrap_or_default();
+///         ctx.say(format!("you said: {text}"))?;
+///         Ok(RunOutcome::Success)
+///     }
+/// }
+/// ```
+pub trait Agent: Send + Sync + 'static {
+    /// The typed state (`()` for none).
+    type State: AgentState;
+
+    /// Runs once. `Err` becomes `RUN_ERROR`; handles still open are closed by their `Drop`.
+    fn run(
+        &self,
+        ctx: &mut RunContext<Self::State>,
+    ) -> impl Future<Output = Result<RunOutcome>> + Send;
+}
+
+impl<A: Agent> Agent for Arc<A> {
+    type State = A::State;
+    fn run(
+        &self,
+        ctx: &mut RunContext<Self::State>,
+    ) -> impl Future<Output = Result<RunOutcome>> + Send {
+        (**self).run(ctx)
+    }
+}
+
+/// The events of one served request. Dropping it cancels the run and aborts its task.
+#[derive(Debug)]
+pub struct EventStream {
+    rx: mpsc::Receiver<Event>,
+    cancel: CancelToken,
+    task: Option<JoinHandle<()>>,
+}
+
+impl EventStream {
+    /// The run's cancellation token.
+    pub fn cancel_token(&self) -> &CancelToken {
+        &self.cancel
+    }
+
+    /// Collects every event (for tests).
+    pub async fn collect_all(mut self) -> Vec<Event> {
+        let mut out = Vec::new();
+        while let Some(e) = self.rx.recv().await {
+            out.push(e);
+        }
+        out
+    }
+
+    /// Polls for the next event.
+    pub fn poll_next_event(&mut self, cx: &mut TaskContext<'_>) -> Poll<Option<Event>> {
+        self.rx.poll_recv(cx)
+    }
+
+    /// Moves every event that is ready right now into `out` (at most `max`).
+    pub fn drain_ready(&mut self, out: &mut Vec<Event>, max: usize) {
+        while out.len() < max {
+            match self.rx.try_recv() {
+                Ok(e) => out.push(e),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+impl Stream for EventStream {
+    type Item = Event;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Event>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+}
+
+/// Serves `input` with `agent` on a new task and returns its events.
+///
+/// The stream starts with `RUN_STARTED` and ends with exactly one `RUN_FINISHED` or
+/// `RUN_ERROR`, whatever the agent does: a rule violation becomes `RUN_ERROR`, an `Err` or a
+/// panic becomes `RUN_ERROR`, open handles are closed by their `Drop` before the terminal.
+pub fn run_agent<A: Agent>(agent: Arc<A>, input: RunAgentInput, options: RunOptions) -> EventStream {
+    let (tx, rx) = mpsc::channel(options.buffer.max(1));
+    let cancel = CancelToken::new();
+    let task_cancel = cancel.clone();
+    let task = tokio::spawn(async move {
+        let mut ctx =
+            RunContext::<A::State>::with_sender(Arc::new(input), tx, task_cancel, &options);
+        let result = match ctx.start(options.echo_input).await {
+            Ok(()) => {
+                let fut = AssertUnwindSafe(agent.run(&mut ctx)).catch_unwind();
+                match fut.await {
+                    Ok(r) => r,
+                    Err(panic) => {
+                        let what = panic
+                            .downcast_ref::<&str>()
+                            .map(|s| (*s).to_owned())
+                            .or_else(|| panic.downcast_ref::<String>().cloned())
+                            .unwrap_or_else(|| "panic".to_owned());
+                        Err(Error::agent("AGENT_PANIC", format!("the agent panicked: {what}")))
+                    }
+                }
+            }
+            Err(e) => Err(e),
+        };
+        ctx.finish(result).await;
+    });
+    EventStream {
+        rx,
+        cancel,
+        task: Some(task),
+    }
+}

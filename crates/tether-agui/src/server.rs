@@ -1,0 +1,260 @@
+//! The axum router: one `POST` endpoint per agent.
+//!
+//! Answers: `200` with an SSE (or protobuf, by `Accept`) stream once the input is valid —
+//! failures after that are in-stream `RUN_ERROR`s; `400` with a JSON error for a malformed
+//! body; `405` for other methods; `406` when `Accept` allows neither encoding; `413` past the
+//! body limit; `415` for a non-JSON body. SSE streams carry `:` comment keep-alives while
+//! idle. Dropping the response (client disconnect) cancels the run and aborts its task.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::Request;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, post};
+use futures_util::Stream;
+use tokio::time::Sleep;
+
+use crate::context::RunOptions;
+use crate::encode::{Encoding, SSE_KEEP_ALIVE};
+use crate::run::{Agent, EventStream, run_agent};
+use crate::types::RunAgentInput;
+
+/// Configuration of one endpoint.
+#[derive(Debug, Clone)]
+pub struct EndpointOptions {
+    /// Largest accepted request body, in bytes (413 beyond).
+    pub body_limit: usize,
+    /// Interval of SSE keep-alive comments while the run is idle (`None`: none).
+    pub keep_alive: Option<Duration>,
+    /// Options of each run.
+    pub run: RunOptions,
+}
+
+impl Default for EndpointOptions {
+    fn default() -> Self {
+        Self {
+            body_limit: 2 * 1024 * 1024,
+            keep_alive: Some(Duration::from_secs(15)),
+            run: RunOptions::default(),
+        }
+    }
+}
+
+struct Endpoint<A> {
+    agent: Arc<A>,
+    options: EndpointOptions,
+}
+
+/// A JSON error response `{"code": ..., "message": ...}`.
+fn json_error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    let body = serde_json::json!({"code": code, "message": message.into()});
+    (status, axum::Json(body)).into_response()
+}
+
+/// The method router for one agent (POST only; other methods get a JSON 405).
+pub fn endpoint<A: Agent, S: Clone + Send + Sync + 'static>(
+    agent: A,
+    options: EndpointOptions,
+) -> MethodRouter<S> {
+    let ep = Arc::new(Endpoint {
+        agent: Arc::new(agent),
+        options,
+    });
+    post(move |req: Request| {
+        let ep = ep.clone();
+        async move { handle(ep, req).await }
+    })
+    .fallback(|| async {
+        let mut r = json_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "METHOD_NOT_ALLOWED",
+            "AG-UI endpoints accept POST only",
+        );
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("POST"));
+        r
+    })
+}
+
+/// A router serving `agent` at `path`.
+pub fn router<A: Agent>(path: &str, agent: A, options: EndpointOptions) -> Router {
+    Router::new().route(path, endpoint(agent, options))
+}
+
+/// Adds AG-UI endpoints to a router.
+pub trait AgUiRouterExt {
+    /// Serves `agent` at `path` with default options.
+    fn route_agui<A: Agent>(self, path: &str, agent: A) -> Self;
+    /// Serves `agent` at `path` with `options`.
+    fn route_agui_with<A: Agent>(self, path: &str, agent: A, options: EndpointOptions) -> Self;
+}
+
+impl<S: Clone + Send + Sync + 'static> AgUiRouterExt for Router<S> {
+    fn route_agui<A: Agent>(self, path: &str, agent: A) -> Self {
+        self.route(path, endpoint(agent, EndpointOptions::default()))
+    }
+    fn route_agui_with<A: Agent>(self, path: &str, agent: A, options: EndpointOptions) -> Self {
+        self.route(path, endpoint(agent, options))
+    }
+}
+
+/// Decodes a request body into a `RunAgentInput` (unknown members ignored).
+pub fn decode_input(body: &[u8]) -> Result<RunAgentInput, serde_json::Error> {
+    serde_json::from_slice(body)
+}
+
+fn is_json(content_type: Option<&str>) -> bool {
+    let Some(ct) = content_type else {
+        return false;
+    };
+    let media = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
+}
+
+async fn handle<A: Agent>(ep: Arc<Endpoint<A>>, req: Request) -> Response {
+    let headers = req.headers();
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
+    if !is_json(content_type) {
+        return json_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UNSUPPORTED_MEDIA_TYPE",
+            format!(
+                "the body must be a JSON RunAgentInput (Content-Type: application/json), got {}",
+                content_type.unwrap_or("no Content-Type")
+            ),
+        );
+    }
+    let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+    let Some(encoding) = Encoding::negotiate(accept) else {
+        return json_error(
+            StatusCode::NOT_ACCEPTABLE,
+            "NOT_ACCEPTABLE",
+            format!(
+                "Accept must allow text/event-stream or application/vnd.ag-ui.event+proto, got {}",
+                accept.unwrap_or("")
+            ),
+        );
+    };
+    let limit = ep.options.body_limit;
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return too_large(limit);
+    }
+    let body = match axum::body::to_bytes(req.into_body(), limit).await {
+        Ok(b) => b,
+        Err(e) => {
+            let is_limit = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>())
+                || e.to_string().contains("length limit");
+            if is_limit {
+                return too_large(limit);
+            }
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "BODY_READ_FAILED",
+                format!("could not read the request body: {e}"),
+            );
+        }
+    };
+    let input = match decode_input(&body) {
+        Ok(i) => i,
+        Err(e) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                "INVALID_INPUT",
+                format!("the body is not a valid RunAgentInput: {e}"),
+            );
+        }
+    };
+    let events = run_agent(ep.agent.clone(), input, ep.options.run.clone());
+    let keep_alive = match encoding {
+        Encoding::Sse => ep.options.keep_alive,
+        _ => None,
+    };
+    let stream = BodyStream {
+        events,
+        encoding,
+        keep_alive: keep_alive.map(|d| (d, Box::pin(tokio::time::sleep(d)))),
+        batch: Vec::with_capacity(64),
+        buf: Vec::with_capacity(4096),
+    };
+    let mut resp = Response::new(Body::from_stream(stream));
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(encoding.content_type()),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+fn too_large(limit: usize) -> Response {
+    json_error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "PAYLOAD_TOO_LARGE",
+        format!("the request body exceeds the {limit}-byte limit"),
+    )
+}
+
+/// The response body: encoded events, batched, with keep-alives while idle.
+struct BodyStream {
+    events: EventStream,
+    encoding: Encoding,
+    keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
+    batch: Vec<crate::event::Event>,
+    buf: Vec<u8>,
+}
+
+impl Stream for BodyStream {
+    type Item = Result<Bytes, Infallible>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        match this.events.poll_next_event(cx) {
+            Poll::Ready(Some(first)) => {
+                this.batch.clear();
+                this.batch.push(first);
+                this.events.drain_ready(&mut this.batch, 256);
+                this.buf.clear();
+                for e in this.batch.drain(..) {
+                    if let Err(err) = this.encoding.encode_into(&e, &mut this.buf) {
+                        tracing::error!("could not encode {}: {err}", e.event_type());
+                    }
+                }
+                if let Some((d, sleep)) = &mut this.keep_alive {
+                    sleep
+                        .as_mut()
+                        .reset(tokio::time::Instant::now() + *d);
+                }
+                Poll::Ready(Some(Ok(Bytes::copy_from_slice(&this.buf))))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => {
+                if let Some((d, sleep)) = &mut this.keep_alive {
+                    if sleep.as_mut().poll(cx).is_ready() {
+                        sleep
+                            .as_mut()
+                            .reset(tokio::time::Instant::now() + *d);
+                        return Poll::Ready(Some(Ok(Bytes::from_static(SSE_KEEP_ALIVE))));
+                    }
+                }
+                Poll::Pending
+            }
+        }
+    }
+}
+
+use std::future::Future as _;
