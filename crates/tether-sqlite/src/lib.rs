@@ -1,0 +1,567 @@
+//! # tether-sqlite
+//!
+//! A durable [`EventStore`] on SQLite (bundled, WAL journal): a session's events are appended
+//! exactly once (unique on session and event id), tool results are memoized by tool-use id so a
+//! redelivered tool call returns the recorded result instead of running the tool again, named
+//! state values are kept per session, and AG-UI thread ids are mapped to provider sessions
+//! ([`ThreadRecord`]). Everything survives a crash of the process: each write is one SQLite
+//! transaction, committed before the call returns.
+//!
+//! The schema is versioned (`PRAGMA user_version`); [`SqliteStore::open`] migrates a database
+//! written by an older version in place and refuses, with [`StoreError::NewerSchema`], one written
+//! by a newer version.
+//!
+//! ```no_run
+//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use tether::{EventStore, Session, ScriptedModel, local::LocalLoop};
+//! let store: Arc<dyn EventStore> = Arc::new(tether_sqlite::SqliteStore::open("tether.db")?);
+//! let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("hi"))]);
+//! let result = Session::builder(LocalLoop::new(model)).store(store).run("Say hi").await?;
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tether::{Event, EventStore, ToolResult};
+
+/// `PRAGMA application_id` of a tether database ("TETH").
+pub const APPLICATION_ID: i32 = 0x5445_5448;
+
+/// The migrations, in order: migration `i` (0-based) brings the schema to version `i + 1`.
+/// Never edit one that has shipped; append a new one.
+const MIGRATIONS: &[&str] = &[
+    // v1: sessions, the exactly-once event record, the tool-result memo, named state.
+    "CREATE TABLE sessions (
+        session_id TEXT PRIMARY KEY NOT NULL,
+        created_ms INTEGER NOT NULL,
+        updated_ms INTEGER NOT NULL
+     );
+     CREATE TABLE events (
+        session_id TEXT NOT NULL,
+        event_id TEXT NOT NULL,
+        seq INTEGER,
+        body TEXT NOT NULL,
+        UNIQUE (session_id, event_id)
+     );
+     CREATE INDEX events_by_seq ON events (session_id, seq);
+     CREATE TABLE tool_results (
+        session_id TEXT NOT NULL,
+        tool_use_id TEXT NOT NULL,
+        content TEXT NOT NULL,
+        is_error INTEGER NOT NULL,
+        created_ms INTEGER NOT NULL,
+        PRIMARY KEY (session_id, tool_use_id)
+     );
+     CREATE TABLE state (
+        session_id TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value TEXT NOT NULL,
+        PRIMARY KEY (session_id, key)
+     );",
+    // v2: AG-UI threads mapped to provider sessions.
+    "CREATE TABLE threads (
+        thread_id TEXT PRIMARY KEY NOT NULL,
+        agent TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        title TEXT NOT NULL DEFAULT '',
+        created_ms INTEGER NOT NULL,
+        updated_ms INTEGER NOT NULL
+     );
+     CREATE INDEX threads_by_agent ON threads (agent, updated_ms);",
+];
+
+/// The schema version this build writes (and the newest it can open).
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// Why the store could not be opened or used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// SQLite failed.
+    #[error("SQLite error on {path}: {source}")]
+    Sqlite {
+        /// The database file.
+        path: String,
+        /// The SQLite error.
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// The database was written by a newer version of tether.
+    #[error(
+        "{path} has schema version {found}, but this build of tether supports up to version {supported}; \
+         upgrade tether, or point it at another database file"
+    )]
+    NewerSchema {
+        /// The database file.
+        path: String,
+        /// The version found in the file.
+        found: u32,
+        /// The newest version this build knows.
+        supported: u32,
+    },
+    /// The file is an SQLite database, but not one of tether's.
+    #[error("{path} is an SQLite database of another application ({detail}); point tether at another file")]
+    Foreign {
+        /// The database file.
+        path: String,
+        /// What gave it away.
+        detail: String,
+    },
+    /// A stored value could not be decoded.
+    #[error("corrupt record in {path}: {detail}")]
+    Corrupt {
+        /// The database file.
+        path: String,
+        /// What could not be decoded.
+        detail: String,
+    },
+    /// The connection's lock was poisoned by a panic in another thread.
+    #[error("the store's connection lock was poisoned by a panic; restart the process")]
+    Poisoned,
+    /// A blocking task could not be joined.
+    #[error("a store task failed: {0}")]
+    Join(String),
+}
+
+impl From<StoreError> for tether::Error {
+    fn from(e: StoreError) -> Self {
+        tether::Error::Store(e.to_string())
+    }
+}
+
+/// One AG-UI thread and the provider session it maps to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ThreadRecord {
+    /// The AG-UI `threadId`.
+    pub thread_id: String,
+    /// The agent that serves the thread.
+    pub agent: String,
+    /// The provider session (the [`EventStore`] session id) holding its events.
+    pub session_id: String,
+    /// A short title (the first user message, typically).
+    pub title: String,
+    /// Created, ms since the epoch.
+    pub created_ms: i64,
+    /// Last used, ms since the epoch.
+    pub updated_ms: i64,
+}
+
+/// A durable [`EventStore`] on one SQLite file. Cheap to clone (clones share the connection).
+#[derive(Clone)]
+pub struct SqliteStore {
+    conn: Arc<Mutex<Connection>>,
+    path: Arc<str>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed) the database at `path`, in WAL mode, migrating an older schema.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::open_to(path.as_ref(), SCHEMA_VERSION)
+    }
+
+    /// An in-memory database (nothing survives the process): for tests.
+    pub fn open_in_memory() -> Result<Self, StoreError> {
+        let conn = Connection::open_in_memory().map_err(|e| sql(":memory:", e))?;
+        Self::init(conn, ":memory:", SCHEMA_VERSION)
+    }
+
+    /// Opens the database migrating it only up to `version`: for testing migrations from an
+    /// older schema. Not for use outside tests.
+    #[doc(hidden)]
+    pub fn open_at_version(path: impl AsRef<Path>, version: u32) -> Result<Self, StoreError> {
+        Self::open_to(path.as_ref(), version.min(SCHEMA_VERSION))
+    }
+
+    fn open_to(path: &Path, version: u32) -> Result<Self, StoreError> {
+        let shown = path.display().to_string();
+        let conn = Connection::open(path).map_err(|e| sql(&shown, e))?;
+        Self::init(conn, &shown, version)
+    }
+
+    fn init(mut conn: Connection, path: &str, target: u32) -> Result<Self, StoreError> {
+        conn.busy_timeout(Duration::from_secs(10))
+            .map_err(|e| sql(path, e))?;
+        // The journal mode: WAL for files (in-memory databases report "memory").
+        let _: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(|e| foreign_or_sql(path, e))?;
+        conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
+            .map_err(|e| sql(path, e))?;
+        let app: i32 = conn
+            .query_row("PRAGMA application_id", [], |r| r.get(0))
+            .map_err(|e| sql(path, e))?;
+        let version: u32 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| sql(path, e))?;
+        if app != 0 && app != APPLICATION_ID {
+            return Err(StoreError::Foreign {
+                path: path.into(),
+                detail: format!("application_id {app:#x}"),
+            });
+        }
+        if app == 0 && version == 0 {
+            let tables: i64 = conn
+                .query_row(
+                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+                    [],
+                    |r| r.get(0),
+                )
+                .map_err(|e| sql(path, e))?;
+            if tables > 0 {
+                return Err(StoreError::Foreign {
+                    path: path.into(),
+                    detail: format!("{tables} tables and no tether schema version"),
+                });
+            }
+        }
+        if version > SCHEMA_VERSION {
+            return Err(StoreError::NewerSchema {
+                path: path.into(),
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        for v in version..target {
+            let tx = conn.transaction().map_err(|e| sql(path, e))?;
+            tx.execute_batch(MIGRATIONS[v as usize])
+                .map_err(|e| sql(path, e))?;
+            tx.execute_batch(&format!(
+                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {};",
+                v + 1
+            ))
+            .map_err(|e| sql(path, e))?;
+            tx.commit().map_err(|e| sql(path, e))?;
+            tracing::info!(path, version = v + 1, "migrated the tether database");
+        }
+        Ok(SqliteStore {
+            conn: Arc::new(Mutex::new(conn)),
+            path: path.into(),
+        })
+    }
+
+    /// The database file's path as given.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The schema version of the open database.
+    pub fn schema_version(&self) -> Result<u32, StoreError> {
+        self.with_conn(|c, p| {
+            c.query_row("PRAGMA user_version", [], |r| r.get(0))
+                .map_err(|e| sql(p, e))
+        })
+    }
+
+    fn with_conn<T>(
+        &self,
+        f: impl FnOnce(&mut Connection, &str) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut g = self.conn.lock().map_err(|_| StoreError::Poisoned)?;
+        f(&mut g, &self.path)
+    }
+
+    /// Runs `f` on the connection on a blocking thread.
+    async fn blocking<T, F>(&self, f: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut Connection, &str) -> Result<T, StoreError> + Send + 'static,
+    {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.with_conn(f))
+            .await
+            .map_err(|e| StoreError::Join(e.to_string()))?
+    }
+
+    /// Maps a thread to a session, or updates its agent, session and title (the creation time is
+    /// kept). Returns the stored record.
+    pub async fn put_thread(
+        &self,
+        thread_id: &str,
+        agent: &str,
+        session_id: &str,
+        title: &str,
+    ) -> Result<ThreadRecord, StoreError> {
+        let (t, a, s, ti) = (
+            thread_id.to_owned(),
+            agent.to_owned(),
+            session_id.to_owned(),
+            title.to_owned(),
+        );
+        self.blocking(move |c, p| {
+            let now = now_ms();
+            c.execute(
+                "INSERT INTO threads (thread_id, agent, session_id, title, created_ms, updated_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?5)
+                 ON CONFLICT (thread_id) DO UPDATE SET agent = ?2, session_id = ?3,
+                   title = CASE WHEN ?4 = '' THEN title ELSE ?4 END, updated_ms = ?5",
+                params![t, a, s, ti, now],
+            )
+            .map_err(|e| sql(p, e))?;
+            get_thread(c, p, &t)?.ok_or_else(|| StoreError::Corrupt {
+                path: p.into(),
+                detail: format!("thread {t} vanished after being written"),
+            })
+        })
+        .await
+    }
+
+    /// Marks a thread as used now.
+    pub async fn touch_thread(&self, thread_id: &str) -> Result<(), StoreError> {
+        let t = thread_id.to_owned();
+        self.blocking(move |c, p| {
+            c.execute(
+                "UPDATE threads SET updated_ms = ?2 WHERE thread_id = ?1",
+                params![t, now_ms()],
+            )
+            .map_err(|e| sql(p, e))?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// The thread with this id, if mapped.
+    pub async fn thread(&self, thread_id: &str) -> Result<Option<ThreadRecord>, StoreError> {
+        let t = thread_id.to_owned();
+        self.blocking(move |c, p| get_thread(c, p, &t)).await
+    }
+
+    /// The threads of an agent (every agent's with `None`), most recently used first.
+    pub async fn threads(&self, agent: Option<&str>) -> Result<Vec<ThreadRecord>, StoreError> {
+        let a = agent.map(str::to_owned);
+        self.blocking(move |c, p| {
+            let mut st = c
+                .prepare_cached(
+                    "SELECT thread_id, agent, session_id, title, created_ms, updated_ms FROM threads
+                     WHERE ?1 IS NULL OR agent = ?1 ORDER BY updated_ms DESC, thread_id",
+                )
+                .map_err(|e| sql(p, e))?;
+            let rows = st.query_map(params![a], thread_row).map_err(|e| sql(p, e))?;
+            rows.collect::<Result<Vec<_>, _>>().map_err(|e| sql(p, e))
+        })
+        .await
+    }
+}
+
+fn thread_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ThreadRecord> {
+    Ok(ThreadRecord {
+        thread_id: r.get(0)?,
+        agent: r.get(1)?,
+        session_id: r.get(2)?,
+        title: r.get(3)?,
+        created_ms: r.get(4)?,
+        updated_ms: r.get(5)?,
+    })
+}
+
+fn get_thread(c: &Connection, p: &str, thread_id: &str) -> Result<Option<ThreadRecord>, StoreError> {
+    c.query_row(
+        "SELECT thread_id, agent, session_id, title, created_ms, updated_ms FROM threads WHERE thread_id = ?1",
+        params![thread_id],
+        thread_row,
+    )
+    .optional()
+    .map_err(|e| sql(p, e))
+}
+
+fn sql(path: &str, source: rusqlite::Error) -> StoreError {
+    StoreError::Sqlite {
+        path: path.into(),
+        source,
+    }
+}
+
+fn foreign_or_sql(path: &str, source: rusqlite::Error) -> StoreError {
+    match source.sqlite_error_code() {
+        Some(rusqlite::ErrorCode::NotADatabase) => StoreError::Foreign {
+            path: path.into(),
+            detail: "the file is not an SQLite database".into(),
+        },
+        _ => sql(path, source),
+    }
+}
+
+fn touch_session(c: &Connection, p: &str, session_id: &str) -> Result<(), StoreError> {
+    let now = now_ms();
+    c.execute(
+        "INSERT INTO sessions (session_id, created_ms, updated_ms) VALUES (?1, ?2, ?2)
+         ON CONFLICT (session_id) DO UPDATE SET updated_ms = ?2",
+        params![session_id, now],
+    )
+    .map_err(|e| sql(p, e))?;
+    Ok(())
+}
+
+fn corrupt(p: &str, what: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        path: p.into(),
+        detail: what.to_string(),
+    }
+}
+
+#[async_trait]
+impl EventStore for SqliteStore {
+    async fn append(&self, session_id: &str, event: &Event) -> tether::Result<bool> {
+        let body = serde_json::to_string(event).map_err(|e| tether::Error::Store(e.to_string()))?;
+        let (sid, id, seq) = (
+            session_id.to_owned(),
+            event.id.clone(),
+            event.seq.map(|s| s as i64),
+        );
+        Ok(self
+            .blocking(move |c, p| {
+                let tx = c.transaction().map_err(|e| sql(p, e))?;
+                let n = tx
+                    .execute(
+                        "INSERT OR IGNORE INTO events (session_id, event_id, seq, body) VALUES (?1, ?2, ?3, ?4)",
+                        params![sid, id, seq, body],
+                    )
+                    .map_err(|e| sql(p, e))?;
+                if n == 1 {
+                    touch_session(&tx, p, &sid)?;
+                }
+                tx.commit().map_err(|e| sql(p, e))?;
+                Ok(n == 1)
+            })
+            .await?)
+    }
+
+    async fn load(&self, session_id: &str) -> tether::Result<Vec<Event>> {
+        let sid = session_id.to_owned();
+        Ok(self
+            .blocking(move |c, p| {
+                let mut st = c
+                    .prepare_cached(
+                        "SELECT body FROM events WHERE session_id = ?1 ORDER BY seq IS NULL, seq, rowid",
+                    )
+                    .map_err(|e| sql(p, e))?;
+                let rows = st
+                    .query_map(params![sid], |r| r.get::<_, String>(0))
+                    .map_err(|e| sql(p, e))?;
+                let mut out = Vec::new();
+                for body in rows {
+                    let body = body.map_err(|e| sql(p, e))?;
+                    out.push(
+                        serde_json::from_str::<Event>(&body)
+                            .map_err(|e| corrupt(p, format!("event: {e}")))?,
+                    );
+                }
+                Ok(out)
+            })
+            .await?)
+    }
+
+    async fn tool_result(&self, session_id: &str, tool_use_id: &str) -> tether::Result<Option<ToolResult>> {
+        let (sid, tid) = (session_id.to_owned(), tool_use_id.to_owned());
+        Ok(self
+            .blocking(move |c, p| {
+                c.query_row(
+                    "SELECT content, is_error FROM tool_results WHERE session_id = ?1 AND tool_use_id = ?2",
+                    params![sid, tid],
+                    |r| {
+                        Ok(ToolResult {
+                            tool_use_id: tid.clone(),
+                            content: r.get(0)?,
+                            is_error: r.get::<_, i64>(1)? != 0,
+                        })
+                    },
+                )
+                .optional()
+                .map_err(|e| sql(p, e))
+            })
+            .await?)
+    }
+
+    async fn put_tool_result(&self, session_id: &str, result: &ToolResult) -> tether::Result<()> {
+        let (sid, r) = (session_id.to_owned(), result.clone());
+        Ok(self
+            .blocking(move |c, p| {
+                let tx = c.transaction().map_err(|e| sql(p, e))?;
+                tx.execute(
+                    "INSERT OR IGNORE INTO tool_results (session_id, tool_use_id, content, is_error, created_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5)",
+                    params![sid, r.tool_use_id, r.content, r.is_error as i64, now_ms()],
+                )
+                .map_err(|e| sql(p, e))?;
+                touch_session(&tx, p, &sid)?;
+                tx.commit().map_err(|e| sql(p, e))
+            })
+            .await?)
+    }
+
+    async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> tether::Result<()> {
+        let (sid, k) = (session_id.to_owned(), key.to_owned());
+        let v = serde_json::to_string(value).map_err(|e| tether::Error::Store(e.to_string()))?;
+        Ok(self
+            .blocking(move |c, p| {
+                let tx = c.transaction().map_err(|e| sql(p, e))?;
+                tx.execute(
+                    "INSERT INTO state (session_id, key, value) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (session_id, key) DO UPDATE SET value = ?3",
+                    params![sid, k, v],
+                )
+                .map_err(|e| sql(p, e))?;
+                touch_session(&tx, p, &sid)?;
+                tx.commit().map_err(|e| sql(p, e))
+            })
+            .await?)
+    }
+
+    async fn state(&self, session_id: &str, key: &str) -> tether::Result<Option<Value>> {
+        let (sid, k) = (session_id.to_owned(), key.to_owned());
+        Ok(self
+            .blocking(move |c, p| {
+                let v: Option<String> = c
+                    .query_row(
+                        "SELECT value FROM state WHERE session_id = ?1 AND key = ?2",
+                        params![sid, k],
+                        |r| r.get(0),
+                    )
+                    .optional()
+                    .map_err(|e| sql(p, e))?;
+                v.map(|s| serde_json::from_str(&s).map_err(|e| corrupt(p, format!("state {k}: {e}"))))
+                    .transpose()
+            })
+            .await?)
+    }
+
+    async fn sessions(&self) -> tether::Result<Vec<String>> {
+        Ok(self
+            .blocking(|c, p| {
+                let mut st = c
+                    .prepare_cached("SELECT session_id FROM sessions ORDER BY session_id")
+                    .map_err(|e| sql(p, e))?;
+                let rows = st
+                    .query_map([], |r| r.get::<_, String>(0))
+                    .map_err(|e| sql(p, e))?;
+                rows.collect::<Result<Vec<_>, _>>().map_err(|e| sql(p, e))
+            })
+            .await?)
+    }
+}
+
+/// The default database file name used by `tether serve`.
+pub fn default_path() -> PathBuf {
+    PathBuf::from("tether.db")
+}
