@@ -485,6 +485,7 @@ impl<H: Handler + ?Sized> Handler for Arc<H> {
 
 type BoxFut<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 type ToolFn = Arc<dyn Fn(ToolUse, SessionInfo) -> BoxFut<ToolOutput> + Send + Sync>;
+type EventFn = Arc<dyn Fn(&Event, &SessionInfo) + Send + Sync>;
 
 /// A handler built from closures: one per tool, with or without the [`SessionInfo`].
 ///
@@ -503,7 +504,7 @@ type ToolFn = Arc<dyn Fn(ToolUse, SessionInfo) -> BoxFut<ToolOutput> + Send + Sy
 pub struct ToolSet {
     specs: Vec<ToolSpec>,
     fns: HashMap<String, ToolFn>,
-    events: Option<Arc<dyn Fn(&Event, &SessionInfo) + Send + Sync>>,
+    events: Option<EventFn>,
 }
 
 impl std::fmt::Debug for ToolSet {

@@ -48,7 +48,6 @@ pub struct LocalLoop {
     resumed: bool,
     seen: HashSet<String>,
     error_counts: HashMap<String, u32>,
-    calls: u64,
 }
 
 impl std::fmt::Debug for LocalLoop {
@@ -80,7 +79,6 @@ impl LocalLoop {
             resumed: false,
             seen: HashSet::new(),
             error_counts: HashMap::new(),
-            calls: 0,
         }
     }
 
@@ -280,8 +278,9 @@ impl Provider for LocalLoop {
             };
             self.directive(cx, "final_turn", text).await?;
         }
-        self.calls += 1;
-        let message_id = format!("{}-m{}", self.session_id, self.calls);
+        // Derived from the history's length, so ids stay unique when a session is reattached
+        // from its transcript (a restarted counter would collide with recorded ids).
+        let message_id = format!("{}-m{}", self.session_id, self.history.len());
         let resp = self.call_model(cx, &message_id).await?;
         self.history.push(resp.message.clone());
 

@@ -475,7 +475,7 @@ impl Session {
                         let sr = json!({"type": stop_reason::HALTED, "reason": reason});
                         return Ok(self.finish(acc, Terminal::Terminated, sr, Vec::new()).await);
                     }
-                    Err(p) => return Err(Error::Guard(panic_message(&p))),
+                    Err(p) => return Err(Error::Guard(panic_message(p.as_ref()))),
                 }
             }
             match tr.terminal {
@@ -699,7 +699,7 @@ async fn run_one(
             Ok(ToolOutput::Error(s)) => ToolResult::error(&u.id, s),
             Ok(ToolOutput::Pending) => return Ok(None),
             Err(e) if e.is_panic() => {
-                let msg = panic_message(&e.into_panic());
+                let msg = panic_message(e.into_panic().as_ref());
                 ToolResult::error(&u.id, format!("tool `{}` panicked: {msg}", u.name))
             }
             Err(e) => ToolResult::error(&u.id, format!("tool `{}` failed: {e}", u.name)),

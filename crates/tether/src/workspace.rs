@@ -433,8 +433,10 @@ impl Workspace {
         let mut names = Vec::new();
         while let Some(e) = rd.next_entry().await.map_err(|e| io_err(path, e))? {
             let mut n = e.file_name().to_string_lossy().into_owned();
-            if e.file_type().await.map(|t| t.is_dir()).unwrap_or(false) {
-                n.push('/');
+            match e.file_type().await {
+                Ok(t) if t.is_dir() => n.push('/'),
+                Ok(t) if t.is_symlink() => n.push('@'),
+                _ => {}
             }
             names.push(n);
         }
@@ -669,7 +671,7 @@ impl Handler for Workspace {
             ),
             ToolSpec::new(
                 "list_dir",
-                "List a directory of the workspace (directories end with /).",
+                "List a directory of the workspace (directories end with /, symlinks with @).",
                 schema(
                     json!({"path": {"type": "string", "description": "default: the workspace root"}}),
                     &[],

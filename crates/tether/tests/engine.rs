@@ -1,0 +1,573 @@
+//! The session engine and the local loop, driven by a scripted model (no network).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether::local::LocalLoop;
+use tether::{
+    ChatModel, ChatRequest, ChatResponse, DeltaSink, Error, EventKind, GuardDecision, Handler, MemoryStore,
+    RecordingSleeper, RetryPolicy, ScriptedModel, Session, SessionInfo, Terminal, ToolOutput, ToolResult,
+    ToolSet, ToolSpec, ToolUse,
+};
+
+fn spec(name: &str) -> ToolSpec {
+    ToolSpec::new(name, name, json!({"type": "object"}))
+}
+
+fn assert_record_is_exactly_once(events: &[tether::Event]) {
+    let mut ids = std::collections::HashSet::new();
+    let mut last = 0;
+    for e in events {
+        assert!(ids.insert(e.id.clone()), "duplicate event id {}", e.id);
+        let s = e.seq.expect("recorded events carry a sequence number");
+        assert!(s > last, "sequence numbers must increase: {s} after {last}");
+        last = s;
+    }
+}
+
+fn tools() -> ToolSet {
+    ToolSet::new()
+        .tool(spec("echo"), |input: Value| async move {
+            Ok::<_, String>(input["v"].as_str().unwrap_or_default().to_owned())
+        })
+        .tool(spec("slow"), |input: Value| async move {
+            let ms = input["ms"].as_u64().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok::<_, String>(format!("slept {ms}"))
+        })
+        .tool(spec("fail"), |_input: Value| async move {
+            Err::<String, _>("bad input")
+        })
+        .tool(spec("boom"), |_input: Value| async move {
+            if true {
+                panic!("kaboom");
+            }
+            Ok::<String, String>(String::new())
+        })
+}
+
+#[tokio::test]
+async fn parallel_tool_calls_run_concurrently_and_results_keep_call_order() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[
+            ("a", "slow", r#"{"ms":60}"#),
+            ("b", "slow", r#"{"ms":1}"#),
+            ("c", "echo", r#"{"v":"third"}"#),
+        ])),
+        Ok(ScriptedModel::text("done")),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(tools())
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.terminal, Terminal::EndTurn);
+    assert_eq!(r.text, "done");
+    assert_eq!(r.turns, 2);
+    let reqs = model.requests();
+    let last = &reqs[1].messages;
+    let tool_msgs: Vec<_> = last.iter().filter(|m| m.tool_call_id.is_some()).collect();
+    assert_eq!(tool_msgs.len(), 3);
+    assert_eq!(tool_msgs[0].tool_call_id.as_deref(), Some("a"));
+    assert_eq!(tool_msgs[0].content.as_deref(), Some("slept 60"));
+    assert_eq!(tool_msgs[1].tool_call_id.as_deref(), Some("b"));
+    assert_eq!(tool_msgs[2].content.as_deref(), Some("third"));
+    assert_record_is_exactly_once(&r.events);
+    let results: Vec<_> = r
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolResult { result } => Some(result.tool_use_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results.len(), 3);
+}
+
+#[tokio::test]
+async fn tool_errors_and_panics_become_error_results() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[
+            ("a", "fail", "{}"),
+            ("b", "boom", "{}"),
+            ("c", "nope", "{}"),
+            ("d", "echo", "{bad json"),
+        ])),
+        Ok(ScriptedModel::text("ok")),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(tools())
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.text, "ok");
+    let msgs = &model.requests()[1].messages;
+    let tool: Vec<_> = msgs.iter().filter(|m| m.tool_call_id.is_some()).collect();
+    assert!(tool.iter().all(|m| m.is_error));
+    assert!(tool[0].content.as_deref().unwrap().contains("bad input"));
+    assert!(tool[1].content.as_deref().unwrap().contains("panicked: kaboom"));
+    assert!(
+        tool[2]
+            .content
+            .as_deref()
+            .unwrap()
+            .contains("no tool named `nope`")
+    );
+    assert!(tool[3].content.as_deref().unwrap().contains("not valid JSON"));
+}
+
+#[tokio::test]
+async fn a_hung_tool_times_out_into_an_error_result() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("a", "slow", r#"{"ms":60000}"#)])),
+        Ok(ScriptedModel::text("ok")),
+    ]));
+    let cfg = tether::SessionConfig {
+        tool_timeout: Some(Duration::from_millis(50)),
+        ..Default::default()
+    };
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(tools())
+        .config(cfg)
+        .run("go")
+        .await
+        .unwrap();
+    let msgs = &model.requests()[1].messages;
+    let t = msgs.iter().find(|m| m.tool_call_id.is_some()).unwrap();
+    assert!(t.is_error && t.content.as_deref().unwrap().contains("timed out"));
+    assert_eq!(r.text, "ok");
+}
+
+#[tokio::test]
+async fn duplicate_calls_are_answered_in_history_and_not_dispatched() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let h = ToolSet::new().tool(spec("echo"), move |_input: Value| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>("x".into())
+        }
+    });
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("a", "echo", r#"{"v":1}"#)])),
+        // Same call again (keys reordered whitespace): all duplicates, the loop continues itself.
+        Ok(ScriptedModel::tool_calls(&[("b", "echo", r#"{ "v": 1 }"#)])),
+        Ok(ScriptedModel::text("final")),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(h)
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.terminal, Terminal::EndTurn);
+    assert_eq!(r.text, "final");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the duplicate must not run");
+    let third = &model.requests()[2].messages;
+    let dup = third
+        .iter()
+        .find(|m| m.tool_call_id.as_deref() == Some("b"))
+        .unwrap();
+    assert!(dup.content.as_deref().unwrap().contains("\"duplicate\":true"));
+    assert!(r.events.iter().any(|e| e.raw_type == "local.duplicate_tool_call"));
+    assert_record_is_exactly_once(&r.events);
+}
+
+#[tokio::test]
+async fn two_consecutive_errors_inject_a_corrective() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("a", "fail", r#"{"n":1}"#)])),
+        Ok(ScriptedModel::tool_calls(&[("b", "fail", r#"{"n":2}"#)])),
+        Ok(ScriptedModel::text("gave up")),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(tools())
+        .run("go")
+        .await
+        .unwrap();
+    let directives: Vec<_> = r
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Directive { role, text } if role == "corrective" => Some(text.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(directives.len(), 1, "only after the second consecutive error");
+    assert!(directives[0].starts_with("STOP — the fail tool"));
+    let last = model.requests()[2].messages.last().cloned().unwrap();
+    assert!(last.content.unwrap().starts_with("STOP"));
+}
+
+#[tokio::test]
+async fn the_turn_limit_ends_with_a_stop_reason_and_the_last_turn_gets_a_final_directive() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("a", "echo", r#"{"v":"1"}"#)])),
+        Ok(ScriptedModel::tool_calls(&[("b", "echo", r#"{"v":"2"}"#)])),
+        Ok(ScriptedModel::tool_calls(&[("c", "echo", r#"{"v":"3"}"#)])),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(tools())
+        .max_turns(3)
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.terminal, Terminal::Terminated);
+    assert_eq!(r.stop_reason, json!("max_turns"));
+    assert_eq!(r.turns, 3);
+    assert_eq!(model.remaining(), 0);
+    let third = &model.requests()[2].messages;
+    assert!(
+        third
+            .last()
+            .unwrap()
+            .content
+            .as_deref()
+            .unwrap()
+            .starts_with("FINAL TURN")
+    );
+    assert!(
+        r.events
+            .iter()
+            .any(|e| matches!(&e.kind, EventKind::Directive { role, .. } if role == "final_turn"))
+    );
+}
+
+#[tokio::test]
+async fn a_final_answer_on_the_last_allowed_turn_is_kept() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("a", "echo", r#"{"v":"1"}"#)])),
+        Ok(ScriptedModel::text("answer")),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model))
+        .handler(tools())
+        .max_turns(2)
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.terminal, Terminal::EndTurn);
+    assert_eq!(r.text, "answer");
+}
+
+#[tokio::test]
+async fn terminal_tool_ends_the_run_and_is_reprompted_when_missing() {
+    let finish = ToolSpec::new("finish", "Finish", json!({"type":"object"}));
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::text("I think I'm done")),
+        Ok(ScriptedModel::tool_calls(&[("f", "finish", r#"{"answer":42}"#)])),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .terminal_tool(finish.clone())
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.terminal, Terminal::EndTurn);
+    assert_eq!(r.stop_reason, json!("terminal_tool"));
+    assert_eq!(r.final_output, Some(json!({"answer": 42})));
+    assert!(model.requests()[0].tools.iter().any(|t| t.name == "finish"));
+    let reprompt = model.requests()[1].messages.last().cloned().unwrap();
+    assert!(reprompt.content.unwrap().contains("MUST call `finish`"));
+
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::text("a")),
+        Ok(ScriptedModel::text("b")),
+        Ok(ScriptedModel::text("c")),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .terminal_tool(finish)
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.terminal, Terminal::EndTurn);
+    assert_eq!(r.stop_reason, json!("no_terminal_tool"));
+    assert_eq!(r.turns, 3, "the first answer plus two re-prompts");
+    assert_eq!(r.text, "c");
+}
+
+#[tokio::test]
+async fn the_turn_guard_halts_and_a_panicking_guard_is_a_typed_error() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("a", "echo", r#"{"v":"1"}"#)])),
+        Ok(ScriptedModel::text("never")),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model))
+        .handler(tools())
+        .turn_guard(|g| {
+            if g.turns >= 1 {
+                GuardDecision::Halt("budget".into())
+            } else {
+                GuardDecision::Continue
+            }
+        })
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.terminal, Terminal::Terminated);
+    assert_eq!(r.stop_reason, json!({"type": "halted", "reason": "budget"}));
+
+    let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("x"))]);
+    let e = Session::builder(LocalLoop::new(model))
+        .turn_guard(|_| panic!("guard bug"))
+        .run("go")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Guard(ref m) if m.contains("guard bug")), "{e}");
+}
+
+#[tokio::test]
+async fn length_and_filter_stops_are_terminated_with_the_raw_reason() {
+    let mut resp = ScriptedModel::text("cut");
+    resp.finish_reason = Some("length".into());
+    let r = Session::builder(LocalLoop::new(ScriptedModel::new(vec![Ok(resp)])))
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.terminal, Terminal::Terminated);
+    assert_eq!(r.stop_reason, json!("length"));
+    assert_eq!(r.text, "cut");
+}
+
+#[tokio::test]
+async fn transient_model_errors_are_retried_with_backoff_and_recorded() {
+    let sleeper = RecordingSleeper::default();
+    let e503 = Error::Http {
+        status: 503,
+        message: "overloaded".into(),
+        code: None,
+        retry_after: None,
+        should_retry: None,
+        endpoint: "x".into(),
+    };
+    let e401 = Error::Http {
+        status: 401,
+        message: "bad key".into(),
+        code: None,
+        retry_after: None,
+        should_retry: None,
+        endpoint: "x".into(),
+    };
+    let model = ScriptedModel::new(vec![Err(e503.clone()), Err(e503), Ok(ScriptedModel::text("ok"))]);
+    let lp = LocalLoop::new(model).retry(RetryPolicy::default().with_sleeper(sleeper.clone()));
+    let r = Session::builder(lp).run("go").await.unwrap();
+    assert_eq!(r.text, "ok");
+    assert_eq!(sleeper.slept().len(), 2);
+    assert_eq!(r.events.iter().filter(|e| e.raw_type == "local.retry").count(), 2);
+
+    let model = ScriptedModel::new(vec![Err(e401), Ok(ScriptedModel::text("never"))]);
+    let lp = LocalLoop::new(model).retry(RetryPolicy::default().with_sleeper(RecordingSleeper::default()));
+    let e = Session::builder(lp).run("go").await.unwrap_err();
+    assert_eq!(e.status(), Some(401));
+}
+
+#[tokio::test]
+async fn front_end_tools_pause_the_session_until_results_arrive() {
+    let h = tools().pending_tool(spec("confirm"));
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[
+            ("a", "echo", r#"{"v":"1"}"#),
+            ("b", "confirm", "{}"),
+        ])),
+        Ok(ScriptedModel::text("confirmed")),
+    ]));
+    let mut s = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(h)
+        .open()
+        .await
+        .unwrap();
+    let r = s.send("go").await.unwrap();
+    assert_eq!(r.terminal, Terminal::RequiresAction);
+    assert_eq!(r.stop_reason, json!("pending_tools"));
+    assert_eq!(r.pending_tool_uses.len(), 1);
+    assert_eq!(r.pending_tool_uses[0].id, "b");
+    assert!(matches!(s.send("again").await, Err(Error::Config(_))));
+    let r = s
+        .submit_tool_results(vec![ToolResult::ok("b", "yes")], Default::default())
+        .await
+        .unwrap();
+    assert_eq!(r.terminal, Terminal::EndTurn);
+    assert_eq!(r.text, "confirmed");
+    let msgs = &model.requests()[1].messages;
+    let ids: Vec<_> = msgs.iter().filter_map(|m| m.tool_call_id.clone()).collect();
+    assert_eq!(ids, vec!["a", "b"]);
+}
+
+#[tokio::test]
+async fn recorded_tool_results_are_not_run_again() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let h = ToolSet::new().tool(spec("side_effect"), move |_input: Value| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>("did it".into())
+        }
+    });
+    let store = Arc::new(MemoryStore::default());
+    use tether::EventStore;
+    store
+        .put_tool_result("s1", &ToolResult::ok("a", "recorded earlier"))
+        .await
+        .unwrap();
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[
+            ("a", "side_effect", r#"{"n":1}"#),
+            ("b", "side_effect", r#"{"n":2}"#),
+        ])),
+        Ok(ScriptedModel::text("ok")),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()).session_id("s1"))
+        .handler(h)
+        .store(store.clone())
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.text, "ok");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "only the unrecorded use runs");
+    let msgs = &model.requests()[1].messages;
+    assert_eq!(
+        msgs.iter()
+            .find(|m| m.tool_call_id.as_deref() == Some("a"))
+            .unwrap()
+            .content
+            .as_deref(),
+        Some("recorded earlier")
+    );
+    assert_eq!(
+        store.tool_result("s1", "b").await.unwrap().unwrap().content,
+        "did it"
+    );
+}
+
+#[tokio::test]
+async fn a_session_reopened_on_the_same_store_continues_numbering_and_its_transcript() {
+    let store = Arc::new(MemoryStore::default());
+    let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("first"))]);
+    let r1 = Session::builder(LocalLoop::new(model).session_id("s2"))
+        .store(store.clone())
+        .run("one")
+        .await
+        .unwrap();
+    let transcript = r1.transcript.clone().unwrap();
+    let model = Arc::new(ScriptedModel::new(vec![Ok(ScriptedModel::text("second"))]));
+    let lp = LocalLoop::with_model(model.clone())
+        .session_id("s2")
+        .transcript(&transcript)
+        .unwrap();
+    let r2 = Session::builder(lp)
+        .store(store.clone())
+        .run("two")
+        .await
+        .unwrap();
+    assert_eq!(r2.text, "second");
+    let first_seq = r2.events[0].seq.unwrap();
+    assert_eq!(first_seq, r1.events.last().unwrap().seq.unwrap() + 1);
+    let sent = &model.requests()[0].messages;
+    assert_eq!(sent.len(), 3, "user one, assistant first, user two");
+    use tether::EventStore;
+    let all = store.load("s2").await.unwrap();
+    assert_record_is_exactly_once(&all);
+}
+
+/// A model that streams forever, for cancellation and timeouts.
+struct Hang;
+
+#[async_trait::async_trait]
+impl ChatModel for Hang {
+    fn name(&self) -> &str {
+        "hang"
+    }
+    async fn chat(&self, _req: &ChatRequest, deltas: &DeltaSink) -> tether::Result<ChatResponse> {
+        loop {
+            deltas.text("x").await;
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_run_past_its_timeout_is_torn_down() {
+    let e = Session::builder(LocalLoop::new(Hang))
+        .timeout(Duration::from_millis(100))
+        .run("go")
+        .await
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout(_)));
+}
+
+#[tokio::test]
+async fn a_long_lived_session_takes_follow_ups_cancels_and_streams_events() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::text("one")),
+        Ok(ScriptedModel::text("two")),
+    ]));
+    let s = Session::builder(LocalLoop::with_model(model))
+        .open()
+        .await
+        .unwrap();
+    let mut h = s.spawn();
+    let mut sub = h.subscribe(64).await;
+    h.send("a").await.unwrap();
+    assert_eq!(h.next_result().await.unwrap().unwrap().text, "one");
+    h.send("b").await.unwrap();
+    assert_eq!(h.next_result().await.unwrap().unwrap().text, "two");
+    let mut texts = String::new();
+    while let Ok(e) = sub.try_recv() {
+        if let EventKind::TextDelta { delta, .. } = e.kind {
+            texts.push_str(&delta);
+        }
+    }
+    assert_eq!(texts, "onetwo");
+    h.close().await;
+
+    let s = Session::builder(LocalLoop::new(Hang)).open().await.unwrap();
+    let mut h = s.spawn();
+    let mut sub = h.subscribe(4).await;
+    h.send("go").await.unwrap();
+    // Wait until it streams, then cancel mid-stream.
+    let _ = sub.recv().await;
+    h.cancel();
+    let r = loop {
+        tokio::select! {
+            r = h.next_result() => break r,
+            _ = sub.recv() => {}
+        }
+    };
+    assert!(matches!(r, Some(Err(Error::Cancelled))));
+    h.close().await;
+}
+
+struct Info;
+
+#[async_trait::async_trait]
+impl Handler for Info {
+    fn tools(&self) -> Vec<ToolSpec> {
+        vec![spec("whoami")]
+    }
+    async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
+        ToolOutput::Ok(format!("{} {} {}", call.id, info.session_id, info.provider))
+    }
+}
+
+#[tokio::test]
+async fn handlers_see_the_session_info() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("t1", "whoami", "{}")])),
+        Ok(ScriptedModel::text("ok")),
+    ]));
+    Session::builder(LocalLoop::with_model(model.clone()).session_id("sid"))
+        .handler(Info)
+        .run("go")
+        .await
+        .unwrap();
+    let m = &model.requests()[1].messages;
+    assert_eq!(
+        m.iter()
+            .find(|m| m.tool_call_id.is_some())
+            .unwrap()
+            .content
+            .as_deref(),
+        Some("t1 sid local")
+    );
+}
