@@ -15,16 +15,19 @@
 
 #![warn(missing_docs)]
 
+pub mod bridge;
 mod client;
 mod connection;
 mod error;
 mod handler;
 mod options;
+mod provider;
 pub mod roots;
 
 /// ACP v1 protocol types (from the official `agent-client-protocol-schema` crate).
 pub use agent_client_protocol_schema::v1 as schema;
 
+pub use bridge::HandlerBridge;
 pub use client::{AcpClient, AgentCommand, PromptOutcome, Received};
 pub use error::{AcpError, Direction, HandlerError, codes};
 pub use handler::{
@@ -32,3 +35,4 @@ pub use handler::{
     TerminalRequest, TerminalResponse, TerminateReason, refuse_permission,
 };
 pub use options::ClientOptions;
+pub use provider::AcpAgent;
