@@ -162,11 +162,7 @@ impl SessionBuilder {
 
     /// Opens the session (creating or reattaching on the provider's side).
     pub async fn open(self) -> Result<Session> {
-        let mut tools = self.handler.tools();
-        if let Some(t) = &self.config.terminal_tool {
-            tools.retain(|s| s.name != t.name);
-            tools.push(t.clone());
-        }
+        let tools = declared_tools(self.handler.as_ref(), self.config.terminal_tool.as_ref());
         let mut info = SessionInfo::new("", self.provider.name());
         info.metadata = self.config.metadata.clone();
         let sink = EventSink::new(info.clone(), self.handler.clone(), self.store.clone());
@@ -208,12 +204,13 @@ impl SessionBuilder {
     /// ```
     pub async fn run(self, prompt: impl Into<String>) -> Result<SessionResult> {
         let timeout = self.config.timeout;
+        let deadline = tokio::time::Instant::now() + timeout;
         let prompt = prompt.into();
-        let mut session = match tokio::time::timeout(timeout, self.open()).await {
+        let mut session = match tokio::time::timeout_at(deadline, self.open()).await {
             Ok(s) => s?,
             Err(_) => return Err(Error::Timeout(timeout)),
         };
-        let r = tokio::time::timeout(timeout, session.send(prompt)).await;
+        let r = tokio::time::timeout_at(deadline, session.send(prompt)).await;
         match r {
             Ok(res) => {
                 let _ = session.provider.close().await;
@@ -422,6 +419,8 @@ impl Session {
     }
 
     async fn request(&mut self, input: Input, cancel: CancellationToken) -> Result<SessionResult> {
+        // Handlers may change their tools between requests (AG-UI front-end tools do).
+        self.cx.tools = declared_tools(self.cx.handler.as_ref(), self.config.terminal_tool.as_ref());
         let r = tokio::select! {
             biased;
             _ = cancel.cancelled() => None,
@@ -794,6 +793,16 @@ impl Session {
             task,
         }
     }
+}
+
+/// The tools declared to the model: the handler's, then the terminal tool.
+fn declared_tools(handler: &dyn Handler, terminal: Option<&ToolSpec>) -> Vec<ToolSpec> {
+    let mut tools = handler.tools();
+    if let Some(t) = terminal {
+        tools.retain(|s| s.name != t.name);
+        tools.push(t.clone());
+    }
+    tools
 }
 
 async fn record_result(sink: &EventSink, r: &ToolResult) -> Result<bool> {
