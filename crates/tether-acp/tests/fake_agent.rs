@@ -398,7 +398,12 @@ async fn lenient_answers_and_session_lifecycle() {
         .load_session(LoadSessionRequest::new("old-1", f.root.path()))
         .await
         .unwrap();
-    assert_eq!(f.rec.texts()[before..].to_vec(), ["earlier answer"]);
+    let replayed: Vec<String> = f.rec.texts()[before..]
+        .iter()
+        .filter(|t| *t != "welcome") // the second session's greeting may land here
+        .cloned()
+        .collect();
+    assert_eq!(replayed, ["earlier answer"]);
     assert!(f.rec.kinds().contains(&"user_message_chunk".to_string()));
     let list = f.client.list_sessions(ListSessionsRequest::new()).await.unwrap();
     assert_eq!(list.sessions.len(), 1);
