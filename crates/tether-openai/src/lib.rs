@@ -1,1 +1,725 @@
+//! # tether-openai
+//!
+//! [`OpenAiModel`]: a [`tether::ChatModel`] over an OpenAI-compatible
+//! `POST {base_url}/chat/completions` (OpenAI, llama.cpp `llama-server`, llama-cpp-python, vLLM,
+//! and the like), streaming (SSE) or not.
+//!
+//! ```no_run
+//! # async fn f() -> tether::Result<()> {
+//! use tether::{Session, local::LocalLoop};
+//! use tether_openai::OpenAiModel;
+//! let model = OpenAiModel::builder("http://127.0.0.1:8080/v1").model("qwen").build()?;
+//! let result = Session::builder(LocalLoop::new(model)).run("Say hi").await?;
+//! println!("{}", result.text);
+//! # Ok(()) }
+//! ```
+//!
+//! **Base URL.** Like the OpenAI SDKs' `OPENAI_BASE_URL`, the base URL includes the API version
+//! path (`https://api.openai.com/v1`, `http://127.0.0.1:8080/v1`); `/chat/completions` is
+//! appended. A base URL with no path at all (`http://127.0.0.1:8080`) gets `/v1` added, since
+//! that is what every compatible server serves; any other path is used as given (for gateways
+//! that mount the API elsewhere).
+//!
+//! **One attempt per call.** Retries belong to [`tether::local::LocalLoop`] and its
+//! [`tether::RetryPolicy`]; this crate reports every failure as a typed [`tether::Error`] the
+//! policy classifies: [`Error::Http`] (status, the server's message and code, `retry-after-ms`
+//! / `retry-after`, `x-should-retry`), [`Error::Transport`] (refused, reset, closed, timeouts,
+//! a stream idle for too long, a body cut before any `finish_reason`), [`Error::Stream`] (an
+//! `error` object inside a 200 stream) and [`Error::Malformed`].
 
+#![warn(missing_docs)]
+
+mod accum;
+mod sse;
+mod wire;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+use tether::{ChatModel, ChatRequest, ChatResponse, DeltaSink, Error, Result, TransportKind};
+use tokio::time::Instant;
+
+#[doc(hidden)]
+pub use accum::{CallAcc, Emit, Fed, StreamAccumulator};
+#[doc(hidden)]
+pub use sse::{LineSplitter, data_of};
+
+/// The longest SSE line accepted (16 MiB); a longer one is reported as malformed.
+const MAX_LINE: usize = 16 << 20;
+/// The most of an error body read for its message.
+const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// Configures an [`OpenAiModel`]; see each method for its default.
+#[derive(Clone)]
+pub struct OpenAiBuilder {
+    base_url: String,
+    api_key: Option<String>,
+    model: String,
+    headers: Vec<(String, String)>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    idle_timeout: Duration,
+    max_tokens: Option<u32>,
+    max_tokens_field: String,
+    stream: bool,
+    include_usage: bool,
+    extra: serde_json::Map<String, Value>,
+}
+
+impl std::fmt::Debug for OpenAiBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiBuilder")
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("model", &self.model)
+            .field(
+                "headers",
+                &self
+                    .headers
+                    .iter()
+                    .map(|(k, _)| (k, "<redacted>"))
+                    .collect::<Vec<_>>(),
+            )
+            .field("connect_timeout", &self.connect_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_tokens", &self.max_tokens)
+            .field("max_tokens_field", &self.max_tokens_field)
+            .field("stream", &self.stream)
+            .field("include_usage", &self.include_usage)
+            .field("extra", &self.extra)
+            .finish()
+    }
+}
+
+impl OpenAiBuilder {
+    /// A builder for `base_url` (see the crate docs: it should include `/v1`).
+    pub fn new(base_url: impl Into<String>) -> Self {
+        OpenAiBuilder {
+            base_url: base_url.into(),
+            api_key: None,
+            model: String::new(),
+            headers: Vec::new(),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(600),
+            idle_timeout: Duration::from_secs(120),
+            max_tokens: None,
+            max_tokens_field: "max_tokens".into(),
+            stream: true,
+            include_usage: true,
+            extra: Default::default(),
+        }
+    }
+
+    /// A builder from the environment: `OPENAI_BASE_URL` (default `https://api.openai.com/v1`),
+    /// `OPENAI_API_KEY` (optional) and `OPENAI_MODEL` (optional).
+    pub fn from_env() -> Self {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let mut b = Self::new(var("OPENAI_BASE_URL").unwrap_or_else(|| "https://api.openai.com/v1".into()));
+        b.api_key = var("OPENAI_API_KEY");
+        if let Some(m) = var("OPENAI_MODEL") {
+            b.model = m;
+        }
+        b
+    }
+
+    /// The API key, sent as `Authorization: Bearer <key>` (default none: local servers need none).
+    /// It is redacted from `Debug` output.
+    pub fn api_key(mut self, key: impl Into<String>) -> Self {
+        self.api_key = Some(key.into());
+        self
+    }
+
+    /// The default model name, used when the request names none (default empty: then every
+    /// request must name one, e.g. with `LocalLoop::model_name`).
+    pub fn model(mut self, model: impl Into<String>) -> Self {
+        self.model = model.into();
+        self
+    }
+
+    /// An extra header sent with every request (e.g. `OpenAI-Organization`). Values are redacted
+    /// from `Debug` output.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// How long connecting may take (default 5 s, as the OpenAI SDK); exceeding it is
+    /// `TransportKind::ConnectTimeout`.
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// How long the response headers may take, and for a non-stream response the whole body
+    /// (default 600 s, as the OpenAI SDK); exceeding it is `TransportKind::Timeout`. A stream's
+    /// body is bounded by the idle timeout instead, so a long answer is never cut.
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+
+    /// How long a stream may go without receiving a byte (default 120 s); exceeding it is
+    /// `TransportKind::Idle`, which the retry policy retries.
+    pub fn stream_idle_timeout(mut self, d: Duration) -> Self {
+        self.idle_timeout = d;
+        self
+    }
+
+    /// The output token limit sent with every request (default none).
+    pub fn max_tokens(mut self, n: u32) -> Self {
+        self.max_tokens = Some(n);
+        self
+    }
+
+    /// The field the limit is sent as (default `max_tokens`, which local servers accept; OpenAI's
+    /// reasoning models need `max_completion_tokens`).
+    pub fn max_tokens_field(mut self, name: impl Into<String>) -> Self {
+        self.max_tokens_field = name.into();
+        self
+    }
+
+    /// Whether to stream (default true). Deltas reach the `DeltaSink` in both modes; without a
+    /// stream they arrive all at once when the response is complete.
+    pub fn stream(mut self, on: bool) -> Self {
+        self.stream = on;
+        self
+    }
+
+    /// Whether to ask for the usage chunk of a stream (`stream_options.include_usage`, default
+    /// true). Turn it off for servers that reject `stream_options`.
+    pub fn include_usage(mut self, on: bool) -> Self {
+        self.include_usage = on;
+        self
+    }
+
+    /// An extra top-level request field (`temperature`, `seed`, `parallel_tool_calls`, ...).
+    /// Fields tether sets itself (`model`, `messages`, `tools`, `stream`, `stream_options`, the
+    /// token limit) cannot be overridden this way.
+    pub fn extra_body(mut self, key: impl Into<String>, value: Value) -> Self {
+        self.extra.insert(key.into(), value);
+        self
+    }
+
+    /// Builds the model (and its HTTP client).
+    ///
+    /// Errors: [`Error::Config`] for a base URL that is not an `http(s)` URL, an invalid header,
+    /// or an HTTP client that cannot be built.
+    pub fn build(self) -> Result<OpenAiModel> {
+        let endpoint = endpoint_of(&self.base_url)?;
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(k) = &self.api_key {
+            let mut v = HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
+                Error::Config("the API key contains characters not allowed in a header".into())
+            })?;
+            v.set_sensitive(true);
+            headers.insert(AUTHORIZATION, v);
+        }
+        for (k, v) in &self.headers {
+            let name = HeaderName::from_bytes(k.as_bytes())
+                .map_err(|_| Error::Config(format!("{k:?} is not a valid HTTP header name")))?;
+            let mut value = HeaderValue::from_str(v).map_err(|_| {
+                Error::Config(format!("the value of header {k:?} is not a valid header value"))
+            })?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        let client = reqwest::Client::builder()
+            .default_headers(headers)
+            .connect_timeout(self.connect_timeout)
+            .tcp_nodelay(true)
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
+        Ok(OpenAiModel {
+            client,
+            endpoint,
+            cfg: self,
+        })
+    }
+}
+
+fn endpoint_of(base_url: &str) -> Result<String> {
+    let url = reqwest::Url::parse(base_url.trim()).map_err(|e| {
+        Error::Config(format!(
+            "the base URL {base_url:?} is not a URL ({e}); expected e.g. http://127.0.0.1:8080/v1"
+        ))
+    })?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(Error::Config(format!(
+            "the base URL {base_url:?} must be http or https"
+        )));
+    }
+    let mut s = url.as_str().trim_end_matches('/').to_owned();
+    if matches!(url.path(), "" | "/") && url.query().is_none() {
+        s.push_str("/v1");
+    }
+    s.push_str("/chat/completions");
+    Ok(s)
+}
+
+/// A [`ChatModel`] over OpenAI-compatible chat completions. Build it with
+/// [`OpenAiModel::builder`]; cloning is cheap (the HTTP connection pool is shared).
+#[derive(Clone)]
+pub struct OpenAiModel {
+    client: reqwest::Client,
+    endpoint: String,
+    cfg: OpenAiBuilder,
+}
+
+impl std::fmt::Debug for OpenAiModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiModel")
+            .field("endpoint", &self.endpoint)
+            .field("config", &self.cfg)
+            .finish()
+    }
+}
+
+impl OpenAiModel {
+    /// A builder for `base_url` (e.g. `http://127.0.0.1:8080/v1`).
+    pub fn builder(base_url: impl Into<String>) -> OpenAiBuilder {
+        OpenAiBuilder::new(base_url)
+    }
+
+    /// The URL requests are posted to.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    fn transport(&self, kind: TransportKind, message: impl Into<String>) -> Error {
+        Error::Transport {
+            kind,
+            message: message.into(),
+            endpoint: self.endpoint.clone(),
+        }
+    }
+
+    fn reqwest_error(&self, e: &reqwest::Error) -> Error {
+        self.transport(classify(e), describe(e))
+    }
+
+    async fn http_error(&self, resp: reqwest::Response, deadline: Instant) -> Error {
+        let status = resp.status();
+        let h = resp.headers();
+        let header = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let retry_after = tether::retry::parse_retry_after(
+            header("retry-after-ms").as_deref(),
+            header("retry-after").as_deref(),
+        );
+        let should_retry = header("x-should-retry").and_then(|v| match v.trim() {
+            "true" => Some(true),
+            "false" => Some(false),
+            _ => None,
+        });
+        let body = read_capped(resp, deadline, MAX_ERROR_BODY).await;
+        let (message, code) = match serde_json::from_slice::<Value>(&body) {
+            Ok(v) => {
+                let err = v.get("error").unwrap_or(&v);
+                let (m, c) = wire::error_parts(err);
+                let m = m.or_else(|| {
+                    ["message", "detail"]
+                        .iter()
+                        .find_map(|k| v.get(*k).and_then(Value::as_str).map(str::to_owned))
+                });
+                (m, c)
+            }
+            Err(_) => {
+                let t = String::from_utf8_lossy(&body).trim().to_owned();
+                ((!t.is_empty()).then(|| accum::snippet(t.as_bytes())), None)
+            }
+        };
+        let message = message.unwrap_or_else(|| {
+            status
+                .canonical_reason()
+                .unwrap_or("no error message in the response")
+                .to_owned()
+        });
+        Error::Http {
+            status: status.as_u16(),
+            message,
+            code,
+            retry_after,
+            should_retry,
+            endpoint: self.endpoint.clone(),
+        }
+    }
+
+    async fn read_stream(&self, resp: reqwest::Response, deltas: &DeltaSink) -> Result<ChatResponse> {
+        let idle = self.cfg.idle_timeout;
+        let mut body = resp.bytes_stream();
+        let mut lines = sse::LineSplitter::new();
+        let mut acc = StreamAccumulator::new();
+        let sleep = tokio::time::sleep(idle);
+        tokio::pin!(sleep);
+        let mut done = false;
+        'read: loop {
+            let item = tokio::select! {
+                biased;
+                item = body.next() => item,
+                _ = &mut sleep => {
+                    return Err(self.transport(
+                        TransportKind::Idle,
+                        format!("the stream sent nothing for {idle:?} (after {} events); raise stream_idle_timeout for slow models", acc.events()),
+                    ));
+                }
+            };
+            match item {
+                None => break,
+                Some(Err(e)) => return Err(self.reqwest_error(&e)),
+                Some(Ok(bytes)) => {
+                    sleep.as_mut().reset(Instant::now() + idle);
+                    lines.push(bytes);
+                    while let Some(line) = lines.next_line() {
+                        if let Some(data) = sse::data_of(line) {
+                            if acc.feed(data)? == Fed::Done {
+                                done = true;
+                                break 'read;
+                            }
+                            forward(&acc, deltas).await;
+                        }
+                    }
+                    if lines.pending_len() > MAX_LINE {
+                        return Err(Error::Malformed(format!(
+                            "an SSE line exceeded {MAX_LINE} bytes without ending"
+                        )));
+                    }
+                }
+            }
+        }
+        if !done {
+            if let Some(line) = lines.finish()
+                && let Some(data) = sse::data_of(line)
+            {
+                done = acc.feed(data)? == Fed::Done;
+                forward(&acc, deltas).await;
+            }
+            if !done {
+                if acc.finish_reason().is_none() {
+                    return Err(self.transport(
+                        TransportKind::Closed,
+                        format!(
+                            "the stream ended before any finish_reason (truncated after {} events)",
+                            acc.events()
+                        ),
+                    ));
+                }
+                tracing::warn!(endpoint = %self.endpoint, "the stream ended without data: [DONE]; accepting it after its finish_reason");
+            }
+        }
+        acc.finish()?;
+        forward(&acc, deltas).await;
+        Ok(acc.into_response())
+    }
+
+    async fn read_json(
+        &self,
+        resp: reqwest::Response,
+        deadline: Instant,
+        deltas: &DeltaSink,
+    ) -> Result<ChatResponse> {
+        let bytes = match tokio::time::timeout_at(deadline, resp.bytes()).await {
+            Err(_) => {
+                return Err(self.transport(
+                    TransportKind::Timeout,
+                    format!(
+                        "the response body did not arrive within {:?}",
+                        self.cfg.request_timeout
+                    ),
+                ));
+            }
+            Ok(Err(e)) => return Err(self.reqwest_error(&e)),
+            Ok(Ok(b)) => b,
+        };
+        let raw: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            Error::Malformed(format!(
+                "the response is not JSON ({e}): {}",
+                accum::snippet(&bytes)
+            ))
+        })?;
+        if let Some(err) = raw.get("error").filter(|e| !e.is_null()) {
+            let (message, code) = wire::error_parts(err);
+            return Err(Error::Stream {
+                message: message.unwrap_or_else(|| err.to_string()),
+                code,
+            });
+        }
+        let completion: wire::Completion = serde_json::from_value(raw.clone())
+            .map_err(|e| Error::Malformed(format!("the response is not a chat.completion: {e}")))?;
+        let choice = completion
+            .choices
+            .into_iter()
+            .find(|c| c.index == 0)
+            .ok_or_else(|| Error::Malformed("the response has no choice with index 0".into()))?;
+        let m = choice.message.unwrap_or_default();
+        let mut text = wire::content_text(&m.content);
+        if let Some(r) = &m.refusal {
+            text.push_str(r);
+        }
+        let reasoning = m.reasoning_content.or(m.reasoning).filter(|r| !r.is_empty());
+        let base = raw
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
+        let mut calls = Vec::new();
+        for (i, c) in m.tool_calls.iter().enumerate() {
+            let f = c.function.as_ref();
+            let name = f.and_then(|f| f.name.clone()).unwrap_or_default();
+            if name.is_empty() {
+                return Err(Error::Malformed(format!("tool call #{i} has no function name")));
+            }
+            calls.push(tether::ChatToolCall {
+                id: c
+                    .id
+                    .clone()
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or_else(|| format!("call_{base}_{i}")),
+                name,
+                arguments: f.map(|f| f.arguments_text()).unwrap_or_default(),
+            });
+        }
+        if calls.is_empty()
+            && let Some(f) = &m.function_call
+            && let Some(name) = f.name.clone().filter(|n| !n.is_empty())
+        {
+            calls.push(tether::ChatToolCall {
+                id: format!("call_{base}_0"),
+                name,
+                arguments: f.arguments_text(),
+            });
+        }
+        if let Some(r) = &reasoning {
+            deltas.reasoning(r).await;
+        }
+        deltas.text(&text).await;
+        for c in &calls {
+            deltas.tool_call_start(&c.id, &c.name).await;
+            deltas.tool_call_args(&c.id, &c.arguments).await;
+            deltas.tool_call_end(&c.id).await;
+        }
+        let mut message = tether::ChatMessage::assistant(text);
+        if message.content.as_deref() == Some("") && !calls.is_empty() {
+            message.content = None;
+        }
+        message.reasoning = reasoning;
+        message.tool_calls = calls;
+        Ok(ChatResponse {
+            message,
+            finish_reason: choice.finish_reason.filter(|f| !f.is_empty()),
+            usage: completion.usage.and_then(wire::usage_of),
+            raw,
+        })
+    }
+}
+
+/// Forwards the accumulator's pending emits to the sink.
+async fn forward(acc: &StreamAccumulator, deltas: &DeltaSink) {
+    for e in acc.emits() {
+        match e {
+            Emit::Text(r) => deltas.text(&acc.text()[r.clone()]).await,
+            Emit::Reasoning(r) => deltas.reasoning(&acc.reasoning()[r.clone()]).await,
+            Emit::Start(s) => {
+                let c = &acc.calls()[*s];
+                deltas.tool_call_start(&c.id, &c.name).await
+            }
+            Emit::Args(s, r) => {
+                let c = &acc.calls()[*s];
+                deltas.tool_call_args(&c.id, &c.arguments[r.clone()]).await
+            }
+            Emit::End(s) => deltas.tool_call_end(&acc.calls()[*s].id).await,
+        }
+    }
+}
+
+async fn read_capped(mut resp: reqwest::Response, deadline: Instant, cap: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    while out.len() < cap {
+        match tokio::time::timeout_at(deadline, resp.chunk()).await {
+            Ok(Ok(Some(c))) => out.extend_from_slice(&c[..c.len().min(cap - out.len())]),
+            _ => break,
+        }
+    }
+    out
+}
+
+/// How a reqwest error failed, from its flags and its chain of sources.
+fn classify(e: &reqwest::Error) -> TransportKind {
+    if e.is_timeout() {
+        return if e.is_connect() {
+            TransportKind::ConnectTimeout
+        } else {
+            TransportKind::Timeout
+        };
+    }
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            match io.kind() {
+                K::ConnectionRefused => return TransportKind::Refused,
+                K::ConnectionReset => return TransportKind::Reset,
+                K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof | K::NotConnected => {
+                    return TransportKind::Closed;
+                }
+                K::TimedOut => {
+                    return if e.is_connect() {
+                        TransportKind::ConnectTimeout
+                    } else {
+                        TransportKind::Timeout
+                    };
+                }
+                _ => {}
+            }
+        }
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            if h.is_timeout() {
+                return TransportKind::Timeout;
+            }
+            if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
+                return TransportKind::Closed;
+            }
+        }
+        src = s.source();
+    }
+    if e.is_body() || e.is_decode() {
+        // A body that failed mid-read: the connection went away.
+        return TransportKind::Closed;
+    }
+    TransportKind::Other
+}
+
+/// The error and its sources, joined (`error sending request: connection refused`).
+fn describe(e: &reqwest::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        let t = s.to_string();
+        if !out.contains(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+        src = s.source();
+    }
+    out
+}
+
+#[async_trait]
+impl ChatModel for OpenAiModel {
+    fn name(&self) -> &str {
+        "openai"
+    }
+
+    async fn chat(&self, req: &ChatRequest, deltas: &DeltaSink) -> Result<ChatResponse> {
+        let model = if req.model.is_empty() {
+            self.cfg.model.as_str()
+        } else {
+            req.model.as_str()
+        };
+        if model.is_empty() {
+            return Err(Error::Config(
+                "no model name: set OpenAiBuilder::model or name one in the request (LocalLoop::model_name)"
+                    .into(),
+            ));
+        }
+        let stream = self.cfg.stream;
+        let body = serde_json::to_vec(&wire::WireRequest {
+            model,
+            req,
+            opts: wire::RequestOptions {
+                stream,
+                include_usage: self.cfg.include_usage,
+                max_tokens: self
+                    .cfg
+                    .max_tokens
+                    .map(|n| (self.cfg.max_tokens_field.as_str(), n)),
+                extra: &self.cfg.extra,
+            },
+        })
+        .map_err(|e| Error::provider("openai", format!("cannot encode the request: {e}")))?;
+        let deadline = Instant::now() + self.cfg.request_timeout;
+        let send = self
+            .client
+            .post(&self.endpoint)
+            .header(
+                ACCEPT,
+                if stream {
+                    "text/event-stream"
+                } else {
+                    "application/json"
+                },
+            )
+            .body(body)
+            .send();
+        let resp = match tokio::time::timeout_at(deadline, send).await {
+            Err(_) => {
+                return Err(self.transport(
+                    TransportKind::Timeout,
+                    format!(
+                        "no response within {:?} (request timeout)",
+                        self.cfg.request_timeout
+                    ),
+                ));
+            }
+            Ok(Err(e)) => return Err(self.reqwest_error(&e)),
+            Ok(Ok(r)) => r,
+        };
+        if !resp.status().is_success() {
+            return Err(self.http_error(resp, deadline).await);
+        }
+        let is_sse = resp
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim_start().starts_with("text/event-stream"));
+        if is_sse {
+            self.read_stream(resp, deltas).await
+        } else {
+            // Also when a server ignored `stream: true` and answered with one JSON object.
+            self.read_json(resp, deadline, deltas).await
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints() {
+        let e = |u: &str| endpoint_of(u).unwrap();
+        assert_eq!(
+            e("http://127.0.0.1:8080/v1"),
+            "http://127.0.0.1:8080/v1/chat/completions"
+        );
+        assert_eq!(
+            e("http://127.0.0.1:8080/v1/"),
+            "http://127.0.0.1:8080/v1/chat/completions"
+        );
+        assert_eq!(
+            e("http://127.0.0.1:8080"),
+            "http://127.0.0.1:8080/v1/chat/completions"
+        );
+        assert_eq!(
+            e("https://gw.example/openai"),
+            "https://gw.example/openai/chat/completions"
+        );
+        assert!(matches!(endpoint_of("ftp://x"), Err(Error::Config(_))));
+        assert!(matches!(endpoint_of("not a url"), Err(Error::Config(_))));
+    }
+
+    #[test]
+    fn debug_redacts_the_key() {
+        let b = OpenAiModel::builder("http://x/v1")
+            .api_key("sk-secret")
+            .header("x-k", "hidden");
+        let s = format!("{b:?}");
+        assert!(!s.contains("sk-secret") && !s.contains("hidden"), "{s}");
+        let m = b.build().unwrap();
+        assert!(!format!("{m:?}").contains("sk-secret"));
+    }
+}

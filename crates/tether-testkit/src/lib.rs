@@ -1,1 +1,2 @@
 //! Scripted fake servers for tether's tests: real HTTP on 127.0.0.1, with fault injection.
+pub mod openai;

@@ -1,0 +1,450 @@
+//! [`StreamAccumulator`]: turns a stream's `data:` payloads into one response, and tells the
+//! caller which deltas to emit as it goes.
+//!
+//! Rules (spec §5): tool calls are keyed by their `index` (the fragment's position in the chunk
+//! when absent); `id`, `type` and `name` are set once from the first non-empty value (later equal
+//! values, as llama-cpp-python repeats them, are ignored; a different later value is logged and
+//! dropped); argument pieces are concatenated; the legacy `function_call` is used only when no
+//! `tool_calls` fragment ever arrives; `finish_reason: ""` counts as absent; `choices` null or
+//! missing is tolerated; the usage chunk is read; `[DONE]` ends the stream.
+
+use std::ops::Range;
+
+use serde_json::{Value, json};
+use tether::{ChatMessage, ChatResponse, ChatToolCall, Error, Usage};
+
+use crate::wire::{self, Chunk, ToolCallDelta};
+
+/// What the caller must forward to the `DeltaSink` after a [`StreamAccumulator::feed`] or
+/// [`StreamAccumulator::finish`]: ranges into the accumulator's own text, so nothing is copied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Emit {
+    /// `text()[range]` is a new piece of text.
+    Text(Range<usize>),
+    /// `reasoning()[range]` is a new piece of reasoning.
+    Reasoning(Range<usize>),
+    /// Call `calls()[slot]` started: its id and name are known.
+    Start(usize),
+    /// `calls()[slot].arguments[range]` is a new argument piece of a started call.
+    Args(usize, Range<usize>),
+    /// Call `calls()[slot]` is complete.
+    End(usize),
+}
+
+/// What a payload meant for the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fed {
+    /// Keep reading.
+    More,
+    /// `[DONE]`: the stream is over.
+    Done,
+}
+
+/// A tool call being accumulated.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CallAcc {
+    /// The key: the fragment's `index` (or its position).
+    pub index: u32,
+    /// The call's id (set once).
+    pub id: String,
+    /// The call's type (set once; `function`).
+    pub kind: String,
+    /// The function name (set once).
+    pub name: String,
+    /// The argument text, concatenated.
+    pub arguments: String,
+    /// Whether `Emit::Start` was issued.
+    pub started: bool,
+}
+
+/// Accumulates one streamed chat completion.
+#[doc(hidden)]
+#[derive(Debug, Default)]
+pub struct StreamAccumulator {
+    text: String,
+    reasoning: String,
+    calls: Vec<CallAcc>,
+    legacy: Option<CallAcc>,
+    saw_tool_calls: bool,
+    finish_reason: Option<String>,
+    usage: Option<Usage>,
+    id: Option<String>,
+    model: Option<String>,
+    events: u64,
+    emits: Vec<Emit>,
+}
+
+fn set_once(slot: &mut String, value: &str, what: &str, index: u32) {
+    if value.is_empty() {
+        return;
+    }
+    if slot.is_empty() {
+        slot.push_str(value);
+    } else if slot != value {
+        tracing::warn!(index, field = what, first = %slot, later = %value, "a tool call's {what} changed mid-stream; keeping the first");
+    }
+}
+
+impl StreamAccumulator {
+    /// An empty accumulator.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The deltas to forward, from the last `feed` or `finish`.
+    pub fn emits(&self) -> &[Emit] {
+        &self.emits
+    }
+
+    /// The text so far.
+    pub fn text(&self) -> &str {
+        &self.text
+    }
+
+    /// The reasoning so far.
+    pub fn reasoning(&self) -> &str {
+        &self.reasoning
+    }
+
+    /// The tool calls so far (sorted by index after `finish`).
+    pub fn calls(&self) -> &[CallAcc] {
+        &self.calls
+    }
+
+    /// The finish reason, once one arrived (never `""`).
+    pub fn finish_reason(&self) -> Option<&str> {
+        self.finish_reason.as_deref()
+    }
+
+    /// Data events fed so far.
+    pub fn events(&self) -> u64 {
+        self.events
+    }
+
+    /// Feeds one `data:` payload.
+    ///
+    /// Errors: [`Error::Stream`] for an `error` object, [`Error::Malformed`] for a payload that
+    /// is not a chunk.
+    pub fn feed(&mut self, data: &[u8]) -> Result<Fed, Error> {
+        self.emits.clear();
+        let data = data.trim_ascii();
+        if data.starts_with(b"[DONE]") {
+            return Ok(Fed::Done);
+        }
+        self.events += 1;
+        let chunk: Chunk<'_> = serde_json::from_slice(data).map_err(|e| {
+            Error::Malformed(format!(
+                "stream event #{} is not a chat.completion.chunk ({e}): {}",
+                self.events,
+                snippet(data)
+            ))
+        })?;
+        if let Some(err) = &chunk.error
+            && !err.is_null()
+        {
+            let (message, code) = wire::error_parts(err);
+            return Err(Error::Stream {
+                message: message.unwrap_or_else(|| err.to_string()),
+                code,
+            });
+        }
+        if self.id.is_none()
+            && let Some(id) = &chunk.id
+        {
+            self.id = Some(id.as_str().to_owned());
+        }
+        if self.model.is_none()
+            && let Some(m) = &chunk.model
+        {
+            self.model = Some(m.as_str().to_owned());
+        }
+        if let Some(u) = chunk.usage
+            && let Some(u) = wire::usage_of(u)
+        {
+            self.usage = Some(u);
+        }
+        let Some(choice) = chunk.choices.0 else {
+            return Ok(Fed::More);
+        };
+        if let Some(delta) = &choice.delta {
+            if let Some(r) = delta.reasoning_content.as_ref().or(delta.reasoning.as_ref()) {
+                push_piece(&mut self.reasoning, r.as_str(), &mut self.emits, Emit::Reasoning);
+            }
+            for t in [&delta.content, &delta.refusal].into_iter().flatten() {
+                push_piece(&mut self.text, t.as_str(), &mut self.emits, Emit::Text);
+            }
+            if !delta.tool_calls.is_empty() {
+                self.saw_tool_calls = true;
+                for (pos, frag) in delta.tool_calls.iter().enumerate() {
+                    self.tool_fragment(pos as u32, frag);
+                }
+            } else if let Some(fc) = &delta.function_call
+                && !self.saw_tool_calls
+            {
+                // Legacy form: kept aside, used (and emitted) at the end only if no
+                // `tool_calls` fragment ever arrives.
+                let l = self.legacy.get_or_insert_with(CallAcc::default);
+                if let Some(n) = &fc.name {
+                    set_once(&mut l.name, n.as_str(), "name", 0);
+                }
+                if let Some(a) = &fc.arguments {
+                    l.arguments.push_str(a.as_str());
+                }
+            }
+        }
+        if let Some(f) = &choice.finish_reason
+            && !f.as_str().is_empty()
+        {
+            self.finish_reason = Some(f.as_str().to_owned());
+        }
+        Ok(Fed::More)
+    }
+
+    fn tool_fragment(&mut self, pos: u32, frag: &ToolCallDelta<'_>) {
+        let index = frag.index.unwrap_or(pos);
+        let slot = match self.calls.iter().position(|c| c.index == index) {
+            Some(s) => s,
+            None => {
+                self.calls.push(CallAcc {
+                    index,
+                    ..Default::default()
+                });
+                self.calls.len() - 1
+            }
+        };
+        let call = &mut self.calls[slot];
+        if let Some(id) = &frag.id {
+            set_once(&mut call.id, id.as_str(), "id", index);
+        }
+        if let Some(k) = &frag.kind {
+            set_once(&mut call.kind, k.as_str(), "type", index);
+        }
+        let mut piece = "";
+        if let Some(f) = &frag.function {
+            if let Some(n) = &f.name {
+                set_once(&mut call.name, n.as_str(), "name", index);
+            }
+            if let Some(a) = &f.arguments {
+                piece = a.as_str();
+            }
+        }
+        let before = call.arguments.len();
+        call.arguments.push_str(piece);
+        if call.started {
+            if !piece.is_empty() {
+                self.emits.push(Emit::Args(slot, before..call.arguments.len()));
+            }
+        } else if !call.id.is_empty() && !call.name.is_empty() {
+            call.started = true;
+            self.emits.push(Emit::Start(slot));
+            if !call.arguments.is_empty() {
+                self.emits.push(Emit::Args(slot, 0..call.arguments.len()));
+            }
+        }
+    }
+
+    /// Ends the stream: adopts a legacy `function_call` if it was the only form, gives an id to
+    /// calls the server sent without one, sorts calls by index, and queues `Start`/`Args` for
+    /// calls not yet started and `End` for every call.
+    ///
+    /// Errors: [`Error::Malformed`] when a call never got a function name.
+    pub fn finish(&mut self) -> Result<(), Error> {
+        self.emits.clear();
+        if !self.saw_tool_calls
+            && let Some(l) = self.legacy.take()
+            && !l.name.is_empty()
+        {
+            self.calls.push(l);
+        }
+        self.calls.sort_by_key(|c| c.index);
+        let base = self
+            .id
+            .clone()
+            .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
+        for (slot, c) in self.calls.iter_mut().enumerate() {
+            if c.name.is_empty() {
+                return Err(Error::Malformed(format!(
+                    "tool call at index {} (id {:?}) never received a function name; arguments so far: {}",
+                    c.index,
+                    c.id,
+                    snippet(c.arguments.as_bytes())
+                )));
+            }
+            if c.id.is_empty() {
+                // Unique across turns: the session records tool results by call id.
+                c.id = format!("call_{base}_{}", c.index);
+            }
+            if !c.started {
+                c.started = true;
+                self.emits.push(Emit::Start(slot));
+                if !c.arguments.is_empty() {
+                    self.emits.push(Emit::Args(slot, 0..c.arguments.len()));
+                }
+            }
+        }
+        for slot in 0..self.calls.len() {
+            self.emits.push(Emit::End(slot));
+        }
+        Ok(())
+    }
+
+    /// The response, after [`StreamAccumulator::finish`].
+    pub fn into_response(self) -> ChatResponse {
+        let mut message = ChatMessage::assistant(self.text);
+        if message.content.as_deref() == Some("") && !self.calls.is_empty() {
+            message.content = None;
+        }
+        if !self.reasoning.is_empty() {
+            message.reasoning = Some(self.reasoning);
+        }
+        message.tool_calls = self
+            .calls
+            .into_iter()
+            .map(|c| ChatToolCall {
+                id: c.id,
+                name: c.name,
+                arguments: c.arguments,
+            })
+            .collect();
+        let mut msg = json!({"role": "assistant", "content": message.content});
+        if let Some(r) = &message.reasoning {
+            msg["reasoning_content"] = json!(r);
+        }
+        if !message.tool_calls.is_empty() {
+            msg["tool_calls"] = message
+                .tool_calls
+                .iter()
+                .map(|c| json!({"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}))
+                .collect();
+        }
+        let raw = json!({
+            "id": self.id,
+            "object": "chat.completion",
+            "model": self.model,
+            "choices": [{"index": 0, "message": msg, "finish_reason": self.finish_reason}],
+            "usage": self.usage.as_ref().and_then(|u| u.raw.first().cloned()).unwrap_or(Value::Null),
+        });
+        ChatResponse {
+            message,
+            finish_reason: self.finish_reason,
+            usage: self.usage,
+            raw,
+        }
+    }
+}
+
+fn push_piece(buf: &mut String, piece: &str, emits: &mut Vec<Emit>, f: fn(Range<usize>) -> Emit) {
+    if !piece.is_empty() {
+        let start = buf.len();
+        buf.push_str(piece);
+        emits.push(f(start..buf.len()));
+    }
+}
+
+/// At most 200 bytes of a payload, for error messages.
+pub(crate) fn snippet(data: &[u8]) -> String {
+    let s = String::from_utf8_lossy(&data[..data.len().min(200)]).into_owned();
+    if data.len() > 200 { format!("{s}…") } else { s }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn feed_all(lines: &[&str]) -> (StreamAccumulator, Vec<String>) {
+        let mut a = StreamAccumulator::new();
+        let mut log = Vec::new();
+        for l in lines {
+            a.feed(l.as_bytes()).unwrap();
+            log.extend(describe(&a));
+        }
+        a.finish().unwrap();
+        log.extend(describe(&a));
+        (a, log)
+    }
+
+    fn describe(a: &StreamAccumulator) -> Vec<String> {
+        a.emits()
+            .iter()
+            .map(|e| match e {
+                Emit::Text(r) => format!("text:{}", &a.text()[r.clone()]),
+                Emit::Reasoning(r) => format!("reasoning:{}", &a.reasoning()[r.clone()]),
+                Emit::Start(s) => format!("start:{}:{}", a.calls()[*s].id, a.calls()[*s].name),
+                Emit::Args(s, r) => format!(
+                    "args:{}:{}",
+                    a.calls()[*s].id,
+                    &a.calls()[*s].arguments[r.clone()]
+                ),
+                Emit::End(s) => format!("end:{}", a.calls()[*s].id),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn llama_cpp_python_repeats_are_set_once_and_function_call_ignored() {
+        let f = |a: &str| {
+            format!(
+                r#"{{"choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"id":"call__0","type":"function","function":{{"name":"get_weather","arguments":"{a}"}}}}],"function_call":{{"name":"get_weather:","arguments":"{a}"}}}}}}]}}"#
+            )
+        };
+        let lines = [
+            f("{\\\"city\\\""),
+            f(":\\\"Paris\\\"}"),
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#.into(),
+        ];
+        let refs: Vec<&str> = lines.iter().map(String::as_str).collect();
+        let (a, log) = feed_all(&refs);
+        let r = a.into_response();
+        assert_eq!(r.message.tool_calls.len(), 1);
+        assert_eq!(r.message.tool_calls[0].name, "get_weather");
+        assert_eq!(r.message.tool_calls[0].arguments, r#"{"city":"Paris"}"#);
+        assert_eq!(
+            log,
+            vec![
+                "start:call__0:get_weather",
+                "args:call__0:{\"city\"",
+                "args:call__0::\"Paris\"}",
+                "end:call__0"
+            ]
+        );
+    }
+
+    #[test]
+    fn legacy_function_call_alone_is_used() {
+        let (a, log) = feed_all(&[
+            r#"{"id":"cmpl-1","choices":[{"index":0,"delta":{"function_call":{"name":"f","arguments":"{}"}}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"function_call"}]}"#,
+        ]);
+        let r = a.into_response();
+        assert_eq!(r.message.tool_calls[0].name, "f");
+        assert_eq!(r.message.tool_calls[0].id, "call_cmpl-1_0");
+        assert_eq!(log.len(), 3);
+    }
+
+    #[test]
+    fn empty_finish_reason_is_absent_and_usage_read() {
+        let (a, _) = feed_all(&[
+            r#"{"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":""}]}"#,
+            r#"{"choices":null,"usage":{"prompt_tokens":3,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":1}}}"#,
+        ]);
+        assert_eq!(a.finish_reason(), None);
+        let r = a.into_response();
+        let u = r.usage.unwrap();
+        assert_eq!((u.input_tokens, u.output_tokens, u.cache_read_tokens), (3, 2, 1));
+        assert_eq!(u.raw.len(), 1);
+    }
+
+    #[test]
+    fn errors_and_malformed() {
+        let mut a = StreamAccumulator::new();
+        let e = a
+            .feed(br#"{"error":{"message":"overloaded","type":"server_error","code":null}}"#)
+            .unwrap_err();
+        assert!(
+            matches!(e, Error::Stream { ref code, .. } if code.as_deref() == Some("server_error")),
+            "{e}"
+        );
+        let e = a.feed(b"{\"choices\": [").unwrap_err();
+        assert!(matches!(e, Error::Malformed(ref m) if m.contains("#2")), "{e}");
+    }
+}
