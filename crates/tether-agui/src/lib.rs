@@ -15,6 +15,7 @@
 
 #![warn(missing_docs)]
 
+pub mod bridge;
 pub mod context;
 pub mod encode;
 pub mod error;
@@ -27,6 +28,7 @@ pub mod server;
 pub mod types;
 pub mod verify;
 
+pub use bridge::{PermissionPolicy, SessionAgent};
 pub use context::{
     AgentState, CallSlot, CancelToken, EventReceiver, MessageHandle, ParallelToolCalls,
     ReasoningHandle, RunContext, RunOptions, RunOutcome, StepGuard, ToolCallHandle, state_update,

@@ -1,0 +1,817 @@
+//! The bridge: any tether [`Session`](tether::Session) served as an AG-UI [`Agent`].
+//!
+//! [`SessionAgent`] keeps one tether session per AG-UI thread. Each request drives that
+//! session and maps its events onto the run as they arrive: text and reasoning deltas,
+//! tool calls with their argument deltas (attached to the assistant message that made them),
+//! local tool results, usage on `RUN_FINISHED`, errors as `RUN_ERROR`.
+//!
+//! - **Front-end tools** (`RunAgentInput.tools`) are declared to the model; when the model
+//!   calls one, the session pauses with the call pending and the run finishes as a success
+//!   with the call in `pendingToolCallIds`. The next request carrying the `tool` message
+//!   submits it as the call's result and the same session continues.
+//! - **Permission requests** (from a remote loop, or before running a tool named in
+//!   [`SessionAgent::require_approval`]) are answered by a [`PermissionPolicy`]; with
+//!   [`PermissionPolicy::Interrupt`] the run finishes with an `interrupt` outcome while the
+//!   session waits, and the next request's `resume[]` entry answers it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tether::{
+    Capabilities, ElicitationRequest, ElicitationResponse, EventKind, Handler, HandlerError,
+    NoTools, PermissionKind, PermissionOutcome, PermissionRequest, ReadTextFile, SessionBuilder,
+    SessionHandle, SessionInfo, TerminalRequest, TerminalResponse, ToolOutput, ToolResult,
+    ToolSpec, ToolUse, WriteTextFile,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::context::{RunContext, RunOutcome};
+use crate::error::{Error, Result};
+use crate::event::{EncryptedValueSubtype, Event, TextMessageRole};
+use crate::ids::{InterruptId, MessageId, ThreadId, ToolCallId};
+use crate::run::Agent;
+use crate::types::{Interrupt, Message, ResumeStatus, RunAgentInput, TokenUsage};
+
+/// How permission requests are answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PermissionPolicy {
+    /// Ask the wrapped handler (its default refuses).
+    #[default]
+    Delegate,
+    /// Allow (once) without asking.
+    Allow,
+    /// Refuse without asking.
+    Deny,
+    /// Finish the run with an `interrupt` outcome; the next request's `resume[]` answers.
+    Interrupt,
+}
+
+/// Builds the session for a new thread from its first request.
+pub type SessionFactory = dyn Fn(&RunAgentInput) -> tether::Result<SessionBuilder> + Send + Sync;
+
+struct PermissionAsk {
+    request: PermissionRequest,
+    answer: oneshot::Sender<PermissionOutcome>,
+}
+
+/// The handler installed on bridged sessions: front-end tools, approvals, and delegation.
+struct BridgeHandler {
+    inner: Arc<dyn Handler>,
+    frontend: RwLock<Vec<ToolSpec>>,
+    approval: HashSet<String>,
+    policy: PermissionPolicy,
+    asks: mpsc::Sender<PermissionAsk>,
+}
+
+impl BridgeHandler {
+    fn is_frontend(&self, name: &str) -> bool {
+        self.frontend
+            .read()
+            .map(|f| f.iter().any(|t| t.name == name))
+            .unwrap_or(false)
+    }
+
+    async fn permission(&self, req: &PermissionRequest, info: &SessionInfo) -> PermissionOutcome {
+        let pick = |kind_allows: bool| {
+            req.options
+                .iter()
+                .find(|o| o.kind.allows() == kind_allows)
+                .map(|o| PermissionOutcome::Selected {
+                    option_id: o.id.clone(),
+                })
+                .unwrap_or(PermissionOutcome::Cancelled)
+        };
+        match self.policy {
+            PermissionPolicy::Delegate => self.inner.request_permission(req, info).await,
+            PermissionPolicy::Allow => pick(true),
+            PermissionPolicy::Deny => pick(false),
+            PermissionPolicy::Interrupt => {
+                let (tx, rx) = oneshot::channel();
+                let ask = PermissionAsk {
+                    request: req.clone(),
+                    answer: tx,
+                };
+                if self.asks.send(ask).await.is_err() {
+                    return PermissionOutcome::Cancelled;
+                }
+                rx.await.unwrap_or(PermissionOutcome::Cancelled)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl Handler for BridgeHandler {
+    fn tools(&self) -> Vec<ToolSpec> {
+        let mut tools = self.inner.tools();
+        if let Ok(f) = self.frontend.read() {
+            for t in f.iter() {
+                if !tools.iter().any(|x| x.name == t.name) {
+                    tools.push(t.clone());
+                }
+            }
+        }
+        tools
+    }
+
+    async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
+        if self.is_frontend(&call.name) {
+            return ToolOutput::Pending;
+        }
+        if self.approval.contains(&call.name) {
+            let req = PermissionRequest {
+                tool_use_id: call.id.clone(),
+                title: call.name.clone(),
+                input: call.input.clone(),
+                kind: None,
+                options: PermissionRequest::standard_options(),
+                raw: Value::Null,
+            };
+            let outcome = self.permission(&req, info).await;
+            if !outcome.allows(&req) {
+                return ToolOutput::Error(format!(
+                    "the user did not allow `{}` to run",
+                    call.name
+                ));
+            }
+        }
+        self.inner.call_tool(call, info).await
+    }
+
+    async fn on_event(&self, event: &tether::Event, info: &SessionInfo) {
+        self.inner.on_event(event, info).await
+    }
+
+    async fn request_permission(
+        &self,
+        req: &PermissionRequest,
+        info: &SessionInfo,
+    ) -> PermissionOutcome {
+        self.permission(req, info).await
+    }
+
+    async fn read_text_file(
+        &self,
+        req: &ReadTextFile,
+        info: &SessionInfo,
+    ) -> std::result::Result<String, HandlerError> {
+        self.inner.read_text_file(req, info).await
+    }
+
+    async fn write_text_file(
+        &self,
+        req: &WriteTextFile,
+        info: &SessionInfo,
+    ) -> std::result::Result<(), HandlerError> {
+        self.inner.write_text_file(req, info).await
+    }
+
+    async fn terminal(
+        &self,
+        req: &TerminalRequest,
+        info: &SessionInfo,
+    ) -> std::result::Result<TerminalResponse, HandlerError> {
+        self.inner.terminal(req, info).await
+    }
+
+    async fn elicit(&self, req: &ElicitationRequest, info: &SessionInfo) -> ElicitationResponse {
+        self.inner.elicit(req, info).await
+    }
+
+    async fn elicitation_complete(&self, id: &str, info: &SessionInfo) {
+        self.inner.elicitation_complete(id, info).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+struct PendingPermission {
+    interrupt_id: InterruptId,
+    request: PermissionRequest,
+    answer: oneshot::Sender<PermissionOutcome>,
+}
+
+/// One AG-UI thread's session.
+struct Thread {
+    handle: SessionHandle,
+    events: mpsc::Receiver<tether::Event>,
+    asks: mpsc::Receiver<PermissionAsk>,
+    handler: Arc<BridgeHandler>,
+    provider: String,
+    /// A command was sent whose result has not been read.
+    in_flight: bool,
+    /// Front-end calls the session waits on.
+    pending_calls: Vec<ToolUse>,
+    permission: Option<PendingPermission>,
+    interrupts: u64,
+}
+
+/// An [`Agent`] that serves tether sessions, one per AG-UI thread.
+pub struct SessionAgent {
+    factory: Box<SessionFactory>,
+    handler: Arc<dyn Handler>,
+    approval: HashSet<String>,
+    policy: PermissionPolicy,
+    threads: Mutex<HashMap<ThreadId, Arc<tokio::sync::Mutex<Thread>>>>,
+}
+
+impl std::fmt::Debug for SessionAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionAgent")
+            .field("policy", &self.policy)
+            .field("approval", &self.approval)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SessionAgent {
+    /// An agent whose threads get sessions from `factory` (called with the thread's first
+    /// request). Set the session's handler with [`SessionAgent::handler`], not on the builder:
+    /// the bridge installs its own handler around it.
+    pub fn new(
+        factory: impl Fn(&RunAgentInput) -> tether::Result<SessionBuilder> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            factory: Box::new(factory),
+            handler: Arc::new(NoTools),
+            approval: HashSet::new(),
+            policy: PermissionPolicy::default(),
+            threads: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The handler serving the sessions' backend tools and client-side requests.
+    pub fn handler(mut self, handler: impl Handler) -> Self {
+        self.handler = Arc::new(handler);
+        self
+    }
+
+    /// How permission requests are answered.
+    pub fn permission_policy(mut self, policy: PermissionPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Backend tools that need the user's permission before each run (asked per the policy).
+    pub fn require_approval<I, T>(mut self, tools: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        self.approval.extend(tools.into_iter().map(Into::into));
+        self
+    }
+
+    /// Number of threads with a live session.
+    pub fn thread_count(&self) -> usize {
+        self.threads.lock().map(|t| t.len()).unwrap_or(0)
+    }
+
+    async fn thread(&self, input: &RunAgentInput) -> Result<Arc<tokio::sync::Mutex<Thread>>> {
+        if let Some(t) = self
+            .threads
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&input.thread_id).cloned())
+        {
+            return Ok(t);
+        }
+        let (asks_tx, asks_rx) = mpsc::channel(4);
+        let handler = Arc::new(BridgeHandler {
+            inner: self.handler.clone(),
+            frontend: RwLock::new(frontend_specs(input)),
+            approval: self.approval.clone(),
+            policy: self.policy,
+            asks: asks_tx,
+        });
+        let builder = (self.factory)(input).map_err(tether_error)?;
+        let session = builder
+            .handler_arc(handler.clone())
+            .open()
+            .await
+            .map_err(tether_error)?;
+        let provider = session.info().provider.clone();
+        let handle = session.spawn();
+        let events = handle.subscribe(1024).await;
+        let thread = Arc::new(tokio::sync::Mutex::new(Thread {
+            handle,
+            events,
+            asks: asks_rx,
+            handler,
+            provider,
+            in_flight: false,
+            pending_calls: Vec::new(),
+            permission: None,
+            interrupts: 0,
+        }));
+        let mut map = self
+            .threads
+            .lock()
+            .map_err(|_| Error::agent("INTERNAL", "the thread table is poisoned"))?;
+        Ok(map.entry(input.thread_id.clone()).or_insert(thread).clone())
+    }
+}
+
+fn tether_error(e: tether::Error) -> Error {
+    let code = match &e {
+        tether::Error::Cancelled => return Error::Cancelled,
+        other => other.code().to_ascii_uppercase(),
+    };
+    Error::Agent {
+        code: Some(code),
+        message: e.to_string(),
+    }
+}
+
+fn frontend_specs(input: &RunAgentInput) -> Vec<ToolSpec> {
+    input
+        .tools
+        .iter()
+        .map(|t| {
+            ToolSpec::new(
+                t.name.clone(),
+                t.description.clone(),
+                t.parameters
+                    .clone()
+                    .unwrap_or_else(|| json!({"type": "object"})),
+            )
+        })
+        .collect()
+}
+
+/// Tool calls the input's assistant messages made and no tool message answers.
+fn unanswered_calls(input: &RunAgentInput) -> HashSet<String> {
+    let mut asked = HashSet::new();
+    let mut answered = HashSet::new();
+    for m in &input.messages {
+        match m {
+            Message::Assistant(a) => {
+                for c in a.tool_calls.iter().flatten() {
+                    asked.insert(c.id.to_string());
+                }
+            }
+            Message::Tool(t) => {
+                answered.insert(t.tool_call_id.to_string());
+            }
+            _ => {}
+        }
+    }
+    asked.retain(|id| !answered.contains(id));
+    asked
+}
+
+/// Maps tether events onto AG-UI events of one run.
+#[derive(Default)]
+struct Mapper {
+    text: Option<MessageId>,
+    reasoning: Option<MessageId>,
+    calls_open: HashSet<String>,
+    calls_started: HashSet<String>,
+    texts_started: HashSet<String>,
+    streamed_text: HashSet<String>,
+    streamed_reasoning: HashSet<String>,
+    answerable: HashSet<String>,
+    answered: HashSet<String>,
+}
+
+fn reasoning_id(message_id: &str) -> MessageId {
+    MessageId::new(format!("{message_id}-reasoning"))
+}
+
+impl Mapper {
+    fn close_text<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> Result<()> {
+        if let Some(id) = self.text.take() {
+            ctx.emit(Event::text_message_end(id))?;
+        }
+        Ok(())
+    }
+
+    fn close_reasoning<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> Result<()> {
+        if let Some(id) = self.reasoning.take() {
+            ctx.emit(Event::reasoning_message_end(id.clone()))?;
+            ctx.emit(Event::reasoning_end(id))?;
+        }
+        Ok(())
+    }
+
+    fn close_all<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> Result<()> {
+        self.close_reasoning(ctx)?;
+        self.close_text(ctx)?;
+        let mut open: Vec<String> = self.calls_open.drain().collect();
+        open.sort();
+        for id in open {
+            ctx.emit(Event::tool_call_end(id))?;
+        }
+        Ok(())
+    }
+
+    fn text_delta<S: crate::AgentState>(
+        &mut self,
+        ctx: &mut RunContext<S>,
+        message_id: &str,
+        delta: &str,
+    ) -> Result<()> {
+        if delta.is_empty() {
+            return Ok(());
+        }
+        self.close_reasoning(ctx)?;
+        if self.text.as_deref() != Some(message_id) {
+            self.close_text(ctx)?;
+            let id = if self.texts_started.insert(message_id.to_owned()) {
+                MessageId::new(message_id)
+            } else {
+                MessageId::new(format!("{message_id}-{}", self.texts_started.len()))
+            };
+            ctx.emit(Event::text_message_start(id.clone(), TextMessageRole::Assistant))?;
+            self.text = Some(id);
+        }
+        self.streamed_text.insert(message_id.to_owned());
+        let id = self.text.clone().unwrap_or_else(|| MessageId::new(message_id));
+        ctx.emit(Event::text_message_content(id, delta))
+    }
+
+    fn reasoning_delta<S: crate::AgentState>(
+        &mut self,
+        ctx: &mut RunContext<S>,
+        message_id: &str,
+        delta: &str,
+    ) -> Result<()> {
+        if delta.is_empty() {
+            return Ok(());
+        }
+        let rid = reasoning_id(message_id);
+        if self.reasoning.as_ref() != Some(&rid) {
+            self.close_reasoning(ctx)?;
+            self.close_text(ctx)?;
+            ctx.emit(Event::reasoning_start(rid.clone()))?;
+            ctx.emit(Event::reasoning_message_start(rid.clone()))?;
+            self.reasoning = Some(rid.clone());
+        }
+        self.streamed_reasoning.insert(message_id.to_owned());
+        ctx.emit(Event::reasoning_message_content(rid, delta))
+    }
+
+    fn call_start<S: crate::AgentState>(
+        &mut self,
+        ctx: &mut RunContext<S>,
+        id: &str,
+        name: &str,
+        message_id: Option<&str>,
+    ) -> Result<bool> {
+        if !self.calls_started.insert(id.to_owned()) {
+            return Ok(false);
+        }
+        self.close_reasoning(ctx)?;
+        let parent = message_id
+            .map(MessageId::new)
+            .or_else(|| self.text.clone());
+        self.close_text(ctx)?;
+        ctx.emit(Event::tool_call_start(id, name, parent))?;
+        self.calls_open.insert(id.to_owned());
+        Ok(true)
+    }
+
+    fn whole_call<S: crate::AgentState>(
+        &mut self,
+        ctx: &mut RunContext<S>,
+        call: &ToolUse,
+        message_id: Option<&str>,
+    ) -> Result<()> {
+        if self.call_start(ctx, &call.id, &call.name, message_id)? {
+            let args = call
+                .raw_input
+                .clone()
+                .unwrap_or_else(|| call.input.to_string());
+            if !args.is_empty() {
+                ctx.emit(Event::tool_call_args(call.id.as_str(), args))?;
+            }
+        }
+        if self.calls_open.remove(&call.id) {
+            ctx.emit(Event::tool_call_end(call.id.as_str()))?;
+        }
+        Ok(())
+    }
+
+    fn on_event<S: crate::AgentState>(
+        &mut self,
+        ctx: &mut RunContext<S>,
+        ev: &tether::Event,
+        usage_seen: &mut bool,
+    ) -> Result<()> {
+        match &ev.kind {
+            EventKind::TextDelta { message_id, delta } => {
+                self.text_delta(ctx, message_id, delta)?;
+            }
+            EventKind::ReasoningDelta { message_id, delta } => {
+                self.reasoning_delta(ctx, message_id, delta)?;
+            }
+            EventKind::ReasoningSignature { message_id, value } => {
+                ctx.emit(Event::reasoning_encrypted_value(
+                    EncryptedValueSubtype::Message,
+                    reasoning_id(message_id).into_string(),
+                    value.clone(),
+                ))?;
+            }
+            EventKind::ToolCallStart {
+                tool_use_id,
+                name,
+                message_id,
+            } => {
+                self.call_start(ctx, tool_use_id, name, message_id.as_deref())?;
+            }
+            EventKind::ToolCallArgs { tool_use_id, delta } => {
+                if self.calls_open.contains(tool_use_id) && !delta.is_empty() {
+                    ctx.emit(Event::tool_call_args(tool_use_id.as_str(), delta.as_str()))?;
+                }
+            }
+            EventKind::ToolCallEnd { tool_use_id } => {
+                if self.calls_open.remove(tool_use_id) {
+                    ctx.emit(Event::tool_call_end(tool_use_id.as_str()))?;
+                }
+            }
+            EventKind::ToolCall {
+                tool_use,
+                message_id,
+            } => {
+                self.whole_call(ctx, tool_use, message_id.as_deref())?;
+            }
+            EventKind::ToolResult { result } => {
+                let id = &result.tool_use_id;
+                if self.calls_open.remove(id) {
+                    ctx.emit(Event::tool_call_end(id.as_str()))?;
+                }
+                let known = self.calls_started.contains(id) || self.answerable.contains(id);
+                if known && self.answered.insert(id.clone()) {
+                    self.close_reasoning(ctx)?;
+                    self.close_text(ctx)?;
+                    ctx.emit(Event::tool_call_result(
+                        format!("{id}-result"),
+                        id.as_str(),
+                        result.content.clone(),
+                    ))?;
+                }
+            }
+            EventKind::Message {
+                message_id,
+                role: tether::Role::Assistant,
+                text,
+                reasoning,
+                tool_uses,
+            } => {
+                if let Some(r) = reasoning {
+                    if !self.streamed_reasoning.contains(message_id) {
+                        self.reasoning_delta(ctx, message_id, r)?;
+                    }
+                }
+                self.close_reasoning(ctx)?;
+                if !self.streamed_text.contains(message_id) {
+                    self.text_delta(ctx, message_id, text)?;
+                }
+                for u in tool_uses {
+                    self.whole_call(ctx, u, Some(message_id))?;
+                }
+                self.close_text(ctx)?;
+            }
+            EventKind::Usage { usage } => {
+                *usage_seen = true;
+                ctx.add_usage(TokenUsage {
+                    input_tokens: Some(usage.input_tokens),
+                    output_tokens: Some(usage.output_tokens),
+                    total_tokens: Some(usage.total()),
+                    cached_input_tokens: (usage.cache_read_tokens > 0)
+                        .then_some(usage.cache_read_tokens),
+                    ..Default::default()
+                });
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+impl Agent for SessionAgent {
+    type State = ();
+
+    async fn run(&self, ctx: &mut RunContext<()>) -> Result<RunOutcome> {
+        let thread = self.thread(ctx.input()).await?;
+        let Ok(mut t) = thread.try_lock() else {
+            return Err(Error::agent(
+                "THREAD_BUSY",
+                format!(
+                    "thread {} is already running; wait for its run to finish",
+                    ctx.thread_id()
+                ),
+            ));
+        };
+        let t = &mut *t;
+        if let Ok(mut f) = t.handler.frontend.write() {
+            *f = frontend_specs(ctx.input());
+        }
+        let mut mapper = Mapper {
+            answerable: unanswered_calls(ctx.input()),
+            ..Default::default()
+        };
+
+        // 1. What this request asks of the session.
+        if let Some(p) = t.permission.take() {
+            let outcome = match ctx.resume_for(&p.interrupt_id) {
+                Some(entry) if entry.status == ResumeStatus::Resolved => {
+                    resolve_permission(&p.request, entry.payload.as_ref())
+                }
+                _ => p
+                    .request
+                    .reject_option()
+                    .map(|o| PermissionOutcome::Selected {
+                        option_id: o.id.clone(),
+                    })
+                    .unwrap_or(PermissionOutcome::Cancelled),
+            };
+            let _ = p.answer.send(outcome);
+        } else {
+            if t.in_flight {
+                // A previous run was abandoned mid-request: settle it first.
+                t.handle.cancel();
+                let _ = t.handle.next_result().await;
+                while t.events.try_recv().is_ok() {}
+                t.in_flight = false;
+            }
+            if !t.pending_calls.is_empty() {
+                let results = tool_results_from(ctx.input(), &t.pending_calls);
+                if results.is_empty() {
+                    return Err(Error::agent(
+                        "TOOL_RESULTS_MISSING",
+                        format!(
+                            "the session waits for results of front-end tool calls {}; send them as tool messages",
+                            t.pending_calls
+                                .iter()
+                                .map(|u| u.id.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    ));
+                }
+                t.pending_calls.clear();
+                t.handle
+                    .submit_tool_results(results)
+                    .await
+                    .map_err(tether_error)?;
+            } else {
+                let Some(text) = ctx.last_user_text() else {
+                    return Err(Error::agent(
+                        "NO_USER_MESSAGE",
+                        "the request carries no user message to send",
+                    ));
+                };
+                t.handle.send(text).await.map_err(tether_error)?;
+            }
+            t.in_flight = true;
+        }
+
+        // 2. Stream the session's events until its result (or a permission interrupt).
+        let mut usage_seen = false;
+        let cancel = ctx.cancel_token().clone();
+        loop {
+            tokio::select! {
+                biased;
+                _ = cancel.cancelled() => {
+                    t.handle.cancel();
+                    return Err(Error::Cancelled);
+                }
+                ev = t.events.recv() => {
+                    let Some(ev) = ev else {
+                        return Err(Error::agent("SESSION_CLOSED", "the session's event stream closed"));
+                    };
+                    mapper.on_event(ctx, &ev, &mut usage_seen)?;
+                    ctx.ready().await?;
+                }
+                ask = t.asks.recv() => {
+                    let Some(ask) = ask else { continue };
+                    while let Ok(ev) = t.events.try_recv() {
+                        mapper.on_event(ctx, &ev, &mut usage_seen)?;
+                    }
+                    mapper.close_all(ctx)?;
+                    t.interrupts += 1;
+                    let interrupt_id = InterruptId::new(format!(
+                        "{}-permission-{}",
+                        ctx.thread_id(),
+                        t.interrupts
+                    ));
+                    let interrupt = permission_interrupt(&interrupt_id, &ask.request, &mapper);
+                    t.permission = Some(PendingPermission {
+                        interrupt_id,
+                        request: ask.request,
+                        answer: ask.answer,
+                    });
+                    return Ok(RunOutcome::interrupt(vec![interrupt]));
+                }
+                res = t.handle.next_result() => {
+                    t.in_flight = false;
+                    while let Ok(ev) = t.events.try_recv() {
+                        mapper.on_event(ctx, &ev, &mut usage_seen)?;
+                    }
+                    mapper.close_all(ctx)?;
+                    let Some(res) = res else {
+                        return Err(Error::agent("SESSION_CLOSED", "the session ended"));
+                    };
+                    let res = res.map_err(tether_error)?;
+                    if !usage_seen && (res.usage.input_tokens > 0 || res.usage.output_tokens > 0) {
+                        ctx.add_usage(TokenUsage {
+                            provider: Some(t.provider.clone()),
+                            input_tokens: Some(res.usage.input_tokens),
+                            output_tokens: Some(res.usage.output_tokens),
+                            total_tokens: Some(res.usage.total()),
+                            cached_input_tokens: (res.usage.cache_read_tokens > 0)
+                                .then_some(res.usage.cache_read_tokens),
+                            ..Default::default()
+                        });
+                    }
+                    t.pending_calls = res.pending_tool_uses.clone();
+                    if let Some(out) = res.final_output {
+                        ctx.set_result(out);
+                    }
+                    return Ok(RunOutcome::Success);
+                }
+            }
+        }
+    }
+}
+
+fn tool_results_from(input: &RunAgentInput, pending: &[ToolUse]) -> Vec<ToolResult> {
+    let mut out = Vec::new();
+    for m in &input.messages {
+        if let Message::Tool(tm) = m {
+            if pending.iter().any(|u| u.id == tm.tool_call_id.as_str()) {
+                let text = tm.content.to_text();
+                out.push(match &tm.error {
+                    Some(err) => ToolResult::error(tm.tool_call_id.as_str(), format!("{err}{text}")),
+                    None => ToolResult::ok(tm.tool_call_id.as_str(), text),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn permission_interrupt(id: &InterruptId, req: &PermissionRequest, mapper: &Mapper) -> Interrupt {
+    let options: Vec<Value> = req
+        .options
+        .iter()
+        .map(|o| json!({"id": o.id, "name": o.name, "kind": o.kind}))
+        .collect();
+    let ids: Vec<&str> = req.options.iter().map(|o| o.id.as_str()).collect();
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "approved": {"type": "boolean"},
+            "optionId": {"type": "string", "enum": ids}
+        }
+    });
+    let mut i = Interrupt::new(id.clone(), "permission")
+        .with_message(format!("Allow {}?", req.title));
+    if mapper.calls_started.contains(&req.tool_use_id) || mapper.answerable.contains(&req.tool_use_id) {
+        i = i.with_tool_call(ToolCallId::new(req.tool_use_id.clone()));
+    }
+    if let Value::Object(s) = schema {
+        i = i.with_response_schema(s);
+    }
+    let mut meta = serde_json::Map::new();
+    meta.insert("options".into(), Value::Array(options));
+    meta.insert("input".into(), req.input.clone());
+    i.metadata = Some(meta);
+    i
+}
+
+/// A resolved resume payload: `{"optionId": "..."}` or `{"approved": bool}` (or a bare bool).
+fn resolve_permission(req: &PermissionRequest, payload: Option<&Value>) -> PermissionOutcome {
+    let select = |o: Option<&tether::PermissionOption>| {
+        o.map(|o| PermissionOutcome::Selected {
+            option_id: o.id.clone(),
+        })
+        .unwrap_or(PermissionOutcome::Cancelled)
+    };
+    if let Some(option) = payload.and_then(|p| p.get("optionId")).and_then(Value::as_str) {
+        if req.options.iter().any(|o| o.id == option) {
+            return PermissionOutcome::Selected {
+                option_id: option.to_owned(),
+            };
+        }
+    }
+    let approved = match payload {
+        Some(Value::Bool(b)) => *b,
+        Some(p) => p.get("approved").and_then(Value::as_bool).unwrap_or(true),
+        None => true,
+    };
+    if approved {
+        select(
+            req.option_of(PermissionKind::AllowOnce)
+                .or_else(|| req.options.iter().find(|o| o.kind.allows())),
+        )
+    } else {
+        select(req.reject_option())
+    }
+}
