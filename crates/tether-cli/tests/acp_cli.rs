@@ -107,7 +107,7 @@ fn a_turn_with_the_permission_answered_at_the_prompt() {
     let Some(agent) = example_agent() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut cli = Cli::start(&[], dir.path(), &agent);
-    cli.wait_for("tether acp: example-agent");
+    cli.wait_for("tether acp: agent (protocol 1), session");
     cli.send("please fix the config");
     let out = cli.wait_for("? allow Modifying critical configuration file (edit)?");
     assert!(out.contains("I'll help you with that."), "{out}");
@@ -148,7 +148,7 @@ fn ctrl_c_cancels_the_turn_not_the_program() {
     let Some(agent) = example_agent() else { return };
     let dir = tempfile::tempdir().unwrap();
     let mut cli = Cli::start(&[], dir.path(), &agent);
-    cli.wait_for("tether acp: example-agent");
+    cli.wait_for("tether acp: agent (protocol 1), session");
     cli.send("start");
     cli.wait_for("I'll help you with that.");
     let pid = cli.child.id().to_string();
