@@ -1,0 +1,707 @@
+//! One configured agent served over AG-UI: each request reattaches the thread's session from the
+//! store, takes the new user message, tool results or approvals, runs it through the session
+//! engine and streams what happens as AG-UI events.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tether::{
+    ChatModel, Event, EventKind, EventStore, Role, Session, SessionConfig, SessionResult, ToolResult,
+    ToolSpec, ToolUse, local::LocalLoop,
+};
+use tether_agui::event::TextMessageRole;
+use tether_agui::{
+    Agent, AssistantMessage, Content, FunctionCall, Interrupt, Message, RunContext, RunOutcome, TokenUsage,
+    ToolCall,
+};
+use tether_sqlite::SqliteStore;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::AgentConfig;
+use crate::handler::{ServeHandler, schema_or_empty};
+use crate::rebuild::{CHECKPOINT, Reattached, USER_MESSAGE, rebuild};
+
+type AgResult<T> = tether_agui::Result<T>;
+
+/// What every agent of a server shares.
+pub(crate) struct Shared {
+    pub store: SqliteStore,
+    pub store_dyn: Arc<dyn EventStore>,
+    pub run_timeout: Duration,
+    locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Shared {
+    pub(crate) fn new(store: SqliteStore, run_timeout: Duration) -> Self {
+        Shared {
+            store_dyn: Arc::new(store.clone()),
+            store,
+            run_timeout,
+            locks: Default::default(),
+        }
+    }
+
+    fn thread_lock(&self, thread: &str) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        let m = {
+            let mut g = self.locks.lock().ok()?;
+            g.retain(|_, v| Arc::strong_count(v) > 1 || v.try_lock().is_err());
+            g.entry(thread.to_owned()).or_default().clone()
+        };
+        m.try_lock_owned().ok()
+    }
+}
+
+/// A configured agent.
+pub(crate) struct ServeAgent {
+    pub name: String,
+    pub cfg: AgentConfig,
+    pub model: Arc<dyn ChatModel>,
+    pub model_name: String,
+    pub shared: Arc<Shared>,
+}
+
+fn agent_err(code: &str, e: impl std::fmt::Display) -> tether_agui::Error {
+    tether_agui::Error::agent(code, e.to_string())
+}
+
+fn tether_err(e: tether::Error) -> tether_agui::Error {
+    tether_agui::Error::agent(e.code().to_ascii_uppercase(), e.to_string())
+}
+
+/// The interrupt id asking approval for a tool use.
+fn approval_id(tool_use_id: &str) -> String {
+    format!("approval:{tool_use_id}")
+}
+
+impl Agent for ServeAgent {
+    type State = Value;
+
+    async fn run(&self, ctx: &mut RunContext<Value>) -> AgResult<RunOutcome> {
+        let limit = self.shared.run_timeout;
+        match tokio::time::timeout(limit, self.run_inner(ctx)).await {
+            Ok(r) => r,
+            Err(_) => Err(agent_err(
+                "RUN_TIMEOUT",
+                format!(
+                    "the run did not finish within {}s (the server's run_timeout_secs); what it did is saved, \
+                     send another message on this thread to continue",
+                    limit.as_secs()
+                ),
+            )),
+        }
+    }
+}
+
+impl ServeAgent {
+    async fn run_inner(&self, ctx: &mut RunContext<Value>) -> AgResult<RunOutcome> {
+        let input = ctx.input().clone();
+        let thread = input.thread_id.to_string();
+        let Some(_guard) = self.shared.thread_lock(&thread) else {
+            return Err(agent_err(
+                "THREAD_BUSY",
+                format!("another run is in progress on thread {thread}; wait for it to finish"),
+            ));
+        };
+        let store = &self.shared.store;
+        let existing = store.thread(&thread).await.map_err(|e| agent_err("STORE", e))?;
+        if let Some(t) = &existing
+            && t.agent != self.name
+        {
+            return Err(agent_err(
+                "THREAD_AGENT_MISMATCH",
+                format!(
+                    "thread {thread} belongs to agent `{}`, not `{}`",
+                    t.agent, self.name
+                ),
+            ));
+        }
+        let sid = match &existing {
+            Some(t) => t.session_id.clone(),
+            None => format!("s_{:016x}", rand::random::<u64>()),
+        };
+        let title: String = input
+            .last_user_text()
+            .unwrap_or_default()
+            .chars()
+            .take(80)
+            .collect();
+        let title = if existing.as_ref().is_some_and(|t| !t.title.is_empty()) {
+            String::new()
+        } else {
+            title
+        };
+        store
+            .put_thread(&thread, &self.name, &sid, &title)
+            .await
+            .map_err(|e| agent_err("STORE", e))?;
+
+        let rb = rebuild(
+            self.shared.store_dyn.as_ref(),
+            &sid,
+            self.cfg.system_prompt.as_deref(),
+        )
+        .await
+        .map_err(tether_err)?;
+
+        // What this request brings.
+        let pending_ids: HashSet<String> = rb.pending.iter().map(|u| u.id.clone()).collect();
+        let mut approved = HashSet::new();
+        let mut denied = Vec::new();
+        for r in &input.resume {
+            let Some(id) = r.interrupt_id.as_str().strip_prefix("approval:") else {
+                continue;
+            };
+            let yes = matches!(r.status, tether_agui::ResumeStatus::Resolved)
+                && r.payload
+                    .as_ref()
+                    .and_then(|p| p.get("approved"))
+                    .and_then(Value::as_bool)
+                    != Some(false);
+            if yes {
+                approved.insert(id.to_owned());
+            } else {
+                denied.push(id.to_owned());
+            }
+        }
+        let mut fe_results = Vec::new();
+        let mut new_users: Vec<(String, String)> = Vec::new();
+        for m in &input.messages {
+            match m {
+                Message::Tool(t) if pending_ids.contains(t.tool_call_id.as_str()) => {
+                    let content = t.content.to_text();
+                    fe_results.push(match &t.error {
+                        Some(err) => ToolResult::error(
+                            t.tool_call_id.as_str(),
+                            if content.is_empty() { err.clone() } else { content },
+                        ),
+                        None => ToolResult::ok(t.tool_call_id.as_str(), content),
+                    });
+                }
+                Message::User(u) if !rb.user_ids.contains(u.id.as_str()) => {
+                    new_users.push((u.id.to_string(), u.content.to_text()));
+                }
+                _ => {}
+            }
+        }
+        let fe_specs: Vec<ToolSpec> = input
+            .tools
+            .iter()
+            .map(|t| ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone())))
+            .collect();
+        let handler = Arc::new(
+            ServeHandler::new(&self.cfg, fe_specs, approved.clone()).map_err(|e| agent_err("CONFIG", e))?,
+        );
+
+        let history = serde_json::to_value(&rb.history).map_err(|e| agent_err("STORE", e))?;
+        let inner = LocalLoop::with_model(self.model.clone())
+            .model_name(self.model_name.clone())
+            .session_id(format!("{sid}.{:08x}", rand::random::<u32>()))
+            .transcript(&history)
+            .map_err(tether_err)?;
+        let provider = Reattached {
+            inner,
+            session_id: sid.clone(),
+            pending: rb.pending.clone(),
+        };
+        let config = SessionConfig {
+            max_turns: self.cfg.max_turns.max(1),
+            tool_timeout: Some(Duration::from_secs(self.cfg.tool_timeout_secs.max(1) + 5)),
+            terminal_tool: self
+                .cfg
+                .terminal_tool
+                .as_ref()
+                .map(|t| ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone()))),
+            ..SessionConfig::default()
+        };
+        let mut session = Session::builder_boxed(Box::new(provider))
+            .handler_arc(handler.clone())
+            .store(self.shared.store_dyn.clone())
+            .config(config)
+            .open()
+            .await
+            .map_err(tether_err)?;
+        let mut rx = session.sink().subscribe(256).await;
+
+        let mut mapper = Mapper::new(&input, &handler, rb.last_seq());
+        mapper.state_init(ctx, &self.name, &thread);
+        let cancel = CancellationToken::new();
+        let mut last: Option<SessionResult> = None;
+
+        // 1. Answer what the thread waits on, and continue.
+        if !rb.pending.is_empty() {
+            let sink = session.sink().clone();
+            let mut answered: Vec<ToolResult> = fe_results.clone();
+            for id in &denied {
+                if let Some(u) = rb.pending.iter().find(|u| &u.id == id) {
+                    let summary = handler
+                        .approval_need(u)
+                        .map(|n| n.summary)
+                        .unwrap_or_else(|| u.name.clone());
+                    answered.push(ToolResult::error(
+                        id,
+                        format!("the user denied this action ({summary})"),
+                    ));
+                }
+            }
+            if !new_users.is_empty() {
+                for u in &rb.pending {
+                    if !answered.iter().any(|r| r.tool_use_id == u.id) && !approved.contains(&u.id) {
+                        answered.push(ToolResult::error(
+                            &u.id,
+                            "not answered: the user sent a new message instead",
+                        ));
+                    }
+                }
+            }
+            for r in &answered {
+                self.shared
+                    .store_dyn
+                    .put_tool_result(&sid, r)
+                    .await
+                    .map_err(tether_err)?;
+                sink.emit(Event::new(
+                    format!("tool_result:{}", r.tool_use_id),
+                    "tether.tool_result",
+                    serde_json::to_value(r).unwrap_or(Value::Null),
+                    EventKind::ToolResult { result: r.clone() },
+                ))
+                .await
+                .map_err(tether_err)?;
+            }
+            let r = pump(session.resume(cancel.clone()), &mut rx, &mut mapper, ctx).await?;
+            last = Some(r.map_err(tether_err)?);
+        }
+
+        // 2. The new user message (or one a crash left unanswered).
+        let still_paused = last.as_ref().is_some_and(|r| !r.pending_tool_uses.is_empty());
+        let mut text_parts = Vec::new();
+        if let Some(t) = &rb.trailing_user {
+            text_parts.push(t.clone());
+        }
+        if !still_paused {
+            let sink = session.sink().clone();
+            for (id, text) in &new_users {
+                sink.record(
+                    format!("user:{id}"),
+                    USER_MESSAGE,
+                    json!({"id": id, "text": text}),
+                    EventKind::Message {
+                        message_id: id.clone(),
+                        role: Role::User,
+                        text: text.clone(),
+                        reasoning: None,
+                        tool_uses: Vec::new(),
+                    },
+                )
+                .await
+                .map_err(tether_err)?;
+                text_parts.push(text.clone());
+            }
+            if !text_parts.is_empty() {
+                let r = pump(
+                    session.send_cancellable(text_parts.join("\n\n"), cancel.clone()),
+                    &mut rx,
+                    &mut mapper,
+                    ctx,
+                )
+                .await?;
+                last = Some(r.map_err(tether_err)?);
+            }
+        }
+        mapper.close_open(ctx)?;
+
+        // 3. Checkpoint and outcome.
+        let pending = match &last {
+            Some(r) => r.pending_tool_uses.clone(),
+            None => session.pending_tool_uses(),
+        };
+        if pending.is_empty()
+            && let Some(t) = session.transcript()
+        {
+            let seq = mapper.max_seq;
+            self.shared
+                .store_dyn
+                .put_state(&sid, CHECKPOINT, &json!({"transcript": t, "seq": seq}))
+                .await
+                .map_err(tether_err)?;
+        }
+        store
+            .touch_thread(&thread)
+            .await
+            .map_err(|e| agent_err("STORE", e))?;
+        mapper.status = if pending.is_empty() { "idle" } else { "waiting" };
+        mapper.publish(ctx)?;
+        if let Some(r) = &last {
+            if r.usage.total() > 0 {
+                ctx.add_usage(TokenUsage {
+                    model: (!self.model_name.is_empty()).then(|| self.model_name.clone()),
+                    input_tokens: Some(r.usage.input_tokens),
+                    output_tokens: Some(r.usage.output_tokens),
+                    total_tokens: Some(r.usage.total()),
+                    ..Default::default()
+                });
+            }
+            if r.stop_reason != json!("stop") && r.stop_reason != json!("pending_tools") {
+                ctx.set_result(json!({"stopReason": r.stop_reason}));
+            }
+        }
+        let interrupts: Vec<Interrupt> = pending
+            .iter()
+            .filter(|u| !handler.is_frontend(&u.name))
+            .map(|u| {
+                let need = handler.approval_need(u);
+                let summary = need
+                    .as_ref()
+                    .map(|n| n.summary.clone())
+                    .unwrap_or_else(|| u.name.clone());
+                let mut i = Interrupt::new(approval_id(&u.id), "approval")
+                    .with_message(format!("Allow {summary}?"))
+                    .with_tool_call(u.id.as_str());
+                let mut schema = serde_json::Map::new();
+                schema.insert("type".into(), json!("object"));
+                schema.insert("properties".into(), json!({"approved": {"type": "boolean"}}));
+                i = i.with_response_schema(schema);
+                i
+            })
+            .collect();
+        if !interrupts.is_empty() {
+            return Ok(RunOutcome::Interrupt(interrupts));
+        }
+        Ok(RunOutcome::Success)
+    }
+}
+
+/// Drives `fut` while relaying the session's events into the run.
+async fn pump<F>(
+    fut: F,
+    rx: &mut mpsc::Receiver<Event>,
+    m: &mut Mapper,
+    ctx: &mut RunContext<Value>,
+) -> AgResult<tether::Result<SessionResult>>
+where
+    F: std::future::Future<Output = tether::Result<SessionResult>>,
+{
+    tokio::pin!(fut);
+    let mut open = true;
+    loop {
+        tokio::select! {
+            biased;
+            ev = rx.recv(), if open => match ev {
+                Some(ev) => m.map(&ev, ctx).await?,
+                None => open = false,
+            },
+            r = &mut fut => {
+                while let Ok(ev) = rx.try_recv() {
+                    m.map(&ev, ctx).await?;
+                }
+                return Ok(r);
+            }
+        }
+    }
+}
+
+/// Maps tether events onto AG-UI events and keeps the run's state panel.
+struct Mapper {
+    open_text: Option<String>,
+    open_reasoning: Option<String>,
+    streamed_text: HashSet<String>,
+    started: HashSet<String>,
+    ended: HashSet<String>,
+    names: HashMap<String, String>,
+    results_sent: HashSet<String>,
+    input_unanswered: HashSet<String>,
+    frontend: HashSet<String>,
+    max_seq: u64,
+    status: &'static str,
+    tools: serde_json::Map<String, Value>,
+    turns: u64,
+}
+
+impl Mapper {
+    fn new(input: &tether_agui::RunAgentInput, handler: &ServeHandler, max_seq: u64) -> Self {
+        let mut asked = Vec::new();
+        let mut answered = HashSet::new();
+        for m in &input.messages {
+            match m {
+                Message::Assistant(a) => {
+                    for tc in a.tool_calls.iter().flatten() {
+                        asked.push(tc.id.to_string());
+                    }
+                }
+                Message::Tool(t) => {
+                    answered.insert(t.tool_call_id.to_string());
+                }
+                _ => {}
+            }
+        }
+        let _ = handler;
+        Mapper {
+            open_text: None,
+            open_reasoning: None,
+            streamed_text: HashSet::new(),
+            started: HashSet::new(),
+            ended: HashSet::new(),
+            names: HashMap::new(),
+            results_sent: HashSet::new(),
+            input_unanswered: asked.into_iter().filter(|id| !answered.contains(id)).collect(),
+            frontend: input.tools.iter().map(|t| t.name.clone()).collect(),
+            max_seq,
+            status: "running",
+            tools: serde_json::Map::new(),
+            turns: 0,
+        }
+    }
+
+    fn state_init(&mut self, ctx: &mut RunContext<Value>, agent: &str, thread: &str) {
+        let mut s = match ctx.state() {
+            Value::Object(m) => m.clone(),
+            _ => serde_json::Map::new(),
+        };
+        s.insert("agent".into(), json!(agent));
+        s.insert("thread".into(), json!(thread));
+        s.insert("status".into(), json!("running"));
+        s.insert("turns".into(), json!(0));
+        s.insert("tools".into(), json!({}));
+        ctx.set_state(Value::Object(s));
+    }
+
+    fn publish(&mut self, ctx: &mut RunContext<Value>) -> AgResult<()> {
+        if let Value::Object(s) = ctx.state_mut() {
+            s.insert("status".into(), json!(self.status));
+            s.insert("turns".into(), json!(self.turns));
+            s.insert("tools".into(), Value::Object(self.tools.clone()));
+        }
+        ctx.publish_state()
+    }
+
+    fn close_text(&mut self, ctx: &mut RunContext<Value>) -> AgResult<()> {
+        if let Some(id) = self.open_text.take() {
+            ctx.emit(tether_agui::Event::text_message_end(id))?;
+        }
+        Ok(())
+    }
+
+    fn close_reasoning(&mut self, ctx: &mut RunContext<Value>) -> AgResult<()> {
+        if let Some(id) = self.open_reasoning.take() {
+            ctx.emit(tether_agui::Event::reasoning_message_end(id.clone()))?;
+            ctx.emit(tether_agui::Event::reasoning_end(id))?;
+        }
+        Ok(())
+    }
+
+    fn close_open(&mut self, ctx: &mut RunContext<Value>) -> AgResult<()> {
+        self.close_text(ctx)?;
+        self.close_reasoning(ctx)?;
+        let open: Vec<String> = self.started.difference(&self.ended).cloned().collect();
+        for id in open {
+            self.ended.insert(id.clone());
+            ctx.emit(tether_agui::Event::tool_call_end(id))?;
+        }
+        Ok(())
+    }
+
+    fn start_call(&mut self, ctx: &mut RunContext<Value>, u: &ToolUse, parent: Option<&str>) -> AgResult<()> {
+        if !self.started.insert(u.id.clone()) {
+            return Ok(());
+        }
+        self.names.insert(u.id.clone(), u.name.clone());
+        let parent = parent
+            .filter(|p| self.streamed_text.contains(*p))
+            .map(tether_agui::MessageId::new);
+        ctx.emit(tether_agui::Event::tool_call_start(
+            u.id.as_str(),
+            u.name.clone(),
+            parent,
+        ))
+    }
+
+    async fn map(&mut self, ev: &Event, ctx: &mut RunContext<Value>) -> AgResult<()> {
+        ctx.ready().await?;
+        match &ev.kind {
+            EventKind::TextDelta { message_id, delta } => {
+                self.close_reasoning(ctx)?;
+                if self.open_text.as_deref() != Some(message_id) {
+                    self.close_text(ctx)?;
+                    if !self.streamed_text.insert(message_id.clone()) {
+                        // A retried call re-streams under the same id: keep ids unique.
+                        return Ok(());
+                    }
+                    ctx.emit(tether_agui::Event::text_message_start(
+                        message_id.as_str(),
+                        TextMessageRole::Assistant,
+                    ))?;
+                    self.open_text = Some(message_id.clone());
+                }
+                ctx.emit(tether_agui::Event::text_message_content(
+                    message_id.as_str(),
+                    delta.clone(),
+                ))?;
+            }
+            EventKind::ReasoningDelta { message_id, delta } => {
+                self.close_text(ctx)?;
+                let rid = format!("{message_id}-reasoning");
+                if self.open_reasoning.as_deref() != Some(&rid) {
+                    self.close_reasoning(ctx)?;
+                    ctx.emit(tether_agui::Event::reasoning_start(rid.as_str()))?;
+                    ctx.emit(tether_agui::Event::reasoning_message_start(rid.as_str()))?;
+                    self.open_reasoning = Some(rid.clone());
+                }
+                ctx.emit(tether_agui::Event::reasoning_message_content(
+                    rid.as_str(),
+                    delta.clone(),
+                ))?;
+            }
+            EventKind::ToolCallStart {
+                tool_use_id,
+                name,
+                message_id,
+            } => {
+                self.close_text(ctx)?;
+                self.close_reasoning(ctx)?;
+                let u = ToolUse::new(tool_use_id, name, Value::Null);
+                self.start_call(ctx, &u, message_id.as_deref())?;
+            }
+            EventKind::ToolCallArgs { tool_use_id, delta }
+                if self.started.contains(tool_use_id) && !self.ended.contains(tool_use_id) =>
+            {
+                ctx.emit(tether_agui::Event::tool_call_args(
+                    tool_use_id.as_str(),
+                    delta.clone(),
+                ))?;
+            }
+            EventKind::ToolCallEnd { tool_use_id }
+                if self.started.contains(tool_use_id) && !self.ended.contains(tool_use_id) =>
+            {
+                self.ended.insert(tool_use_id.clone());
+                ctx.emit(tether_agui::Event::tool_call_end(tool_use_id.as_str()))?;
+            }
+            EventKind::Message {
+                message_id,
+                role: Role::Assistant,
+                text,
+                tool_uses,
+                ..
+            } => {
+                self.close_text(ctx)?;
+                self.close_reasoning(ctx)?;
+                self.turns += 1;
+                if !text.is_empty() && self.streamed_text.insert(message_id.clone()) {
+                    ctx.emit(tether_agui::Event::text_message_start(
+                        message_id.as_str(),
+                        TextMessageRole::Assistant,
+                    ))?;
+                    ctx.emit(tether_agui::Event::text_message_content(
+                        message_id.as_str(),
+                        text.clone(),
+                    ))?;
+                    ctx.emit(tether_agui::Event::text_message_end(message_id.as_str()))?;
+                }
+                for u in tool_uses {
+                    if !self.started.contains(&u.id) {
+                        self.start_call(ctx, u, Some(message_id))?;
+                        let args = u.raw_input.clone().unwrap_or_else(|| u.input.to_string());
+                        ctx.emit(tether_agui::Event::tool_call_args(u.id.as_str(), args))?;
+                    }
+                    if self.ended.insert(u.id.clone()) {
+                        ctx.emit(tether_agui::Event::tool_call_end(u.id.as_str()))?;
+                    }
+                    self.tools
+                        .insert(u.id.clone(), json!({"name": u.name, "status": "called"}));
+                }
+            }
+            EventKind::ToolResult { result } => {
+                self.close_text(ctx)?;
+                self.close_reasoning(ctx)?;
+                let id = &result.tool_use_id;
+                let frontend = self.names.get(id).is_some_and(|n| self.frontend.contains(n));
+                let allowed = self.ended.contains(id) || self.input_unanswered.contains(id);
+                if !frontend && allowed && self.results_sent.insert(id.clone()) {
+                    ctx.emit(tether_agui::Event::tool_call_result(
+                        format!("{id}-result"),
+                        id.as_str(),
+                        Content::Text(result.content.clone()),
+                    ))?;
+                }
+                let status = if result.is_error { "error" } else { "done" };
+                let name = self.names.get(id).cloned().unwrap_or_default();
+                self.tools
+                    .insert(id.clone(), json!({"name": name, "status": status}));
+            }
+            EventKind::Retry {
+                attempt,
+                delay_ms,
+                error,
+            } => {
+                ctx.emit(tether_agui::Event::custom(
+                    "tether.retry",
+                    json!({"attempt": attempt, "delayMs": delay_ms, "error": error}),
+                ))?;
+            }
+            _ => {}
+        }
+        if let Some(s) = ev.seq {
+            self.max_seq = self.max_seq.max(s);
+            self.publish(ctx)?;
+        }
+        Ok(())
+    }
+}
+
+/// A thread's conversation as AG-UI messages, rebuilt from its stored events (to reopen it).
+pub(crate) fn thread_messages(events: &[Event]) -> Vec<Message> {
+    let mut out = Vec::new();
+    for e in events {
+        match (&e.kind, e.raw_type.as_str()) {
+            (EventKind::Message { message_id, text, .. }, USER_MESSAGE) => {
+                out.push(Message::user(message_id.as_str(), text.clone()));
+            }
+            (
+                EventKind::Message {
+                    message_id,
+                    role: Role::Assistant,
+                    text,
+                    tool_uses,
+                    ..
+                },
+                _,
+            ) => {
+                let calls: Vec<ToolCall> = tool_uses
+                    .iter()
+                    .map(|u| ToolCall {
+                        id: u.id.as_str().into(),
+                        kind: "function".into(),
+                        function: FunctionCall {
+                            name: u.name.clone(),
+                            arguments: u.raw_input.clone().unwrap_or_else(|| u.input.to_string()),
+                        },
+                        encrypted_value: None,
+                        metadata: None,
+                    })
+                    .collect();
+                out.push(Message::Assistant(AssistantMessage {
+                    id: message_id.as_str().into(),
+                    content: (!text.is_empty()).then(|| text.clone()),
+                    tool_calls: (!calls.is_empty()).then_some(calls),
+                    ..Default::default()
+                }));
+            }
+            (EventKind::ToolResult { result }, _) => {
+                let mut m = tether_agui::ToolMessage {
+                    id: format!("{}-result", result.tool_use_id).into(),
+                    tool_call_id: result.tool_use_id.as_str().into(),
+                    content: Content::Text(result.content.clone()),
+                    ..Default::default()
+                };
+                if result.is_error {
+                    m.error = Some(result.content.clone());
+                }
+                out.push(Message::Tool(m));
+            }
+            _ => {}
+        }
+    }
+    out
+}

@@ -1,0 +1,273 @@
+//! The handler an agent's sessions run with: the workspace tools, shell-command tools, and the
+//! front-end tools, with the approval gate that turns a permission request into an interrupt.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tether::workspace::{Access, Policy, Workspace};
+use tether::{Handler, SessionInfo, ToolOutput, ToolSpec, ToolUse};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::config::{AccessConfig, AgentConfig, CommandTool};
+
+const OUTPUT_CAP: usize = 64 * 1024;
+
+/// What a tool call waiting for the user is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ApprovalNeed {
+    /// `write`, `command`, `read`, or `tool`.
+    pub class: &'static str,
+    /// One line for people.
+    pub summary: String,
+}
+
+pub(crate) struct ServeHandler {
+    workspace: Option<Workspace>,
+    ask_reads: bool,
+    ask_writes: bool,
+    ask_commands: bool,
+    commands: Vec<(CommandTool, PathBuf)>,
+    frontend: Vec<ToolSpec>,
+    approved: HashSet<String>,
+    tool_timeout: Duration,
+}
+
+fn policy_access(a: AccessConfig) -> Access {
+    match a {
+        // The gate below asks; the workspace itself then allows.
+        AccessConfig::Allow | AccessConfig::Ask => Access::Allow,
+        AccessConfig::Deny => Access::Deny,
+    }
+}
+
+impl ServeHandler {
+    /// The handler for one request of an agent. `frontend` are the input's front-end tools (the
+    /// agent's configured ones are added); `approved` the tool-use ids the user approved.
+    pub(crate) fn new(
+        cfg: &AgentConfig,
+        frontend: Vec<ToolSpec>,
+        approved: HashSet<String>,
+    ) -> Result<Self, String> {
+        let (workspace, ask) = match &cfg.workspace {
+            Some(w) => {
+                let ws = Workspace::new(&w.root)
+                    .map_err(|e| format!("the workspace root {} is not usable: {e}", w.root.display()))?
+                    .policy(Policy {
+                        reads: policy_access(w.reads),
+                        writes: policy_access(w.writes),
+                        commands: policy_access(w.commands),
+                    })
+                    .command_timeout(Duration::from_secs(cfg.tool_timeout_secs.max(1)));
+                (
+                    Some(ws),
+                    (
+                        w.reads == AccessConfig::Ask,
+                        w.writes == AccessConfig::Ask,
+                        w.commands == AccessConfig::Ask,
+                    ),
+                )
+            }
+            None => (None, (false, false, false)),
+        };
+        let default_dir = workspace
+            .as_ref()
+            .map(|w| w.root().to_path_buf())
+            .unwrap_or_else(|| PathBuf::from("."));
+        let commands = cfg
+            .commands
+            .iter()
+            .map(|c| (c.clone(), c.cwd.clone().unwrap_or_else(|| default_dir.clone())))
+            .collect();
+        let mut fe: Vec<ToolSpec> = cfg
+            .frontend_tools
+            .iter()
+            .map(|t| ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone())))
+            .collect();
+        for t in frontend {
+            if !fe.iter().any(|x| x.name == t.name) {
+                fe.push(t);
+            }
+        }
+        Ok(ServeHandler {
+            workspace,
+            ask_reads: ask.0,
+            ask_writes: ask.1,
+            ask_commands: ask.2,
+            commands,
+            frontend: fe,
+            approved,
+            tool_timeout: Duration::from_secs(cfg.tool_timeout_secs.max(1)),
+        })
+    }
+
+    /// Whether `name` is run by the browser.
+    pub(crate) fn is_frontend(&self, name: &str) -> bool {
+        self.frontend.iter().any(|t| t.name == name)
+    }
+
+    /// Whether a call needs the user's approval before it runs (and what to tell them).
+    pub(crate) fn approval_need(&self, u: &ToolUse) -> Option<ApprovalNeed> {
+        let arg = |k: &str| u.input.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
+        match u.name.as_str() {
+            "write_file" | "edit_file" if self.workspace.is_some() && self.ask_writes => Some(ApprovalNeed {
+                class: "write",
+                summary: format!("{} {}", u.name, arg("path")),
+            }),
+            "run_command" if self.workspace.is_some() && self.ask_commands => Some(ApprovalNeed {
+                class: "command",
+                summary: format!("run `{}`", arg("command")),
+            }),
+            "read_file" | "list_dir" | "search_files" if self.workspace.is_some() && self.ask_reads => {
+                Some(ApprovalNeed {
+                    class: "read",
+                    summary: format!("{} {}", u.name, arg("path")),
+                })
+            }
+            n => self
+                .commands
+                .iter()
+                .find(|(c, _)| c.name == n && c.approve)
+                .map(|(c, _)| ApprovalNeed {
+                    class: "tool",
+                    summary: format!("{} {}", c.name, u.input),
+                }),
+        }
+    }
+
+    async fn run_command_tool(
+        &self,
+        c: &CommandTool,
+        cwd: &PathBuf,
+        call: &ToolUse,
+        info: &SessionInfo,
+    ) -> ToolOutput {
+        let args = call.input.to_string();
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.arg("-c")
+            .arg(&c.command)
+            .current_dir(cwd)
+            .env("TETHER_TOOL_USE_ID", &call.id)
+            .env("TETHER_SESSION_ID", &info.session_id)
+            .env("TETHER_ARGS", &args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(obj) = call.input.as_object() {
+            for (k, v) in obj {
+                let key: String = k
+                    .chars()
+                    .map(|ch| {
+                        if ch.is_ascii_alphanumeric() {
+                            ch.to_ascii_uppercase()
+                        } else {
+                            '_'
+                        }
+                    })
+                    .collect();
+                let val = match v {
+                    Value::String(s) => s.clone(),
+                    Value::Number(_) | Value::Bool(_) => v.to_string(),
+                    _ => continue,
+                };
+                cmd.env(format!("TETHER_ARG_{key}"), val);
+            }
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => return ToolOutput::Error(format!("could not start `sh` for tool `{}`: {e}", c.name)),
+        };
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(args.as_bytes()).await;
+        }
+        let out = child.stdout.take();
+        let err = child.stderr.take();
+        let collect = async {
+            let read_o = async {
+                let mut o = Vec::new();
+                if let Some(s) = out {
+                    let _ = s.take(OUTPUT_CAP as u64).read_to_end(&mut o).await;
+                }
+                o
+            };
+            let read_e = async {
+                let mut e = Vec::new();
+                if let Some(s) = err {
+                    let _ = s.take(OUTPUT_CAP as u64).read_to_end(&mut e).await;
+                }
+                e
+            };
+            let (o, e) = tokio::join!(read_o, read_e);
+            let status = child.wait().await;
+            (o, e, status)
+        };
+        match tokio::time::timeout(self.tool_timeout, collect).await {
+            Err(_) => ToolOutput::Error(format!(
+                "tool `{}` did not finish within {:?} and was killed",
+                c.name, self.tool_timeout
+            )),
+            Ok((o, e, status)) => {
+                let mut text = String::from_utf8_lossy(&o).into_owned();
+                let stderr = String::from_utf8_lossy(&e);
+                if !stderr.trim().is_empty() {
+                    text.push_str(&format!("\n[stderr]\n{stderr}"));
+                }
+                match status {
+                    Ok(s) if s.success() => ToolOutput::Ok(if text.is_empty() {
+                        "(no output)".into()
+                    } else {
+                        text
+                    }),
+                    Ok(s) => ToolOutput::Error(format!(
+                        "exit code {}\n{text}",
+                        s.code().map(|c| c.to_string()).unwrap_or_else(|| "killed".into())
+                    )),
+                    Err(e) => ToolOutput::Error(format!("waiting for tool `{}` failed: {e}", c.name)),
+                }
+            }
+        }
+    }
+}
+
+pub(crate) fn schema_or_empty(v: Option<Value>) -> Value {
+    match v {
+        Some(v @ Value::Object(_)) => v,
+        _ => json!({"type": "object", "properties": {}}),
+    }
+}
+
+#[async_trait]
+impl Handler for ServeHandler {
+    fn tools(&self) -> Vec<ToolSpec> {
+        let mut out = self.workspace.as_ref().map(|w| w.tools()).unwrap_or_default();
+        for (c, _) in &self.commands {
+            out.push(ToolSpec::new(
+                &c.name,
+                &c.description,
+                schema_or_empty(c.parameters.clone()),
+            ));
+        }
+        out.extend(self.frontend.iter().cloned());
+        out
+    }
+
+    async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
+        if self.is_frontend(&call.name) {
+            return ToolOutput::Pending;
+        }
+        if self.approval_need(call).is_some() && !self.approved.contains(&call.id) {
+            return ToolOutput::Pending;
+        }
+        if let Some((c, cwd)) = self.commands.iter().find(|(c, _)| c.name == call.name) {
+            return self.run_command_tool(c, cwd, call, info).await;
+        }
+        match &self.workspace {
+            Some(w) => w.call_tool(call, info).await,
+            None => ToolOutput::Error(format!("no tool named `{}`", call.name)),
+        }
+    }
+}
