@@ -577,38 +577,39 @@ impl Session {
         let mut attempts = 0u32;
         loop {
             let inp = input.take().unwrap_or(Input::Continue);
-            let err = match self.provider.turn(inp, &self.cx).await {
+            let mut err = match self.provider.turn(inp, &self.cx).await {
                 Ok(tr) => return Ok(tr),
                 Err(e) => e,
             };
             if !self.provider.can_reconnect() || !err.is_transient() {
                 return Err(err);
             }
-            let Some(delay) = self.config.reconnect.delay_for(&err, attempts) else {
-                return Err(err);
-            };
-            attempts += 1;
-            self.cx
-                .sink
-                .record(
-                    "",
-                    "tether.reconnect",
-                    json!({"attempt": attempts, "delay_ms": delay.as_millis() as u64, "error": err.to_string()}),
-                    EventKind::Retry {
-                        attempt: attempts,
-                        delay_ms: delay.as_millis() as u64,
-                        error: err.to_string(),
-                    },
-                )
-                .await?;
-            self.config.reconnect.sleeper.sleep(delay).await;
-            let pending = match self.provider.reconnect(&self.cx).await {
-                Ok(p) => p,
-                Err(e) if e.is_transient() => {
-                    input = Some(Input::Continue);
-                    continue;
+            // Back off and reconnect until it works, the error is final, or the tries run out.
+            let pending = loop {
+                let Some(delay) = self.config.reconnect.delay_for(&err, attempts) else {
+                    return Err(err);
+                };
+                attempts += 1;
+                let delay_ms = delay.as_millis() as u64;
+                self.cx
+                    .sink
+                    .record(
+                        "",
+                        "tether.reconnect",
+                        json!({"attempt": attempts, "delay_ms": delay_ms, "error": err.to_string()}),
+                        EventKind::Retry {
+                            attempt: attempts,
+                            delay_ms,
+                            error: err.to_string(),
+                        },
+                    )
+                    .await?;
+                self.config.reconnect.sleeper.sleep(delay).await;
+                match self.provider.reconnect(&self.cx).await {
+                    Ok(p) => break p,
+                    Err(e) if e.is_transient() => err = e,
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             };
             if pending.is_empty() {
                 input = Some(Input::Continue);

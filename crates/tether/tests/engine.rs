@@ -571,3 +571,182 @@ async fn handlers_see_the_session_info() {
         Some("t1 sid local")
     );
 }
+
+/// A streaming-style provider whose stream drops once after a tool use, then redelivers history.
+struct Flaky {
+    turns: u32,
+    reconnects: u32,
+    results_seen: Vec<ToolResult>,
+}
+
+#[async_trait::async_trait]
+impl tether::Provider for Flaky {
+    fn name(&self) -> &str {
+        "flaky"
+    }
+    async fn open(&mut self, _cx: &tether::TurnContext) -> tether::Result<tether::Opened> {
+        Ok(tether::Opened {
+            session_id: "flaky-1".into(),
+            ..Default::default()
+        })
+    }
+    fn can_reconnect(&self) -> bool {
+        true
+    }
+    async fn turn(
+        &mut self,
+        input: tether::Input,
+        cx: &tether::TurnContext,
+    ) -> tether::Result<tether::TurnResult> {
+        self.turns += 1;
+        let ev = |id: &str, kind| tether::Event::new(id, "fake.event", json!({"id": id}), kind);
+        match input {
+            tether::Input::Message(_) => {
+                cx.sink
+                    .emit(ev(
+                        "e1",
+                        EventKind::Status {
+                            status: "running".into(),
+                        },
+                    ))
+                    .await?;
+                let u = ToolUse::new("tu1", "echo", json!({"v": "once"}));
+                cx.sink
+                    .emit(ev(
+                        "e2",
+                        EventKind::ToolCall {
+                            tool_use: u,
+                            message_id: None,
+                        },
+                    ))
+                    .await?;
+                // The stream drops before the turn's boundary.
+                Err(Error::Transport {
+                    kind: tether::TransportKind::Closed,
+                    message: "stream ended early".into(),
+                    endpoint: "fake".into(),
+                })
+            }
+            tether::Input::ToolResults(_, results) => {
+                self.results_seen.extend(results);
+                // Redelivered events are recorded once.
+                cx.sink.emit(ev("e2", EventKind::Other)).await?;
+                cx.sink
+                    .emit(ev(
+                        "e3",
+                        EventKind::Status {
+                            status: "idle".into(),
+                        },
+                    ))
+                    .await?;
+                let mut tr = tether::TurnResult::new(Terminal::EndTurn, json!("end_turn"));
+                tr.text = "finished".into();
+                Ok(tr)
+            }
+            other => panic!("unexpected input {other:?}"),
+        }
+    }
+    async fn reconnect(&mut self, cx: &tether::TurnContext) -> tether::Result<Vec<ToolUse>> {
+        self.reconnects += 1;
+        if self.reconnects == 1 {
+            // The first reconnect attempt fails transiently too.
+            return Err(Error::Transport {
+                kind: tether::TransportKind::Refused,
+                message: "not yet".into(),
+                endpoint: "fake".into(),
+            });
+        }
+        cx.sink.mark_seen(["e1".to_owned()]).await;
+        Ok(vec![ToolUse::new("tu1", "echo", json!({"v": "once"}))])
+    }
+}
+
+#[tokio::test]
+async fn a_dropped_stream_reconnects_reruns_the_unanswered_tool_and_records_once() {
+    let sleeper = RecordingSleeper::default();
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let h = ToolSet::new().tool(spec("echo"), move |i: Value| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(i["v"].as_str().unwrap_or_default().to_owned())
+        }
+    });
+    let cfg = tether::SessionConfig {
+        reconnect: RetryPolicy {
+            jitter: false,
+            ..RetryPolicy::default().with_sleeper(sleeper.clone())
+        },
+        ..Default::default()
+    };
+    let r = Session::builder(Flaky {
+        turns: 0,
+        reconnects: 0,
+        results_seen: vec![],
+    })
+    .handler(h)
+    .config(cfg)
+    .run("go")
+    .await
+    .unwrap();
+    assert_eq!(r.text, "finished");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        sleeper.slept(),
+        vec![Duration::from_millis(500), Duration::from_millis(1000)]
+    );
+    assert_record_is_exactly_once(&r.events);
+    let ids: Vec<_> = r
+        .events
+        .iter()
+        .filter(|e| e.raw_type == "fake.event")
+        .map(|e| e.id.clone())
+        .collect();
+    assert_eq!(ids, vec!["e1", "e2", "e3"]);
+    assert_eq!(
+        r.events
+            .iter()
+            .filter(|e| e.raw_type == "tether.reconnect")
+            .count(),
+        2
+    );
+    let seqs: Vec<u64> = r.events.iter().map(|e| e.seq.unwrap()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "no gaps");
+}
+
+#[tokio::test]
+async fn an_auth_failure_is_not_reconnected() {
+    struct Denied;
+    #[async_trait::async_trait]
+    impl tether::Provider for Denied {
+        fn name(&self) -> &str {
+            "denied"
+        }
+        async fn open(&mut self, _cx: &tether::TurnContext) -> tether::Result<tether::Opened> {
+            Ok(Default::default())
+        }
+        fn can_reconnect(&self) -> bool {
+            true
+        }
+        async fn turn(
+            &mut self,
+            _i: tether::Input,
+            _cx: &tether::TurnContext,
+        ) -> tether::Result<tether::TurnResult> {
+            Err(Error::Http {
+                status: 401,
+                message: "invalid x-api-key".into(),
+                code: None,
+                retry_after: None,
+                should_retry: None,
+                endpoint: "fake".into(),
+            })
+        }
+        async fn reconnect(&mut self, _cx: &tether::TurnContext) -> tether::Result<Vec<ToolUse>> {
+            panic!("must not reconnect on 401")
+        }
+    }
+    let e = Session::builder(Denied).run("go").await.unwrap_err();
+    assert_eq!(e.status(), Some(401));
+}
