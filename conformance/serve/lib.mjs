@@ -1,0 +1,89 @@
+// Shared helpers: start the fake model and tether serve as real processes on 127.0.0.1.
+import { spawn } from "node:child_process";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+
+const root = resolve(new URL("../..", import.meta.url).pathname);
+export const SERVE_BIN = process.env.TETHER_SERVE_BIN || join(root, "target/debug/tether-serve");
+export const FAKE_BIN = process.env.FAKE_OPENAI_BIN || join(root, "target/debug/examples/fake_openai");
+
+let passed = 0;
+let failed = 0;
+export function check(name, ok, detail = "") {
+  if (ok) passed++;
+  else failed++;
+  console.log(`${ok ? "PASS" : "FAIL"} ${name}${!ok && detail ? `: ${detail}` : ""}`);
+}
+export function summary() {
+  console.log(`${passed} passed, ${failed} failed`);
+  return failed === 0 ? 0 : 1;
+}
+
+export function tempDir(prefix) {
+  return mkdtempSync(join(tmpdir(), prefix));
+}
+
+/** Spawns `cmd` and resolves with [child, match] once a line of its output matches `re`. */
+export function spawnUntil(cmd, args, re, opts = {}) {
+  return new Promise((resolveP, reject) => {
+    const child = spawn(cmd, args, { stdio: ["ignore", "pipe", "pipe"], ...opts });
+    let buf = "";
+    const timer = setTimeout(() => reject(new Error(`${cmd} did not start: ${buf}`)), 30000);
+    const onData = (d) => {
+      buf += d.toString();
+      const m = buf.match(re);
+      if (m) {
+        clearTimeout(timer);
+        resolveP([child, m]);
+      }
+    };
+    child.stdout.on("data", onData);
+    child.stderr.on("data", onData);
+    child.on("exit", (code) => {
+      clearTimeout(timer);
+      reject(new Error(`${cmd} exited with ${code}: ${buf}`));
+    });
+  }).then(([child, m]) => {
+    child.removeAllListeners("exit");
+    child.stdout.resume();
+    child.stderr.resume();
+    return [child, m];
+  });
+}
+
+export async function startFake(mode) {
+  const [child, m] = await spawnUntil(FAKE_BIN, [mode], /listening on (http:\/\/\S+\/v1)/);
+  return { child, url: m[1] };
+}
+
+export async function startServe({ dir, config, token, db }) {
+  const cfg = join(dir, "tether.toml");
+  writeFileSync(cfg, config);
+  const args = ["--config", cfg, "--bind", "127.0.0.1:0", "--db", db || join(dir, "tether.db")];
+  if (token) args.push("--token", token);
+  const [child, m] = await spawnUntil(SERVE_BIN, args, /listening on (http:\/\/\S+) /, { cwd: dir });
+  return { child, url: m[1] };
+}
+
+export function stop(child, signal = "SIGTERM") {
+  return new Promise((r) => {
+    if (child.exitCode !== null || child.signalCode !== null) return r();
+    child.once("exit", () => r());
+    child.kill(signal);
+  });
+}
+
+/** POSTs a RunAgentInput and returns the decoded SSE events (or throws on a dropped stream). */
+export async function runAgui(base, agent, body, token) {
+  const headers = { "content-type": "application/json", accept: "text/event-stream" };
+  if (token) headers.authorization = `Bearer ${token}`;
+  const r = await fetch(`${base}/v1/agents/${agent}/run`, { method: "POST", headers, body: JSON.stringify(body) });
+  if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
+  const text = await r.text();
+  return text
+    .split("\n\n")
+    .map((f) => f.split("\n").find((l) => l.startsWith("data: ")))
+    .filter(Boolean)
+    .map((l) => JSON.parse(l.slice(6)));
+}

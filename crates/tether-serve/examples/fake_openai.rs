@@ -1,0 +1,140 @@
+//! The testkit's fake OpenAI server as a process, answering by rule instead of by a fixed queue
+//! (so a test can kill and restart `tether serve` at any point and the model still answers
+//! consistently): for each request it picks a testkit [`Reply`] from the conversation, queues it
+//! on an in-process `FakeOpenAi` and relays that server's answer.
+//!
+//! `cargo run -p tether-serve --example fake_openai -- <mode>` prints
+//! `listening on http://127.0.0.1:PORT/v1` and serves until killed. Modes:
+//! - `ui`: a user message containing "write" gets a `write_file` call (with reasoning); a tool
+//!   result gets a streamed confirmation; anything else is echoed.
+//! - `crash`: a user message gets an `append_line` call whose id is derived from the message; a
+//!   tool result gets a slowly streamed confirmation.
+//! - `bench N`: every request gets N one-character content deltas.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+use tether_testkit::openai::{FakeOpenAi, Reply};
+
+struct App {
+    fake: FakeOpenAi,
+    mode: String,
+    bench: Option<Reply>,
+    lock: tokio::sync::Mutex<()>,
+    client: reqwest::Client,
+}
+
+fn fnv(s: &str) -> u64 {
+    s.bytes().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100000001b3)
+    })
+}
+
+fn choose(app: &App, body: &Value) -> Reply {
+    if let Some(r) = &app.bench {
+        return r.clone();
+    }
+    let msgs = body
+        .get("messages")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let last = msgs.last().cloned().unwrap_or(Value::Null);
+    let role = last.get("role").and_then(Value::as_str).unwrap_or("");
+    let content = last
+        .get("content")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    match (app.mode.as_str(), role) {
+        ("crash", "user") => {
+            let id = format!("call_{:016x}", fnv(&content));
+            let args = serde_json::json!({"line": content}).to_string();
+            Reply::tool_calls(&[(id.as_str(), "append_line", args.as_str())])
+        }
+        ("crash", _) => Reply::text(format!("Appended the line; the tool said: {}", content.trim()))
+            .chunk_chars(2)
+            .pace(Duration::from_millis(3)),
+        (_, "user") if content.contains("write") => {
+            let id = format!("call_write_{}", msgs.len());
+            Reply::tool_calls(&[(
+                id.as_str(),
+                "write_file",
+                r#"{"path":"hello.txt","content":"hello from tether\n"}"#,
+            )])
+            .reasoning("The user wants a file; writing needs their approval.")
+        }
+        (_, "tool") => Reply::text("Done: I wrote hello.txt for you.").chunk_chars(4),
+        _ => Reply::text(format!("You said: {content}")).chunk_chars(4),
+    }
+}
+
+async fn handle(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let reply = choose(&app, &parsed);
+    // One request at a time between queueing a reply and the fake taking it.
+    let guard = app.lock.lock().await;
+    app.fake.push(reply);
+    let resp = app
+        .client
+        .post(format!("{}/chat/completions", app.fake.url()))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await;
+    drop(guard);
+    match resp {
+        Ok(r) => {
+            let status = r.status();
+            let ct = r
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("application/json")
+                .to_owned();
+            let mut out = Response::new(Body::from_stream(r.bytes_stream()));
+            *out.status_mut() = status;
+            if let Ok(v) = ct.parse() {
+                out.headers_mut().insert("content-type", v);
+            }
+            out
+        }
+        Err(e) => (axum::http::StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = args.first().cloned().unwrap_or_else(|| "ui".into());
+    let bench = (mode == "bench").then(|| {
+        let n = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
+        Reply::long_text(n, "x")
+    });
+    let app = Arc::new(App {
+        fake: FakeOpenAi::start().await,
+        mode,
+        bench,
+        lock: tokio::sync::Mutex::new(()),
+        client: reqwest::Client::new(),
+    });
+    let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("fake_openai: cannot bind 127.0.0.1:0: {e}");
+            std::process::exit(1);
+        }
+    };
+    let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+    println!("listening on http://{addr}/v1");
+    let router = axum::Router::new()
+        .route("/v1/chat/completions", axum::routing::post(handle))
+        .with_state(app);
+    if let Err(e) = axum::serve(listener, router).await {
+        eprintln!("fake_openai: {e}");
+    }
+}
