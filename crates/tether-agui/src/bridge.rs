@@ -211,16 +211,24 @@ struct Thread {
     interrupts: u64,
 }
 
+/// Folds a session event into the typed state; returns whether the state changed (and should
+/// be published).
+pub type StateReducer<S> = dyn Fn(&mut S, &tether::Event) -> bool + Send + Sync;
+
 /// An [`Agent`] that serves tether sessions, one per AG-UI thread.
-pub struct SessionAgent {
+///
+/// With [`SessionAgent::with_state`], session events (typically tool results) update a typed
+/// state that is published as `STATE_SNAPSHOT` / `STATE_DELTA` as the run goes.
+pub struct SessionAgent<S = ()> {
     factory: Box<SessionFactory>,
+    reducer: Option<Box<StateReducer<S>>>,
     handler: Arc<dyn Handler>,
     approval: HashSet<String>,
     policy: PermissionPolicy,
     threads: Mutex<HashMap<ThreadId, Arc<tokio::sync::Mutex<Thread>>>>,
 }
 
-impl std::fmt::Debug for SessionAgent {
+impl<S> std::fmt::Debug for SessionAgent<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SessionAgent")
             .field("policy", &self.policy)
@@ -229,7 +237,7 @@ impl std::fmt::Debug for SessionAgent {
     }
 }
 
-impl SessionAgent {
+impl SessionAgent<()> {
     /// An agent whose threads get sessions from `factory` (called with the thread's first
     /// request). Set the session's handler with [`SessionAgent::handler`], not on the builder:
     /// the bridge installs its own handler around it.
@@ -238,6 +246,7 @@ impl SessionAgent {
     ) -> Self {
         Self {
             factory: Box::new(factory),
+            reducer: None,
             handler: Arc::new(NoTools),
             approval: HashSet::new(),
             policy: PermissionPolicy::default(),
@@ -245,6 +254,24 @@ impl SessionAgent {
         }
     }
 
+    /// Gives the agent a typed state (`RunAgentInput.state` on the way in) that `reducer`
+    /// updates from session events; each change is published before the next event.
+    pub fn with_state<T: crate::AgentState>(
+        self,
+        reducer: impl Fn(&mut T, &tether::Event) -> bool + Send + Sync + 'static,
+    ) -> SessionAgent<T> {
+        SessionAgent {
+            factory: self.factory,
+            reducer: Some(Box::new(reducer)),
+            handler: self.handler,
+            approval: self.approval,
+            policy: self.policy,
+            threads: self.threads,
+        }
+    }
+}
+
+impl<S> SessionAgent<S> {
     /// The handler serving the sessions' backend tools and client-side requests.
     pub fn handler(mut self, handler: impl Handler) -> Self {
         self.handler = Arc::new(handler);
@@ -594,10 +621,28 @@ impl Mapper {
     }
 }
 
-impl Agent for SessionAgent {
-    type State = ();
+impl<S: crate::AgentState> SessionAgent<S> {
+    fn on_event(
+        &self,
+        mapper: &mut Mapper,
+        ctx: &mut RunContext<S>,
+        ev: &tether::Event,
+        usage_seen: &mut bool,
+    ) -> Result<()> {
+        mapper.on_event(ctx, ev, usage_seen)?;
+        if let Some(reduce) = &self.reducer {
+            if reduce(ctx.state_mut(), ev) {
+                ctx.publish_state()?;
+            }
+        }
+        Ok(())
+    }
+}
 
-    async fn run(&self, ctx: &mut RunContext<()>) -> Result<RunOutcome> {
+impl<S: crate::AgentState + Sync> Agent for SessionAgent<S> {
+    type State = S;
+
+    async fn run(&self, ctx: &mut RunContext<S>) -> Result<RunOutcome> {
         let thread = self.thread(ctx.input()).await?;
         let Ok(mut t) = thread.try_lock() else {
             return Err(Error::agent(
@@ -686,13 +731,13 @@ impl Agent for SessionAgent {
                     let Some(ev) = ev else {
                         return Err(Error::agent("SESSION_CLOSED", "the session's event stream closed"));
                     };
-                    mapper.on_event(ctx, &ev, &mut usage_seen)?;
+                    self.on_event(&mut mapper, ctx, &ev, &mut usage_seen)?;
                     ctx.ready().await?;
                 }
                 ask = t.asks.recv() => {
                     let Some(ask) = ask else { continue };
                     while let Ok(ev) = t.events.try_recv() {
-                        mapper.on_event(ctx, &ev, &mut usage_seen)?;
+                        self.on_event(&mut mapper, ctx, &ev, &mut usage_seen)?;
                     }
                     mapper.close_all(ctx)?;
                     t.interrupts += 1;
@@ -712,7 +757,7 @@ impl Agent for SessionAgent {
                 res = t.handle.next_result() => {
                     t.in_flight = false;
                     while let Ok(ev) = t.events.try_recv() {
-                        mapper.on_event(ctx, &ev, &mut usage_seen)?;
+                        self.on_event(&mut mapper, ctx, &ev, &mut usage_seen)?;
                     }
                     mapper.close_all(ctx)?;
                     let Some(res) = res else {

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# AG-UI conformance of tether-agui against the official client (@ag-ui/client@1.0.0).
+# Installs the pinned npm packages, builds and starts the Rust scenario server on 127.0.0.1,
+# runs every scenario over SSE and protobuf, and ends with "N passed, N failed".
+# Exits non-zero on any failure. Called by the lead's .ci/run.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+
+fail() {
+  echo "agui conformance: $*" >&2
+  echo "0 passed, 1 failed"
+  exit 1
+}
+
+cd "$here" || fail "no harness directory"
+npm ci --no-audit --no-fund --loglevel=error || fail "npm ci failed"
+
+cd "$root" || fail "no workspace"
+cargo build -q -p tether-agui --example conformance_server || fail "cargo build failed"
+target_dir="${CARGO_TARGET_DIR:-}"
+if [ -z "$target_dir" ]; then
+  target_dir="$(cargo metadata --format-version 1 --no-deps |
+    node -e 'let s="";process.stdin.on("data",d=>s+=d).on("end",()=>console.log(JSON.parse(s).target_directory))')" ||
+    fail "cargo metadata failed"
+fi
+bin="$target_dir/debug/examples/conformance_server"
+[ -x "$bin" ] || fail "no server binary at $bin"
+
+work="$(mktemp -d)"
+fifo="$work/stdin"
+log="$work/server.log"
+mkfifo "$fifo"
+# The server exits when its stdin closes: fd 3 holds the write end for as long as we run.
+"$bin" <"$fifo" >"$log" 2>&1 &
+pid=$!
+exec 3>"$fifo"
+cleanup() {
+  exec 3>&- 2>/dev/null
+  sleep 0.2
+  kill "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+port=""
+for _ in $(seq 1 300); do
+  port="$(sed -n 's/^PORT=\([0-9]*\)$/\1/p' "$log" | head -n1)"
+  [ -n "$port" ] && break
+  kill -0 "$pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [ -z "$port" ]; then
+  cat "$log" >&2
+  fail "the conformance server did not start"
+fi
+
+cd "$here" || fail "no harness directory"
+node run-scenarios.mjs "http://127.0.0.1:$port"
+rc=$?
+if [ $rc -ne 0 ]; then
+  echo "--- server log ---" >&2
+  tail -n 50 "$log" >&2
+fi
+exit $rc
