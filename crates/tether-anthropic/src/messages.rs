@@ -1,0 +1,539 @@
+//! [`MessagesModel`]: a [`ChatModel`] over Anthropic's Messages API, streaming.
+//!
+//! Mapping to the neutral chat contract:
+//! - system messages become the top-level `system` blocks; consecutive user and tool messages
+//!   merge into one user message, `tool_result` blocks first (all results of a parallel batch in
+//!   one message);
+//! - an assistant message this model produced carries its content blocks, exactly as received
+//!   (thinking and redacted-thinking blocks with their signatures), in
+//!   `provider_data["anthropic"]["content"]`, and is sent back from there unchanged;
+//! - stop reasons map to the chat vocabulary the local loop reads (`end_turn` and `stop_sequence`
+//!   → `stop`, `tool_use` → `tool_calls`, `max_tokens` → `length`; anything else is kept), the
+//!   raw one stays in [`ChatResponse::raw`].
+//!
+//! One call makes one attempt: 429, 529 and 5xx come back as [`Error::Http`] (and overload errors
+//! inside a 200 stream as [`Error::Stream`]), which the shared retry policy of the loop retries.
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use serde_json::{Map, Value, json};
+use tether::chat::ChatToolCall;
+use tether::{ChatMessage, ChatModel, ChatRequest, ChatResponse, DeltaSink, Error, Role, ToolSpec, Usage};
+
+use crate::http::{ClientConfig, error_from_response, stream_error, transport_error};
+use crate::sse::SseDecoder;
+
+/// A [`ChatModel`] over `POST /v1/messages` with `stream: true`.
+///
+/// ```no_run
+/// # fn f() -> tether::Result<()> {
+/// use tether_anthropic::{ClientConfig, MessagesModel};
+/// let model = MessagesModel::new(ClientConfig::from_env()?, "claude-sonnet-4-5")?
+///     .max_tokens(2048)
+///     .thinking(serde_json::json!({"type": "enabled", "budget_tokens": 1024}))
+///     .prompt_cache(true);
+/// let provider = tether::local::LocalLoop::new(model);
+/// # let _ = provider; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct MessagesModel {
+    config: ClientConfig,
+    client: reqwest::Client,
+    model: String,
+    max_tokens: u32,
+    thinking: Option<Value>,
+    cache: bool,
+    betas: Vec<String>,
+    extra: Map<String, Value>,
+}
+
+impl MessagesModel {
+    /// A model named `model` (used when a request names none).
+    pub fn new(config: ClientConfig, model: impl Into<String>) -> tether::Result<Self> {
+        Ok(MessagesModel {
+            client: config.client()?,
+            config,
+            model: model.into(),
+            max_tokens: 4096,
+            thinking: None,
+            cache: false,
+            betas: Vec::new(),
+            extra: Map::new(),
+        })
+    }
+
+    /// `max_tokens` of every request (default 4096).
+    pub fn max_tokens(mut self, n: u32) -> Self {
+        self.max_tokens = n;
+        self
+    }
+
+    /// The `thinking` setting, e.g. `{"type":"enabled","budget_tokens":1024}` or
+    /// `{"type":"adaptive"}` (model-dependent: keep it in configuration).
+    pub fn thinking(mut self, thinking: Value) -> Self {
+        self.thinking = Some(thinking);
+        self
+    }
+
+    /// Whether to place prompt-cache breakpoints: on the last system block, the last tool, and
+    /// the last block of the newest message.
+    pub fn prompt_cache(mut self, on: bool) -> Self {
+        self.cache = on;
+        self
+    }
+
+    /// Adds an `anthropic-beta` feature name.
+    pub fn beta(mut self, name: impl Into<String>) -> Self {
+        self.betas.push(name.into());
+        self
+    }
+
+    /// Sets any other top-level request field (`temperature`, `tool_choice`, `metadata`, ...).
+    pub fn param(mut self, key: impl Into<String>, value: Value) -> Self {
+        self.extra.insert(key.into(), value);
+        self
+    }
+
+    /// The request body for `req` (public for golden tests).
+    pub fn request_body(&self, req: &ChatRequest) -> tether::Result<Value> {
+        let model = if req.model.is_empty() {
+            &self.model
+        } else {
+            &req.model
+        };
+        if model.is_empty() {
+            return Err(Error::Config(
+                "no Anthropic model named: pass one to MessagesModel::new or in the request".into(),
+            ));
+        }
+        let (mut system, mut messages) = convert_messages(&req.messages);
+        let mut tools: Vec<Value> = req.tools.iter().map(tool_json).collect();
+        if self.cache {
+            if let Some(Value::Object(b)) = system.last_mut() {
+                b.insert("cache_control".into(), json!({"type": "ephemeral"}));
+            }
+            if let Some(Value::Object(t)) = tools.last_mut() {
+                t.insert("cache_control".into(), json!({"type": "ephemeral"}));
+            }
+            if let Some(Value::Object(b)) = messages
+                .last_mut()
+                .and_then(|m| m.get_mut("content"))
+                .and_then(Value::as_array_mut)
+                .and_then(|c| c.last_mut())
+            {
+                b.insert("cache_control".into(), json!({"type": "ephemeral"}));
+            }
+        }
+        let mut body = Map::new();
+        body.insert("model".into(), json!(model));
+        body.insert("max_tokens".into(), json!(self.max_tokens));
+        if !system.is_empty() {
+            body.insert("system".into(), Value::Array(system));
+        }
+        body.insert("messages".into(), Value::Array(messages));
+        if !tools.is_empty() {
+            body.insert("tools".into(), Value::Array(tools));
+        }
+        if let Some(t) = &self.thinking {
+            body.insert("thinking".into(), t.clone());
+        }
+        for (k, v) in &self.extra {
+            body.insert(k.clone(), v.clone());
+        }
+        body.insert("stream".into(), json!(true));
+        Ok(Value::Object(body))
+    }
+}
+
+fn tool_json(t: &ToolSpec) -> Value {
+    let mut v = json!({"name": t.name, "input_schema": t.input_schema});
+    if !t.description.is_empty() {
+        v["description"] = json!(t.description);
+    }
+    v
+}
+
+/// The content blocks an assistant message is sent back with.
+fn assistant_blocks(m: &ChatMessage) -> Vec<Value> {
+    if let Some(blocks) = m
+        .provider_data
+        .as_ref()
+        .and_then(|p| p.get("anthropic"))
+        .and_then(|a| a.get("content"))
+        .and_then(Value::as_array)
+    {
+        return blocks.clone();
+    }
+    let mut out = Vec::new();
+    if let Some(t) = m.content.as_deref().filter(|t| !t.is_empty()) {
+        out.push(json!({"type": "text", "text": t}));
+    }
+    for c in &m.tool_calls {
+        let input = match serde_json::from_str::<Value>(&c.arguments) {
+            Ok(v @ Value::Object(_)) => v,
+            _ => json!({}),
+        };
+        out.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": input}));
+    }
+    out
+}
+
+/// Splits a neutral history into Anthropic's `system` blocks and alternating messages.
+fn convert_messages(history: &[ChatMessage]) -> (Vec<Value>, Vec<Value>) {
+    let mut system = Vec::new();
+    let mut out: Vec<(&'static str, Vec<Value>)> = Vec::new();
+    for m in history {
+        let (role, blocks): (&'static str, Vec<Value>) = match m.role {
+            Role::System => {
+                if let Some(t) = &m.content {
+                    system.push(json!({"type": "text", "text": t}));
+                }
+                continue;
+            }
+            Role::Assistant => ("assistant", assistant_blocks(m)),
+            Role::Tool => {
+                let mut b = json!({
+                    "type": "tool_result",
+                    "tool_use_id": m.tool_call_id.clone().unwrap_or_default(),
+                    "content": m.content.clone().unwrap_or_default(),
+                });
+                if m.is_error {
+                    b["is_error"] = json!(true);
+                }
+                ("user", vec![b])
+            }
+            _ => {
+                let t = m.content.clone().unwrap_or_default();
+                ("user", vec![json!({"type": "text", "text": t})])
+            }
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match out.last_mut() {
+            Some((r, existing)) if *r == role => {
+                if role == "user" {
+                    // tool_result blocks first, text after them.
+                    for b in blocks {
+                        if b["type"] == "tool_result" {
+                            let at = existing.iter().take_while(|x| x["type"] == "tool_result").count();
+                            existing.insert(at, b);
+                        } else {
+                            existing.push(b);
+                        }
+                    }
+                } else {
+                    existing.extend(blocks);
+                }
+            }
+            _ => out.push((role, blocks)),
+        }
+    }
+    let messages = out
+        .into_iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect();
+    (system, messages)
+}
+
+/// A content block being assembled from a stream.
+#[derive(Debug, Default)]
+struct Block {
+    block: Value,
+    partial_json: String,
+    json_seen: bool,
+}
+
+/// Assembles a streamed message.
+#[derive(Debug, Default)]
+struct Assembly {
+    message: Value,
+    blocks: Vec<(u64, Block)>,
+    stop_reason: Option<String>,
+    stop_sequence: Value,
+    usage: Map<String, Value>,
+    done: bool,
+}
+
+impl Assembly {
+    fn block(&mut self, index: u64) -> Option<&mut Block> {
+        self.blocks.iter_mut().find(|(i, _)| *i == index).map(|(_, b)| b)
+    }
+
+    async fn on_event(&mut self, kind: &str, data: &Value, deltas: &DeltaSink) -> tether::Result<()> {
+        match kind {
+            "message_start" => {
+                self.message = data["message"].clone();
+                if let Some(u) = data["message"]["usage"].as_object() {
+                    self.usage.extend(u.clone());
+                }
+            }
+            "content_block_start" => {
+                let index = data["index"].as_u64().unwrap_or(self.blocks.len() as u64);
+                let block = data["content_block"].clone();
+                if block["type"] == "tool_use" {
+                    let id = block["id"].as_str().unwrap_or_default();
+                    let name = block["name"].as_str().unwrap_or_default();
+                    deltas.tool_call_start(id, name).await;
+                }
+                if let Some(t) = block["text"].as_str() {
+                    deltas.text(t).await;
+                }
+                self.blocks.push((
+                    index,
+                    Block {
+                        block,
+                        ..Block::default()
+                    },
+                ));
+            }
+            "content_block_delta" => {
+                let index = data["index"].as_u64().unwrap_or(0);
+                let delta = &data["delta"];
+                let Some(b) = self.block(index) else {
+                    return Err(Error::Malformed(format!(
+                        "content_block_delta for block {index}, which never started"
+                    )));
+                };
+                match delta["type"].as_str().unwrap_or_default() {
+                    "text_delta" => {
+                        let t = delta["text"].as_str().unwrap_or_default();
+                        append_str(&mut b.block, "text", t);
+                        deltas.text(t).await;
+                    }
+                    "thinking_delta" => {
+                        let t = delta["thinking"].as_str().unwrap_or_default();
+                        append_str(&mut b.block, "thinking", t);
+                        deltas.reasoning(t).await;
+                    }
+                    "signature_delta" => {
+                        let s = delta["signature"].as_str().unwrap_or_default();
+                        append_str(&mut b.block, "signature", s);
+                        deltas.reasoning_signature(s).await;
+                    }
+                    "input_json_delta" => {
+                        let p = delta["partial_json"].as_str().unwrap_or_default();
+                        b.partial_json.push_str(p);
+                        b.json_seen = true;
+                        let id = b.block["id"].as_str().unwrap_or_default().to_owned();
+                        deltas.tool_call_args(&id, p).await;
+                    }
+                    "citations_delta" => {
+                        if let Some(arr) = b.block.get_mut("citations").and_then(Value::as_array_mut) {
+                            arr.push(delta["citation"].clone());
+                        } else {
+                            b.block["citations"] = json!([delta["citation"].clone()]);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            "content_block_stop" => {
+                let index = data["index"].as_u64().unwrap_or(0);
+                if let Some(b) = self.block(index)
+                    && b.block["type"] == "tool_use"
+                {
+                    if b.json_seen {
+                        // Parsed at block stop; empty means {}. Invalid JSON keeps `{}` in the
+                        // block (the API needs an object) while the raw text travels with the
+                        // tool call, so the engine answers it with an error naming the problem.
+                        let input = match serde_json::from_str::<Value>(&b.partial_json) {
+                            Ok(v @ Value::Object(_)) => v,
+                            _ => json!({}),
+                        };
+                        b.block["input"] = input;
+                    }
+                    let id = b.block["id"].as_str().unwrap_or_default().to_owned();
+                    deltas.tool_call_end(&id).await;
+                }
+            }
+            "message_delta" => {
+                if let Some(r) = data["delta"]["stop_reason"].as_str() {
+                    self.stop_reason = Some(r.to_owned());
+                }
+                if !data["delta"]["stop_sequence"].is_null() {
+                    self.stop_sequence = data["delta"]["stop_sequence"].clone();
+                }
+                if let Some(u) = data["usage"].as_object() {
+                    // Counts in message_delta are cumulative: overwrite.
+                    for (k, v) in u {
+                        if !v.is_null() {
+                            self.usage.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+            }
+            "message_stop" => self.done = true,
+            "error" => return Err(stream_error(data)),
+            _ => {} // ping and anything new
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> ChatResponse {
+        self.blocks.sort_by_key(|(i, _)| *i);
+        let mut text = String::new();
+        let mut reasoning = String::new();
+        let mut calls = Vec::new();
+        let mut content = Vec::new();
+        for (_, b) in self.blocks {
+            match b.block["type"].as_str().unwrap_or_default() {
+                "text" => text.push_str(b.block["text"].as_str().unwrap_or_default()),
+                "thinking" => reasoning.push_str(b.block["thinking"].as_str().unwrap_or_default()),
+                "tool_use" => {
+                    let arguments = if b.json_seen {
+                        b.partial_json.clone()
+                    } else {
+                        b.block["input"].to_string()
+                    };
+                    calls.push(ChatToolCall {
+                        id: b.block["id"].as_str().unwrap_or_default().to_owned(),
+                        name: b.block["name"].as_str().unwrap_or_default().to_owned(),
+                        arguments,
+                    });
+                }
+                _ => {}
+            }
+            content.push(b.block);
+        }
+        let raw_stop = self.stop_reason.clone();
+        let finish = raw_stop.as_deref().map(|r| match r {
+            "end_turn" | "stop_sequence" => "stop".to_owned(),
+            "tool_use" => "tool_calls".to_owned(),
+            "max_tokens" => "length".to_owned(),
+            other => other.to_owned(),
+        });
+        let u = &self.usage;
+        let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let usage = (!u.is_empty()).then(|| Usage {
+            input_tokens: n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens"),
+            output_tokens: n("output_tokens"),
+            cache_read_tokens: n("cache_read_input_tokens"),
+            raw: vec![Value::Object(u.clone())],
+        });
+        let mut raw = self.message;
+        if raw.is_object() {
+            raw["content"] = Value::Array(content.clone());
+            raw["stop_reason"] = json!(raw_stop);
+            raw["stop_sequence"] = self.stop_sequence;
+            raw["usage"] = Value::Object(self.usage);
+        }
+        ChatResponse {
+            message: ChatMessage {
+                role: Role::Assistant,
+                content: (!text.is_empty() || calls.is_empty()).then_some(text),
+                tool_calls: calls,
+                tool_call_id: None,
+                is_error: false,
+                reasoning: (!reasoning.is_empty()).then_some(reasoning),
+                provider_data: Some(json!({"anthropic": {"content": content}})),
+            },
+            finish_reason: finish,
+            usage,
+            raw,
+        }
+    }
+}
+
+fn append_str(v: &mut Value, key: &str, piece: &str) {
+    let cur = v[key].as_str().unwrap_or_default();
+    v[key] = Value::String(format!("{cur}{piece}"));
+}
+
+#[async_trait]
+impl ChatModel for MessagesModel {
+    fn name(&self) -> &str {
+        "anthropic"
+    }
+
+    async fn chat(&self, req: &ChatRequest, deltas: &DeltaSink) -> tether::Result<ChatResponse> {
+        let body = self.request_body(req)?;
+        let endpoint = self.config.url("/v1/messages");
+        let mut rb = self
+            .client
+            .post(&endpoint)
+            .header("x-api-key", self.config.api_key.expose())
+            .header("anthropic-version", &self.config.anthropic_version)
+            .header("accept", "text/event-stream")
+            .json(&body);
+        if !self.betas.is_empty() {
+            rb = rb.header("anthropic-beta", self.betas.join(","));
+        }
+        let resp = rb.send().await.map_err(|e| transport_error(&e, &endpoint))?;
+        if !resp.status().is_success() {
+            return Err(error_from_response(resp, &endpoint).await);
+        }
+        let mut stream = resp.bytes_stream();
+        let mut dec = SseDecoder::new();
+        let mut asm = Assembly::default();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| transport_error(&e, &endpoint))?;
+            for frame in dec.push(&chunk) {
+                if frame.data.is_empty() {
+                    continue;
+                }
+                let data: Value = serde_json::from_str(&frame.data).map_err(|e| {
+                    Error::Malformed(format!(
+                        "a Messages stream event is not JSON ({e}): {}",
+                        frame.data
+                    ))
+                })?;
+                let kind = frame
+                    .event
+                    .clone()
+                    .or_else(|| data["type"].as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                asm.on_event(&kind, &data, deltas).await?;
+                if asm.done {
+                    return Ok(asm.finish());
+                }
+            }
+        }
+        Err(Error::Transport {
+            kind: tether::TransportKind::Closed,
+            message: "the Messages stream ended before message_stop".into(),
+            endpoint,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tool_results_merge_first_into_one_user_message() {
+        let mut a = ChatMessage::assistant("");
+        a.content = None;
+        a.tool_calls = vec![
+            ChatToolCall {
+                id: "t1".into(),
+                name: "x".into(),
+                arguments: "{}".into(),
+            },
+            ChatToolCall {
+                id: "t2".into(),
+                name: "x".into(),
+                arguments: "bad".into(),
+            },
+        ];
+        let h = vec![
+            ChatMessage::system("sys"),
+            ChatMessage::user("hi"),
+            a,
+            ChatMessage::tool("t1", "one", false),
+            ChatMessage::user("note"),
+            ChatMessage::tool("t2", "two", true),
+        ];
+        let (system, msgs) = convert_messages(&h);
+        assert_eq!(system, vec![json!({"type":"text","text":"sys"})]);
+        assert_eq!(msgs.len(), 3);
+        let c = msgs[2]["content"].as_array().cloned().unwrap_or_default();
+        assert_eq!(c.len(), 3);
+        assert_eq!(c[0]["tool_use_id"], "t1");
+        assert_eq!(c[1]["tool_use_id"], "t2");
+        assert_eq!(c[1]["is_error"], true);
+        assert_eq!(c[2]["text"], "note");
+        assert_eq!(msgs[1]["content"][1]["input"], json!({}));
+    }
+}

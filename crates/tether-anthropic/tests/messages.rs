@@ -1,0 +1,159 @@
+//! The Messages ChatModel against the scripted fake over real HTTP.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use serde_json::{Value, json};
+use tether::local::LocalLoop;
+use tether::{Error, RecordingSleeper, RetryPolicy, Session, Terminal, ToolSet, ToolSpec};
+use tether_anthropic::{ClientConfig, MessagesModel};
+use tether_testkit::anthropic::{FakeMessages, Reply, golden};
+
+fn weather_tool() -> ToolSpec {
+    ToolSpec::new(
+        "get_weather",
+        "Weather for a city",
+        json!({"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}),
+    )
+}
+
+fn model(fake: &FakeMessages) -> MessagesModel {
+    MessagesModel::new(ClientConfig::new("sk-test").base_url(fake.url()), "claude-test")
+        .expect("model")
+        .max_tokens(1024)
+        .thinking(json!({"type": "enabled", "budget_tokens": 512}))
+}
+
+fn tools(calls: Arc<AtomicU32>) -> ToolSet {
+    ToolSet::new().tool(weather_tool(), move |input: Value| {
+        let calls = calls.clone();
+        async move {
+            calls.fetch_add(1, Ordering::SeqCst);
+            assert_eq!(input["city"], "Paris");
+            Ok::<_, String>("sunny, 24C".to_owned())
+        }
+    })
+}
+
+#[tokio::test]
+async fn thinking_and_tool_use_round_trip_the_signature_unchanged() {
+    let fake = FakeMessages::start(vec![
+        Reply::Sse(golden("thinking_tool_use.sse")),
+        Reply::Sse(golden("final_text.sse")),
+    ])
+    .await;
+    let calls = Arc::new(AtomicU32::new(0));
+    let provider = LocalLoop::new(model(&fake)).system_prompt("You are terse.");
+    let result = Session::builder(provider)
+        .handler(tools(calls.clone()))
+        .run("Weather in Paris?")
+        .await
+        .expect("run");
+    assert_eq!(result.terminal, Terminal::EndTurn);
+    assert_eq!(result.text, "It is sunny in Paris.");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(result.tool_uses.len(), 1);
+    assert_eq!(result.tool_uses[0].input, json!({"city": "Paris"}));
+    assert_eq!(result.usage.output_tokens, 89 + 12);
+    assert_eq!(result.usage.cache_read_tokens, 100);
+
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0].header("x-api-key"), Some("sk-test"));
+    assert_eq!(reqs[0].header("anthropic-version"), Some("2023-06-01"));
+    let expected: Value = serde_json::from_str(&golden("second_request.json")).expect("golden json");
+    assert_eq!(
+        reqs[1].body, expected,
+        "second request differs from the golden file"
+    );
+    let sig = &reqs[1].body["messages"][1]["content"][0]["signature"];
+    assert_eq!(
+        sig,
+        "EqQBCgIYAhIM1gbcDa9GJwZA2b3hGgxBdjrkzLoky3dl1pkiMOYds+xJ3zjL5Q/sig=="
+    );
+}
+
+#[tokio::test]
+async fn overloaded_529_and_in_stream_errors_are_retried_by_the_shared_policy() {
+    let fake = FakeMessages::start(vec![
+        Reply::overloaded(),
+        Reply::Status {
+            status: 429,
+            body: json!({"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}),
+            headers: vec![("retry-after".into(), "2".into())],
+        },
+        Reply::Sse(golden("error_in_stream.sse")),
+        Reply::Sse(golden("final_text.sse")),
+    ])
+    .await;
+    let sleeper = RecordingSleeper::default();
+    let policy = RetryPolicy {
+        jitter: false,
+        ..RetryPolicy::default().with_sleeper(sleeper.clone())
+    };
+    let provider = LocalLoop::new(model(&fake)).retry(policy);
+    let result = Session::builder(provider).run("hi").await.expect("run");
+    assert_eq!(result.text, "It is sunny in Paris.");
+    assert_eq!(fake.requests().len(), 4);
+    let slept = sleeper.slept();
+    assert_eq!(slept.len(), 3);
+    assert_eq!(
+        slept[1],
+        std::time::Duration::from_secs(2),
+        "retry-after honoured"
+    );
+    let retries = result
+        .events
+        .iter()
+        .filter(|e| e.raw_type == "local.retry")
+        .count();
+    assert_eq!(retries, 3);
+}
+
+#[tokio::test]
+async fn a_missing_key_is_a_401_that_is_not_retried() {
+    let fake = FakeMessages::start(vec![Reply::Sse(golden("final_text.sse"))]).await;
+    let m = MessagesModel::new(ClientConfig::new("").base_url(fake.url()), "claude-test").expect("model");
+    let sleeper = RecordingSleeper::default();
+    let provider = LocalLoop::new(m).retry(RetryPolicy::default().with_sleeper(sleeper.clone()));
+    let err = Session::builder(provider).run("hi").await.expect_err("401");
+    assert!(matches!(err, Error::Http { status: 401, .. }), "{err:?}");
+    assert_eq!(err.code(), "auth");
+    assert!(sleeper.slept().is_empty());
+}
+
+#[tokio::test]
+async fn prompt_cache_breakpoints_go_on_system_tools_and_the_newest_block() {
+    let fake = FakeMessages::start(vec![Reply::Sse(golden("final_text.sse"))]).await;
+    let m = model(&fake).prompt_cache(true);
+    let provider = LocalLoop::new(m).system_prompt("sys");
+    let calls = Arc::new(AtomicU32::new(0));
+    Session::builder(provider)
+        .handler(tools(calls))
+        .run("hi")
+        .await
+        .expect("run");
+    let body = &fake.requests()[0].body;
+    let eph = json!({"type": "ephemeral"});
+    assert_eq!(body["system"][0]["cache_control"], eph);
+    assert_eq!(body["tools"][0]["cache_control"], eph);
+    assert_eq!(body["messages"][0]["content"][0]["cache_control"], eph);
+}
+
+/// Runs against the real API only when ANTHROPIC_API_KEY is set.
+#[tokio::test]
+async fn live_messages_round_trip() {
+    let Ok(cfg) = ClientConfig::from_env() else {
+        eprintln!("skipping live Messages test: ANTHROPIC_API_KEY is not set");
+        return;
+    };
+    let model_name = std::env::var("TETHER_ANTHROPIC_MODEL").unwrap_or_else(|_| "claude-sonnet-4-5".into());
+    let m = MessagesModel::new(cfg, model_name)
+        .expect("model")
+        .max_tokens(256);
+    let result = Session::builder(LocalLoop::new(m))
+        .run("Reply with the single word: pong")
+        .await
+        .expect("live run");
+    assert!(result.text.to_lowercase().contains("pong"), "{}", result.text);
+}

@@ -1,0 +1,198 @@
+//! A scripted fake of Anthropic's Messages API (`POST /v1/messages`, streaming), over real HTTP
+//! on 127.0.0.1.
+//!
+//! Each request takes the next [`Reply`] of the script: an SSE body (usually built with
+//! [`sse_body`] or read from a golden file with [`golden`]) or an error status with Anthropic's
+//! error envelope. Every request is recorded (headers and JSON body) for assertions. A request
+//! without `x-api-key` gets 401, one without `anthropic-version` 400, as the real API does.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::Response;
+use axum::routing::post;
+use serde_json::{Value, json};
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// 200 with this SSE body.
+    Sse(String),
+    /// An error status with a JSON body and extra headers (e.g. `retry-after`).
+    Status {
+        /// The HTTP status.
+        status: u16,
+        /// The body.
+        body: Value,
+        /// Extra response headers.
+        headers: Vec<(String, String)>,
+    },
+}
+
+impl Reply {
+    /// An error status with Anthropic's envelope `{"type":"error","error":{"type","message"}}`.
+    pub fn error(status: u16, kind: &str, message: &str) -> Reply {
+        Reply::Status {
+            status,
+            body: json!({"type": "error", "error": {"type": kind, "message": message}}),
+            headers: Vec::new(),
+        }
+    }
+
+    /// 529 `overloaded_error`.
+    pub fn overloaded() -> Reply {
+        Reply::error(529, "overloaded_error", "Overloaded")
+    }
+}
+
+/// A recorded request.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// Request headers, names lowercased.
+    pub headers: Vec<(String, String)>,
+    /// The JSON body.
+    pub body: Value,
+}
+
+impl Recorded {
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Default)]
+struct St {
+    script: VecDeque<Reply>,
+    requests: Vec<Recorded>,
+}
+
+/// The fake Messages server.
+pub struct FakeMessages {
+    addr: SocketAddr,
+    state: Arc<Mutex<St>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeMessages {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Builds an SSE body from events: `event: <type>` then `data: <json>` for each.
+pub fn sse_body(events: &[Value]) -> String {
+    events
+        .iter()
+        .map(|e| {
+            format!(
+                "event: {}\ndata: {}\n\n",
+                e["type"].as_str().unwrap_or("message"),
+                e
+            )
+        })
+        .collect()
+}
+
+/// Reads `golden/anthropic/<name>` from this crate.
+pub fn golden(name: &str) -> String {
+    crate::anthropic::read_golden("anthropic", name)
+}
+
+pub(crate) fn read_golden(dir: &str, name: &str) -> String {
+    let path = format!("{}/golden/{dir}/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("golden file {path}: {e}"))
+}
+
+async fn messages(State(st): State<Arc<Mutex<St>>>, headers: HeaderMap, body: Bytes) -> Response {
+    let recorded = Recorded {
+        headers: headers
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()))
+            .collect(),
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+    };
+    let reply = {
+        let mut g = st.lock().unwrap_or_else(|p| p.into_inner());
+        g.requests.push(recorded.clone());
+        if recorded.header("x-api-key").is_none_or(str::is_empty) {
+            Some(Reply::error(401, "authentication_error", "invalid x-api-key"))
+        } else if recorded.header("anthropic-version").is_none() {
+            Some(Reply::error(
+                400,
+                "invalid_request_error",
+                "anthropic-version header is required",
+            ))
+        } else {
+            g.script.pop_front()
+        }
+    };
+    match reply {
+        Some(Reply::Sse(body)) => Response::builder()
+            .status(200)
+            .header("content-type", "text/event-stream")
+            .body(Body::from(body))
+            .unwrap_or_default(),
+        Some(Reply::Status { status, body, headers }) => {
+            let mut b = Response::builder()
+                .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
+                .header("content-type", "application/json");
+            for (k, v) in headers {
+                b = b.header(k, v);
+            }
+            b.body(Body::from(body.to_string())).unwrap_or_default()
+        }
+        None => Response::builder()
+            .status(500)
+            .body(Body::from(
+                json!({"type":"error","error":{"type":"api_error","message":"fake: the script is exhausted"}})
+                    .to_string(),
+            ))
+            .unwrap_or_default(),
+    }
+}
+
+impl FakeMessages {
+    /// Starts a fake answering with `script`, one reply per request.
+    pub async fn start(script: Vec<Reply>) -> Self {
+        let state = Arc::new(Mutex::new(St {
+            script: script.into(),
+            requests: Vec::new(),
+        }));
+        let app = Router::new()
+            .route("/v1/messages", post(messages))
+            .with_state(state.clone());
+        let (addr, task) = crate::anthropic::serve(app).await;
+        FakeMessages { addr, state, task }
+    }
+
+    /// The origin to use as the base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every request received so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.lock().map(|g| g.requests.clone()).unwrap_or_default()
+    }
+}
+
+/// Serves `app` on an ephemeral port of 127.0.0.1.
+pub(crate) async fn serve(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind 127.0.0.1:0");
+    let addr = listener.local_addr().expect("local addr");
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, task)
+}
