@@ -102,7 +102,7 @@ function render() {
         const d = el("details", "tool");
         d.open = true;
         d.dataset.toolCallId = c.id;
-        d.append(el("summary", "", `🔧 ${c.function.name}`), el("pre", "args", prettyArgs(c.function.arguments)));
+        d.append(el("summary", "", `tool · ${c.function.name}`), el("pre", "args", prettyArgs(c.function.arguments)));
         const r = results.get(c.id);
         if (r) d.append(el("pre", r.error ? "result error" : "result", textOf(r.content)));
         else d.append(el("pre", "result pending", "…"));

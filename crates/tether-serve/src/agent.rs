@@ -226,6 +226,9 @@ impl ServeAgent {
         let mut rx = session.sink().subscribe(256).await;
 
         let mut mapper = Mapper::new(&input, &handler, rb.last_seq());
+        for u in &rb.pending {
+            mapper.names.insert(u.id.clone(), u.name.clone());
+        }
         mapper.state_init(ctx, &self.name, &thread);
         let cancel = CancellationToken::new();
         let mut last: Option<SessionResult> = None;

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# tether serve conformance: the crash-safety script and the browser test (Debian chromium driven
+# by playwright-core), plus a check that the committed UI assets are what `npm ci && npm run build`
+# produces. Installs what it needs; prints `N passed, N failed` last; non-zero on any failure.
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+cd "$root"
+passed=0
+failed=0
+step() { # name, command...
+  local name="$1"; shift
+  local out
+  out="$("$@" 2>&1)"; local rc=$?
+  echo "$out" | sed "s/^/  [$name] /"
+  local p f
+  p=$(echo "$out" | grep -Eo '^[0-9]+ passed, [0-9]+ failed' | tail -1 | cut -d' ' -f1)
+  f=$(echo "$out" | grep -Eo '^[0-9]+ passed, [0-9]+ failed' | tail -1 | cut -d' ' -f3)
+  if [[ -n "$p" ]]; then
+    passed=$((passed + p)); failed=$((failed + f))
+    [[ $rc -ne 0 && "$f" == 0 ]] && failed=$((failed + 1))
+  elif [[ $rc -eq 0 ]]; then
+    passed=$((passed + 1))
+  else
+    failed=$((failed + 1))
+  fi
+}
+
+if [[ ! -x /usr/bin/chromium ]]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+    || echo "could not install chromium"
+fi
+cargo build -q -p tether-serve --bin tether-serve --example fake_openai || { echo "0 passed, 1 failed"; exit 1; }
+(cd "$here" && npm ci --no-audit --no-fund --silent) || { echo "0 passed, 1 failed"; exit 1; }
+
+ui_reproducible() {
+  local tmp; tmp="$(mktemp -d)"
+  cp "$root"/crates/tether-serve/assets/* "$tmp"/
+  (cd "$root/web" && npm ci --no-audit --no-fund --silent && npm run -s build >/dev/null) || return 1
+  for f in index.html app.js app.css; do
+    cmp -s "$tmp/$f" "$root/crates/tether-serve/assets/$f" || { echo "assets/$f differs from a fresh build"; return 1; }
+  done
+  echo "the committed UI assets match npm ci && npm run build"
+}
+
+step crash node "$here/crash.mjs"
+step browser node "$here/browser.mjs"
+step ui-build ui_reproducible
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
