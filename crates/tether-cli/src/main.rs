@@ -21,6 +21,8 @@ enum Command {
     Run(run::RunArgs),
     /// Drive an external ACP agent interactively: `tether acp [--cwd DIR] [--yes] -- <agent command…>`.
     Acp(acp_cmd::AcpArgs),
+    /// Serve the agents of a config file over AG-UI, with durable sessions and a web UI.
+    Serve(tether_serve::ServeArgs),
 }
 
 #[tokio::main]
@@ -36,5 +38,6 @@ async fn main() -> ExitCode {
     match cli.command {
         Command::Run(args) => run::run(args).await,
         Command::Acp(args) => acp_cmd::run(args).await,
+        Command::Serve(args) => tether_serve::serve(args).await,
     }
 }
