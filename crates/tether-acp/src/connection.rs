@@ -143,8 +143,11 @@ async fn read_frame<R: AsyncBufRead + Unpin>(
     }
 }
 
-async fn reader_loop<R: AsyncRead + Unpin>(reader: R, tx: mpsc::Sender<Item>, limit: usize) {
+async fn reader_loop<R: AsyncRead + Unpin>(reader: R, tx: mpsc::Sender<Vec<Item>>, limit: usize) {
     let mut reader = BufReader::with_capacity(64 * 1024, reader);
+    // Frames already in the read buffer are sent as one batch: one queue operation (and one
+    // wake-up of the dispatcher) per read rather than per message.
+    let mut batch: Vec<Item> = Vec::new();
     loop {
         let mut buf = Vec::with_capacity(256);
         let item = match read_frame(&mut reader, &mut buf, limit).await {
@@ -153,20 +156,25 @@ async fn reader_loop<R: AsyncRead + Unpin>(reader: R, tx: mpsc::Sender<Item>, li
                     buf.pop();
                 }
                 if buf.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                match String::from_utf8(buf) {
-                    Ok(s) => Item::Line(s),
-                    Err(_) => Item::NotUtf8,
+                    None
+                } else {
+                    Some(match String::from_utf8(buf) {
+                        Ok(s) => Item::Line(s),
+                        Err(_) => Item::NotUtf8,
+                    })
                 }
             }
-            Ok(Frame::Eof) => Item::End(ReadEnd::Eof),
-            Ok(Frame::TooLarge(n)) => Item::End(ReadEnd::TooLarge(n)),
-            Err(e) => Item::End(ReadEnd::Io(e)),
+            Ok(Frame::Eof) => Some(Item::End(ReadEnd::Eof)),
+            Ok(Frame::TooLarge(n)) => Some(Item::End(ReadEnd::TooLarge(n))),
+            Err(e) => Some(Item::End(ReadEnd::Io(e))),
         };
-        let end = matches!(item, Item::End(_));
-        if tx.send(item).await.is_err() || end {
-            return;
+        let end = matches!(item, Some(Item::End(_)));
+        batch.extend(item);
+        let more_buffered = reader.buffer().contains(&b'\n');
+        if end || batch.len() >= 256 || (!more_buffered && !batch.is_empty()) {
+            if tx.send(std::mem::take(&mut batch)).await.is_err() || end {
+                return;
+            }
         }
     }
 }
@@ -380,7 +388,8 @@ impl Conn {
         W: AsyncWrite + Send + Unpin + 'static,
     {
         let (out_tx, out_rx) = mpsc::channel(opts.queue_capacity);
-        let (item_tx, item_rx) = mpsc::channel(opts.queue_capacity);
+        // Batches of up to 256 messages; the capacity bounds how many batches wait.
+        let (item_tx, item_rx) = mpsc::channel(opts.queue_capacity.div_ceil(256).max(1));
         let limit = opts.max_frame_bytes;
         let conn = Arc::new(Conn {
             opts,
@@ -463,14 +472,13 @@ impl Conn {
             false,
         );
         let child = lock(&self.child).take();
-        if let Some(mut child) = child {
-            if tokio::time::timeout(self.opts.shutdown_grace, child.wait())
+        if let Some(mut child) = child
+            && tokio::time::timeout(self.opts.shutdown_grace, child.wait())
                 .await
                 .is_err()
-            {
-                let _ = child.start_kill();
-                let _ = child.wait().await;
-            }
+        {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
         }
     }
 
@@ -498,8 +506,19 @@ impl Conn {
         Some(describe_exit(status))
     }
 
-    async fn dispatch_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Item>) {
-        while let Some(item) = rx.recv().await {
+    async fn dispatch_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Vec<Item>>) {
+        while let Some(batch) = rx.recv().await {
+            for item in batch {
+                if !self.dispatch_item(item).await {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Handles one message; `false` once the connection has ended.
+    async fn dispatch_item(self: &Arc<Self>, item: Item) -> bool {
+        {
             match item {
                 Item::Line(line) => self.dispatch_line(line).await,
                 Item::NotUtf8 => {
@@ -529,10 +548,11 @@ impl Conn {
                         tracing::warn!(error = %err, "ACP connection ended");
                     }
                     self.close(err, kill);
-                    return;
+                    return false;
                 }
             }
         }
+        true
     }
 
     async fn dispatch_line(self: &Arc<Self>, line: String) {
@@ -617,7 +637,7 @@ impl Conn {
                 method: p.method,
                 code: e.code,
                 message: e.message,
-                data: e.data,
+                data: e.data.map(Box::new),
             }),
         };
         let _ = p.tx.send(result);

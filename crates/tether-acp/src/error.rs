@@ -111,7 +111,7 @@ pub enum AcpError {
         /// The error message.
         message: String,
         /// Optional error data.
-        data: Option<Value>,
+        data: Option<Box<Value>>,
     },
     /// The agent's answer could not be decoded.
     #[error("could not decode the agent's answer to `{method}`: {message}")]

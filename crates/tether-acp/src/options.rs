@@ -19,7 +19,8 @@ pub struct ClientOptions {
     /// Maximum size of one JSON-RPC frame in either direction, in bytes (without the newline).
     /// An oversized inbound frame closes the connection with [`crate::AcpError::FrameTooLarge`].
     pub max_frame_bytes: usize,
-    /// Capacity of the queue between the reader and the dispatcher (messages). When full the
+    /// Capacity of the queue between the reader and the dispatcher, in messages (frames already
+    /// buffered together travel as one batch of up to 256, so this is rounded up). When full the
     /// reader stops reading, which back-pressures the agent through the pipe; nothing is dropped.
     pub queue_capacity: usize,
     /// Maximum outbound requests awaiting an answer.
