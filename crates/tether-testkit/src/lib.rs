@@ -2,3 +2,4 @@
 pub mod anthropic;
 pub mod managed;
 pub mod openai;
+pub mod agentcore;

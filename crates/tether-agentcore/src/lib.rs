@@ -1,0 +1,28 @@
+//! # tether-agentcore
+//!
+//! A [`tether::Provider`] for Amazon Bedrock AgentCore, in two modes:
+//! - **Harness** (`InvokeHarness`): the managed agent loop; the response is an AWS event stream
+//!   of Converse-shaped events, folded by `toolUseId`; inline-function tools come back as
+//!   `RequiresAction` and are resumed with the two-message `toolUse` + `toolResult` input.
+//! - **Runtime** (`InvokeAgentRuntime`): a container we (or others) deploy; JSON or SSE bodies.
+//!
+//! Requests are SigV4-signed ([`sigv4`], session tokens supported); event-stream frames are
+//! decoded with `aws-smithy-eventstream`, their CRCs checked ([`eventstream`]). A failed or
+//! truncated turn is retried (2 retries by default) with the same turn id, sent as the
+//! `X-Amzn-Bedrock-AgentCore-Runtime-Custom-Turn-Id` header (and `turn_id` in runtime payloads)
+//! so a container can drop duplicates; a turn still truncated after its retries ends
+//! `Terminated` with stop reason `early_termination`. Exception frames are recorded as error
+//! events and end the turn with [`tether::Error::Stream`], never retried. A stream silent for
+//! longer than the idle timeout (default 300 s) between chunks fails the attempt.
+//!
+//! This crate never depends on a front-end crate.
+
+#![warn(missing_docs)]
+
+pub mod converse;
+pub mod eventstream;
+pub mod provider;
+pub mod sigv4;
+
+pub use provider::{AgentCore, AgentCoreConfig, Target};
+pub use sigv4::AwsCredentials;

@@ -1,0 +1,780 @@
+//! [`AgentCore`]: the [`Provider`] for Bedrock AgentCore (Harness and Runtime modes).
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use serde_json::{Map, Value, json};
+use tether::{
+    Error, Event, EventKind, Input, Opened, Provider, RetryPolicy, Role, Terminal, ToolResult, ToolUse,
+    TransportKind, TurnContext, TurnResult, retry::parse_retry_after,
+};
+
+use crate::converse::Fold;
+use crate::eventstream::{Frame, FrameDecoder};
+use crate::sigv4::{AwsCredentials, SERVICE, resolve_region, sign_request};
+
+/// The session-id header.
+pub const SESSION_HEADER: &str = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id";
+/// The user-id header.
+pub const USER_HEADER: &str = "X-Amzn-Bedrock-AgentCore-Runtime-User-Id";
+/// The turn-id header (a custom header, always passed to the container).
+pub const TURN_HEADER: &str = "X-Amzn-Bedrock-AgentCore-Runtime-Custom-Turn-Id";
+
+/// What to invoke.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Target {
+    /// `InvokeHarness` on a harness ARN, at an endpoint (`None`: `DEFAULT`).
+    Harness {
+        /// The harness ARN.
+        arn: String,
+        /// The endpoint name.
+        qualifier: Option<String>,
+    },
+    /// `InvokeAgentRuntime` on a runtime ARN, at an endpoint (`None`: `DEFAULT`).
+    Runtime {
+        /// The agent runtime ARN.
+        arn: String,
+        /// The endpoint name.
+        qualifier: Option<String>,
+    },
+}
+
+/// How to reach AgentCore.
+#[derive(Debug, Clone)]
+pub struct AgentCoreConfig {
+    /// What to invoke.
+    pub target: Target,
+    /// The region (see [`resolve_region`]).
+    pub region: String,
+    /// The credentials.
+    pub credentials: AwsCredentials,
+    /// The data-plane origin (default `https://bedrock-agentcore.<region>.amazonaws.com`).
+    pub endpoint: Option<String>,
+    /// The runtime session id (33–256 characters; default: a fresh 36-character id).
+    pub session_id: Option<String>,
+    /// The end-user id passed to the runtime.
+    pub user_id: Option<String>,
+    /// Retries of a failed or truncated turn (default 2).
+    pub invoke_retries: u32,
+    /// Longest silence between two chunks of a response (default 300 s).
+    pub idle_timeout: Duration,
+    /// Per-invocation harness overrides (`model`, `systemPrompt`, `maxIterations`, `maxTokens`,
+    /// `timeoutSeconds`, ...), sent beside `messages`.
+    pub overrides: Map<String, Value>,
+    /// Backoff between retries (its sleeper is injectable for tests).
+    pub retry: RetryPolicy,
+}
+
+impl AgentCoreConfig {
+    /// A configuration for `target` with credentials from the environment and the region
+    /// resolved from `region` or the environment.
+    pub fn from_env(target: Target, region: Option<&str>) -> tether::Result<Self> {
+        Ok(Self::new(
+            target,
+            resolve_region(region),
+            AwsCredentials::from_env()?,
+        ))
+    }
+
+    /// A configuration with explicit credentials.
+    pub fn new(target: Target, region: impl Into<String>, credentials: AwsCredentials) -> Self {
+        AgentCoreConfig {
+            target,
+            region: region.into(),
+            credentials,
+            endpoint: None,
+            session_id: None,
+            user_id: None,
+            invoke_retries: 2,
+            idle_timeout: Duration::from_secs(300),
+            overrides: Map::new(),
+            retry: RetryPolicy::default(),
+        }
+    }
+}
+
+/// Checks a runtime session id: 33–256 characters of `[a-zA-Z0-9][a-zA-Z0-9-_]*`.
+pub fn validate_session_id(id: &str) -> tether::Result<()> {
+    let ok_chars = id
+        .chars()
+        .enumerate()
+        .all(|(i, c)| c.is_ascii_alphanumeric() || (i > 0 && (c == '-' || c == '_')));
+    if !(33..=256).contains(&id.len()) || !ok_chars {
+        return Err(Error::Config(format!(
+            "the AgentCore runtime session id must be 33-256 characters of [a-zA-Z0-9-_] starting with a \
+             letter or digit (got {} characters); a UUID qualifies",
+            id.len()
+        )));
+    }
+    Ok(())
+}
+
+fn random_hex(n: usize) -> String {
+    (0..n)
+        .map(|_| format!("{:x}", rand::random::<u8>() & 0xf))
+        .collect()
+}
+
+fn new_session_id() -> String {
+    let h = random_hex(32);
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..]
+    )
+}
+
+/// Percent-encodes everything but unreserved characters.
+fn enc(s: &str) -> String {
+    let mut out = String::new();
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// One attempt's outcome.
+enum Attempt {
+    Done(Box<(Fold, Vec<(String, Value)>)>),
+    /// Retry (truncated stream, bad frame, transient failure).
+    Retry(Error, bool),
+}
+
+/// The Bedrock AgentCore provider; see the [crate docs](crate).
+pub struct AgentCore {
+    config: AgentCoreConfig,
+    http: reqwest::Client,
+    session_id: String,
+    resumed: bool,
+    /// The assistant turn awaiting tool results (not persisted by the harness).
+    pending_assistant: Option<Value>,
+    turns: u64,
+}
+
+impl std::fmt::Debug for AgentCore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentCore")
+            .field("config", &self.config)
+            .field("session_id", &self.session_id)
+            .finish()
+    }
+}
+
+impl AgentCore {
+    /// A provider for `config`; fails on an invalid session id.
+    pub fn new(config: AgentCoreConfig) -> tether::Result<Self> {
+        let (session_id, resumed) = match &config.session_id {
+            Some(s) => {
+                validate_session_id(s)?;
+                (s.clone(), true)
+            }
+            None => (new_session_id(), false),
+        };
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .read_timeout(config.idle_timeout)
+            .build()
+            .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
+        Ok(AgentCore {
+            config,
+            http,
+            session_id,
+            resumed,
+            pending_assistant: None,
+            turns: 0,
+        })
+    }
+
+    fn origin(&self) -> String {
+        self.config
+            .endpoint
+            .clone()
+            .unwrap_or_else(|| format!("https://bedrock-agentcore.{}.amazonaws.com", self.config.region))
+            .trim_end_matches('/')
+            .to_owned()
+    }
+
+    fn url(&self) -> String {
+        let q = |qualifier: &Option<String>| {
+            qualifier
+                .as_deref()
+                .map(|x| format!("qualifier={}", enc(x)))
+                .unwrap_or_default()
+        };
+        match &self.config.target {
+            Target::Harness { arn, qualifier } => {
+                let mut u = format!("{}/harnesses/invoke?harnessArn={}", self.origin(), enc(arn));
+                if qualifier.is_some() {
+                    u.push('&');
+                    u.push_str(&q(qualifier));
+                }
+                u
+            }
+            Target::Runtime { arn, qualifier } => {
+                let mut u = format!("{}/runtimes/{}/invocations", self.origin(), enc(arn));
+                if qualifier.is_some() {
+                    u.push('?');
+                    u.push_str(&q(qualifier));
+                }
+                u
+            }
+        }
+    }
+
+    fn is_harness(&self) -> bool {
+        matches!(self.config.target, Target::Harness { .. })
+    }
+
+    /// The request body for an input.
+    fn body(&self, input: &Input, turn_id: &str) -> tether::Result<Value> {
+        if self.is_harness() {
+            let messages = match input {
+                Input::Message(t) => json!([{"role": "user", "content": [{"text": t}]}]),
+                Input::ToolResults(uses, results) => {
+                    let assistant = self.pending_assistant.clone().unwrap_or_else(|| {
+                        let content: Vec<Value> = uses
+                            .iter()
+                            .map(
+                                |u| json!({"toolUse": {"toolUseId": u.id, "name": u.name, "input": u.input}}),
+                            )
+                            .collect();
+                        json!({"role": "assistant", "content": content})
+                    });
+                    let content: Vec<Value> = results.iter().map(tool_result_block).collect();
+                    json!([assistant, {"role": "user", "content": content}])
+                }
+                Input::Raw(v) if v["messages"].is_array() => v["messages"].clone(),
+                _ => {
+                    return Err(Error::Config(
+                        "AgentCore takes a message, tool results, or a raw {\"messages\": [...]} input"
+                            .into(),
+                    ));
+                }
+            };
+            let mut body = self.config.overrides.clone();
+            body.insert("messages".into(), messages);
+            Ok(Value::Object(body))
+        } else {
+            let mut body = match input {
+                Input::Message(t) => json!({"prompt": t}),
+                Input::ToolResults(uses, results) => json!({
+                    "tool_uses": uses,
+                    "tool_results": results,
+                }),
+                Input::Raw(v) if v.is_object() => v.clone(),
+                _ => {
+                    return Err(Error::Config(
+                        "AgentCore runtime takes a message, tool results or a raw object".into(),
+                    ));
+                }
+            };
+            body["turn_id"] = json!(turn_id);
+            body["session_id"] = json!(self.session_id);
+            Ok(body)
+        }
+    }
+
+    async fn attempt(&self, body: &[u8], turn_id: &str, cx: &TurnContext, n: u32) -> tether::Result<Attempt> {
+        let url = self.url();
+        let parsed =
+            reqwest::Url::parse(&url).map_err(|e| Error::Config(format!("bad AgentCore URL {url}: {e}")))?;
+        let host = match parsed.port() {
+            Some(p) => format!("{}:{p}", parsed.host_str().unwrap_or_default()),
+            None => parsed.host_str().unwrap_or_default().to_owned(),
+        };
+        let accept = if self.is_harness() {
+            "application/vnd.amazon.eventstream"
+        } else {
+            "application/json, text/event-stream"
+        };
+        let mut headers = vec![
+            ("host".to_owned(), host),
+            ("content-type".to_owned(), "application/json".to_owned()),
+            ("accept".to_owned(), accept.to_owned()),
+            (SESSION_HEADER.to_owned(), self.session_id.clone()),
+            (TURN_HEADER.to_owned(), turn_id.to_owned()),
+        ];
+        if let Some(u) = &self.config.user_id {
+            headers.push((USER_HEADER.to_owned(), u.clone()));
+        }
+        let signed = sign_request(
+            "POST",
+            &url,
+            &headers,
+            body,
+            &self.config.credentials,
+            &self.config.region,
+            SERVICE,
+            SystemTime::now(),
+        )?;
+        let mut rb = self.http.post(&url).body(body.to_vec());
+        for (k, v) in headers.iter().chain(signed.iter()) {
+            if k != "host" {
+                rb = rb.header(k.as_str(), v.as_str());
+            }
+        }
+        let resp = match rb.send().await {
+            Ok(r) => r,
+            Err(e) => {
+                let err = transport(&e, &url);
+                let retry = err.is_transient();
+                return Ok(Attempt::Retry(err, retry));
+            }
+        };
+        if !resp.status().is_success() {
+            let err = http_error(resp, &url).await;
+            let retry = err.is_transient();
+            return Ok(Attempt::Retry(err, retry));
+        }
+        let is_sse = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|c| c.starts_with("text/event-stream"));
+        let is_json = !self.is_harness() && !is_sse;
+        let mut stream = resp.bytes_stream();
+        let mut fold = Fold::default();
+        let mut frames: Vec<(String, Value)> = Vec::new();
+        let mut dec = FrameDecoder::new();
+        let mut sse = SseLines::default();
+        let mut json_body = Vec::new();
+        let message_id = format!("{turn_id}-a{n}");
+        loop {
+            let next = tokio::time::timeout(self.config.idle_timeout, stream.next()).await;
+            let chunk = match next {
+                Err(_) => {
+                    let err = Error::Transport {
+                        kind: TransportKind::Idle,
+                        message: format!("no data for {:?}", self.config.idle_timeout),
+                        endpoint: url.clone(),
+                    };
+                    return Ok(Attempt::Retry(err, true));
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => return Ok(Attempt::Retry(transport(&e, &url), true)),
+                Ok(Some(Ok(c))) => c,
+            };
+            if is_json {
+                json_body.extend_from_slice(&chunk);
+                continue;
+            }
+            let decoded: Vec<(String, Value)> = if is_sse || !self.is_harness() {
+                sse.push(&chunk)
+                    .into_iter()
+                    .flat_map(|d| runtime_events(&d))
+                    .collect()
+            } else {
+                match dec.push(&chunk) {
+                    Ok(fs) => {
+                        let mut v = Vec::new();
+                        for f in fs {
+                            match f {
+                                Frame::Event { event_type, payload } => v.push((event_type, payload)),
+                                Frame::Exception { kind, message } => {
+                                    // Surfaced as an error event, then a typed error; never retried.
+                                    cx.sink
+                                        .emit(Event::new(
+                                            format!("{turn_id}:error"),
+                                            "agentcore.stream_error",
+                                            json!({"__stream_error__": {"type": kind, "message": message}}),
+                                            EventKind::Error {
+                                                code: kind.clone(),
+                                                message: message.clone(),
+                                            },
+                                        ))
+                                        .await?;
+                                    return Err(Error::Stream {
+                                        message,
+                                        code: Some(kind),
+                                    });
+                                }
+                            }
+                        }
+                        v
+                    }
+                    Err(e) => return Ok(Attempt::Retry(e, true)),
+                }
+            };
+            for (ty, p) in decoded {
+                if let Some(t) = fold.apply(&ty, &p) {
+                    cx.sink
+                        .emit_live(Event::new(
+                            "",
+                            "agentcore.text_delta",
+                            Value::Null,
+                            EventKind::TextDelta {
+                                message_id: message_id.clone(),
+                                delta: t,
+                            },
+                        ))
+                        .await;
+                }
+                frames.push((ty, p));
+            }
+        }
+        if is_json {
+            let v: Value = serde_json::from_slice(&json_body)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&json_body).into_owned()));
+            for (ty, p) in runtime_json(&v) {
+                fold.apply(&ty, &p);
+                frames.push((ty, p));
+            }
+        }
+        if !self.is_harness() && fold.stop_reason.is_none() {
+            // A container without a terminal event: the end of the body ends the turn.
+            let reason = if fold.tool_uses().is_empty() {
+                "end_turn"
+            } else {
+                "tool_use"
+            };
+            fold.apply("messageStop", &json!({"stopReason": reason}));
+        }
+        if !fold.is_complete() || dec.has_partial() {
+            let err = Error::Transport {
+                kind: TransportKind::Closed,
+                message: "the event stream ended without messageStop.stopReason".into(),
+                endpoint: url,
+            };
+            return Ok(Attempt::Retry(err, true));
+        }
+        Ok(Attempt::Done(Box::new((fold, frames))))
+    }
+}
+
+fn tool_result_block(r: &ToolResult) -> Value {
+    json!({"toolResult": {
+        "toolUseId": r.tool_use_id,
+        "content": [{"text": r.content}],
+        "status": if r.is_error { "error" } else { "success" },
+    }})
+}
+
+/// Events of our container protocol (or Converse envelopes) in one SSE data payload.
+fn runtime_events(data: &str) -> Vec<(String, Value)> {
+    match serde_json::from_str::<Value>(data) {
+        Ok(v) => runtime_json(&v),
+        Err(_) => vec![text_event(data)],
+    }
+}
+
+fn text_event(t: &str) -> (String, Value) {
+    (
+        "contentBlockDelta".into(),
+        json!({"contentBlockIndex": 0, "delta": {"text": t}}),
+    )
+}
+
+/// Maps a runtime container's JSON onto Converse events: Converse envelopes pass through;
+/// `{"type":"text"|"tool_use"|"stop"|"usage"}` events and whole replies
+/// (`{"text"|"result"|"output", "tool_uses", "stop_reason"}`) are translated.
+fn runtime_json(v: &Value) -> Vec<(String, Value)> {
+    const CONVERSE: [&str; 6] = [
+        "messageStart",
+        "contentBlockStart",
+        "contentBlockDelta",
+        "contentBlockStop",
+        "messageStop",
+        "metadata",
+    ];
+    let Some(obj) = v.as_object() else {
+        return match v.as_str() {
+            Some(s) => vec![text_event(s)],
+            None => Vec::new(),
+        };
+    };
+    if obj.len() == 1
+        && let Some((k, p)) = obj.iter().next()
+        && CONVERSE.contains(&k.as_str())
+    {
+        return vec![(k.clone(), p.clone())];
+    }
+    let mut out = Vec::new();
+    let tool = |u: &Value, i: usize| {
+        let id = u["id"]
+            .as_str()
+            .or(u["toolUseId"].as_str())
+            .unwrap_or_default()
+            .to_owned();
+        let input = match &u["input"] {
+            Value::String(s) => s.clone(),
+            Value::Null => "{}".into(),
+            other => other.to_string(),
+        };
+        vec![
+            (
+                "contentBlockStart".to_owned(),
+                json!({"contentBlockIndex": i + 1, "start": {"toolUse": {"toolUseId": id, "name": u["name"]}}}),
+            ),
+            (
+                "contentBlockDelta".to_owned(),
+                json!({"contentBlockIndex": i + 1, "delta": {"toolUse": {"input": input}}}),
+            ),
+            ("contentBlockStop".to_owned(), json!({"contentBlockIndex": i + 1})),
+        ]
+    };
+    match obj.get("type").and_then(Value::as_str) {
+        Some("text" | "text_delta") => out.push(text_event(v["text"].as_str().unwrap_or_default())),
+        Some("tool_use") => out.extend(tool(v, 0)),
+        Some("stop") => out.push((
+            "messageStop".into(),
+            json!({"stopReason": v["stop_reason"].as_str().unwrap_or("end_turn")}),
+        )),
+        Some("usage") => out.push(("metadata".into(), json!({"usage": v["usage"]}))),
+        _ => {
+            if let Some(t) = ["text", "result", "output", "response"]
+                .iter()
+                .find_map(|k| v[*k].as_str())
+            {
+                out.push(text_event(t));
+            }
+            if let Some(uses) = v["tool_uses"].as_array() {
+                for (i, u) in uses.iter().enumerate() {
+                    out.extend(tool(u, i));
+                }
+            }
+            if let Some(r) = v["stop_reason"].as_str() {
+                out.push(("messageStop".into(), json!({"stopReason": r})));
+            }
+        }
+    }
+    out
+}
+
+/// Minimal SSE `data:` extraction for runtime containers.
+#[derive(Default)]
+struct SseLines {
+    buf: String,
+}
+
+impl SseLines {
+    fn push(&mut self, chunk: &[u8]) -> Vec<String> {
+        self.buf
+            .push_str(&String::from_utf8_lossy(chunk).replace("\r\n", "\n"));
+        let mut out = Vec::new();
+        while let Some(pos) = self.buf.find("\n\n") {
+            let frame: String = self.buf.drain(..pos + 2).collect();
+            let data: Vec<&str> = frame
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:").map(|d| d.strip_prefix(' ').unwrap_or(d)))
+                .collect();
+            if !data.is_empty() {
+                out.push(data.join("\n"));
+            }
+        }
+        out
+    }
+}
+
+fn transport(e: &reqwest::Error, endpoint: &str) -> Error {
+    let kind = if e.is_connect() {
+        TransportKind::Refused
+    } else if e.is_timeout() {
+        TransportKind::Timeout
+    } else if e.is_body() || e.is_decode() {
+        TransportKind::Closed
+    } else if e.is_request() {
+        TransportKind::Reset
+    } else {
+        TransportKind::Other
+    };
+    Error::Transport {
+        kind,
+        message: e.to_string(),
+        endpoint: endpoint.to_owned(),
+    }
+}
+
+async fn http_error(resp: reqwest::Response, endpoint: &str) -> Error {
+    let status = resp.status().as_u16();
+    let h = resp.headers().clone();
+    let get = |k: &str| h.get(k).and_then(|v| v.to_str().ok()).map(str::to_owned);
+    let retry_after = parse_retry_after(None, get("retry-after").as_deref());
+    let header_code = get("x-amzn-errortype").map(|c| c.split(':').next().unwrap_or_default().to_owned());
+    let text = resp.text().await.unwrap_or_default();
+    let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    let message = v["message"]
+        .as_str()
+        .or(v["Message"].as_str())
+        .map(str::to_owned)
+        .unwrap_or_else(|| text.chars().take(500).collect());
+    let code = header_code.or_else(|| v["__type"].as_str().map(str::to_owned));
+    let mut message = message;
+    if status == 401 || status == 403 {
+        message = format!("{message} (check the AWS credentials and the role's access to this resource)");
+    }
+    Error::Http {
+        status,
+        message,
+        code,
+        retry_after,
+        should_retry: None,
+        endpoint: endpoint.to_owned(),
+    }
+}
+
+#[async_trait]
+impl Provider for AgentCore {
+    fn name(&self) -> &str {
+        "agentcore"
+    }
+
+    async fn open(&mut self, _cx: &TurnContext) -> tether::Result<Opened> {
+        Ok(Opened {
+            session_id: self.session_id.clone(),
+            resumed: self.resumed,
+            pending: Vec::new(),
+        })
+    }
+
+    async fn turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {
+        if matches!(input, Input::Continue) {
+            return Err(Error::Config(
+                "AgentCore cannot continue without input: there is no turn in flight to resume".into(),
+            ));
+        }
+        self.turns += 1;
+        let turn_id = format!("turn-{}-{}", self.turns, random_hex(12));
+        let body = serde_json::to_vec(&self.body(&input, &turn_id)?)
+            .map_err(|e| Error::Config(format!("cannot encode the request: {e}")))?;
+        let mut retries = 0u32;
+        let (fold, frames) = loop {
+            let (err, retryable) = match self.attempt(&body, &turn_id, cx, retries + 1).await? {
+                Attempt::Done(done) => break *done,
+                Attempt::Retry(e, r) => (e, r),
+            };
+            let truncated = matches!(&err, Error::Transport { kind: TransportKind::Closed, message, .. } if message.contains("messageStop"));
+            if !retryable || retries >= self.config.invoke_retries {
+                if truncated {
+                    tracing::warn!(
+                        turn_id,
+                        attempts = retries + 1,
+                        "AgentCore stream truncated on every attempt"
+                    );
+                    let sr = json!({"type": "early_termination", "attempts": retries + 1, "error": err.to_string()});
+                    cx.sink
+                        .emit(Event::new(
+                            format!("{turn_id}:early_termination"),
+                            "agentcore.early_termination",
+                            sr.clone(),
+                            EventKind::Error {
+                                code: "early_termination".into(),
+                                message: err.to_string(),
+                            },
+                        ))
+                        .await?;
+                    return Ok(TurnResult::new(Terminal::Terminated, sr));
+                }
+                return Err(err);
+            }
+            let delay = self.config.retry.delay_for(&err, retries).unwrap_or_else(|| {
+                let exp = self.config.retry.base.saturating_mul(1u32 << retries.min(16));
+                exp.min(self.config.retry.max_backoff)
+            });
+            retries += 1;
+            cx.sink
+                .emit(Event::new(
+                    format!("{turn_id}:retry{retries}"),
+                    "agentcore.retry",
+                    json!({"turn_id": turn_id, "attempt": retries, "delay_ms": delay.as_millis() as u64, "error": err.to_string()}),
+                    EventKind::Retry {
+                        attempt: retries,
+                        delay_ms: delay.as_millis() as u64,
+                        error: err.to_string(),
+                    },
+                ))
+                .await?;
+            self.config.retry.sleeper.sleep(delay).await;
+        };
+        // Only the successful attempt's frames enter the record.
+        for (i, (ty, p)) in frames.iter().enumerate() {
+            let kind = match (ty.as_str(), &fold.usage) {
+                ("metadata", Some(u)) => EventKind::Usage { usage: u.clone() },
+                _ => EventKind::Other,
+            };
+            cx.sink
+                .emit(Event::new(
+                    format!("{turn_id}:{i}"),
+                    format!("agentcore.{ty}"),
+                    json!({ ty: p }),
+                    kind,
+                ))
+                .await?;
+        }
+        let message_id = format!("{turn_id}:message");
+        let uses = fold.tool_uses();
+        cx.sink
+            .emit(Event::new(
+                message_id.clone(),
+                "agentcore.message",
+                fold.assistant_message(),
+                EventKind::Message {
+                    message_id,
+                    role: Role::Assistant,
+                    text: fold.text.clone(),
+                    reasoning: (!fold.reasoning.is_empty()).then(|| fold.reasoning.clone()),
+                    tool_uses: uses.clone(),
+                },
+            ))
+            .await?;
+        let terminal = fold.terminal();
+        self.pending_assistant = (terminal == Terminal::RequiresAction).then(|| fold.assistant_message());
+        Ok(TurnResult {
+            terminal,
+            stop_reason: json!(fold.stop_reason),
+            text: fold.text.clone(),
+            tool_uses: if terminal == Terminal::RequiresAction {
+                uses
+            } else {
+                Vec::new()
+            },
+            server_tool_uses: fold.server_tool_uses(),
+            usage: fold.usage.clone(),
+        })
+    }
+
+    async fn record_tool_results(
+        &mut self,
+        _uses: &[ToolUse],
+        _results: &[ToolResult],
+    ) -> tether::Result<()> {
+        self.pending_assistant = None;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn session_ids_are_checked() {
+        assert!(validate_session_id(&new_session_id()).is_ok());
+        assert!(validate_session_id("short").is_err());
+        assert!(validate_session_id(&"a".repeat(257)).is_err());
+        assert!(validate_session_id(&format!("-{}", "a".repeat(40))).is_err());
+        assert!(validate_session_id(&"a".repeat(33)).is_ok());
+    }
+
+    #[test]
+    fn runtime_replies_map_to_converse_events() {
+        let evs = runtime_json(
+            &json!({"text": "hi", "tool_uses": [{"id": "t1", "name": "x", "input": {"a": 1}}], "stop_reason": "tool_use"}),
+        );
+        let mut f = Fold::default();
+        for (t, p) in &evs {
+            f.apply(t, p);
+        }
+        assert_eq!(f.text, "hi");
+        assert_eq!(f.terminal(), Terminal::RequiresAction);
+        assert_eq!(f.tool_uses()[0].input, json!({"a": 1}));
+    }
+}

@@ -1,0 +1,344 @@
+//! The AgentCore provider against the scripted fake over real HTTP, and the SigV4 test vector.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+use tether::{Error, RecordingSleeper, RetryPolicy, Session, Terminal, ToolSet, ToolSpec};
+use tether_agentcore::sigv4::sign_request;
+use tether_agentcore::{AgentCore, AgentCoreConfig, AwsCredentials, Target};
+use tether_testkit::agentcore::{
+    FakeAgentCore, Reply, corrupt, event_frame, exception_frame, golden, golden_frames,
+};
+
+const ARN: &str = "arn:aws:bedrock-agentcore:us-east-1:123456789012:harness/helper_abc-0123456789";
+
+fn tools(calls: Arc<AtomicU32>) -> ToolSet {
+    ToolSet::new().tool(
+        ToolSpec::new("lookup", "Look up", json!({"type":"object"})),
+        move |input: Value| {
+            let calls = calls.clone();
+            async move {
+                calls.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, String>(format!("value of {}", input["q"].as_str().unwrap_or("?")))
+            }
+        },
+    )
+}
+
+fn config(fake: &FakeAgentCore, target: Target, sleeper: &RecordingSleeper) -> AgentCoreConfig {
+    let mut c = AgentCoreConfig::new(
+        target,
+        "us-east-1",
+        AwsCredentials::new("AKIDEXAMPLE", "secret", Some("session-token".into())),
+    );
+    c.endpoint = Some(fake.url());
+    c.retry = RetryPolicy {
+        jitter: false,
+        ..RetryPolicy::default().with_sleeper(sleeper.clone())
+    };
+    c
+}
+
+fn harness() -> Target {
+    Target::Harness {
+        arn: ARN.into(),
+        qualifier: None,
+    }
+}
+
+#[test]
+fn sigv4_matches_the_aws_get_vanilla_test_vector() {
+    let creds = AwsCredentials::new("AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY", None);
+    let time = UNIX_EPOCH + Duration::from_secs(1_440_938_160); // 20150830T123600Z
+    let headers = vec![("host".to_owned(), "example.amazonaws.com".to_owned())];
+    let signed = sign_request(
+        "GET",
+        "https://example.amazonaws.com/",
+        &headers,
+        b"",
+        &creds,
+        "us-east-1",
+        "service",
+        time,
+    )
+    .expect("sign");
+    let get = |k: &str| {
+        signed
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(k))
+            .map(|(_, v)| v.clone())
+    };
+    assert_eq!(get("x-amz-date").as_deref(), Some("20150830T123600Z"));
+    assert_eq!(
+        get("authorization").as_deref(),
+        Some(
+            "AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20150830/us-east-1/service/aws4_request, \
+             SignedHeaders=host;x-amz-date, \
+             Signature=5fa00fa31553b73ebf1942676e86291e8372ff2a2260956d9b8aae1d763fbf31"
+        )
+    );
+    // post-vanilla from the same suite.
+    let signed = sign_request(
+        "POST",
+        "https://example.amazonaws.com/",
+        &headers,
+        b"",
+        &creds,
+        "us-east-1",
+        "service",
+        time,
+    )
+    .expect("sign");
+    let auth = signed
+        .iter()
+        .find(|(n, _)| n == "authorization")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    assert!(auth.ends_with("Signature=5da7c1a2acd57cee7505fc6676e4e544621c30862966e37dddb68e92efbe5d6b"));
+    let with_token = sign_request(
+        "GET",
+        "https://example.amazonaws.com/",
+        &headers,
+        b"",
+        &AwsCredentials::new("AKIDEXAMPLE", "x", Some("tok".into())),
+        "us-east-1",
+        "service",
+        SystemTime::now(),
+    )
+    .expect("sign");
+    assert!(
+        with_token
+            .iter()
+            .any(|(k, v)| k == "x-amz-security-token" && v == "tok")
+    );
+    assert!(!format!("{:?}", creds).contains("wJalr"));
+}
+
+#[tokio::test]
+async fn harness_tool_round_trip_resumes_with_two_messages() {
+    let fake = FakeAgentCore::start(vec![
+        Reply::Frames(golden_frames("tool_turn.json")),
+        Reply::Frames(golden_frames("final_turn.json")),
+    ])
+    .await;
+    let sleeper = RecordingSleeper::default();
+    let mut cfg = config(&fake, harness(), &sleeper);
+    cfg.overrides.insert("maxIterations".into(), json!(5));
+    let calls = Arc::new(AtomicU32::new(0));
+    let result = Session::builder(AgentCore::new(cfg).expect("provider"))
+        .handler(tools(calls.clone()))
+        .run("What is x?")
+        .await
+        .expect("run");
+    assert_eq!(result.terminal, Terminal::EndTurn);
+    assert_eq!(result.text, "x is 42.");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert_eq!(result.usage.input_tokens, 130);
+    assert_eq!(result.usage.output_tokens, 26);
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0].path, "/harnesses/invoke");
+    assert!(
+        reqs[0]
+            .query
+            .starts_with("harnessArn=arn%3Aaws%3Abedrock-agentcore")
+    );
+    assert_eq!(
+        reqs[0].body,
+        json!({"maxIterations": 5, "messages": [{"role": "user", "content": [{"text": "What is x?"}]}]})
+    );
+    assert_eq!(reqs[1].body, golden("resume_request.json"));
+    let sid = reqs[0]
+        .header("x-amzn-bedrock-agentcore-runtime-session-id")
+        .unwrap_or_default();
+    assert_eq!(sid.len(), 36);
+    assert_eq!(
+        Some(sid),
+        reqs[1].header("x-amzn-bedrock-agentcore-runtime-session-id")
+    );
+    assert_eq!(reqs[0].header("x-amz-security-token"), Some("session-token"));
+    assert_ne!(
+        reqs[0].header("x-amzn-bedrock-agentcore-runtime-custom-turn-id"),
+        reqs[1].header("x-amzn-bedrock-agentcore-runtime-custom-turn-id")
+    );
+    assert!(sleeper.slept().is_empty());
+}
+
+#[tokio::test]
+async fn a_bad_crc_fails_each_attempt_then_ends_in_a_typed_error() {
+    let mut frames = golden_frames("final_turn.json");
+    frames[1] = corrupt(frames[1].clone());
+    let fake = FakeAgentCore::start(vec![Reply::Frames(frames); 3]).await;
+    let sleeper = RecordingSleeper::default();
+    let err = Session::builder(AgentCore::new(config(&fake, harness(), &sleeper)).expect("provider"))
+        .run("hi")
+        .await
+        .expect_err("crc");
+    assert!(
+        matches!(&err, Error::Malformed(m) if m.contains("checksum") || m.contains("CRC")),
+        "{err:?}"
+    );
+    assert_eq!(fake.requests().len(), 3, "two retries");
+    assert_eq!(sleeper.slept().len(), 2);
+}
+
+#[tokio::test]
+async fn an_exception_frame_is_an_error_event_and_a_typed_error_never_retried() {
+    let frames = vec![
+        event_frame("messageStart", &json!({"role": "assistant"})),
+        exception_frame("throttlingException", "Rate exceeded"),
+    ];
+    let fake = FakeAgentCore::start(vec![Reply::Frames(frames)]).await;
+    let sleeper = RecordingSleeper::default();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let handler = ToolSet::new().on_event(move |e, _| {
+        if let Ok(mut g) = s2.lock() {
+            g.push(e.clone());
+        }
+    });
+    let err = Session::builder(AgentCore::new(config(&fake, harness(), &sleeper)).expect("provider"))
+        .handler(handler)
+        .run("hi")
+        .await
+        .expect_err("exception");
+    match &err {
+        Error::Stream { message, code } => {
+            assert_eq!(code.as_deref(), Some("throttlingException"));
+            assert_eq!(message, "Rate exceeded");
+        }
+        other => panic!("expected a stream error, got {other:?}"),
+    }
+    assert_eq!(fake.requests().len(), 1);
+    let events = seen.lock().map(|g| g.clone()).unwrap_or_default();
+    assert!(events.iter().any(|e| e.raw_type == "agentcore.stream_error"));
+}
+
+#[tokio::test]
+async fn a_truncated_stream_is_retried_then_ends_in_early_termination() {
+    let mut frames = golden_frames("final_turn.json");
+    frames.truncate(3); // no messageStop
+    let fake = FakeAgentCore::start(vec![Reply::Frames(frames); 3]).await;
+    let sleeper = RecordingSleeper::default();
+    let result = Session::builder(AgentCore::new(config(&fake, harness(), &sleeper)).expect("provider"))
+        .run("hi")
+        .await
+        .expect("run");
+    assert_eq!(result.terminal, Terminal::Terminated);
+    assert_eq!(result.stop_reason["type"], "early_termination");
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 3);
+    let turn = |i: usize| {
+        reqs[i]
+            .header("x-amzn-bedrock-agentcore-runtime-custom-turn-id")
+            .map(str::to_owned)
+    };
+    assert!(turn(0).is_some());
+    assert_eq!(turn(0), turn(1), "a retried turn carries the same turn id");
+    assert_eq!(turn(1), turn(2));
+    assert_eq!(sleeper.slept().len(), 2);
+    // Only the record of attempts that succeeded: none of the truncated frames.
+    assert!(
+        !result
+            .events
+            .iter()
+            .any(|e| e.raw_type == "agentcore.contentBlockDelta")
+    );
+}
+
+#[tokio::test]
+async fn a_truncated_attempt_then_a_good_one_succeeds() {
+    let mut cut = golden_frames("final_turn.json");
+    cut.truncate(2);
+    let fake = FakeAgentCore::start(vec![
+        Reply::Frames(cut),
+        Reply::Frames(golden_frames("final_turn.json")),
+    ])
+    .await;
+    let sleeper = RecordingSleeper::default();
+    let result = Session::builder(AgentCore::new(config(&fake, harness(), &sleeper)).expect("provider"))
+        .run("hi")
+        .await
+        .expect("run");
+    assert_eq!(result.text, "x is 42.");
+    let deltas = result
+        .events
+        .iter()
+        .filter(|e| e.raw_type == "agentcore.contentBlockDelta")
+        .count();
+    assert_eq!(deltas, 2, "only the successful attempt is recorded");
+}
+
+#[tokio::test]
+async fn validation_errors_are_not_retried() {
+    let fake = FakeAgentCore::start(vec![Reply::Status(
+        400,
+        "ValidationException".into(),
+        "bad input".into(),
+    )])
+    .await;
+    let sleeper = RecordingSleeper::default();
+    let err = Session::builder(AgentCore::new(config(&fake, harness(), &sleeper)).expect("provider"))
+        .run("hi")
+        .await
+        .expect_err("400");
+    assert_eq!(err.status(), Some(400));
+    assert_eq!(fake.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn runtime_json_tool_round_trip() {
+    let fake = FakeAgentCore::start(vec![
+        Reply::Json(json!({"text": "checking", "tool_uses": [{"id": "t1", "name": "lookup", "input": {"q": "y"}}], "stop_reason": "tool_use"})),
+        Reply::Sse("data: {\"type\":\"text\",\"text\":\"y is \"}\n\ndata: {\"type\":\"text\",\"text\":\"7\"}\n\ndata: {\"type\":\"stop\",\"stop_reason\":\"end_turn\"}\n\n".into()),
+    ])
+    .await;
+    let sleeper = RecordingSleeper::default();
+    let target = Target::Runtime {
+        arn: "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/agent-abc".into(),
+        qualifier: Some("DEFAULT".into()),
+    };
+    let calls = Arc::new(AtomicU32::new(0));
+    let result = Session::builder(AgentCore::new(config(&fake, target, &sleeper)).expect("provider"))
+        .handler(tools(calls.clone()))
+        .run("What is y?")
+        .await
+        .expect("run");
+    assert_eq!(result.text, "y is 7");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let reqs = fake.requests();
+    assert!(reqs[0].path.starts_with("/runtimes/arn"));
+    assert_eq!(reqs[0].query, "qualifier=DEFAULT");
+    assert_eq!(reqs[0].body["prompt"], "What is y?");
+    assert!(reqs[0].body["turn_id"].is_string());
+    assert_eq!(reqs[1].body["tool_results"][0]["content"], "value of y");
+}
+
+#[tokio::test]
+async fn a_short_session_id_is_refused_before_any_request() {
+    let fake = FakeAgentCore::start(vec![]).await;
+    let mut cfg = config(&fake, harness(), &RecordingSleeper::default());
+    cfg.session_id = Some("too-short".into());
+    let err = AgentCore::new(cfg).expect_err("invalid");
+    assert_eq!(err.code(), "config");
+}
+
+/// Runs against AWS only when the credentials and a harness ARN are set.
+#[tokio::test]
+async fn live_agentcore_round_trip() {
+    let Ok(arn) = std::env::var("TETHER_AGENTCORE_HARNESS_ARN") else {
+        eprintln!("skipping live AgentCore test: set TETHER_AGENTCORE_HARNESS_ARN and AWS credentials");
+        return;
+    };
+    let Ok(cfg) = AgentCoreConfig::from_env(Target::Harness { arn, qualifier: None }, None) else {
+        eprintln!("skipping live AgentCore test: AWS credentials are not set");
+        return;
+    };
+    let result = Session::builder(AgentCore::new(cfg).expect("provider"))
+        .run("Reply with the single word: pong")
+        .await
+        .expect("live run");
+    assert_eq!(result.terminal, Terminal::EndTurn);
+}

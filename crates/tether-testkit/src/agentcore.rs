@@ -1,0 +1,265 @@
+//! A scripted fake of Bedrock AgentCore's data plane, over real HTTP on 127.0.0.1:
+//! `POST /harnesses/invoke` (AWS event-stream responses) and
+//! `POST /runtimes/{arn}/invocations` (JSON or SSE responses).
+//!
+//! Frames are encoded here independently of the client's decoder (prelude and message CRC-32
+//! computed by a local table), and can be corrupted on purpose. Each request must carry a
+//! SigV4 `authorization` for service `bedrock-agentcore` and a session id of 33–256 characters,
+//! else it is refused like AWS would (403 / 400 `ValidationException`). Every request is
+//! recorded. Stream bodies are sent in small chunks so frames straddle reads.
+
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Uri};
+use axum::response::Response;
+use axum::routing::post;
+use serde_json::{Value, json};
+
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = 0xffff_ffffu32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            let mask = (crc & 1).wrapping_neg();
+            crc = (crc >> 1) ^ (0xedb8_8320 & mask);
+        }
+    }
+    !crc
+}
+
+/// Encodes one event-stream message with string headers.
+pub fn encode(headers: &[(&str, &str)], payload: &[u8]) -> Vec<u8> {
+    let mut h = Vec::new();
+    for (name, value) in headers {
+        h.push(name.len() as u8);
+        h.extend_from_slice(name.as_bytes());
+        h.push(7);
+        h.extend_from_slice(&(value.len() as u16).to_be_bytes());
+        h.extend_from_slice(value.as_bytes());
+    }
+    let total = (16 + h.len() + payload.len()) as u32;
+    let mut out = Vec::with_capacity(total as usize);
+    out.extend_from_slice(&total.to_be_bytes());
+    out.extend_from_slice(&(h.len() as u32).to_be_bytes());
+    let prelude_crc = crc32(&out);
+    out.extend_from_slice(&prelude_crc.to_be_bytes());
+    out.extend_from_slice(&h);
+    out.extend_from_slice(payload);
+    let crc = crc32(&out);
+    out.extend_from_slice(&crc.to_be_bytes());
+    out
+}
+
+/// An `event` frame of type `event_type` with a JSON payload.
+pub fn event_frame(event_type: &str, payload: &Value) -> Vec<u8> {
+    encode(
+        &[
+            (":message-type", "event"),
+            (":event-type", event_type),
+            (":content-type", "application/json"),
+        ],
+        payload.to_string().as_bytes(),
+    )
+}
+
+/// An `exception` frame (a modeled exception such as `throttlingException`).
+pub fn exception_frame(kind: &str, message: &str) -> Vec<u8> {
+    encode(
+        &[
+            (":message-type", "exception"),
+            (":exception-type", kind),
+            (":content-type", "application/json"),
+        ],
+        json!({"message": message}).to_string().as_bytes(),
+    )
+}
+
+/// The same frame with one payload byte flipped: its message CRC no longer matches.
+pub fn corrupt(mut frame: Vec<u8>) -> Vec<u8> {
+    let at = frame.len().saturating_sub(6);
+    if let Some(b) = frame.get_mut(at) {
+        *b ^= 0x20;
+    }
+    frame
+}
+
+/// Frames from a golden file `golden/agentcore/<name>`: a JSON list of
+/// `{"event": "<type>", "payload": {...}}`.
+pub fn golden_frames(name: &str) -> Vec<Vec<u8>> {
+    let v = golden(name);
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .map(|f| event_frame(f["event"].as_str().unwrap_or_default(), &f["payload"]))
+        .collect()
+}
+
+/// Reads `golden/agentcore/<name>` as JSON.
+pub fn golden(name: &str) -> Value {
+    let text = crate::anthropic::read_golden("agentcore", name);
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("golden agentcore/{name}: {e}"))
+}
+
+/// One scripted answer.
+#[derive(Debug, Clone)]
+pub enum Reply {
+    /// 200 `application/vnd.amazon.eventstream` with these encoded frames.
+    Frames(Vec<Vec<u8>>),
+    /// 200 `application/json`.
+    Json(Value),
+    /// 200 `text/event-stream` with this body.
+    Sse(String),
+    /// An error status with an AWS JSON error body (`x-amzn-errortype` set from `kind`).
+    Status(u16, String, String),
+}
+
+/// A recorded request.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    /// The path.
+    pub path: String,
+    /// The raw query string.
+    pub query: String,
+    /// Headers, names lowercased.
+    pub headers: Vec<(String, String)>,
+    /// The JSON body.
+    pub body: Value,
+}
+
+impl Recorded {
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Default)]
+struct St {
+    script: VecDeque<Reply>,
+    requests: Vec<Recorded>,
+}
+
+type Shared = Arc<Mutex<St>>;
+
+fn aws_error(status: u16, kind: &str, message: &str) -> Response {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("x-amzn-errortype", kind)
+        .body(Body::from(json!({"message": message}).to_string()))
+        .unwrap_or_default()
+}
+
+async fn invoke(State(st): State<Shared>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let rec = Recorded {
+        path: uri.path().to_owned(),
+        query: uri.query().unwrap_or_default().to_owned(),
+        headers: headers
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()))
+            .collect(),
+        body: serde_json::from_slice(&body).unwrap_or(Value::Null),
+    };
+    let auth = rec.header("authorization").unwrap_or_default().to_owned();
+    let sid_len = rec
+        .header("x-amzn-bedrock-agentcore-runtime-session-id")
+        .map(str::len)
+        .unwrap_or(0);
+    let reply = {
+        let mut g = st.lock().unwrap_or_else(|p| p.into_inner());
+        g.requests.push(rec.clone());
+        if !auth.starts_with("AWS4-HMAC-SHA256 Credential=")
+            || !auth.contains("/bedrock-agentcore/aws4_request")
+            || !auth.contains("SignedHeaders=")
+            || rec.header("x-amz-date").is_none()
+        {
+            return aws_error(
+                403,
+                "AccessDeniedException",
+                "missing or malformed SigV4 signature",
+            );
+        }
+        if !(33..=256).contains(&sid_len) {
+            return aws_error(
+                400,
+                "ValidationException",
+                "runtimeSessionId must be 33-256 characters",
+            );
+        }
+        g.script.pop_front()
+    };
+    match reply {
+        Some(Reply::Frames(frames)) => {
+            let mut chunks: Vec<Result<Bytes, std::io::Error>> = Vec::new();
+            for f in frames {
+                let mid = f.len() / 2;
+                chunks.push(Ok(Bytes::copy_from_slice(&f[..mid])));
+                chunks.push(Ok(Bytes::copy_from_slice(&f[mid..])));
+            }
+            Response::builder()
+                .status(200)
+                .header("content-type", "application/vnd.amazon.eventstream")
+                .body(Body::from_stream(futures_util::stream::iter(chunks)))
+                .unwrap_or_default()
+        }
+        Some(Reply::Json(v)) => Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(Body::from(v.to_string()))
+            .unwrap_or_default(),
+        Some(Reply::Sse(s)) => Response::builder()
+            .status(200)
+            .header("content-type", "text/event-stream")
+            .body(Body::from(s))
+            .unwrap_or_default(),
+        Some(Reply::Status(status, kind, message)) => aws_error(status, &kind, &message),
+        None => aws_error(500, "InternalServerException", "fake: the script is exhausted"),
+    }
+}
+
+/// The fake AgentCore data plane.
+pub struct FakeAgentCore {
+    addr: SocketAddr,
+    state: Shared,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FakeAgentCore {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeAgentCore {
+    /// Starts a fake answering with `script`, one reply per invocation.
+    pub async fn start(script: Vec<Reply>) -> Self {
+        let state = Arc::new(Mutex::new(St {
+            script: script.into(),
+            requests: Vec::new(),
+        }));
+        let app = Router::new()
+            .route("/harnesses/invoke", post(invoke))
+            .route("/runtimes/{arn}/invocations", post(invoke))
+            .with_state(state.clone());
+        let (addr, task) = crate::anthropic::serve(app).await;
+        FakeAgentCore { addr, state, task }
+    }
+
+    /// The origin to use as the endpoint.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Every request received so far.
+    pub fn requests(&self) -> Vec<Recorded> {
+        self.state.lock().map(|g| g.requests.clone()).unwrap_or_default()
+    }
+}
