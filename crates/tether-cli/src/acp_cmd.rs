@@ -16,12 +16,12 @@ use async_trait::async_trait;
 use tether::workspace::{Approval, ApprovalRequest, Approver, Policy, Workspace};
 use tether_acp::schema::{
     ContentBlock, NewSessionRequest, ReadTextFileRequest, ReadTextFileResponse, RequestId,
-    RequestPermissionOutcome, RequestPermissionRequest, SessionUpdate, TextContent,
-    WriteTextFileRequest, WriteTextFileResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, SessionUpdate, TextContent, WriteTextFileRequest,
+    WriteTextFileResponse,
 };
 use tether_acp::{
-    AcpClient, AcpUpdate, AgentCommand, ClientHandler, ClientOptions, HandlerBridge,
-    HandlerError, HandlerSupport, SessionUpdateEvent, TerminalRequest, TerminalResponse,
+    AcpClient, AcpUpdate, AgentCommand, ClientHandler, ClientOptions, HandlerBridge, HandlerError,
+    HandlerSupport, SessionUpdateEvent, TerminalRequest, TerminalResponse,
 };
 use tokio::sync::mpsc;
 
@@ -200,7 +200,11 @@ impl ClientHandler for CliHandler {
         <HandlerBridge as ClientHandler>::write_text_file(&self.bridge, r).await
     }
 
-    async fn terminal(&self, request: TerminalRequest, id: &RequestId) -> Result<TerminalResponse, HandlerError> {
+    async fn terminal(
+        &self,
+        request: TerminalRequest,
+        id: &RequestId,
+    ) -> Result<TerminalResponse, HandlerError> {
         <HandlerBridge as ClientHandler>::terminal(&self.bridge, request, id).await
     }
 }
@@ -220,7 +224,11 @@ pub async fn run(args: AcpArgs) -> ExitCode {
     };
     let lines = stdin_lines();
     let console = Arc::new(Mutex::new(Console::default()));
-    let policy = if args.yes { Policy::allow_all() } else { Policy::default() };
+    let policy = if args.yes {
+        Policy::allow_all()
+    } else {
+        Policy::default()
+    };
     let workspace = match Workspace::new(&cwd) {
         Ok(w) => w.policy(policy).approver(PromptApprover {
             lines: lines.clone(),

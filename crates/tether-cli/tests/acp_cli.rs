@@ -16,7 +16,10 @@ fn example_agent() -> Option<PathBuf> {
         "the ACP example agent is not installed at {}; run conformance/acp/setup.sh (npm ci)",
         p.display()
     );
-    if std::env::var("CI").map(|v| v == "true" || v == "1").unwrap_or(false) {
+    if std::env::var("CI")
+        .map(|v| v == "true" || v == "1")
+        .unwrap_or(false)
+    {
         panic!("{msg}");
     }
     eprintln!("SKIPPED: {msg}");
@@ -77,7 +80,10 @@ impl Cli {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.lines.recv_timeout(left) {
                 Ok(l) => self.seen.push(l),
-                Err(_) => panic!("timed out waiting for {needle:?}; output so far:\n{}", self.seen.join("\n")),
+                Err(_) => panic!(
+                    "timed out waiting for {needle:?}; output so far:\n{}",
+                    self.seen.join("\n")
+                ),
             }
         }
     }
@@ -111,12 +117,18 @@ fn a_turn_with_the_permission_answered_at_the_prompt() {
     cli.send("please fix the config");
     let out = cli.wait_for("? allow Modifying critical configuration file (edit)?");
     assert!(out.contains("I'll help you with that."), "{out}");
-    assert!(out.contains("[tool] Reading project files (read): pending"), "{out}");
+    assert!(
+        out.contains("[tool] Reading project files (read): pending"),
+        "{out}"
+    );
     assert!(out.contains("[tool] Reading project files: completed"), "{out}");
     cli.send("y");
     let out = cli.wait_for("[stop: end_turn]");
     assert!(out.contains("allowed once"), "{out}");
-    assert!(out.contains("[tool] Modifying critical configuration file: completed"), "{out}");
+    assert!(
+        out.contains("[tool] Modifying critical configuration file: completed"),
+        "{out}"
+    );
     assert!(out.contains("successfully updated the configuration"), "{out}");
     let (status, _) = cli.finish();
     assert!(status.success(), "{status}");

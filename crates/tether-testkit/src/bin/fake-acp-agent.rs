@@ -79,11 +79,13 @@ impl Agent {
         self.write(&v.to_string()).await;
     }
     async fn respond(&self, id: &Value, result: Value) {
-        self.send(json!({"jsonrpc":"2.0","id":id,"result":result}))
-            .await;
+        self.send(json!({"jsonrpc":"2.0","id":id,"result":result})).await;
     }
     async fn update(&self, session: &str, update: Value) {
-        self.send(json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":session,"update":update}})).await;
+        self.send(
+            json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":session,"update":update}}),
+        )
+        .await;
     }
     async fn say(&self, session: &str, text: &str) {
         self.write(&chunk_line(session, text)).await;
@@ -106,10 +108,7 @@ fn describe(answer: &Value) -> String {
     if let Some(e) = answer.get("error") {
         format!("err:{}:{}", e["code"], e["message"].as_str().unwrap_or(""))
     } else {
-        format!(
-            "ok:{}",
-            answer.get("result").cloned().unwrap_or(Value::Null)
-        )
+        format!("ok:{}", answer.get("result").cloned().unwrap_or(Value::Null))
     }
 }
 
@@ -169,10 +168,7 @@ async fn run_prompt(agent: Agent, id: Value, session: String, text: String) {
         "read" => {
             let path = rest.first().copied().unwrap_or("");
             let a = agent
-                .request(
-                    "fs/read_text_file",
-                    json!({"sessionId":session,"path":path}),
-                )
+                .request("fs/read_text_file", json!({"sessionId":session,"path":path}))
                 .await;
             agent.say(&session, &describe(&a)).await;
         }
@@ -205,30 +201,22 @@ async fn run_prompt(agent: Agent, id: Value, session: String, text: String) {
                 let w = agent.request("terminal/wait_for_exit", p.clone()).await;
                 agent.say(&session, &format!("wait {}", describe(&w))).await;
                 let o = agent.request("terminal/output", p.clone()).await;
-                agent
-                    .say(&session, &format!("output {}", describe(&o)))
-                    .await;
+                agent.say(&session, &format!("output {}", describe(&o))).await;
                 let r = agent.request("terminal/release", p.clone()).await;
-                agent
-                    .say(&session, &format!("release {}", describe(&r)))
-                    .await;
+                agent.say(&session, &format!("release {}", describe(&r))).await;
             }
         }
         "permission" => {
             let a = agent
                 .request("session/request_permission", permission_params(&session))
                 .await;
-            agent
-                .say(&session, &format!("outcome {}", describe(&a)))
-                .await;
+            agent.say(&session, &format!("outcome {}", describe(&a))).await;
         }
         "wait_cancel" => {
             let a = agent
                 .request("session/request_permission", permission_params(&session))
                 .await;
-            agent
-                .say(&session, &format!("outcome {}", describe(&a)))
-                .await;
+            agent.say(&session, &format!("outcome {}", describe(&a))).await;
             let _ = cancel_rx.wait_for(|v| *v != cancel_seen).await;
             stop = "cancelled".into();
         }
@@ -236,20 +224,16 @@ async fn run_prompt(agent: Agent, id: Value, session: String, text: String) {
             let id = agent.next_id.fetch_add(1, Ordering::SeqCst);
             let a2 = agent.clone();
             let params = permission_params(&session);
-            let waiter = tokio::spawn(async move {
-                a2.request_with_id(id, "session/request_permission", params)
-                    .await
-            });
+            let waiter =
+                tokio::spawn(
+                    async move { a2.request_with_id(id, "session/request_permission", params).await },
+                );
             tokio::time::sleep(std::time::Duration::from_millis(300)).await;
             agent
-                .send(
-                    json!({"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":id}}),
-                )
+                .send(json!({"jsonrpc":"2.0","method":"$/cancel_request","params":{"requestId":id}}))
                 .await;
             let a = waiter.await.unwrap_or(Value::Null);
-            agent
-                .say(&session, &format!("cancelled {}", describe(&a)))
-                .await;
+            agent.say(&session, &format!("cancelled {}", describe(&a))).await;
         }
         "dup_id" => {
             let id = agent.next_id.fetch_add(1, Ordering::SeqCst);
@@ -299,14 +283,17 @@ async fn run_prompt(agent: Agent, id: Value, session: String, text: String) {
                     .send(json!({"jsonrpc":"2.0","method":"elicitation/complete","params":{"elicitationId":"e1"}}))
                     .await;
             }
-            agent
-                .say(&session, &format!("elicit {}", describe(&a)))
-                .await;
+            agent.say(&session, &format!("elicit {}", describe(&a))).await;
         }
         "tool" => {
             agent.update(&session, json!({"sessionUpdate":"agent_thought_chunk","content":{"type":"text","text":"thinking"}})).await;
             agent.update(&session, json!({"sessionUpdate":"tool_call","toolCallId":"t1","title":"List files","kind":"execute","status":"pending","rawInput":{"cmd":"ls"}})).await;
-            agent.update(&session, json!({"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"in_progress"})).await;
+            agent
+                .update(
+                    &session,
+                    json!({"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"in_progress"}),
+                )
+                .await;
             agent.update(&session, json!({"sessionUpdate":"tool_call_update","toolCallId":"t1","status":"completed","content":[{"type":"content","content":{"type":"text","text":"a.txt"}}],"rawOutput":{"files":["a.txt"]}})).await;
             agent.update(&session, json!({"sessionUpdate":"plan","entries":[{"content":"step one","priority":"high","status":"completed"}]})).await;
             agent.update(&session, json!({"sessionUpdate":"usage_update","used":1200,"size":200000,"cost":{"amount":0.01,"currency":"USD"}})).await;
@@ -317,11 +304,7 @@ async fn run_prompt(agent: Agent, id: Value, session: String, text: String) {
             let _ = cancel_rx.wait_for(|v| *v != cancel_seen).await;
             stop = "cancelled".into();
         }
-        _ => {
-            agent
-                .say(&session, &format!("unknown command {cmd:?}"))
-                .await
-        }
+        _ => agent.say(&session, &format!("unknown command {cmd:?}")).await,
     }
     if cmd == "hang" && stop != "cancelled" {
         return;
@@ -329,12 +312,7 @@ async fn run_prompt(agent: Agent, id: Value, session: String, text: String) {
     agent.respond(&id, json!({"stopReason": stop})).await;
 }
 
-async fn run_malformed(
-    agent: Agent,
-    id: Value,
-    session: String,
-    errors: watch::Receiver<Option<Value>>,
-) {
+async fn run_malformed(agent: Agent, id: Value, session: String, errors: watch::Receiver<Option<Value>>) {
     let mut errors = errors;
     agent.write("this is not json {").await;
     let got = errors.wait_for(Option::is_some).await.map(|v| v.clone());
@@ -343,9 +321,7 @@ async fn run_malformed(
         .flatten()
         .and_then(|e| e.get("code").cloned())
         .unwrap_or(Value::Null);
-    agent
-        .say(&session, &format!("parse error code {code}"))
-        .await;
+    agent.say(&session, &format!("parse error code {code}")).await;
     agent.respond(&id, json!({"stopReason":"end_turn"})).await;
 }
 
