@@ -171,10 +171,10 @@ async fn reader_loop<R: AsyncRead + Unpin>(reader: R, tx: mpsc::Sender<Vec<Item>
         let end = matches!(item, Some(Item::End(_)));
         batch.extend(item);
         let more_buffered = reader.buffer().contains(&b'\n');
-        if end || batch.len() >= 256 || (!more_buffered && !batch.is_empty()) {
-            if tx.send(std::mem::take(&mut batch)).await.is_err() || end {
-                return;
-            }
+        if (end || batch.len() >= 256 || (!more_buffered && !batch.is_empty()))
+            && (tx.send(std::mem::take(&mut batch)).await.is_err() || end)
+        {
+            return;
         }
     }
 }
