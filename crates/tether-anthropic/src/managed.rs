@@ -336,6 +336,7 @@ impl ManagedAgents {
             let fresh = !id.is_empty() && !cx.sink.has_seen(&id).await;
             if record {
                 if cx.sink.emit(to_event(ev)).await? {
+                    live_text(cx, ev).await;
                     self.absorb_turn(ev);
                 }
             } else if !id.is_empty() {
@@ -470,6 +471,7 @@ impl ManagedAgents {
         if !cx.sink.emit(to_event(&ev)).await? {
             return Ok(None); // delivered twice: already recorded and handled
         }
+        live_text(cx, &ev).await;
         self.absorb_tools(&ev);
         self.absorb_turn(&ev);
         match boundary_of(&ev) {
@@ -690,13 +692,8 @@ fn kind_of(ev: &Value) -> EventKind {
             tool_use: ToolUse::new(id, ev["name"].as_str().unwrap_or_default(), input_of(ev)),
             message_id: None,
         },
-        "user.custom_tool_result" => EventKind::ToolResult {
-            result: ToolResult {
-                tool_use_id: ev["custom_tool_use_id"].as_str().unwrap_or_default().to_owned(),
-                content: text_of(&ev["content"]),
-                is_error: ev["is_error"].as_bool().unwrap_or(false),
-            },
-        },
+        // `user.*` events are echoes of what we posted (the engine already recorded the tool
+        // results as `tether.tool_result`): kept raw, not normalized a second time.
         "span.model_request_end" => match usage_of(ev) {
             Some(usage) => EventKind::Usage { usage },
             None => EventKind::Other,
@@ -709,6 +706,27 @@ fn kind_of(ev: &Value) -> EventKind {
             status: t.trim_start_matches("session.status_").to_owned(),
         },
         _ => EventKind::Other,
+    }
+}
+
+/// Live text for front-ends that stream: an `agent.message` arrives whole, so its text is
+/// delivered once as a delta right after the durable event.
+async fn live_text(cx: &TurnContext, ev: &Value) {
+    if ev["type"] == "agent.message" {
+        let text = text_of(&ev["content"]);
+        if !text.is_empty() {
+            cx.sink
+                .emit_live(Event::new(
+                    "",
+                    "managed.text_delta",
+                    Value::Null,
+                    EventKind::TextDelta {
+                        message_id: ev["id"].as_str().unwrap_or_default().to_owned(),
+                        delta: text,
+                    },
+                ))
+                .await;
+        }
     }
 }
 

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod acp_cmd;
+mod providers;
 mod run;
 
 /// Run any AI agent, wherever its loop lives, with the tools kept local.
@@ -16,6 +17,7 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant)] // parsed once; boxing buys nothing
 enum Command {
     /// Run one prompt to completion with the workspace tools over the current directory.
     Run(run::RunArgs),

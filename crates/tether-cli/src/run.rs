@@ -47,6 +47,9 @@ pub struct RunArgs {
     /// Use non-streaming requests.
     #[arg(long)]
     pub no_stream: bool,
+    /// Where the loop lives (openai, anthropic, managed, agentcore) and what each needs.
+    #[command(flatten)]
+    pub provider: crate::providers::ProviderArgs,
 }
 
 /// Asks on the terminal; anything but y/yes/a/always (or end of input) refuses.
@@ -85,6 +88,9 @@ fn fail(msg: impl std::fmt::Display) -> ExitCode {
 
 /// Turns an error into a message a person can act on.
 fn explain(e: &Error, base_url: &str, model: &str) -> String {
+    if let Some(m) = crate::providers::explain(e, base_url) {
+        return m;
+    }
     match e {
         Error::Transport {
             kind: tether::TransportKind::Refused,
@@ -173,7 +179,13 @@ fn print_event(e: &Event, json_mode: bool, at_line_start: &mut bool) {
 
 /// Runs `tether run`.
 pub async fn run(args: RunArgs) -> ExitCode {
-    let Some(base_url) = args.base_url.clone().filter(|s| !s.trim().is_empty()) else {
+    let remote = match crate::providers::build_remote(&args.provider) {
+        Ok(r) => r,
+        Err(m) => return fail(m),
+    };
+    let remote_label = remote.as_ref().map(|_| args.provider.label());
+    let Some(base_url) = remote_label.or_else(|| args.base_url.clone().filter(|s| !s.trim().is_empty()))
+    else {
         return fail(
             "no model endpoint configured: pass --base-url or set OPENAI_BASE_URL \
              (e.g. http://127.0.0.1:8080/v1 for a local llama-server)",
@@ -201,6 +213,9 @@ pub async fn run(args: RunArgs) -> ExitCode {
     } else {
         workspace.approver(TerminalApprover)
     };
+    if let Some(p) = remote {
+        return run_with(p, workspace, &args, &base_url, &model_name).await;
+    }
     let mut builder = tether_openai::OpenAiModel::builder(&base_url)
         .model(model_name.clone())
         .stream(!args.no_stream);

@@ -1,0 +1,205 @@
+//! `--provider`: where the loop of `tether run` lives, and the options each remote provider needs.
+//!
+//! `openai` (the default) is built by `run.rs` itself; [`build_remote`] builds the others:
+//! - `anthropic`: the local loop over the Anthropic Messages API (`ANTHROPIC_API_KEY`);
+//! - `managed`: Claude Managed Agents — a new session on `--agent-id` + `--environment-id`, or
+//!   `--session-id` to reattach;
+//! - `agentcore`: Bedrock AgentCore — `--harness-arn` (InvokeHarness) or `--runtime-arn`
+//!   (InvokeAgentRuntime), signed with the standard AWS environment credentials.
+
+use tether::local::LocalLoop;
+use tether::{Error, Provider};
+use tether_agentcore::{AgentCore, AgentCoreConfig, AwsCredentials, Target};
+use tether_anthropic::{ClientConfig, ManagedAgents, ManagedConfig, MessagesModel};
+
+/// Which provider runs the loop.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ProviderKind {
+    /// The local loop over an OpenAI-compatible endpoint (`--base-url`).
+    #[default]
+    Openai,
+    /// The local loop over the Anthropic Messages API.
+    Anthropic,
+    /// Claude Managed Agents (remote loop, tools kept local).
+    Managed,
+    /// Amazon Bedrock AgentCore (remote loop, tools kept local).
+    Agentcore,
+}
+
+/// Provider options of `tether run`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ProviderArgs {
+    /// Where the agent loop lives.
+    #[arg(long, value_enum, default_value_t = ProviderKind::Openai, env = "TETHER_PROVIDER")]
+    pub provider: ProviderKind,
+    /// Anthropic API key (anthropic, managed).
+    #[arg(long, env = "ANTHROPIC_API_KEY", hide_env_values = true)]
+    pub anthropic_api_key: Option<String>,
+    /// Anthropic API origin (default https://api.anthropic.com).
+    #[arg(long, env = "ANTHROPIC_BASE_URL")]
+    pub anthropic_base_url: Option<String>,
+    /// Model for `--provider anthropic`.
+    #[arg(long, env = "ANTHROPIC_MODEL", default_value = "claude-sonnet-4-5")]
+    pub anthropic_model: String,
+    /// Managed Agents agent id (with --environment-id).
+    #[arg(long, env = "TETHER_MANAGED_AGENT_ID")]
+    pub agent_id: Option<String>,
+    /// Managed Agents environment id.
+    #[arg(long, env = "TETHER_MANAGED_ENVIRONMENT_ID")]
+    pub environment_id: Option<String>,
+    /// Reattach to an existing session (managed), or the runtime session id to use (agentcore).
+    #[arg(long)]
+    pub session_id: Option<String>,
+    /// AgentCore runtime ARN (InvokeAgentRuntime).
+    #[arg(long, env = "TETHER_AGENTCORE_RUNTIME_ARN")]
+    pub runtime_arn: Option<String>,
+    /// AgentCore harness ARN (InvokeHarness).
+    #[arg(long, env = "TETHER_AGENTCORE_HARNESS_ARN")]
+    pub harness_arn: Option<String>,
+    /// AgentCore endpoint name (qualifier; default DEFAULT).
+    #[arg(long)]
+    pub qualifier: Option<String>,
+    /// AWS region (default: AWS_REGION, then AWS_DEFAULT_REGION, then us-east-1).
+    #[arg(long)]
+    pub region: Option<String>,
+    /// AgentCore data-plane origin override (for tests and private endpoints).
+    #[arg(long, env = "TETHER_AGENTCORE_ENDPOINT", hide = true)]
+    pub agentcore_endpoint: Option<String>,
+}
+
+impl ProviderArgs {
+    /// A label naming the provider and where it is reached, for messages.
+    pub fn label(&self) -> String {
+        match self.provider {
+            ProviderKind::Openai => "openai".into(),
+            ProviderKind::Anthropic => format!("anthropic Messages at {}", self.anthropic_origin()),
+            ProviderKind::Managed => format!("anthropic Managed Agents at {}", self.anthropic_origin()),
+            ProviderKind::Agentcore => "Bedrock AgentCore".into(),
+        }
+    }
+
+    fn anthropic_origin(&self) -> String {
+        self.anthropic_base_url
+            .clone()
+            .filter(|u| !u.trim().is_empty())
+            .unwrap_or_else(|| tether_anthropic::http::DEFAULT_BASE_URL.into())
+    }
+
+    fn anthropic_config(&self) -> Result<ClientConfig, String> {
+        let key = self
+            .anthropic_api_key
+            .clone()
+            .filter(|k| !k.trim().is_empty())
+            .ok_or_else(|| {
+                format!(
+                    "--provider {} needs an Anthropic API key: set ANTHROPIC_API_KEY (or pass --anthropic-api-key)",
+                    if self.provider == ProviderKind::Managed { "managed" } else { "anthropic" }
+                )
+            })?;
+        Ok(ClientConfig::new(key).base_url(self.anthropic_origin()))
+    }
+}
+
+fn some(v: &Option<String>) -> Option<String> {
+    v.clone().filter(|s| !s.trim().is_empty())
+}
+
+/// Builds the provider for `--provider anthropic|managed|agentcore`; `None` for `openai` (built
+/// by the caller). Errors are messages a person can act on (missing key, ids, ARN, credentials).
+pub fn build_remote(args: &ProviderArgs) -> Result<Option<Box<dyn Provider>>, String> {
+    match args.provider {
+        ProviderKind::Openai => Ok(None),
+        ProviderKind::Anthropic => {
+            let cfg = args.anthropic_config()?;
+            let model = MessagesModel::new(cfg, args.anthropic_model.clone()).map_err(|e| e.to_string())?;
+            Ok(Some(Box::new(
+                LocalLoop::new(model).model_name(args.anthropic_model.clone()),
+            )))
+        }
+        ProviderKind::Managed => {
+            let client = args.anthropic_config()?;
+            let cfg = match (
+                some(&args.session_id),
+                some(&args.agent_id),
+                some(&args.environment_id),
+            ) {
+                (Some(sid), _, _) => ManagedConfig::reattach(client, sid),
+                (None, Some(agent), Some(env)) => ManagedConfig::new(client, agent, env),
+                _ => {
+                    return Err("--provider managed needs --agent-id and --environment-id \
+                                (or TETHER_MANAGED_AGENT_ID and TETHER_MANAGED_ENVIRONMENT_ID) to start a \
+                                session, or --session-id to reattach to one"
+                        .into());
+                }
+            };
+            let p = ManagedAgents::new(cfg).map_err(|e| e.to_string())?;
+            Ok(Some(Box::new(p)))
+        }
+        ProviderKind::Agentcore => {
+            let target = match (some(&args.harness_arn), some(&args.runtime_arn)) {
+                (Some(arn), None) => Target::Harness {
+                    arn,
+                    qualifier: some(&args.qualifier),
+                },
+                (None, Some(arn)) => Target::Runtime {
+                    arn,
+                    qualifier: some(&args.qualifier),
+                },
+                (Some(_), Some(_)) => {
+                    return Err(
+                        "--provider agentcore takes one of --harness-arn and --runtime-arn, not both".into(),
+                    );
+                }
+                (None, None) => {
+                    return Err("--provider agentcore needs --runtime-arn (InvokeAgentRuntime) or --harness-arn \
+                                (InvokeHarness), or TETHER_AGENTCORE_RUNTIME_ARN / TETHER_AGENTCORE_HARNESS_ARN"
+                        .into());
+                }
+            };
+            let creds = AwsCredentials::from_env().map_err(|e| match e {
+                Error::Auth(m) => m,
+                other => other.to_string(),
+            })?;
+            let region = tether_agentcore::sigv4::resolve_region(args.region.as_deref());
+            let mut cfg = AgentCoreConfig::new(target, region, creds);
+            cfg.endpoint = some(&args.agentcore_endpoint);
+            cfg.session_id = some(&args.session_id);
+            let p = AgentCore::new(cfg).map_err(|e| e.to_string())?;
+            Ok(Some(Box::new(p)))
+        }
+    }
+}
+
+/// A provider-specific explanation of `e` for a run labelled by [`ProviderArgs::label`], or
+/// `None` when the label is not a remote provider's.
+pub fn explain(e: &Error, label: &str) -> Option<String> {
+    let anthropic = label.starts_with("anthropic ");
+    let agentcore = label.starts_with("Bedrock AgentCore");
+    if !anthropic && !agentcore {
+        return None;
+    }
+    Some(match e {
+        Error::Http {
+            status: 401 | 403,
+            message,
+            ..
+        } if anthropic => format!("{label} rejected the API key: {message}. Check ANTHROPIC_API_KEY."),
+        Error::Http {
+            status: 401 | 403,
+            message,
+            ..
+        } => format!(
+            "{label} refused the request: {message}. Check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY / \
+             AWS_SESSION_TOKEN and the role's access to the ARN."
+        ),
+        Error::Http {
+            status: 404, message, ..
+        } => format!("{label} answered 404: {message}. Check the ids / ARN you passed."),
+        Error::Transport {
+            kind: tether::TransportKind::Refused,
+            ..
+        } => format!("could not connect to {label}: connection refused"),
+        Error::Timeout(d) => format!("the run did not finish within {}s (--timeout)", d.as_secs()),
+        _ => format!("{label}: {e}"),
+    })
+}
