@@ -110,7 +110,10 @@ pub struct ChatRequest {
 pub struct ChatResponse {
     /// The assistant message.
     pub message: ChatMessage,
-    /// The raw finish reason (`stop`, `tool_calls`, `length`, `end_turn`, ...); `None` if absent.
+    /// The finish reason in OpenAI's words (`stop`, `tool_calls`, `length`, `content_filter`), which
+    /// the local loop reads: `stop` (or none) ends the turn, tool calls ask for action, anything
+    /// else ends the run `Terminated` with that reason. Models of other APIs map their own reasons
+    /// (Anthropic: `end_turn` → `stop`, `max_tokens` → `length`) and keep the original in `raw`.
     pub finish_reason: Option<String>,
     /// Usage, when reported.
     pub usage: Option<Usage>,

@@ -352,6 +352,17 @@ impl Session {
         self.request(Input::Message(text.into()), cancel).await
     }
 
+    /// Runs one request from any [`Input`]: a provider-specific raw input such as a Managed
+    /// Agents `user.define_outcome` event, or a message. Same rules as [`Session::send`].
+    pub async fn send_input(&mut self, input: Input, cancel: CancellationToken) -> Result<SessionResult> {
+        if !self.pending_tool_uses().is_empty() {
+            return Err(Error::Config(
+                "the session waits for tool results: call submit_tool_results (or resume) first".into(),
+            ));
+        }
+        self.request(input, cancel).await
+    }
+
     /// Resumes a paused request with results for its pending tool uses (front-end tools), or a
     /// reattached session with results for what it waited on. Results for unknown ids are ignored;
     /// uses still without a result keep the session paused.
@@ -458,7 +469,7 @@ impl Session {
                     .await);
             }
             self.cx.turn = acc.turns + 1;
-            let tr = self.turn_with_reconnect(input).await?;
+            let tr = self.turn_with_reconnect(input, &mut acc).await?;
             acc.turns += 1;
             acc.absorb(&tr);
             if let Some(g) = &self.config.turn_guard {
@@ -572,7 +583,7 @@ impl Session {
         }
     }
 
-    async fn turn_with_reconnect(&mut self, input: Input) -> Result<TurnResult> {
+    async fn turn_with_reconnect(&mut self, input: Input, acc: &mut Acc) -> Result<TurnResult> {
         let mut input = Some(input);
         let mut attempts = 0u32;
         loop {
@@ -614,6 +625,11 @@ impl Session {
             if pending.is_empty() {
                 input = Some(Input::Continue);
             } else {
+                for u in &pending {
+                    if !acc.tool_uses.iter().any(|x| x.id == u.id) {
+                        acc.tool_uses.push(u.clone());
+                    }
+                }
                 let (results, _pending) = run_tools(&self.cx, &self.config, &pending).await?;
                 let results = results
                     .into_iter()
