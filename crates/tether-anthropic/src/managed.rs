@@ -22,6 +22,15 @@
 //! already posted are never posted again). A stream silent for longer than
 //! [`ManagedConfig::stream_idle_timeout`] (default 30 min, heartbeats count) ends the session
 //! with a non-transient error.
+//!
+//! **Stopping.** When the engine drops a turn (a run timeout or a cancel) it calls
+//! [`Provider::interrupt`], which posts `user.interrupt` so the remote loop stops working (and
+//! billing) instead of running on unseen; the custom tool uses in flight are abandoned (never
+//! re-run by a later reconnect). The idle that the interrupt forces is not taken for the end of
+//! the next turn: after an interrupt, boundaries are read past until the echo of the next input
+//! shows it was processed. [`Provider::close`] drops the event stream; the session itself stays
+//! (it can be reattached with its id) unless [`ManagedConfig::archive_on_close`] is set, in which
+//! case `close` also archives it (`POST /v1/sessions/{id}/archive`, once).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::pin::Pin;
@@ -63,6 +72,10 @@ pub struct ManagedConfig {
     pub history_page_size: u32,
     /// A title for sessions this provider creates.
     pub title: Option<String>,
+    /// Archive the session when the provider is closed (default `false`: the session is left
+    /// idle server-side, to be reattached later). Archiving is final: an archived session takes
+    /// no more input. Note that `Session::run` closes the provider at the end of every run.
+    pub archive_on_close: bool,
 }
 
 impl ManagedConfig {
@@ -87,6 +100,7 @@ impl ManagedConfig {
             stream_idle_timeout: Duration::from_secs(30 * 60),
             history_page_size: 100,
             title: None,
+            archive_on_close: false,
         }
     }
 }
@@ -142,6 +156,11 @@ pub struct ManagedAgents {
     /// A turn boundary reached while disconnected (found in history by a reconnect).
     stashed: Option<TurnResult>,
     unposted: Option<Unposted>,
+    /// Set by [`Provider::interrupt`]: the idle it forces is stale for the next turn, whose
+    /// boundaries count only once the echo of this input type (processed) has been seen.
+    after_interrupt: bool,
+    awaiting_echo: Option<String>,
+    archived: bool,
 }
 
 impl std::fmt::Debug for ManagedAgents {
@@ -175,6 +194,9 @@ impl ManagedAgents {
             acc: TurnAcc::default(),
             stashed: None,
             unposted: None,
+            after_interrupt: false,
+            awaiting_echo: None,
+            archived: false,
         })
     }
 
@@ -474,6 +496,11 @@ impl ManagedAgents {
         live_text(cx, &ev).await;
         self.absorb_tools(&ev);
         self.absorb_turn(&ev);
+        if self.awaiting_echo.is_some() {
+            // The idle an earlier interrupt forced, or anything else before our input was
+            // processed: not this turn's end.
+            return Ok(None);
+        }
         match boundary_of(&ev) {
             Boundary::None => Ok(None),
             Boundary::End(t, sr) => Ok(Some(self.take_turn(t, sr, Vec::new()))),
@@ -814,8 +841,13 @@ impl Provider for ManagedAgents {
             .filter(|e| e["type"] == "user.custom_tool_result")
             .filter_map(|e| e["custom_tool_use_id"].as_str().map(str::to_owned))
             .collect();
+        let first_type = events.first().and_then(|e| e["type"].as_str()).map(str::to_owned);
         self.post_events(events).await?;
         self.answered.extend(answered);
+        if self.after_interrupt && first_type.is_some() {
+            self.after_interrupt = false;
+            self.awaiting_echo = first_type;
+        }
         loop {
             let frame = self.next_frame().await?;
             if frame.data.trim().is_empty() || frame.event.as_deref() == Some("ping") {
@@ -834,6 +866,12 @@ impl Provider for ManagedAgents {
             }
             if data["type"] == "ping" {
                 continue;
+            }
+            if let Some(ty) = &self.awaiting_echo
+                && data["type"].as_str() == Some(ty.as_str())
+                && !data["processed_at"].is_null()
+            {
+                self.awaiting_echo = None;
             }
             if let Some(tr) = self.on_event(data, cx).await? {
                 return Ok(tr);
@@ -854,11 +892,39 @@ impl Provider for ManagedAgents {
         if self.session_id.is_none() {
             return Ok(());
         }
-        self.post_events(vec![json!({"type": "user.interrupt"})]).await
+        // Whatever the dropped turn left half-read belongs to the interrupted work.
+        // Input the interrupted request failed to post is dropped with it.
+        self.acc = TurnAcc::default();
+        self.stashed = None;
+        self.awaiting_echo = None;
+        self.unposted = None;
+        let path = format!("/v1/sessions/{}/events", self.sid()?);
+        let body = json!({"events": [{"type": "user.interrupt"}]});
+        // Posted directly (not remembered for a re-post): a late interrupt would stop the next
+        // request instead of this one.
+        self.api.json(Method::POST, &path, Some(&body)).await?;
+        self.after_interrupt = true;
+        // The interrupted custom tool uses are abandoned: a reconnect must not re-run them.
+        let pending: Vec<String> = self.pending_tool_uses().into_iter().map(|u| u.id).collect();
+        self.answered.extend(pending);
+        Ok(())
     }
 
     async fn close(&mut self) -> tether::Result<()> {
         self.stream = None;
+        if self.config.archive_on_close
+            && !self.archived
+            && let Some(sid) = self.session_id.clone()
+        {
+            self.api
+                .json(
+                    Method::POST,
+                    &format!("/v1/sessions/{sid}/archive"),
+                    Some(&json!({})),
+                )
+                .await?;
+            self.archived = true;
+        }
         Ok(())
     }
 }

@@ -407,3 +407,82 @@ async fn live_managed_round_trip() {
         .expect("live run");
     assert_eq!(result.terminal, Terminal::EndTurn);
 }
+
+/// A turn that never reaches a boundary: the agent says something, then nothing more.
+fn stalled_then_answer() -> Vec<Vec<Value>> {
+    vec![
+        vec![json!({"type": "agent.message", "content": [{"type": "text", "text": "working on it"}]})],
+        vec![
+            json!({"type": "agent.message", "content": [{"type": "text", "text": "second answer"}]}),
+            json!({"type": "session.status_idle", "stop_reason": {"type": "end_turn"}}),
+        ],
+    ]
+}
+
+#[tokio::test]
+async fn a_run_timeout_posts_user_interrupt_and_does_not_archive_by_default() {
+    let fake = FakeManaged::start(stalled_then_answer(), ManagedFaults::default()).await;
+    let err = Session::builder(provider(&fake))
+        .timeout(std::time::Duration::from_millis(400))
+        .run("go")
+        .await
+        .expect_err("the stalled run times out");
+    assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    let types: Vec<Value> = fake.posted().into_iter().map(|e| e["type"].clone()).collect();
+    assert_eq!(types, vec![json!("user.message"), json!("user.interrupt")]);
+    assert!(fake.archived_sessions().is_empty(), "archiving is opt-in");
+}
+
+#[tokio::test]
+async fn a_cancel_interrupts_and_the_next_request_ends_at_its_own_idle() {
+    let fake = FakeManaged::start(stalled_then_answer(), ManagedFaults::default()).await;
+    let session = Session::builder(provider(&fake)).open().await.expect("open");
+    let mut handle = session.spawn();
+    let mut live = handle.subscribe(64).await;
+    handle.send("first").await.expect("send");
+    // Wait until the stalled turn is under way, then cancel it.
+    while let Some(e) = live.recv().await {
+        if e.raw_type == "agent.message" {
+            break;
+        }
+    }
+    handle.cancel();
+    let first = handle.next_result().await.expect("a result");
+    assert!(matches!(first, Err(Error::Cancelled)), "{first:?}");
+    assert!(
+        fake.posted().iter().any(|e| e["type"] == "user.interrupt"),
+        "{:?}",
+        fake.posted()
+    );
+    // The idle the interrupt forced is already on the stream: it must not end this request.
+    handle.send("second").await.expect("send");
+    let second = handle.next_result().await.expect("a result").expect("second run");
+    assert_eq!(second.terminal, Terminal::EndTurn);
+    assert_eq!(second.text, "second answer");
+    handle.close().await;
+}
+
+#[tokio::test]
+async fn close_archives_the_session_when_asked() {
+    let fake = FakeManaged::start(tool_turns(), ManagedFaults::default()).await;
+    let mut cfg = ManagedConfig::new(
+        ClientConfig::new("sk-test").base_url(fake.url()),
+        "agent_1",
+        "env_1",
+    );
+    cfg.archive_on_close = true;
+    let calls = Arc::new(AtomicU32::new(0));
+    let result = Session::builder(ManagedAgents::new(cfg).expect("provider"))
+        .handler(counting_tools(calls))
+        .run("What is x?")
+        .await
+        .expect("run");
+    assert_eq!(result.terminal, Terminal::EndTurn);
+    assert_eq!(fake.archived_sessions(), vec![result.session_id.clone()]);
+    let archives = fake
+        .requests()
+        .into_iter()
+        .filter(|(_, p)| p.ends_with("/archive"))
+        .count();
+    assert_eq!(archives, 1);
+}

@@ -12,7 +12,10 @@
 //! Faults ([`ManagedFaults`]): drop the live stream right after the first event of a type, deliver
 //! every event twice, answer stream opens with error statuses, page history in small pages, or
 //! repeat the last cursor. Agents and environments endpoints exist for provisioning tests, with
-//! a forced status for environment creation.
+//! a forced status for environment creation. `user.interrupt` stops the turn in flight (an idle
+//! with `end_turn` follows at once; the script's next turn plays on the next input), and
+//! `POST /v1/sessions/{id}/archive` archives a session (later posts to it answer 409). A turn
+//! scripted without a boundary event stalls: the stream stays open with nothing more on it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -66,6 +69,7 @@ struct St {
     requests: Vec<(String, String)>,
     agents: Vec<Value>,
     environments: Vec<Value>,
+    archived_sessions: Vec<String>,
 }
 
 impl St {
@@ -255,6 +259,9 @@ async fn events(
     if !g.sessions.contains_key(&sid) {
         return error(404, "not_found_error", "no such session");
     }
+    if method == Method::POST && g.archived_sessions.contains(&sid) {
+        return error(409, "invalid_request_error", "the session is archived");
+    }
     if method == Method::GET {
         let limit: usize = query(&uri, "limit").and_then(|l| l.parse().ok()).unwrap_or(100);
         let limit = limit.min(g.faults.page_size.unwrap_or(100)).max(1);
@@ -306,9 +313,9 @@ async fn events(
                 play |= waiting_empty(&mut g, ev[key].as_str()) == Some(true);
             }
             "user.interrupt" => {
+                // The turn in flight stops; the script's next turn plays on the next input.
                 if let Some(s) = g.sessions.get_mut(&sid) {
                     s.waiting.clear();
-                    s.turns.clear();
                 }
                 g.emit(
                     &sid,
@@ -380,6 +387,29 @@ async fn archive(State(st): State<Shared>, h: HeaderMap, uri: Uri, Path(id): Pat
     error(404, "not_found_error", "no such resource")
 }
 
+async fn archive_session(
+    State(st): State<Shared>,
+    h: HeaderMap,
+    uri: Uri,
+    Path(sid): Path<String>,
+) -> Response {
+    if let Some(r) = check(&h) {
+        return r;
+    }
+    let mut g = lock(&st);
+    g.requests.push(("POST".into(), uri.path().to_owned()));
+    if !g.sessions.contains_key(&sid) {
+        return error(404, "not_found_error", "no such session");
+    }
+    if !g.archived_sessions.contains(&sid) {
+        g.archived_sessions.push(sid.clone());
+    }
+    if let Some(s) = g.sessions.get_mut(&sid) {
+        s.streams.clear(); // open streams end
+    }
+    ok(json!({"id": sid, "type": "session", "archived_at": "2026-01-01T00:00:00Z"}))
+}
+
 /// The fake Managed Agents server.
 pub struct FakeManaged {
     addr: SocketAddr,
@@ -405,6 +435,7 @@ impl FakeManaged {
             .route("/v1/sessions", post(create_session))
             .route("/v1/sessions/{sid}/events/stream", get(stream))
             .route("/v1/sessions/{sid}/events", get(events).post(events))
+            .route("/v1/sessions/{sid}/archive", post(archive_session))
             .route("/v1/agents", get(collection).post(collection))
             .route("/v1/environments", get(collection).post(collection))
             .route("/v1/agents/{id}/archive", post(archive))
@@ -459,6 +490,12 @@ impl FakeManaged {
     /// `(method, path)` of every request, in order.
     pub fn requests(&self) -> Vec<(String, String)> {
         lock(&self.state).requests.clone()
+    }
+
+    /// Sessions archived so far (`POST /v1/sessions/{id}/archive`); posting events to one
+    /// answers 409.
+    pub fn archived_sessions(&self) -> Vec<String> {
+        lock(&self.state).archived_sessions.clone()
     }
 
     /// Agents created so far (with `archived_at`).
