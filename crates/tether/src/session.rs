@@ -445,15 +445,44 @@ impl Session {
                 Err(Error::Cancelled)
             }
         };
-        if let Some(t) = self.provider.transcript() {
-            let sid = self.info().session_id.clone();
-            self.cx.sink.store().put_state(&sid, "transcript", &t).await?;
-        }
+        self.checkpoint().await?;
         r
+    }
+
+    /// Saves the provider's transcript (state key `transcript`) so a crash loses at most the turn
+    /// in flight: called after every turn and at the end of every request.
+    fn checkpoint(&self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        let transcript = self.provider.transcript();
+        let sink = self.cx.sink.clone();
+        async move {
+            if let Some(t) = transcript {
+                let sid = sink.info().session_id.clone();
+                sink.store().put_state(&sid, "transcript", &t).await?;
+            }
+            Ok(())
+        }
     }
 
     async fn drive(&mut self, first: Input) -> Result<SessionResult> {
         let mut acc = Acc::default();
+        if let Input::Message(text) = &first {
+            // The user's side of the conversation belongs in the record too.
+            self.cx
+                .sink
+                .record(
+                    "",
+                    "tether.user_message",
+                    json!({"text": text}),
+                    EventKind::Message {
+                        message_id: String::new(),
+                        role: crate::event::Role::User,
+                        text: text.clone(),
+                        reasoning: None,
+                        tool_uses: Vec::new(),
+                    },
+                )
+                .await?;
+        }
         let mut input = first;
         let mut reprompts_left = self.config.max_reprompts;
         let terminal_name = self.config.terminal_tool.as_ref().map(|t| t.name.clone());
@@ -472,6 +501,7 @@ impl Session {
             let tr = self.turn_with_reconnect(input, &mut acc).await?;
             acc.turns += 1;
             acc.absorb(&tr);
+            self.checkpoint().await?;
             if let Some(g) = &self.config.turn_guard {
                 let gi = GuardInfo {
                     turns: acc.turns,

@@ -132,14 +132,20 @@ impl EventSink {
             if event.id.is_empty() {
                 event.id = format!("{}:{seq}", self.info().session_id);
             }
-            if !rec.seen.insert(event.id.clone()) {
+            if rec.seen.contains(&event.id) {
                 return Ok(false);
             }
-            rec.next_seq += 1;
             event.seq = Some(seq);
-            // Appending under the record lock keeps the store in sequence order.
+            // Appending under the record lock keeps the store in sequence order; the id and the
+            // number are taken only once the store has the event, so a failed append leaves no
+            // gap and the event can be emitted again.
             let session_id = self.info().session_id.clone();
-            self.inner.store.append(&session_id, &event).await?;
+            if !self.inner.store.append(&session_id, &event).await? {
+                rec.seen.insert(event.id.clone());
+                return Ok(false);
+            }
+            rec.seen.insert(event.id.clone());
+            rec.next_seq += 1;
             rec.events.push(event.clone());
         }
         self.deliver(event).await;
