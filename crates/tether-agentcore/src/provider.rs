@@ -65,6 +65,10 @@ pub struct AgentCoreConfig {
     pub overrides: Map<String, Value>,
     /// Backoff between retries (its sleeper is injectable for tests).
     pub retry: RetryPolicy,
+    /// Runtime mode: also call `StopRuntimeSession` when the provider is closed (default
+    /// `false`: the microVM stays warm for a later reattach with the same session id, until its
+    /// idle timeout). A turn dropped by a cancel or a timeout stops the session regardless.
+    pub stop_session_on_close: bool,
 }
 
 impl AgentCoreConfig {
@@ -91,6 +95,7 @@ impl AgentCoreConfig {
             idle_timeout: Duration::from_secs(300),
             overrides: Map::new(),
             retry: RetryPolicy::default(),
+            stop_session_on_close: false,
         }
     }
 }
@@ -158,6 +163,8 @@ pub struct AgentCore {
     /// The assistant turn awaiting tool results (not persisted by the harness).
     pending_assistant: Option<Value>,
     turns: u64,
+    /// A turn started and did not return (its future was dropped: cancel or timeout).
+    in_flight: bool,
 }
 
 impl std::fmt::Debug for AgentCore {
@@ -191,6 +198,7 @@ impl AgentCore {
             resumed,
             pending_assistant: None,
             turns: 0,
+            in_flight: false,
         })
     }
 
@@ -228,6 +236,49 @@ impl AgentCore {
                 u
             }
         }
+    }
+
+    /// `StopRuntimeSession` (runtime mode): ends the microVM of this session and cuts any stream
+    /// in flight. `POST /runtimes/{arn}/stopruntimesession[?qualifier=]` with the session-id header
+    /// and a fresh `clientToken` (idempotency). Returns whether a request was made.
+    pub async fn stop_runtime_session(&self) -> tether::Result<bool> {
+        let Target::Runtime { arn, qualifier } = &self.config.target else {
+            return Ok(false);
+        };
+        let mut url = format!("{}/runtimes/{}/stopruntimesession", self.origin(), enc(arn));
+        if let Some(q) = qualifier {
+            url.push_str("?qualifier=");
+            url.push_str(&enc(q));
+        }
+        let body = serde_json::to_vec(&json!({"clientToken": new_session_id()}))
+            .map_err(|e| Error::Config(format!("cannot encode the request: {e}")))?;
+        let headers = vec![
+            ("host".to_owned(), host_of(&url)?),
+            ("content-type".to_owned(), "application/json".to_owned()),
+            ("accept".to_owned(), "application/json".to_owned()),
+            (SESSION_HEADER.to_owned(), self.session_id.clone()),
+        ];
+        let signed = sign_request(
+            "POST",
+            &url,
+            &headers,
+            &body,
+            &self.config.credentials,
+            &self.config.region,
+            SERVICE,
+            SystemTime::now(),
+        )?;
+        let mut rb = self.http.post(&url).timeout(Duration::from_secs(30)).body(body);
+        for (k, v) in headers.iter().chain(signed.iter()) {
+            if k != "host" {
+                rb = rb.header(k.as_str(), v.as_str());
+            }
+        }
+        let resp = rb.send().await.map_err(|e| transport(&e, &url))?;
+        if !resp.status().is_success() {
+            return Err(http_error(resp, &url).await);
+        }
+        Ok(true)
     }
 
     fn is_harness(&self) -> bool {
@@ -285,12 +336,7 @@ impl AgentCore {
 
     async fn attempt(&self, body: &[u8], turn_id: &str, cx: &TurnContext, n: u32) -> tether::Result<Attempt> {
         let url = self.url();
-        let parsed =
-            reqwest::Url::parse(&url).map_err(|e| Error::Config(format!("bad AgentCore URL {url}: {e}")))?;
-        let host = match parsed.port() {
-            Some(p) => format!("{}:{p}", parsed.host_str().unwrap_or_default()),
-            None => parsed.host_str().unwrap_or_default().to_owned(),
-        };
+        let host = host_of(&url)?;
         let accept = if self.is_harness() {
             "application/vnd.amazon.eventstream"
         } else {
@@ -448,6 +494,16 @@ impl AgentCore {
         }
         Ok(Attempt::Done(Box::new((fold, frames))))
     }
+}
+
+/// The `host` header value for `url` (with the port when one is given).
+fn host_of(url: &str) -> tether::Result<String> {
+    let parsed =
+        reqwest::Url::parse(url).map_err(|e| Error::Config(format!("bad AgentCore URL {url}: {e}")))?;
+    Ok(match parsed.port() {
+        Some(p) => format!("{}:{p}", parsed.host_str().unwrap_or_default()),
+        None => parsed.host_str().unwrap_or_default().to_owned(),
+    })
 }
 
 fn tool_result_block(r: &ToolResult) -> Value {
@@ -636,6 +692,45 @@ impl Provider for AgentCore {
     }
 
     async fn turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {
+        // Cleared only when the turn returns: a dropped future leaves it set for `interrupt`.
+        self.in_flight = true;
+        let r = self.drive_turn(input, cx).await;
+        self.in_flight = false;
+        r
+    }
+
+    async fn record_tool_results(
+        &mut self,
+        _uses: &[ToolUse],
+        _results: &[ToolResult],
+    ) -> tether::Result<()> {
+        self.pending_assistant = None;
+        Ok(())
+    }
+
+    /// After a dropped turn (cancel, timeout): in runtime mode, `StopRuntimeSession`, so the
+    /// container stops working (and billing). The harness API has no stop call: dropping the
+    /// turn closed its connection, and the uncommitted tool-use turn is not persisted there.
+    async fn interrupt(&mut self) -> tether::Result<()> {
+        if !std::mem::take(&mut self.in_flight) {
+            return Ok(());
+        }
+        self.pending_assistant = None;
+        self.stop_runtime_session().await.map(|_| ())
+    }
+
+    /// Runtime mode with [`AgentCoreConfig::stop_session_on_close`]: `StopRuntimeSession`.
+    /// Otherwise nothing: the remote session stays reattachable by its id.
+    async fn close(&mut self) -> tether::Result<()> {
+        if self.config.stop_session_on_close {
+            self.stop_runtime_session().await?;
+        }
+        Ok(())
+    }
+}
+
+impl AgentCore {
+    async fn drive_turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {
         if matches!(input, Input::Continue) {
             return Err(Error::Config(
                 "AgentCore cannot continue without input: there is no turn in flight to resume".into(),
@@ -739,15 +834,6 @@ impl Provider for AgentCore {
             server_tool_uses: fold.server_tool_uses(),
             usage: fold.usage.clone(),
         })
-    }
-
-    async fn record_tool_results(
-        &mut self,
-        _uses: &[ToolUse],
-        _results: &[ToolResult],
-    ) -> tether::Result<()> {
-        self.pending_assistant = None;
-        Ok(())
     }
 }
 

@@ -342,3 +342,142 @@ async fn live_agentcore_round_trip() {
         .expect("live run");
     assert_eq!(result.terminal, Terminal::EndTurn);
 }
+
+fn runtime() -> Target {
+    Target::Runtime {
+        arn: "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/agent-abc".into(),
+        qualifier: Some("DEFAULT".into()),
+    }
+}
+
+#[tokio::test]
+async fn a_run_timeout_stops_the_runtime_session() {
+    let fake = FakeAgentCore::start(vec![Reply::StallSse(
+        "data: {\"type\":\"text\",\"text\":\"thinking\"}\n\n".into(),
+    )])
+    .await;
+    let sleeper = RecordingSleeper::default();
+    let err = Session::builder(AgentCore::new(config(&fake, runtime(), &sleeper)).expect("provider"))
+        .timeout(Duration::from_millis(400))
+        .run("hi")
+        .await
+        .expect_err("the stalled run times out");
+    assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    let stop = &reqs[1];
+    assert!(stop.path.ends_with("/stopruntimesession"), "{}", stop.path);
+    assert!(stop.path.starts_with("/runtimes/arn%3Aaws"), "{}", stop.path);
+    assert_eq!(stop.query, "qualifier=DEFAULT");
+    let sid = |r: &tether_testkit::agentcore::Recorded| {
+        r.header("x-amzn-bedrock-agentcore-runtime-session-id")
+            .map(str::to_owned)
+    };
+    assert_eq!(sid(stop), sid(&reqs[0]), "the same runtime session");
+    assert!(
+        stop.body["clientToken"].as_str().is_some_and(|t| t.len() >= 33),
+        "{}",
+        stop.body
+    );
+    assert!(
+        stop.header("authorization")
+            .is_some_and(|a| a.contains("/bedrock-agentcore/aws4_request"))
+    );
+}
+
+#[tokio::test]
+async fn a_finished_runtime_run_is_not_stopped_unless_asked() {
+    let reply = || Reply::Json(json!({"text": "done", "stop_reason": "end_turn"}));
+    let fake = FakeAgentCore::start(vec![reply(), reply()]).await;
+    let sleeper = RecordingSleeper::default();
+    Session::builder(AgentCore::new(config(&fake, runtime(), &sleeper)).expect("provider"))
+        .run("hi")
+        .await
+        .expect("run");
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "no StopRuntimeSession after a finished run"
+    );
+    let mut cfg = config(&fake, runtime(), &sleeper);
+    cfg.stop_session_on_close = true;
+    Session::builder(AgentCore::new(cfg).expect("provider"))
+        .run("hi")
+        .await
+        .expect("run");
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 3);
+    assert!(reqs[2].path.ends_with("/stopruntimesession"));
+}
+
+#[tokio::test]
+async fn a_harness_timeout_sends_no_stop() {
+    let fake = FakeAgentCore::start(vec![Reply::StallFrames(vec![event_frame(
+        "messageStart",
+        &json!({"role": "assistant"}),
+    )])])
+    .await;
+    let sleeper = RecordingSleeper::default();
+    let err = Session::builder(AgentCore::new(config(&fake, harness(), &sleeper)).expect("provider"))
+        .timeout(Duration::from_millis(400))
+        .run("hi")
+        .await
+        .expect_err("timeout");
+    assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    assert_eq!(fake.requests().len(), 1, "the harness API has no stop call");
+}
+
+#[tokio::test]
+async fn a_stream_silent_past_the_idle_timeout_fails_the_attempt_and_is_retried() {
+    let mut head = golden_frames("final_turn.json");
+    head.truncate(2); // messageStart and a delta, then silence
+    let fake = FakeAgentCore::start(vec![
+        Reply::StallFrames(head),
+        Reply::Frames(golden_frames("final_turn.json")),
+    ])
+    .await;
+    let sleeper = RecordingSleeper::default();
+    let mut cfg = config(&fake, harness(), &sleeper);
+    cfg.idle_timeout = Duration::from_millis(200);
+    let result = Session::builder(AgentCore::new(cfg).expect("provider"))
+        .run("hi")
+        .await
+        .expect("run");
+    assert_eq!(result.text, "x is 42.");
+    assert_eq!(fake.requests().len(), 2);
+    assert_eq!(sleeper.slept().len(), 1, "one backoff before the retry");
+    let retry = result
+        .events
+        .iter()
+        .find(|e| e.raw_type == "agentcore.retry")
+        .expect("a retry event");
+    assert_eq!(retry.raw["attempt"], 1);
+}
+
+#[tokio::test]
+async fn a_stream_silent_past_the_idle_timeout_without_retries_is_a_transport_error() {
+    let fake = FakeAgentCore::start(vec![Reply::StallFrames(vec![event_frame(
+        "messageStart",
+        &json!({"role": "assistant"}),
+    )])])
+    .await;
+    let sleeper = RecordingSleeper::default();
+    let mut cfg = config(&fake, harness(), &sleeper);
+    cfg.idle_timeout = Duration::from_millis(200);
+    cfg.invoke_retries = 0;
+    let err = Session::builder(AgentCore::new(cfg).expect("provider"))
+        .run("hi")
+        .await
+        .expect_err("idle");
+    assert!(
+        matches!(
+            &err,
+            Error::Transport {
+                kind: tether::TransportKind::Idle | tether::TransportKind::Timeout,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(err.is_transient());
+}

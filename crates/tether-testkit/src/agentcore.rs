@@ -7,6 +7,10 @@
 //! SigV4 `authorization` for service `bedrock-agentcore` and a session id of 33–256 characters,
 //! else it is refused like AWS would (403 / 400 `ValidationException`). Every request is
 //! recorded. Stream bodies are sent in small chunks so frames straddle reads.
+//!
+//! Stalled replies ([`Reply::StallFrames`], [`Reply::StallSse`]) send their bytes and then
+//! nothing, keeping the connection open, until `StopRuntimeSession`
+//! (`POST /runtimes/{arn}/stopruntimesession`, recorded like invocations) ends them.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -18,6 +22,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Uri};
 use axum::response::Response;
 use axum::routing::post;
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 fn crc32(data: &[u8]) -> u32 {
@@ -116,6 +121,10 @@ pub enum Reply {
     Sse(String),
     /// An error status with an AWS JSON error body (`x-amzn-errortype` set from `kind`).
     Status(u16, String, String),
+    /// Like [`Reply::Frames`], then silence with the connection open (until a stop).
+    StallFrames(Vec<Vec<u8>>),
+    /// Like [`Reply::Sse`], then silence with the connection open (until a stop).
+    StallSse(String),
 }
 
 /// A recorded request.
@@ -141,10 +150,11 @@ impl Recorded {
     }
 }
 
-#[derive(Default)]
 struct St {
     script: VecDeque<Reply>,
     requests: Vec<Recorded>,
+    /// Flipped by StopRuntimeSession: stalled bodies end.
+    stopped: tokio::sync::watch::Sender<bool>,
 }
 
 type Shared = Arc<Mutex<St>>;
@@ -158,7 +168,29 @@ fn aws_error(status: u16, kind: &str, message: &str) -> Response {
         .unwrap_or_default()
 }
 
+/// A body of `chunks` that then stays open until a stop.
+fn stalled(chunks: Vec<Bytes>, st: &Shared) -> Body {
+    let mut stopped = st.lock().unwrap_or_else(|p| p.into_inner()).stopped.subscribe();
+    let head = futures_util::stream::iter(chunks.into_iter().map(Ok::<_, std::io::Error>));
+    let tail = futures_util::stream::once(async move {
+        let _ = stopped.wait_for(|s| *s).await;
+    })
+    .filter_map(|_| async { None::<Result<Bytes, std::io::Error>> });
+    Body::from_stream(head.chain(tail))
+}
+
+fn halves(frames: Vec<Vec<u8>>) -> Vec<Bytes> {
+    let mut chunks = Vec::new();
+    for f in frames {
+        let mid = f.len() / 2;
+        chunks.push(Bytes::copy_from_slice(&f[..mid]));
+        chunks.push(Bytes::copy_from_slice(&f[mid..]));
+    }
+    chunks
+}
+
 async fn invoke(State(st): State<Shared>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let stop = uri.path().ends_with("/stopruntimesession");
     let rec = Recorded {
         path: uri.path().to_owned(),
         query: uri.query().unwrap_or_default().to_owned(),
@@ -194,16 +226,26 @@ async fn invoke(State(st): State<Shared>, uri: Uri, headers: HeaderMap, body: By
                 "runtimeSessionId must be 33-256 characters",
             );
         }
+        if stop {
+            g.stopped.send_replace(true);
+            let sid = rec
+                .header("x-amzn-bedrock-agentcore-runtime-session-id")
+                .unwrap_or_default()
+                .to_owned();
+            return Response::builder()
+                .status(200)
+                .header("content-type", "application/json")
+                .header("x-amzn-bedrock-agentcore-runtime-session-id", sid.as_str())
+                .body(Body::from(
+                    json!({"runtimeSessionId": sid, "statusCode": 200}).to_string(),
+                ))
+                .unwrap_or_default();
+        }
         g.script.pop_front()
     };
     match reply {
         Some(Reply::Frames(frames)) => {
-            let mut chunks: Vec<Result<Bytes, std::io::Error>> = Vec::new();
-            for f in frames {
-                let mid = f.len() / 2;
-                chunks.push(Ok(Bytes::copy_from_slice(&f[..mid])));
-                chunks.push(Ok(Bytes::copy_from_slice(&f[mid..])));
-            }
+            let chunks: Vec<Result<Bytes, std::io::Error>> = halves(frames).into_iter().map(Ok).collect();
             Response::builder()
                 .status(200)
                 .header("content-type", "application/vnd.amazon.eventstream")
@@ -221,6 +263,16 @@ async fn invoke(State(st): State<Shared>, uri: Uri, headers: HeaderMap, body: By
             .body(Body::from(s))
             .unwrap_or_default(),
         Some(Reply::Status(status, kind, message)) => aws_error(status, &kind, &message),
+        Some(Reply::StallFrames(frames)) => Response::builder()
+            .status(200)
+            .header("content-type", "application/vnd.amazon.eventstream")
+            .body(stalled(halves(frames), &st))
+            .unwrap_or_default(),
+        Some(Reply::StallSse(s)) => Response::builder()
+            .status(200)
+            .header("content-type", "text/event-stream")
+            .body(stalled(vec![Bytes::from(s)], &st))
+            .unwrap_or_default(),
         None => aws_error(500, "InternalServerException", "fake: the script is exhausted"),
     }
 }
@@ -244,10 +296,12 @@ impl FakeAgentCore {
         let state = Arc::new(Mutex::new(St {
             script: script.into(),
             requests: Vec::new(),
+            stopped: tokio::sync::watch::channel(false).0,
         }));
         let app = Router::new()
             .route("/harnesses/invoke", post(invoke))
             .route("/runtimes/{arn}/invocations", post(invoke))
+            .route("/runtimes/{arn}/stopruntimesession", post(invoke))
             .with_state(state.clone());
         let (addr, task) = crate::anthropic::serve(app).await;
         FakeAgentCore { addr, state, task }
