@@ -11,6 +11,11 @@
 //!   → `stop`, `tool_use` → `tool_calls`, `max_tokens` → `length`; anything else is kept), the
 //!   raw one stays in [`ChatResponse::raw`].
 //!
+//! With [`MessagesModel::stream`]`(false)` the request says `stream: false` and the whole message
+//! comes back as JSON; it is replayed through the same assembly as a stream (one delta per block
+//! and kind: text, reasoning, signature, tool-call start / arguments / end), so a front-end sees
+//! the same delta vocabulary, and its content blocks are kept exactly as received.
+//!
 //! One call makes one attempt: 429, 529 and 5xx come back as [`Error::Http`] (and overload errors
 //! inside a 200 stream as [`Error::Stream`]), which the shared retry policy of the loop retries.
 
@@ -23,7 +28,7 @@ use tether::{ChatMessage, ChatModel, ChatRequest, ChatResponse, DeltaSink, Error
 use crate::http::{ClientConfig, error_from_response, stream_error, transport_error};
 use crate::sse::SseDecoder;
 
-/// A [`ChatModel`] over `POST /v1/messages` with `stream: true`.
+/// A [`ChatModel`] over `POST /v1/messages`, streaming by default (see [`MessagesModel::stream`]).
 ///
 /// ```no_run
 /// # fn f() -> tether::Result<()> {
@@ -45,6 +50,7 @@ pub struct MessagesModel {
     cache: bool,
     betas: Vec<String>,
     extra: Map<String, Value>,
+    stream: bool,
 }
 
 impl MessagesModel {
@@ -59,6 +65,7 @@ impl MessagesModel {
             cache: false,
             betas: Vec::new(),
             extra: Map::new(),
+            stream: true,
         })
     }
 
@@ -79,6 +86,13 @@ impl MessagesModel {
     /// the last block of the newest message.
     pub fn prompt_cache(mut self, on: bool) -> Self {
         self.cache = on;
+        self
+    }
+
+    /// Whether to stream (default `true`). Without streaming the reply is one JSON message,
+    /// replayed as deltas after it is parsed.
+    pub fn stream(mut self, on: bool) -> Self {
+        self.stream = on;
         self
     }
 
@@ -140,7 +154,7 @@ impl MessagesModel {
         for (k, v) in &self.extra {
             body.insert(k.clone(), v.clone());
         }
-        body.insert("stream".into(), json!(true));
+        body.insert("stream".into(), json!(self.stream));
         Ok(Value::Object(body))
     }
 }
@@ -435,6 +449,65 @@ impl Assembly {
     }
 }
 
+/// The stream events equivalent to a whole (non-streamed) message: one delta per block and kind.
+fn replay_events(msg: &Value) -> Vec<(&'static str, Value)> {
+    let mut start = msg.clone();
+    start["content"] = json!([]);
+    let mut out = vec![(
+        "message_start",
+        json!({"type": "message_start", "message": start}),
+    )];
+    let blocks = msg["content"].as_array().map(Vec::as_slice).unwrap_or_default();
+    for (i, b) in blocks.iter().enumerate() {
+        let delta = |d: Value| ("content_block_delta", json!({"index": i, "delta": d}));
+        match b["type"].as_str().unwrap_or_default() {
+            "text" => {
+                out.push((
+                    "content_block_start",
+                    json!({"index": i, "content_block": {"type": "text", "text": ""}}),
+                ));
+                out.push(delta(json!({"type": "text_delta", "text": b["text"]})));
+            }
+            "thinking" => {
+                out.push((
+                    "content_block_start",
+                    json!({"index": i, "content_block": {"type": "thinking", "thinking": "", "signature": ""}}),
+                ));
+                out.push(delta(
+                    json!({"type": "thinking_delta", "thinking": b["thinking"]}),
+                ));
+                if b["signature"].is_string() {
+                    out.push(delta(
+                        json!({"type": "signature_delta", "signature": b["signature"]}),
+                    ));
+                }
+            }
+            "tool_use" => {
+                let mut head = b.clone();
+                head["input"] = json!({});
+                out.push(("content_block_start", json!({"index": i, "content_block": head})));
+                let input = match &b["input"] {
+                    Value::Null => String::new(),
+                    v => v.to_string(),
+                };
+                out.push(delta(json!({"type": "input_json_delta", "partial_json": input})));
+            }
+            // redacted_thinking, server tool blocks, anything new: whole, as received.
+            _ => out.push(("content_block_start", json!({"index": i, "content_block": b}))),
+        }
+        out.push(("content_block_stop", json!({"index": i})));
+    }
+    out.push((
+        "message_delta",
+        json!({
+            "delta": {"stop_reason": msg["stop_reason"], "stop_sequence": msg["stop_sequence"]},
+            "usage": msg["usage"],
+        }),
+    ));
+    out.push(("message_stop", json!({"type": "message_stop"})));
+    out
+}
+
 fn append_str(v: &mut Value, key: &str, piece: &str) {
     let cur = v[key].as_str().unwrap_or_default();
     v[key] = Value::String(format!("{cur}{piece}"));
@@ -454,7 +527,14 @@ impl ChatModel for MessagesModel {
             .post(&endpoint)
             .header("x-api-key", self.config.api_key.expose())
             .header("anthropic-version", &self.config.anthropic_version)
-            .header("accept", "text/event-stream")
+            .header(
+                "accept",
+                if self.stream {
+                    "text/event-stream"
+                } else {
+                    "application/json"
+                },
+            )
             .json(&body);
         if !self.betas.is_empty() {
             rb = rb.header("anthropic-beta", self.betas.join(","));
@@ -462,6 +542,33 @@ impl ChatModel for MessagesModel {
         let resp = rb.send().await.map_err(|e| transport_error(&e, &endpoint))?;
         if !resp.status().is_success() {
             return Err(error_from_response(resp, &endpoint).await);
+        }
+        if !self.stream {
+            let text = resp.text().await.map_err(|e| transport_error(&e, &endpoint))?;
+            let msg: Value = serde_json::from_str(&text).map_err(|e| {
+                Error::Malformed(format!(
+                    "{endpoint} answered with a message that is not JSON ({e})"
+                ))
+            })?;
+            if msg["type"] == "error" {
+                return Err(stream_error(&msg));
+            }
+            if !msg["content"].is_array() {
+                return Err(Error::Malformed(format!(
+                    "{endpoint} answered without a content array: {msg}"
+                )));
+            }
+            let mut asm = Assembly::default();
+            for (kind, data) in replay_events(&msg) {
+                asm.on_event(kind, &data, deltas).await?;
+            }
+            // The blocks go back exactly as received, not as rebuilt from the replay.
+            let originals = msg["content"].as_array().cloned().unwrap_or_default();
+            for ((_, b), original) in asm.blocks.iter_mut().zip(originals) {
+                b.block = original;
+                b.json_seen = false;
+            }
+            return Ok(asm.finish());
         }
         let mut stream = resp.bytes_stream();
         let mut dec = SseDecoder::new();

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use serde_json::{Value, json};
 use tether::local::LocalLoop;
-use tether::{Error, RecordingSleeper, RetryPolicy, Session, Terminal, ToolSet, ToolSpec};
+use tether::{Error, EventKind, RecordingSleeper, RetryPolicy, Session, Terminal, ToolSet, ToolSpec};
 use tether_anthropic::{ClientConfig, MessagesModel};
 use tether_testkit::anthropic::{FakeMessages, Reply, golden};
 
@@ -156,4 +156,129 @@ async fn live_messages_round_trip() {
         .await
         .expect("live run");
     assert!(result.text.to_lowercase().contains("pong"), "{}", result.text);
+}
+
+/// The live deltas of one run, merged per kind (`kind`, concatenated content; tool arguments
+/// compared as JSON since a stream may space them differently).
+async fn delta_summary(
+    fake: &FakeMessages,
+    m: MessagesModel,
+) -> (Vec<(String, String)>, tether::SessionResult) {
+    let provider = LocalLoop::new(m).system_prompt("You are terse.");
+    let calls = Arc::new(AtomicU32::new(0));
+    let mut session = Session::builder(provider)
+        .handler(tools(calls))
+        .open()
+        .await
+        .expect("open");
+    let mut rx = session.sink().subscribe(1024).await;
+    let result = session.send("Weather in Paris?").await.expect("run");
+    let mut out: Vec<(String, String)> = Vec::new();
+    while let Ok(e) = rx.try_recv() {
+        let (kind, piece) = match &e.kind {
+            EventKind::TextDelta { delta, .. } => ("text", delta.clone()),
+            EventKind::ReasoningDelta { delta, .. } => ("reasoning", delta.clone()),
+            EventKind::ReasoningSignature { value, .. } => ("signature", value.clone()),
+            EventKind::ToolCallStart {
+                tool_use_id, name, ..
+            } => ("start", format!("{tool_use_id} {name}")),
+            EventKind::ToolCallArgs { delta, .. } => ("args", delta.clone()),
+            EventKind::ToolCallEnd { tool_use_id } => ("end", tool_use_id.clone()),
+            _ => continue,
+        };
+        match out.last_mut() {
+            Some((k, acc)) if k == kind && matches!(kind, "text" | "reasoning" | "args") => {
+                acc.push_str(&piece)
+            }
+            _ => out.push((kind.to_owned(), piece)),
+        }
+    }
+    for (k, v) in &mut out {
+        if k == "args" {
+            *v = serde_json::from_str::<Value>(v)
+                .map(|j| j.to_string())
+                .unwrap_or_default();
+        }
+    }
+    assert!(!fake.requests().is_empty());
+    (out, result)
+}
+
+#[tokio::test]
+async fn non_streaming_sends_stream_false_and_emits_the_same_deltas() {
+    let streamed = FakeMessages::start(vec![
+        Reply::Sse(golden("thinking_tool_use.sse")),
+        Reply::Sse(golden("final_text.sse")),
+    ])
+    .await;
+    let (want, streamed_result) = delta_summary(&streamed, model(&streamed)).await;
+
+    let whole = FakeMessages::start(vec![
+        Reply::Json(serde_json::from_str(&golden("thinking_tool_use.json")).expect("json")),
+        Reply::Json(serde_json::from_str(&golden("final_text.json")).expect("json")),
+    ])
+    .await;
+    let (got, result) = delta_summary(&whole, model(&whole).stream(false)).await;
+    assert!(want.len() >= 6, "{want:?}");
+    assert_eq!(got, want, "the same deltas, streamed or not");
+    assert_eq!(result.text, "It is sunny in Paris.");
+    assert_eq!(result.text, streamed_result.text);
+    let calls = |r: &tether::SessionResult| -> Vec<(String, String, Value)> {
+        r.tool_uses
+            .iter()
+            .map(|u| (u.id.clone(), u.name.clone(), u.input.clone()))
+            .collect()
+    };
+    assert_eq!(calls(&result), calls(&streamed_result));
+    assert_eq!(result.usage.output_tokens, 89 + 12);
+    assert_eq!(result.usage.cache_read_tokens, 100);
+
+    let reqs = whole.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(reqs[0].header("accept"), Some("application/json"));
+    let mut expected: Value = serde_json::from_str(&golden("second_request.json")).expect("golden json");
+    expected["stream"] = json!(false);
+    assert_eq!(reqs[1].body, expected, "the thinking block goes back unchanged");
+}
+
+#[tokio::test]
+async fn redacted_thinking_is_sent_back_unchanged_streamed_or_not() {
+    let sse = golden("redacted_thinking_tool_use.sse");
+    let redacted = json!({"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5L8rLVyIwxtE3rAFBa8cr3qpPkNRj2YfWXGmKDxH4mPnZ5sQ7vB5URj2ZtIuEMQ0T5hFF2WwhKhRGhL0bXbHJjm3H1xRvh5EYDzZpPqR1="});
+    let as_json = json!({
+        "id": "msg_03", "type": "message", "role": "assistant", "model": "claude-test",
+        "content": [redacted.clone(), {"type": "tool_use", "id": "toolu_02B", "name": "get_weather", "input": {"city": "Paris"}}],
+        "stop_reason": "tool_use", "stop_sequence": null, "usage": {"input_tokens": 120, "output_tokens": 40}
+    });
+    for streaming in [true, false] {
+        let first = if streaming {
+            Reply::Sse(sse.clone())
+        } else {
+            Reply::Json(as_json.clone())
+        };
+        let last = if streaming {
+            Reply::Sse(golden("final_text.sse"))
+        } else {
+            Reply::Json(serde_json::from_str(&golden("final_text.json")).expect("json"))
+        };
+        let fake = FakeMessages::start(vec![first, last]).await;
+        let calls = Arc::new(AtomicU32::new(0));
+        let result = Session::builder(LocalLoop::new(model(&fake).stream(streaming)))
+            .handler(tools(calls.clone()))
+            .run("Weather in Paris?")
+            .await
+            .expect("run");
+        assert_eq!(result.text, "It is sunny in Paris.");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+        let second = &fake.requests()[1].body;
+        assert_eq!(second["stream"], json!(streaming));
+        let assistant = &second["messages"][1];
+        assert_eq!(assistant["role"], "assistant");
+        assert_eq!(
+            assistant["content"],
+            json!([redacted, {"type": "tool_use", "id": "toolu_02B", "name": "get_weather", "input": {"city": "Paris"}}]),
+            "streaming={streaming}"
+        );
+        assert_eq!(second["messages"][2]["content"][0]["tool_use_id"], "toolu_02B");
+    }
 }

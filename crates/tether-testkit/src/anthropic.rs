@@ -2,8 +2,8 @@
 //! on 127.0.0.1.
 //!
 //! Each request takes the next [`Reply`] of the script: an SSE body (usually built with
-//! [`sse_body`] or read from a golden file with [`golden`]) or an error status with Anthropic's
-//! error envelope. Every request is recorded (headers and JSON body) for assertions. A request
+//! [`sse_body`] or read from a golden file with [`golden`]), a JSON message (for
+//! `stream: false`), or an error status with Anthropic's error envelope. Every request is recorded (headers and JSON body) for assertions. A request
 //! without `x-api-key` gets 401, one without `anthropic-version` 400, as the real API does.
 
 use std::collections::VecDeque;
@@ -23,6 +23,8 @@ use serde_json::{Value, json};
 pub enum Reply {
     /// 200 with this SSE body.
     Sse(String),
+    /// 200 with this JSON body (a non-streamed message).
+    Json(Value),
     /// An error status with a JSON body and extra headers (e.g. `retry-after`).
     Status {
         /// The HTTP status.
@@ -140,6 +142,11 @@ async fn messages(State(st): State<Arc<Mutex<St>>>, headers: HeaderMap, body: By
             .status(200)
             .header("content-type", "text/event-stream")
             .body(Body::from(body))
+            .unwrap_or_default(),
+        Some(Reply::Json(v)) => Response::builder()
+            .status(200)
+            .header("content-type", "application/json")
+            .body(Body::from(v.to_string()))
             .unwrap_or_default(),
         Some(Reply::Status { status, body, headers }) => {
             let mut b = Response::builder()
