@@ -1,11 +1,16 @@
 //! `--provider`: where the loop of `tether run` lives, and the options each remote provider needs.
 //!
 //! `openai` (the default) is built by `run.rs` itself; [`build_remote`] builds the others:
-//! - `anthropic`: the local loop over the Anthropic Messages API (`ANTHROPIC_API_KEY`);
+//! - `anthropic`: the local loop over the Anthropic Messages API (`ANTHROPIC_API_KEY`); the
+//!   model is `--model` / `TETHER_MODEL` as for openai, else `--anthropic-model` /
+//!   `ANTHROPIC_MODEL`, else `claude-sonnet-4-5`; `--system` and `--no-stream` apply as for openai;
 //! - `managed`: Claude Managed Agents — a new session on `--agent-id` + `--environment-id`, or
 //!   `--session-id` to reattach;
 //! - `agentcore`: Bedrock AgentCore — `--harness-arn` (InvokeHarness) or `--runtime-arn`
 //!   (InvokeAgentRuntime), signed with the standard AWS environment credentials.
+//!
+//! For `managed` and `agentcore` the model and system prompt belong to the remote agent: a
+//! `--model` / `TETHER_MODEL` or `--system` is reported as ignored on stderr.
 
 use tether::local::LocalLoop;
 use tether::{Error, Provider};
@@ -38,9 +43,10 @@ pub struct ProviderArgs {
     /// Anthropic API origin (default https://api.anthropic.com).
     #[arg(long, env = "ANTHROPIC_BASE_URL")]
     pub anthropic_base_url: Option<String>,
-    /// Model for `--provider anthropic`.
-    #[arg(long, env = "ANTHROPIC_MODEL", default_value = "claude-sonnet-4-5")]
-    pub anthropic_model: String,
+    /// Model for `--provider anthropic` when `--model` / `TETHER_MODEL` is not set (default
+    /// claude-sonnet-4-5).
+    #[arg(long, env = "ANTHROPIC_MODEL")]
+    pub anthropic_model: Option<String>,
     /// Managed Agents agent id (with --environment-id).
     #[arg(long, env = "TETHER_MANAGED_AGENT_ID")]
     pub agent_id: Option<String>,
@@ -104,19 +110,57 @@ fn some(v: &Option<String>) -> Option<String> {
     v.clone().filter(|s| !s.trim().is_empty())
 }
 
+/// The default model of `--provider anthropic`.
+pub const DEFAULT_ANTHROPIC_MODEL: &str = "claude-sonnet-4-5";
+
+/// The options of `tether run` that apply to every provider's loop.
+#[derive(Debug, Clone, Default)]
+pub struct LoopOptions {
+    /// `--model` / `TETHER_MODEL`.
+    pub model: Option<String>,
+    /// `--system`.
+    pub system: Option<String>,
+    /// `--no-stream`.
+    pub no_stream: bool,
+}
+
 /// Builds the provider for `--provider anthropic|managed|agentcore`; `None` for `openai` (built
 /// by the caller). Errors are messages a person can act on (missing key, ids, ARN, credentials).
-pub fn build_remote(args: &ProviderArgs) -> Result<Option<Box<dyn Provider>>, String> {
+pub fn build_remote(args: &ProviderArgs, opts: &LoopOptions) -> Result<Option<Box<dyn Provider>>, String> {
+    let ignored = |what: &str| {
+        let mut names = Vec::new();
+        if some(&opts.model).is_some() {
+            names.push("--model / TETHER_MODEL");
+        }
+        if some(&opts.system).is_some() {
+            names.push("--system");
+        }
+        if !names.is_empty() {
+            eprintln!(
+                "tether: {} ignored with --provider {what}: the remote agent's model and system prompt are \
+                 configured on its side",
+                names.join(" and ")
+            );
+        }
+    };
     match args.provider {
         ProviderKind::Openai => Ok(None),
         ProviderKind::Anthropic => {
             let cfg = args.anthropic_config()?;
-            let model = MessagesModel::new(cfg, args.anthropic_model.clone()).map_err(|e| e.to_string())?;
-            Ok(Some(Box::new(
-                LocalLoop::new(model).model_name(args.anthropic_model.clone()),
-            )))
+            let name = some(&opts.model)
+                .or_else(|| some(&args.anthropic_model))
+                .unwrap_or_else(|| DEFAULT_ANTHROPIC_MODEL.into());
+            let model = MessagesModel::new(cfg, name.clone())
+                .map_err(|e| e.to_string())?
+                .stream(!opts.no_stream);
+            let mut provider = LocalLoop::new(model).model_name(name);
+            if let Some(s) = some(&opts.system) {
+                provider = provider.system_prompt(s);
+            }
+            Ok(Some(Box::new(provider)))
         }
         ProviderKind::Managed => {
+            ignored("managed");
             let client = args.anthropic_config()?;
             let cfg = match (
                 some(&args.session_id),
@@ -136,6 +180,7 @@ pub fn build_remote(args: &ProviderArgs) -> Result<Option<Box<dyn Provider>>, St
             Ok(Some(Box::new(p)))
         }
         ProviderKind::Agentcore => {
+            ignored("agentcore");
             let target = match (some(&args.harness_arn), some(&args.runtime_arn)) {
                 (Some(arn), None) => Target::Harness {
                     arn,

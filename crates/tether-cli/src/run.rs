@@ -23,7 +23,8 @@ pub struct RunArgs {
     /// API key for the endpoint (local servers usually need none).
     #[arg(long, env = "OPENAI_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
-    /// Model name (default `default`, which local servers such as llama-server accept).
+    /// Model name (openai: default `default`, which local servers such as llama-server accept;
+    /// anthropic: default `--anthropic-model` / `ANTHROPIC_MODEL`, then claude-sonnet-4-5).
     #[arg(long, env = "TETHER_MODEL")]
     pub model: Option<String>,
     /// Most turns before the run stops.
@@ -179,7 +180,12 @@ fn print_event(e: &Event, json_mode: bool, at_line_start: &mut bool) {
 
 /// Runs `tether run`.
 pub async fn run(args: RunArgs) -> ExitCode {
-    let remote = match crate::providers::build_remote(&args.provider) {
+    let loop_options = crate::providers::LoopOptions {
+        model: args.model.clone(),
+        system: args.system.clone(),
+        no_stream: args.no_stream,
+    };
+    let remote = match crate::providers::build_remote(&args.provider, &loop_options) {
         Ok(r) => r,
         Err(m) => return fail(m),
     };
