@@ -1,0 +1,157 @@
+//! Throughput: 10,000 streamed deltas from `FakeOpenAi`, read (a) by a minimal SSE client
+//! (reqwest byte stream + line split, counting `data:` lines) and (b) relayed through a full
+//! tether `Session` (LocalLoop + OpenAiModel) to a subscriber. Prints both rates and b/a.
+//!
+//! Run: `cargo bench -p tether-openai --bench relay`.
+
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use tether::local::LocalLoop;
+use tether::{ChatMessage, ChatModel, ChatRequest, DeltaSink, EventKind, EventSink, RetryPolicy, Session};
+use tether_openai::OpenAiModel;
+use tether_testkit::openai::{FakeOpenAi, Reply};
+
+const DELTAS: usize = 10_000;
+const ROUNDS: usize = 30;
+
+/// (a): the floor — bytes off the socket, split into lines, `data:` lines counted.
+async fn raw_client(client: &reqwest::Client, url: &str) -> usize {
+    let resp = client
+        .post(format!("{url}/chat/completions"))
+        .header("content-type", "application/json")
+        .body(r#"{"model":"bench","stream":true,"messages":[{"role":"user","content":"go"}]}"#)
+        .send()
+        .await
+        .expect("raw request");
+    let mut body = resp.bytes_stream();
+    let mut carry: Vec<u8> = Vec::new();
+    let mut data_lines = 0;
+    while let Some(chunk) = body.next().await {
+        let chunk = chunk.expect("raw body");
+        let mut start = 0;
+        for nl in memchr::memchr_iter(b'\n', &chunk) {
+            let line: &[u8] = if carry.is_empty() {
+                &chunk[start..nl]
+            } else {
+                carry.extend_from_slice(&chunk[start..nl]);
+                &carry
+            };
+            if line.starts_with(b"data:") {
+                data_lines += 1;
+            }
+            carry.clear();
+            start = nl + 1;
+        }
+        carry.extend_from_slice(&chunk[start..]);
+    }
+    data_lines
+}
+
+/// (b): the same stream through Session + LocalLoop + OpenAiModel to a subscriber.
+async fn through_tether(model: &OpenAiModel) -> usize {
+    let provider = LocalLoop::new(model.clone()).retry(RetryPolicy::none());
+    let mut session = Session::builder(provider).open().await.expect("open");
+    let mut rx = session.sink().subscribe(1024).await;
+    let counter = tokio::spawn(async move {
+        let mut n = 0;
+        while let Some(e) = rx.recv().await {
+            if let EventKind::TextDelta { .. } = e.kind {
+                n += 1;
+            }
+        }
+        n
+    });
+    let r = session.send("go").await.expect("send");
+    assert_eq!(r.text.len(), DELTAS * 4);
+    drop(session);
+    counter.await.expect("counter")
+}
+
+/// (c): OpenAiModel alone, deltas discarded: parsing + accumulation, no event delivery.
+async fn model_alone(model: &OpenAiModel, deltas: &DeltaSink) -> usize {
+    let req = ChatRequest {
+        model: String::new(),
+        messages: vec![ChatMessage::user("go")],
+        tools: Vec::new(),
+    };
+    let r = model.chat(&req, deltas).await.expect("chat");
+    r.message.content.map(|c| c.len() / 4).unwrap_or(0)
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let fake = FakeOpenAi::start().await;
+        let reply = Reply::long_text(DELTAS, "tok ");
+        let client = reqwest::Client::new();
+        let model = OpenAiModel::builder(fake.url())
+            .model("bench")
+            .build()
+            .expect("model");
+
+        // Warm up both paths (connections, allocator).
+        for _ in 0..3 {
+            fake.push(reply.clone());
+            raw_client(&client, &fake.url()).await;
+            fake.push(reply.clone());
+            through_tether(&model).await;
+        }
+        let (mut ta, mut tb, mut tc, mut td) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let detached = DeltaSink::new(EventSink::detached(), "m");
+        for _ in 0..ROUNDS {
+            fake.push(reply.clone());
+            let t = Instant::now();
+            let n = raw_client(&client, &fake.url()).await;
+            ta.push(t.elapsed());
+            assert_eq!(
+                n,
+                DELTAS + 4,
+                "data lines (deltas + role + finish + usage + DONE)"
+            );
+
+            fake.push(reply.clone());
+            let t = Instant::now();
+            let n = through_tether(&model).await;
+            tb.push(t.elapsed());
+            assert_eq!(n, DELTAS);
+
+            fake.push(reply.clone());
+            let t = Instant::now();
+            assert_eq!(model_alone(&model, &DeltaSink::discard()).await, DELTAS);
+            tc.push(t.elapsed());
+
+            fake.push(reply.clone());
+            let t = Instant::now();
+            assert_eq!(model_alone(&model, &detached).await, DELTAS);
+            td.push(t.elapsed());
+        }
+        let med = |v: &mut Vec<Duration>| {
+            v.sort();
+            v[v.len() / 2]
+        };
+        let (a, b) = (med(&mut ta), med(&mut tb));
+        let ra = DELTAS as f64 / a.as_secs_f64();
+        let rb = DELTAS as f64 / b.as_secs_f64();
+        println!("relay: {DELTAS} deltas per stream, median of {ROUNDS} rounds");
+        println!("  (a) minimal SSE client : {a:>10.2?} per stream, {ra:>12.0} deltas/s");
+        println!("  (b) tether Session     : {b:>10.2?} per stream, {rb:>12.0} deltas/s");
+        println!("  ratio b/a              : {:.2} (goal >= 0.8)", rb / ra);
+        let (c, d) = (med(&mut tc), med(&mut td));
+        let rc = DELTAS as f64 / c.as_secs_f64();
+        let rd = DELTAS as f64 / d.as_secs_f64();
+        println!("  where the time goes:");
+        println!(
+            "  (c) OpenAiModel, DeltaSink::discard()          : {c:>10.2?}, {rc:>12.0} deltas/s ({:.2} of a)",
+            rc / ra
+        );
+        println!(
+            "  (d) OpenAiModel, DeltaSink on a detached sink : {d:>10.2?}, {rd:>12.0} deltas/s ({:.2} of a)",
+            rd / ra
+        );
+    });
+}
