@@ -221,11 +221,49 @@ impl LocalLoop {
 /// the raw text when they don't.
 fn call_key(name: &str, arguments: &str) -> String {
     let canon = match serde_json::from_str::<Value>(arguments) {
-        Ok(v) => format!("json:{v}"),
+        Ok(v) => {
+            let mut out = String::from("json:");
+            canonical(&v, &mut out);
+            out
+        }
         Err(_) if arguments.trim().is_empty() => "json:{}".to_owned(),
         Err(_) => format!("raw:{arguments}"),
     };
     format!("{name}\u{0}{canon}")
+}
+
+/// Writes `v` as JSON with object keys sorted, whatever the map's own order: serde_json keeps
+/// insertion order when any crate in the build enables its `preserve_order` feature.
+fn canonical(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                if let Some(x) = m.get(k) {
+                    canonical(x, out);
+                }
+            }
+            out.push('}');
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
 }
 
 #[async_trait]
@@ -388,6 +426,10 @@ mod tests {
             call_key("t", r#"{ "b":2, "a":1 }"#)
         );
         assert_eq!(call_key("t", ""), call_key("t", "{}"));
+        assert_eq!(
+            call_key("t", r#"{"x":{"b":[1,{"d":1,"c":2}],"a":null}}"#),
+            call_key("t", r#"{"x":{"a":null,"b":[1,{"c":2,"d":1}]}}"#)
+        );
         assert_ne!(call_key("t", "{}"), call_key("u", "{}"));
     }
 }
