@@ -373,7 +373,11 @@ async fn quirky_servers_llama_cpp_python_vllm_and_byte_splits() {
         .events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::Message { reasoning, .. } => Some(reasoning.clone()),
+            EventKind::Message {
+                reasoning,
+                role: tether::Role::Assistant,
+                ..
+            } => Some(reasoning.clone()),
             _ => None,
         })
         .collect();

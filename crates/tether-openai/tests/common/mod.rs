@@ -77,11 +77,16 @@ pub fn retries(r: &SessionResult) -> usize {
     count(&r.events, |k| matches!(k, EventKind::Retry { .. }))
 }
 
+/// The assistant messages' texts in the record.
 pub fn messages(r: &SessionResult) -> Vec<String> {
     r.events
         .iter()
         .filter_map(|e| match &e.kind {
-            EventKind::Message { text, .. } => Some(text.clone()),
+            EventKind::Message {
+                text,
+                role: tether::Role::Assistant,
+                ..
+            } => Some(text.clone()),
             _ => None,
         })
         .collect()
