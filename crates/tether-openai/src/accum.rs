@@ -96,6 +96,13 @@ impl StreamAccumulator {
         &self.emits
     }
 
+    /// Forgets the emits forwarded so far. Emits accumulate across [`feed`](Self::feed) calls
+    /// until cleared, and contiguous pieces of the same text or call merge, so a caller that
+    /// forwards once per network read sends one delta for everything that read carried.
+    pub fn clear_emits(&mut self) {
+        self.emits.clear();
+    }
+
     /// The text so far.
     pub fn text(&self) -> &str {
         &self.text
@@ -126,7 +133,6 @@ impl StreamAccumulator {
     /// Errors: [`Error::Stream`] for an `error` object, [`Error::Malformed`] for a payload that
     /// is not a chunk.
     pub fn feed(&mut self, data: &[u8]) -> Result<Fed, Error> {
-        self.emits.clear();
         let data = data.trim_ascii();
         if data.starts_with(b"[DONE]") {
             return Ok(Fed::Done);
@@ -232,7 +238,7 @@ impl StreamAccumulator {
         call.arguments.push_str(piece);
         if call.started {
             if !piece.is_empty() {
-                self.emits.push(Emit::Args(slot, before..call.arguments.len()));
+                push_emit(&mut self.emits, Emit::Args(slot, before..call.arguments.len()));
             }
         } else if !call.id.is_empty() && !call.name.is_empty() {
             call.started = true;
@@ -249,7 +255,6 @@ impl StreamAccumulator {
     ///
     /// Errors: [`Error::Malformed`] when a call never got a function name.
     pub fn finish(&mut self) -> Result<(), Error> {
-        self.emits.clear();
         if !self.saw_tool_calls
             && let Some(l) = self.legacy.take()
             && !l.name.is_empty()
@@ -337,7 +342,23 @@ fn push_piece(buf: &mut String, piece: &str, emits: &mut Vec<Emit>, f: fn(Range<
     if !piece.is_empty() {
         let start = buf.len();
         buf.push_str(piece);
-        emits.push(f(start..buf.len()));
+        push_emit(emits, f(start..buf.len()));
+    }
+}
+
+/// Queues an emit, merging it into the previous one when both are contiguous pieces of the same
+/// buffer (text after text, reasoning after reasoning, arguments of the same call).
+fn push_emit(emits: &mut Vec<Emit>, e: Emit) {
+    match (emits.last_mut(), &e) {
+        (Some(Emit::Text(prev)), Emit::Text(r)) | (Some(Emit::Reasoning(prev)), Emit::Reasoning(r))
+            if prev.end == r.start =>
+        {
+            prev.end = r.end;
+        }
+        (Some(Emit::Args(ps, prev)), Emit::Args(s, r)) if ps == s && prev.end == r.start => {
+            prev.end = r.end;
+        }
+        _ => emits.push(e),
     }
 }
 
@@ -357,6 +378,7 @@ mod tests {
         for l in lines {
             a.feed(l.as_bytes()).unwrap();
             log.extend(describe(&a));
+            a.clear_emits();
         }
         a.finish().unwrap();
         log.extend(describe(&a));

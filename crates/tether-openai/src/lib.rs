@@ -380,9 +380,12 @@ impl OpenAiModel {
                                 done = true;
                                 break 'read;
                             }
-                            forward(&acc, deltas).await;
                         }
                     }
+                    // One delta per network read: contiguous pieces merge, so a busy stream
+                    // costs one event per read rather than one per chunk, with no added delay.
+                    forward(&acc, deltas).await;
+                    acc.clear_emits();
                     if lines.pending_len() > MAX_LINE {
                         return Err(Error::Malformed(format!(
                             "an SSE line exceeded {MAX_LINE} bytes without ending"
@@ -396,7 +399,6 @@ impl OpenAiModel {
                 && let Some(data) = sse::data_of(line)
             {
                 done = acc.feed(data)? == Fed::Done;
-                forward(&acc, deltas).await;
             }
             if !done {
                 if acc.finish_reason().is_none() {

@@ -171,6 +171,7 @@ proptest! {
                 break;
             }
             record(&acc, &mut started, &mut ended);
+            acc.clear_emits();
         }
         prop_assert!(done);
         acc.finish().unwrap();

@@ -30,7 +30,7 @@ struct Inner {
     handler: Arc<dyn Handler>,
     store: Arc<dyn EventStore>,
     record: Mutex<Record>,
-    subscribers: Mutex<Vec<mpsc::Sender<Event>>>,
+    subscribers: StdMutex<Vec<mpsc::Sender<Event>>>,
 }
 
 #[derive(Default)]
@@ -58,7 +58,7 @@ impl EventSink {
                     next_seq: 1,
                     ..Default::default()
                 }),
-                subscribers: Mutex::new(Vec::new()),
+                subscribers: StdMutex::new(Vec::new()),
             }),
         }
     }
@@ -171,25 +171,29 @@ impl EventSink {
     async fn deliver(&self, event: Event) {
         let info = self.info();
         self.inner.handler.on_event(&event, &info).await;
-        let mut subs = self.inner.subscribers.lock().await;
-        match subs.len() {
-            0 => {}
-            1 => {
-                if subs[0].send(event).await.is_err() {
-                    subs.clear();
+        // Fast path: a subscriber with room takes the event without waiting and without an async
+        // lock; only a full queue makes the session wait (outside the lock) for that subscriber.
+        let mut waiting: Vec<(mpsc::Sender<Event>, Event)> = Vec::new();
+        {
+            let Ok(mut subs) = self.inner.subscribers.lock() else {
+                return;
+            };
+            subs.retain(|s| !s.is_closed());
+            let n = subs.len();
+            let mut event = Some(event);
+            for (i, s) in subs.iter().enumerate() {
+                // The last subscriber gets the event itself; the others get clones.
+                let ev = if i + 1 == n { event.take() } else { event.clone() };
+                let Some(ev) = ev else { break };
+                match s.try_send(ev) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(ev)) => waiting.push((s.clone(), ev)),
+                    Err(mpsc::error::TrySendError::Closed(_)) => {}
                 }
             }
-            _ => {
-                let mut closed = Vec::new();
-                for (i, s) in subs.iter().enumerate() {
-                    if s.send(event.clone()).await.is_err() {
-                        closed.push(i);
-                    }
-                }
-                for i in closed.into_iter().rev() {
-                    subs.remove(i);
-                }
-            }
+        }
+        for (s, ev) in waiting {
+            let _ = s.send(ev).await;
         }
     }
 
@@ -199,7 +203,9 @@ impl EventSink {
     /// Dropping the receiver unsubscribes.
     pub async fn subscribe(&self, capacity: usize) -> mpsc::Receiver<Event> {
         let (tx, rx) = mpsc::channel(capacity.max(1));
-        self.inner.subscribers.lock().await.push(tx);
+        if let Ok(mut subs) = self.inner.subscribers.lock() {
+            subs.push(tx);
+        }
         rx
     }
 
