@@ -375,11 +375,11 @@ impl OpenAiModel {
                     sleep.as_mut().reset(Instant::now() + idle);
                     lines.push(bytes);
                     while let Some(line) = lines.next_line() {
-                        if let Some(data) = sse::data_of(line) {
-                            if acc.feed(data)? == Fed::Done {
-                                done = true;
-                                break 'read;
-                            }
+                        if let Some(data) = sse::data_of(line)
+                            && acc.feed(data)? == Fed::Done
+                        {
+                            done = true;
+                            break 'read;
                         }
                     }
                     // One delta per network read: contiguous pieces merge, so a busy stream
