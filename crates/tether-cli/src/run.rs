@@ -310,11 +310,21 @@ async fn run_with(
         }
         at_line_start
     });
-    let result = tokio::time::timeout(timeout, session.send(args.prompt.clone())).await;
-    let result = match result {
-        Ok(r) => r,
-        Err(_) => Err(Error::Timeout(timeout)),
+    // Cancelling (rather than dropping) at the deadline lets the provider interrupt the remote
+    // loop (Managed Agents `user.interrupt`, AgentCore `StopRuntimeSession`).
+    let cancel = tether::CancellationToken::new();
+    let deadline = {
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(timeout).await;
+            cancel.cancel();
+        })
     };
+    let result = match session.send_cancellable(args.prompt.clone(), cancel).await {
+        Err(Error::Cancelled) => Err(Error::Timeout(timeout)),
+        r => r,
+    };
+    deadline.abort();
     let _ = session.close().await;
     let at_line_start = printer.await.unwrap_or(true);
     match result {

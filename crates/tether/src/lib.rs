@@ -41,6 +41,8 @@ pub use retry::{RecordingSleeper, RetryPolicy, Sleeper, TokioSleeper};
 pub use session::{GuardDecision, GuardInfo, Session, SessionBuilder, SessionConfig, SessionHandle};
 pub use sink::{DeltaSink, EventSink};
 pub use store::{EventStore, MemoryStore};
+/// Cancels a request in flight ([`Session::send_cancellable`]); re-exported from tokio-util.
+pub use tokio_util::sync::CancellationToken;
 pub use types::{
     SessionInfo, SessionResult, Terminal, ToolResult, ToolSpec, ToolUse, TurnResult, Usage, stop_reason,
 };

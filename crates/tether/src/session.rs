@@ -217,8 +217,11 @@ impl SessionBuilder {
                 res
             }
             Err(_) => {
-                let _ = session.provider.interrupt().await;
-                let _ = session.provider.close().await;
+                // The deadline has passed: give the provider a short, bounded chance to stop the
+                // remote loop and close, so a hung endpoint cannot hold the caller.
+                let grace = Duration::from_secs(10);
+                let _ = tokio::time::timeout(grace, session.provider.interrupt()).await;
+                let _ = tokio::time::timeout(grace, session.provider.close()).await;
                 Err(Error::Timeout(timeout))
             }
         }
@@ -440,7 +443,7 @@ impl Session {
         let r = match r {
             Some(r) => r,
             None => {
-                let _ = self.provider.interrupt().await;
+                let _ = tokio::time::timeout(Duration::from_secs(10), self.provider.interrupt()).await;
                 let _ = self.cx.sink.take_record().await;
                 Err(Error::Cancelled)
             }
