@@ -16,12 +16,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::process::Child;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 
 use crate::error::{AcpError, Direction, HandlerError, codes};
+use crate::fast::{SessionIdCache, decode_text_chunk};
 use crate::handler::{
     AcpUpdate, ClientHandler, RawMessage, SessionUpdateEvent, TerminalRequest, TerminateReason,
 };
@@ -92,11 +93,35 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-enum Item {
-    Line(String),
-    NotUtf8,
-    End(ReadEnd),
+/// Frames read together, in one buffer: one allocation and one copy per read of the pipe (not one
+/// per message), and one queue operation and dispatcher wake-up per batch.
+#[derive(Default)]
+struct Batch {
+    data: Vec<u8>,
+    /// The frames, as ranges of `data` (without the newline and a trailing `\r`; blank lines are
+    /// skipped). Not yet checked to be UTF-8.
+    frames: Vec<std::ops::Range<usize>>,
+    /// Set on the last batch: why reading stopped (after the frames before it).
+    end: Option<ReadEnd>,
 }
+
+impl Batch {
+    fn push_frame(&mut self, start: usize, mut end: usize) {
+        if end > start && self.data.get(end - 1) == Some(&b'\r') {
+            end -= 1;
+        }
+        if self
+            .data
+            .get(start..end)
+            .is_some_and(|f| !f.iter().all(u8::is_ascii_whitespace))
+        {
+            self.frames.push(start..end);
+        }
+    }
+}
+
+/// Most frames in one batch (the queue between reader and dispatcher counts batches).
+const BATCH_FRAMES: usize = 256;
 
 enum ReadEnd {
     Eof,
@@ -104,76 +129,92 @@ enum ReadEnd {
     Io(std::io::Error),
 }
 
-enum Frame {
-    Line,
-    Eof,
-    TooLarge(usize),
-}
-
-/// Reads one `\n`-terminated frame into `buf` (without the newline), refusing frames longer than
-/// `limit` bytes.
-async fn read_frame<R: AsyncBufRead + Unpin>(
-    r: &mut R,
-    buf: &mut Vec<u8>,
-    limit: usize,
-) -> std::io::Result<Frame> {
-    loop {
-        let avail = r.fill_buf().await?;
-        if avail.is_empty() {
-            return Ok(if buf.is_empty() { Frame::Eof } else { Frame::Line });
+/// Position of the first `\n`, eight bytes at a time (std has no public `memchr`, and a plain
+/// byte loop was the reader's main cost in a flood).
+fn find_newline(s: &[u8]) -> Option<usize> {
+    const LO: u64 = 0x0101_0101_0101_0101;
+    const HI: u64 = 0x8080_8080_8080_8080;
+    const NL: u64 = LO * b'\n' as u64;
+    let mut words = s.chunks_exact(8);
+    let mut offset = 0;
+    for w in words.by_ref() {
+        let Ok(bytes) = <[u8; 8]>::try_from(w) else { break };
+        let x = u64::from_le_bytes(bytes) ^ NL;
+        if x.wrapping_sub(LO) & !x & HI != 0 {
+            break;
         }
-        match avail.iter().position(|&b| b == b'\n') {
-            Some(i) => {
-                if buf.len() + i > limit {
-                    return Ok(Frame::TooLarge(buf.len() + i));
-                }
-                buf.extend_from_slice(&avail[..i]);
-                r.consume(i + 1);
-                return Ok(Frame::Line);
-            }
-            None => {
-                let n = avail.len();
-                if buf.len() + n > limit {
-                    return Ok(Frame::TooLarge(buf.len() + n));
-                }
-                buf.extend_from_slice(avail);
-                r.consume(n);
-            }
-        }
+        offset += 8;
     }
+    s.get(offset..)?
+        .iter()
+        .position(|&b| b == b'\n')
+        .map(|i| offset + i)
 }
 
-async fn reader_loop<R: AsyncRead + Unpin>(reader: R, tx: mpsc::Sender<Vec<Item>>, limit: usize) {
+/// Reads newline-delimited frames and sends them to the dispatcher in batches: every complete
+/// frame a read brought (up to [`BATCH_FRAMES`]) goes at once, a partial frame waits for the rest.
+/// A frame longer than `limit` bytes ends reading with [`ReadEnd::TooLarge`] (so a partial frame
+/// never holds more than `limit` bytes).
+async fn reader_loop<R: AsyncRead + Unpin>(reader: R, tx: mpsc::Sender<Batch>, limit: usize) {
     let mut reader = BufReader::with_capacity(64 * 1024, reader);
-    // Frames already in the read buffer are sent as one batch: one queue operation (and one
-    // wake-up of the dispatcher) per read rather than per message.
-    let mut batch: Vec<Item> = Vec::new();
+    // Newline positions in the current read buffer; reused.
+    let mut newlines: Vec<usize> = Vec::new();
     loop {
-        let mut buf = Vec::with_capacity(256);
-        let item = match read_frame(&mut reader, &mut buf, limit).await {
-            Ok(Frame::Line) => {
-                if buf.last() == Some(&b'\r') {
-                    buf.pop();
+        let mut batch = Batch::default();
+        // Until the batch has a complete frame or reading ended: `batch.data` holds at most the
+        // start of one frame meanwhile.
+        loop {
+            let avail = match reader.fill_buf().await {
+                Ok(a) => a,
+                Err(e) => {
+                    batch.end = Some(ReadEnd::Io(e));
+                    break;
                 }
-                if buf.iter().all(u8::is_ascii_whitespace) {
-                    None
-                } else {
-                    Some(match String::from_utf8(buf) {
-                        Ok(s) => Item::Line(s),
-                        Err(_) => Item::NotUtf8,
-                    })
+            };
+            if avail.is_empty() {
+                if !batch.data.is_empty() {
+                    batch.push_frame(0, batch.data.len());
                 }
+                batch.end = Some(ReadEnd::Eof);
+                break;
             }
-            Ok(Frame::Eof) => Some(Item::End(ReadEnd::Eof)),
-            Ok(Frame::TooLarge(n)) => Some(Item::End(ReadEnd::TooLarge(n))),
-            Err(e) => Some(Item::End(ReadEnd::Io(e))),
-        };
-        let end = matches!(item, Some(Item::End(_)));
-        batch.extend(item);
-        let more_buffered = reader.buffer().contains(&b'\n');
-        if (end || batch.len() >= 256 || (!more_buffered && !batch.is_empty()))
-            && (tx.send(std::mem::take(&mut batch)).await.is_err() || end)
-        {
+            let partial = batch.data.len();
+            newlines.clear();
+            let mut used = 0;
+            let mut held = partial;
+            while newlines.len() < BATCH_FRAMES {
+                let Some(i) = avail.get(used..).and_then(find_newline) else {
+                    break;
+                };
+                if held + i > limit {
+                    batch.end = Some(ReadEnd::TooLarge(held + i));
+                    break;
+                }
+                used += i + 1;
+                newlines.push(used - 1);
+                held = 0;
+            }
+            if newlines.is_empty() && batch.end.is_none() {
+                let n = avail.len();
+                if partial + n > limit {
+                    batch.end = Some(ReadEnd::TooLarge(partial + n));
+                    break;
+                }
+                batch.data.extend_from_slice(avail);
+                reader.consume(n);
+                continue;
+            }
+            batch.data.extend_from_slice(&avail[..used]);
+            reader.consume(used);
+            let mut start = 0;
+            for &nl in &newlines {
+                batch.push_frame(start, partial + nl);
+                start = partial + nl + 1;
+            }
+            break;
+        }
+        let end = batch.end.is_some();
+        if tx.send(batch).await.is_err() || end {
             return;
         }
     }
@@ -389,7 +430,7 @@ impl Conn {
     {
         let (out_tx, out_rx) = mpsc::channel(opts.queue_capacity);
         // Batches of up to 256 messages; the capacity bounds how many batches wait.
-        let (item_tx, item_rx) = mpsc::channel(opts.queue_capacity.div_ceil(256).max(1));
+        let (item_tx, item_rx) = mpsc::channel(opts.queue_capacity.div_ceil(BATCH_FRAMES).max(1));
         let limit = opts.max_frame_bytes;
         let conn = Arc::new(Conn {
             opts,
@@ -506,57 +547,58 @@ impl Conn {
         Some(describe_exit(status))
     }
 
-    async fn dispatch_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Vec<Item>>) {
+    async fn dispatch_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Batch>) {
+        let mut sessions = SessionIdCache::default();
         while let Some(batch) = rx.recv().await {
-            for item in batch {
-                if !self.dispatch_item(item).await {
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Handles one message; `false` once the connection has ended.
-    async fn dispatch_item(self: &Arc<Self>, item: Item) -> bool {
-        {
-            match item {
-                Item::Line(line) => self.dispatch_line(line).await,
-                Item::NotUtf8 => {
-                    tracing::warn!("agent sent a frame that is not UTF-8");
-                    self.send_error(&RequestId::Null, codes::PARSE_ERROR, "frame is not valid UTF-8")
-                        .await;
-                }
-                Item::End(end) => {
-                    let (err, kill) = match end {
-                        ReadEnd::Eof => (
-                            AcpError::AgentExited {
-                                exit: self.reap().await,
-                            },
-                            true,
-                        ),
-                        ReadEnd::TooLarge(size) => (
-                            AcpError::FrameTooLarge {
-                                direction: Direction::Inbound,
-                                size,
-                                limit: self.opts.max_frame_bytes,
-                            },
-                            true,
-                        ),
-                        ReadEnd::Io(e) => (AcpError::io("reading the agent's stdout", e), true),
-                    };
-                    if self.closed_error().is_none() {
-                        tracing::warn!(error = %err, "ACP connection ended");
+            for frame in &batch.frames {
+                match batch.data.get(frame.clone()).map(std::str::from_utf8) {
+                    Some(Ok(line)) => self.dispatch_line(line, &mut sessions).await,
+                    Some(Err(_)) | None => {
+                        tracing::warn!("agent sent a frame that is not UTF-8");
+                        self.send_error(&RequestId::Null, codes::PARSE_ERROR, "frame is not valid UTF-8")
+                            .await;
                     }
-                    self.close(err, kill);
-                    return false;
                 }
             }
+            if let Some(end) = batch.end {
+                self.end_of_input(end).await;
+                return;
+            }
         }
-        true
     }
 
-    async fn dispatch_line(self: &Arc<Self>, line: String) {
-        let env: Envelope<'_> = match serde_json::from_str(&line) {
+    /// The agent's stdout ended (or failed, or sent an oversized frame): close the connection.
+    async fn end_of_input(&self, end: ReadEnd) {
+        let (err, kill) = match end {
+            ReadEnd::Eof => (
+                AcpError::AgentExited {
+                    exit: self.reap().await,
+                },
+                true,
+            ),
+            ReadEnd::TooLarge(size) => (
+                AcpError::FrameTooLarge {
+                    direction: Direction::Inbound,
+                    size,
+                    limit: self.opts.max_frame_bytes,
+                },
+                true,
+            ),
+            ReadEnd::Io(e) => (AcpError::io("reading the agent's stdout", e), true),
+        };
+        if self.closed_error().is_none() {
+            tracing::warn!(error = %err, "ACP connection ended");
+        }
+        self.close(err, kill);
+    }
+
+    async fn dispatch_line(self: &Arc<Self>, line: &str, sessions: &mut SessionIdCache) {
+        // The flood case (text chunks) in one pass; everything else below. See `fast`.
+        if let Some(event) = decode_text_chunk(line, sessions) {
+            self.deliver_update(&event, line).await;
+            return;
+        }
+        let env: Envelope<'_> = match serde_json::from_str(line) {
             Ok(env) => env,
             Err(e) => {
                 let code = if e.is_syntax() || e.is_eof() {
@@ -574,7 +616,7 @@ impl Conn {
             (true, Field::Present(id_raw)) => {
                 let method = env.method.map(|m| m.into_owned()).unwrap_or_default();
                 match serde_json::from_str::<RequestId>(id_raw.get()) {
-                    Ok(id) => self.on_request(id, method, line).await,
+                    Ok(id) => self.on_request(id, method, line.to_owned()).await,
                     Err(_) => {
                         self.send_error(&RequestId::Null, codes::INVALID_REQUEST, "invalid request id")
                             .await
@@ -584,7 +626,7 @@ impl Conn {
             (true, Field::Absent) => {
                 let method = env.method.clone().unwrap_or_default();
                 let params = env.params.raw();
-                self.on_notification(&method, params, &line).await;
+                self.on_notification(&method, params, line).await;
             }
             (false, Field::Present(id_raw)) => {
                 let outcome = match (env.result, env.error) {
@@ -612,6 +654,18 @@ impl Conn {
                     .await;
             }
         }
+    }
+
+    /// Hands a decoded `session/update` to the handler (awaited: a slow handler back-pressures the
+    /// reader), unless its session is unknown.
+    async fn deliver_update(&self, event: &SessionUpdateEvent, line: &str) {
+        if !lock(&self.state).sessions.contains_key(&event.session_id) {
+            tracing::warn!(session = %event.session_id, "dropping a session/update for an unknown session");
+            return;
+        }
+        self.handler
+            .session_update_with_message(event, &RawMessage::new(line))
+            .await;
     }
 
     fn on_response(&self, id_raw: &str, outcome: Result<Value, WireError>) {
@@ -646,22 +700,10 @@ impl Conn {
     async fn on_notification(self: &Arc<Self>, method: &str, params: Option<&RawValue>, line: &str) {
         let params_str = params.map(RawValue::get).unwrap_or("null");
         match method {
-            "session/update" => {
-                let event = match parse_update(params_str) {
-                    Ok(e) => e,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "dropping a malformed session/update");
-                        return;
-                    }
-                };
-                if !lock(&self.state).sessions.contains_key(&event.session_id) {
-                    tracing::warn!(session = %event.session_id, "dropping a session/update for an unknown session");
-                    return;
-                }
-                self.handler
-                    .session_update_with_message(&event, &RawMessage::new(line))
-                    .await;
-            }
+            "session/update" => match parse_update(params_str) {
+                Ok(event) => self.deliver_update(&event, line).await,
+                Err(e) => tracing::warn!(error = %e, "dropping a malformed session/update"),
+            },
             "elicitation/complete" => {
                 match serde_json::from_str::<CompleteElicitationNotification>(params_str) {
                     Ok(n) => self.handler.elicitation_complete(n).await,

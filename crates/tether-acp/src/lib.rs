@@ -19,6 +19,7 @@ pub mod bridge;
 mod client;
 mod connection;
 mod error;
+mod fast;
 mod handler;
 mod options;
 mod provider;
