@@ -74,7 +74,11 @@ fn script(scenario: &str) -> Vec<Reply> {
             Reply::tool_calls(&[("call_del", "delete_file", r#"{"path":"notes.txt"}"#)]),
             Reply::text("Deleted notes.txt."),
         ],
-        "error" => vec![Reply::error(400, "The model `nope` does not exist", "model_not_found")],
+        "error" => vec![Reply::error(
+            400,
+            "The model `nope` does not exist",
+            "model_not_found",
+        )],
         "two-runs" => vec![Reply::text("First answer."), Reply::text("Second answer.")],
         _ => Vec::new(),
     }
@@ -130,7 +134,10 @@ fn factory(url: String) -> impl Fn(&tether_agui::RunAgentInput) -> tether::Resul
 
 async fn proto_frames(body: Bytes) -> (StatusCode, Vec<u8>) {
     let mut out = Vec::new();
-    for line in String::from_utf8_lossy(&body).lines().filter(|l| !l.trim().is_empty()) {
+    for line in String::from_utf8_lossy(&body)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+    {
         match serde_json::from_str::<Event>(line) {
             Ok(e) => {
                 if Encoding::Protobuf.encode_into(&e, &mut out).is_err() {
@@ -169,13 +176,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     &path,
                     endpoint(
                         base.with_state(|board: &mut Board, ev: &tether::Event| {
-                            if let EventKind::ToolResult { result } = &ev.kind {
-                                if let Ok(v) = serde_json::from_str::<Value>(&result.content) {
-                                    if let Some(t) = v["added"].as_str() {
-                                        board.tasks.push(t.to_owned());
-                                        return true;
-                                    }
-                                }
+                            if let EventKind::ToolResult { result } = &ev.kind
+                                && let Ok(v) = serde_json::from_str::<Value>(&result.content)
+                                && let Some(t) = v["added"].as_str()
+                            {
+                                board.tasks.push(t.to_owned());
+                                return true;
                             }
                             false
                         }),
@@ -193,7 +199,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Stop when the harness closes our stdin, or after 10 minutes at most.
         let stdin = tokio::task::spawn_blocking(|| {
             let mut sink = String::new();
-            while std::io::stdin().read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+            while std::io::stdin()
+                .read_line(&mut sink)
+                .map(|n| n > 0)
+                .unwrap_or(false)
+            {
                 sink.clear();
             }
         });

@@ -20,10 +20,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use tether::{
-    Capabilities, ElicitationRequest, ElicitationResponse, EventKind, Handler, HandlerError,
-    NoTools, PermissionKind, PermissionOutcome, PermissionRequest, ReadTextFile, SessionBuilder,
-    SessionHandle, SessionInfo, TerminalRequest, TerminalResponse, ToolOutput, ToolResult,
-    ToolSpec, ToolUse, WriteTextFile,
+    Capabilities, ElicitationRequest, ElicitationResponse, EventKind, Handler, HandlerError, NoTools,
+    PermissionKind, PermissionOutcome, PermissionRequest, ReadTextFile, SessionBuilder, SessionHandle,
+    SessionInfo, TerminalRequest, TerminalResponse, ToolOutput, ToolResult, ToolSpec, ToolUse, WriteTextFile,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -132,10 +131,7 @@ impl Handler for BridgeHandler {
             };
             let outcome = self.permission(&req, info).await;
             if !outcome.allows(&req) {
-                return ToolOutput::Error(format!(
-                    "the user did not allow `{}` to run",
-                    call.name
-                ));
+                return ToolOutput::Error(format!("the user did not allow `{}` to run", call.name));
             }
         }
         self.inner.call_tool(call, info).await
@@ -145,11 +141,7 @@ impl Handler for BridgeHandler {
         self.inner.on_event(event, info).await
     }
 
-    async fn request_permission(
-        &self,
-        req: &PermissionRequest,
-        info: &SessionInfo,
-    ) -> PermissionOutcome {
+    async fn request_permission(&self, req: &PermissionRequest, info: &SessionInfo) -> PermissionOutcome {
         self.permission(req, info).await
     }
 
@@ -363,9 +355,7 @@ fn frontend_specs(input: &RunAgentInput) -> Vec<ToolSpec> {
             ToolSpec::new(
                 t.name.clone(),
                 t.description.clone(),
-                t.parameters
-                    .clone()
-                    .unwrap_or_else(|| json!({"type": "object"})),
+                t.parameters.clone().unwrap_or_else(|| json!({"type": "object"})),
             )
         })
         .collect()
@@ -494,9 +484,7 @@ impl Mapper {
             return Ok(false);
         }
         self.close_reasoning(ctx)?;
-        let parent = message_id
-            .map(MessageId::new)
-            .or_else(|| self.text.clone());
+        let parent = message_id.map(MessageId::new).or_else(|| self.text.clone());
         self.close_text(ctx)?;
         ctx.emit(Event::tool_call_start(id, name, parent))?;
         self.calls_open.insert(id.to_owned());
@@ -510,10 +498,7 @@ impl Mapper {
         message_id: Option<&str>,
     ) -> Result<()> {
         if self.call_start(ctx, &call.id, &call.name, message_id)? {
-            let args = call
-                .raw_input
-                .clone()
-                .unwrap_or_else(|| call.input.to_string());
+            let args = call.raw_input.clone().unwrap_or_else(|| call.input.to_string());
             if !args.is_empty() {
                 ctx.emit(Event::tool_call_args(call.id.as_str(), args))?;
             }
@@ -551,20 +536,15 @@ impl Mapper {
             } => {
                 self.call_start(ctx, tool_use_id, name, message_id.as_deref())?;
             }
-            EventKind::ToolCallArgs { tool_use_id, delta } => {
-                if self.calls_open.contains(tool_use_id) && !delta.is_empty() {
-                    ctx.emit(Event::tool_call_args(tool_use_id.as_str(), delta.as_str()))?;
-                }
+            EventKind::ToolCallArgs { tool_use_id, delta }
+                if self.calls_open.contains(tool_use_id) && !delta.is_empty() =>
+            {
+                ctx.emit(Event::tool_call_args(tool_use_id.as_str(), delta.as_str()))?;
             }
-            EventKind::ToolCallEnd { tool_use_id } => {
-                if self.calls_open.remove(tool_use_id) {
-                    ctx.emit(Event::tool_call_end(tool_use_id.as_str()))?;
-                }
+            EventKind::ToolCallEnd { tool_use_id } if self.calls_open.remove(tool_use_id) => {
+                ctx.emit(Event::tool_call_end(tool_use_id.as_str()))?;
             }
-            EventKind::ToolCall {
-                tool_use,
-                message_id,
-            } => {
+            EventKind::ToolCall { tool_use, message_id } => {
                 self.whole_call(ctx, tool_use, message_id.as_deref())?;
             }
             EventKind::ToolResult { result } => {
@@ -590,10 +570,10 @@ impl Mapper {
                 reasoning,
                 tool_uses,
             } => {
-                if let Some(r) = reasoning {
-                    if !self.streamed_reasoning.contains(message_id) {
-                        self.reasoning_delta(ctx, message_id, r)?;
-                    }
+                if let Some(r) = reasoning
+                    && !self.streamed_reasoning.contains(message_id)
+                {
+                    self.reasoning_delta(ctx, message_id, r)?;
                 }
                 self.close_reasoning(ctx)?;
                 if !self.streamed_text.contains(message_id) {
@@ -610,8 +590,7 @@ impl Mapper {
                     input_tokens: Some(usage.input_tokens),
                     output_tokens: Some(usage.output_tokens),
                     total_tokens: Some(usage.total()),
-                    cached_input_tokens: (usage.cache_read_tokens > 0)
-                        .then_some(usage.cache_read_tokens),
+                    cached_input_tokens: (usage.cache_read_tokens > 0).then_some(usage.cache_read_tokens),
                     ..Default::default()
                 });
             }
@@ -630,10 +609,10 @@ impl<S: crate::AgentState> SessionAgent<S> {
         usage_seen: &mut bool,
     ) -> Result<()> {
         mapper.on_event(ctx, ev, usage_seen)?;
-        if let Some(reduce) = &self.reducer {
-            if reduce(ctx.state_mut(), ev) {
-                ctx.publish_state()?;
-            }
+        if let Some(reduce) = &self.reducer
+            && reduce(ctx.state_mut(), ev)
+        {
+            ctx.publish_state()?;
         }
         Ok(())
     }
@@ -789,14 +768,14 @@ impl<S: crate::AgentState + Sync> Agent for SessionAgent<S> {
 fn tool_results_from(input: &RunAgentInput, pending: &[ToolUse]) -> Vec<ToolResult> {
     let mut out = Vec::new();
     for m in &input.messages {
-        if let Message::Tool(tm) = m {
-            if pending.iter().any(|u| u.id == tm.tool_call_id.as_str()) {
-                let text = tm.content.to_text();
-                out.push(match &tm.error {
-                    Some(err) => ToolResult::error(tm.tool_call_id.as_str(), format!("{err}{text}")),
-                    None => ToolResult::ok(tm.tool_call_id.as_str(), text),
-                });
-            }
+        if let Message::Tool(tm) = m
+            && pending.iter().any(|u| u.id == tm.tool_call_id.as_str())
+        {
+            let text = tm.content.to_text();
+            out.push(match &tm.error {
+                Some(err) => ToolResult::error(tm.tool_call_id.as_str(), format!("{err}{text}")),
+                None => ToolResult::ok(tm.tool_call_id.as_str(), text),
+            });
         }
     }
     out
@@ -816,8 +795,7 @@ fn permission_interrupt(id: &InterruptId, req: &PermissionRequest, mapper: &Mapp
             "optionId": {"type": "string", "enum": ids}
         }
     });
-    let mut i = Interrupt::new(id.clone(), "permission")
-        .with_message(format!("Allow {}?", req.title));
+    let mut i = Interrupt::new(id.clone(), "permission").with_message(format!("Allow {}?", req.title));
     if mapper.calls_started.contains(&req.tool_use_id) || mapper.answerable.contains(&req.tool_use_id) {
         i = i.with_tool_call(ToolCallId::new(req.tool_use_id.clone()));
     }
@@ -839,12 +817,12 @@ fn resolve_permission(req: &PermissionRequest, payload: Option<&Value>) -> Permi
         })
         .unwrap_or(PermissionOutcome::Cancelled)
     };
-    if let Some(option) = payload.and_then(|p| p.get("optionId")).and_then(Value::as_str) {
-        if req.options.iter().any(|o| o.id == option) {
-            return PermissionOutcome::Selected {
-                option_id: option.to_owned(),
-            };
-        }
+    if let Some(option) = payload.and_then(|p| p.get("optionId")).and_then(Value::as_str)
+        && req.options.iter().any(|o| o.id == option)
+    {
+        return PermissionOutcome::Selected {
+            option_id: option.to_owned(),
+        };
     }
     let approved = match payload {
         Some(Value::Bool(b)) => *b,

@@ -231,10 +231,10 @@ impl Sink {
 // ---------------------------------------------------------------------------------------------
 // State
 
-/// Typed state plus what the client last saw of it.
+/// Typed state plus what the client last saw of it (as the compact JSON last published).
 pub(crate) struct StateManager<S> {
     value: S,
-    published: Option<Value>,
+    published: Option<Vec<u8>>,
 }
 
 struct CountingWriter {
@@ -279,10 +279,36 @@ pub fn state_update(old: Option<&Value>, new: &Value) -> Result<Option<Event>> {
     }
 }
 
+/// [`state_update`] over serialized states (`serde_json::to_vec` output), as the run's
+/// typed state is published.
+///
+/// Two serializations of one state usually differ in a short stretch: the smallest value
+/// covering it becomes a single `replace` without building either tree. Otherwise both
+/// documents are parsed and diffed as trees.
+pub fn state_update_json(old: Option<&[u8]>, new: &[u8]) -> Result<Option<Event>> {
+    let Some(old) = old else {
+        return Ok(Some(Event::state_snapshot(serde_json::from_slice(new)?)));
+    };
+    if old == new {
+        return Ok(None);
+    }
+    // A replacement up to 1/8 of the document is taken as it is; beyond that a tree diff may
+    // find a much smaller patch (an append to a long list, say).
+    if let Some(ops) = crate::bytediff::replace_patch(old, new, (new.len() / 8).max(256)) {
+        let patch_len = serde_json::to_vec(&ops)?.len();
+        if patch_len < new.len() {
+            return Ok(Some(Event::state_delta(ops)));
+        }
+    }
+    let old: Value = serde_json::from_slice(old)?;
+    let new: Value = serde_json::from_slice(new)?;
+    state_update(Some(&old), &new)
+}
+
 impl<S: AgentState> StateManager<S> {
     fn publish(&mut self, sink: &mut Sink) -> Result<()> {
-        let new = serde_json::to_value(&self.value)?;
-        if let Some(event) = state_update(self.published.as_ref(), &new)? {
+        let new = serde_json::to_vec(&self.value)?;
+        if let Some(event) = state_update_json(self.published.as_deref(), &new)? {
             sink.emit(event)?;
         }
         self.published = Some(new);
@@ -567,8 +593,7 @@ impl<S: AgentState> RunContext<S> {
         role: TextMessageRole,
     ) -> Result<MessageHandle<'_, S>> {
         let id = id.into();
-        self.sink
-            .emit(Event::text_message_start(id.clone(), role))?;
+        self.sink.emit(Event::text_message_start(id.clone(), role))?;
         Ok(MessageHandle {
             sink: &mut self.sink,
             state: &mut self.state,
@@ -754,9 +779,7 @@ impl<S: AgentState> RunContext<S> {
         }
         let event = match result {
             Ok(outcome) => self.finished_event(outcome),
-            Err(Error::Cancelled) if !self.sink.tx.is_closed() => {
-                self.finished_event(RunOutcome::Cancelled)
-            }
+            Err(Error::Cancelled) if !self.sink.tx.is_closed() => self.finished_event(RunOutcome::Cancelled),
             Err(e) => {
                 let mut ev = crate::event::RunErrorEvent {
                     message: e.to_string(),
@@ -893,8 +916,7 @@ impl<S> ToolCallHandle<'_, S> {
     /// Appends a fragment of the argument JSON — `TOOL_CALL_ARGS`.
     pub fn args(&mut self, delta: impl AsRef<str>) -> Result<()> {
         let delta = delta.as_ref();
-        self.sink
-            .emit(Event::tool_call_args(self.id.clone(), delta))?;
+        self.sink.emit(Event::tool_call_args(self.id.clone(), delta))?;
         self.args.push_str(delta);
         Ok(())
     }
@@ -1016,9 +1038,7 @@ impl<S> ReasoningHandle<'_, S> {
     /// Emits `REASONING_MESSAGE_END` then `REASONING_END`, and consumes the handle.
     pub fn end(mut self) -> Result<()> {
         self.ended = true;
-        let a = self
-            .sink
-            .emit(Event::reasoning_message_end(self.id.clone()));
+        let a = self.sink.emit(Event::reasoning_message_end(self.id.clone()));
         let b = self.sink.emit(Event::reasoning_end(self.id.clone()));
         a.and(b)
     }
@@ -1031,9 +1051,7 @@ impl<S: AgentState> ReasoningHandle<'_, S> {
 impl<S> Drop for ReasoningHandle<'_, S> {
     fn drop(&mut self) {
         if !self.ended {
-            let _ = self
-                .sink
-                .emit(Event::reasoning_message_end(self.id.clone()));
+            let _ = self.sink.emit(Event::reasoning_message_end(self.id.clone()));
             let _ = self.sink.emit(Event::reasoning_end(self.id.clone()));
         }
     }
@@ -1124,18 +1142,12 @@ impl<S: AgentState> ParallelToolCalls<'_, S> {
     }
 
     /// Opens a call with a given id.
-    pub fn start_with_id(
-        &mut self,
-        id: impl Into<ToolCallId>,
-        name: impl Into<String>,
-    ) -> Result<CallSlot> {
+    pub fn start_with_id(&mut self, id: impl Into<ToolCallId>, name: impl Into<String>) -> Result<CallSlot> {
         let id = id.into();
         let result_message_id = self.ctx.new_message_id();
-        self.ctx.sink.emit(Event::tool_call_start(
-            id.clone(),
-            name,
-            self.parent.clone(),
-        ))?;
+        self.ctx
+            .sink
+            .emit(Event::tool_call_start(id.clone(), name, self.parent.clone()))?;
         self.calls.push(ParallelCall {
             id,
             args: String::new(),
@@ -1183,9 +1195,7 @@ impl<S: AgentState> ParallelToolCalls<'_, S> {
     /// Appends argument text to one call — `TOOL_CALL_ARGS`.
     pub fn args(&mut self, slot: CallSlot, delta: impl AsRef<str>) -> Result<()> {
         let id = self.call(slot).id.clone();
-        self.ctx
-            .sink
-            .emit(Event::tool_call_args(id, delta.as_ref()))?;
+        self.ctx.sink.emit(Event::tool_call_args(id, delta.as_ref()))?;
         self.call(slot).args.push_str(delta.as_ref());
         Ok(())
     }

@@ -83,9 +83,74 @@ impl Encoding {
     }
 }
 
+/// The streaming hot path (content and argument deltas without `rawEvent`/`metadata`),
+/// written directly; byte-identical to the derived serialization.
+fn encode_sse_fast(event: &Event, out: &mut Vec<u8>) -> Result<bool, serde_json::Error> {
+    let (ty, id_key, id, delta, sub, ts, plain): (&[u8], &[u8], &str, &str, _, _, bool) = match event {
+        Event::TextMessageContent(e) => (
+            b"TEXT_MESSAGE_CONTENT",
+            b"messageId",
+            &e.message_id,
+            &e.delta,
+            e.subagent_run_id.as_deref(),
+            e.timestamp,
+            e.raw_event.is_none() && e.metadata.is_none(),
+        ),
+        Event::ToolCallArgs(e) => (
+            b"TOOL_CALL_ARGS",
+            b"toolCallId",
+            &e.tool_call_id,
+            &e.delta,
+            e.subagent_run_id.as_deref(),
+            e.timestamp,
+            e.raw_event.is_none() && e.metadata.is_none(),
+        ),
+        Event::ReasoningMessageContent(e) => (
+            b"REASONING_MESSAGE_CONTENT",
+            b"messageId",
+            &e.message_id,
+            &e.delta,
+            e.subagent_run_id.as_deref(),
+            e.timestamp,
+            e.raw_event.is_none() && e.metadata.is_none(),
+        ),
+        _ => return Ok(false),
+    };
+    if !plain {
+        return Ok(false);
+    }
+    out.reserve(48 + id.len() + delta.len());
+    out.extend_from_slice(b"data: {\"type\":\"");
+    out.extend_from_slice(ty);
+    out.extend_from_slice(b"\",\"");
+    out.extend_from_slice(id_key);
+    out.extend_from_slice(b"\":");
+    serde_json::to_writer(&mut *out, id)?;
+    out.extend_from_slice(b",\"delta\":");
+    serde_json::to_writer(&mut *out, delta)?;
+    if let Some(sub) = sub {
+        out.extend_from_slice(b",\"subagentRunId\":");
+        serde_json::to_writer(&mut *out, sub)?;
+    }
+    if let Some(ts) = ts {
+        out.extend_from_slice(b",\"timestamp\":");
+        serde_json::to_writer(&mut *out, &ts)?;
+    }
+    out.extend_from_slice(b"}\n\n");
+    Ok(true)
+}
+
 /// Appends `data: {json}\n\n` for `event` to `out` (LF only, one line of JSON).
 pub fn encode_sse_into(event: &Event, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
     let start = out.len();
+    match encode_sse_fast(event, out) {
+        Ok(true) => return Ok(()),
+        Ok(false) => {}
+        Err(e) => {
+            out.truncate(start);
+            return Err(e);
+        }
+    }
     out.extend_from_slice(b"data: ");
     if let Err(e) = serde_json::to_writer(&mut *out, event) {
         out.truncate(start);
@@ -118,15 +183,11 @@ mod tests {
         );
         assert_eq!(Encoding::negotiate(Some("*/*")), Some(Encoding::Sse));
         assert_eq!(
-            Encoding::negotiate(Some(
-                "application/vnd.ag-ui.event+proto, text/event-stream"
-            )),
+            Encoding::negotiate(Some("application/vnd.ag-ui.event+proto, text/event-stream")),
             Some(Encoding::Protobuf)
         );
         assert_eq!(
-            Encoding::negotiate(Some(
-                "application/vnd.ag-ui.event+proto;q=0.5, text/event-stream"
-            )),
+            Encoding::negotiate(Some("application/vnd.ag-ui.event+proto;q=0.5, text/event-stream")),
             Some(Encoding::Sse)
         );
         assert_eq!(
@@ -135,6 +196,29 @@ mod tests {
         );
         assert_eq!(Encoding::negotiate(Some("application/json")), None);
         assert_eq!(Encoding::negotiate(Some("text/event-stream;q=0")), None);
+    }
+
+    #[test]
+    fn the_fast_path_matches_the_derived_serialization() {
+        let mut events = vec![
+            Event::text_message_content("m1", "a \"quoted\" é\u{1}\n"),
+            Event::tool_call_args("c1", "{\"a\":"),
+            Event::reasoning_message_content("r1", ""),
+        ];
+        let mut with_extras = events.clone();
+        for e in &mut with_extras {
+            e.set_timestamp(-42);
+            if let Event::TextMessageContent(t) = e {
+                t.subagent_run_id = Some("s1".into());
+            }
+        }
+        events.extend(with_extras);
+        for e in &events {
+            let mut fast = Vec::new();
+            assert!(encode_sse_fast(e, &mut fast).unwrap());
+            let slow = format!("data: {}\n\n", serde_json::to_string(e).unwrap());
+            assert_eq!(String::from_utf8(fast).unwrap(), slow);
+        }
     }
 
     #[test]

@@ -10,8 +10,7 @@ use serde_json::Value;
 use crate::ids::{MessageId, RunId, SubagentRunId, ThreadId, ToolCallId};
 use crate::patch::PatchOperation;
 use crate::types::{
-    Content, JsonObject, Message, RunAgentInput, RunFinishedOutcome, SubagentOutcome, TokenUsage,
-    is_absent,
+    Content, JsonObject, Message, RunAgentInput, RunFinishedOutcome, SubagentOutcome, TokenUsage, is_absent,
 };
 
 /// The protocol version this crate speaks and declares on `RUN_STARTED`.

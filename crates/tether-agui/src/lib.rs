@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod bridge;
+mod bytediff;
 pub mod context;
 pub mod encode;
 pub mod error;
@@ -30,14 +31,14 @@ pub mod verify;
 
 pub use bridge::{PermissionPolicy, SessionAgent};
 pub use context::{
-    AgentState, CallSlot, CancelToken, EventReceiver, MessageHandle, ParallelToolCalls,
-    ReasoningHandle, RunContext, RunOptions, RunOutcome, StepGuard, ToolCallHandle, state_update,
+    AgentState, CallSlot, CancelToken, EventReceiver, MessageHandle, ParallelToolCalls, ReasoningHandle,
+    RunContext, RunOptions, RunOutcome, StepGuard, ToolCallHandle, state_update, state_update_json,
 };
 pub use encode::Encoding;
-pub use run::{Agent, EventStream, run_agent};
-pub use server::{AgUiRouterExt, EndpointOptions, router};
 pub use error::{Error, Result};
 pub use event::{Event, EventType, PROTOCOL_VERSION};
 pub use ids::{InterruptId, MessageId, RunId, SubagentRunId, ThreadId, ToolCallId};
+pub use run::{Agent, EventStream, run_agent};
+pub use server::{AgUiRouterExt, EndpointOptions, router};
 pub use types::*;
 pub use verify::{Rule, Verifier, Violation};

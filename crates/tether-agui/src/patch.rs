@@ -156,10 +156,18 @@ fn diff_into(from: &Value, to: &Value, path: &mut String, ops: &mut Vec<PatchOpe
         (Value::Object(a), Value::Object(b)) => {
             let base = path.len();
             for (k, va) in a {
-                push_token(path, k);
                 match b.get(k) {
-                    Some(vb) => diff_into(va, vb, path, ops),
-                    None => ops.push(PatchOperation::Remove { path: path.clone() }),
+                    // Equal leaves are skipped without building their paths; containers are
+                    // walked once by the recursion (comparing them first would walk them twice).
+                    Some(vb) if is_leaf(va) && va == vb => continue,
+                    Some(vb) => {
+                        push_token(path, k);
+                        diff_into(va, vb, path, ops);
+                    }
+                    None => {
+                        push_token(path, k);
+                        ops.push(PatchOperation::Remove { path: path.clone() });
+                    }
                 }
                 path.truncate(base);
             }
@@ -178,13 +186,16 @@ fn diff_into(from: &Value, to: &Value, path: &mut String, ops: &mut Vec<PatchOpe
             let base = path.len();
             let common = a.len().min(b.len());
             for i in 0..common {
-                push_token(path, itoa(i).as_str());
+                if a[i] == b[i] {
+                    continue;
+                }
+                push_index(path, i);
                 diff_into(&a[i], &b[i], path, ops);
                 path.truncate(base);
             }
             if b.len() > a.len() {
                 for (i, v) in b.iter().enumerate().skip(common) {
-                    push_token(path, itoa(i).as_str());
+                    push_index(path, i);
                     ops.push(PatchOperation::Add {
                         path: path.clone(),
                         value: v.clone(),
@@ -193,7 +204,7 @@ fn diff_into(from: &Value, to: &Value, path: &mut String, ops: &mut Vec<PatchOpe
                 }
             } else {
                 for i in (common..a.len()).rev() {
-                    push_token(path, itoa(i).as_str());
+                    push_index(path, i);
                     ops.push(PatchOperation::Remove { path: path.clone() });
                     path.truncate(base);
                 }
@@ -210,8 +221,13 @@ fn diff_into(from: &Value, to: &Value, path: &mut String, ops: &mut Vec<PatchOpe
     }
 }
 
-fn itoa(i: usize) -> String {
-    i.to_string()
+fn is_leaf(v: &Value) -> bool {
+    !matches!(v, Value::Object(_) | Value::Array(_))
+}
+
+fn push_index(pointer: &mut String, i: usize) {
+    use std::fmt::Write as _;
+    let _ = write!(pointer, "/{i}");
 }
 
 /// Why a patch did not apply.
@@ -258,7 +274,10 @@ pub fn apply(doc: &mut Value, patch: &[PatchOperation]) -> Result<(), PatchError
                 add(&mut work, path, v).map_err(fail)?;
             }
             PatchOperation::Copy { from, path } => {
-                let v = work.pointer(from).cloned().ok_or_else(|| fail("from not found"))?;
+                let v = work
+                    .pointer(from)
+                    .cloned()
+                    .ok_or_else(|| fail("from not found"))?;
                 add(&mut work, path, v).map_err(fail)?;
             }
             PatchOperation::Test { path, value } => {

@@ -13,8 +13,7 @@ use serde_json::{Map, Value};
 use crate::event::Event;
 use crate::patch::PatchOperation;
 use crate::types::{
-    Content, ContentPart, Message, PartSource, RunAgentInput, RunFinishedOutcome,
-    SubagentOutcome, TokenUsage,
+    Content, ContentPart, Message, PartSource, RunAgentInput, RunFinishedOutcome, SubagentOutcome, TokenUsage,
 };
 
 const VARINT: u32 = 0;
@@ -23,6 +22,10 @@ const LEN: u32 = 2;
 
 #[inline]
 fn varint(out: &mut Vec<u8>, mut v: u64) {
+    if v < 0x80 {
+        out.push(v as u8);
+        return;
+    }
     while v >= 0x80 {
         out.push((v as u8) | 0x80);
         v >>= 7;
@@ -179,10 +182,10 @@ fn value_field(out: &mut Vec<u8>, field: u32, v: &Value) {
 /// An optional "any JSON but null" field: omitted when absent or `null`.
 #[inline]
 fn opt_value(out: &mut Vec<u8>, field: u32, v: Option<&Value>) {
-    if let Some(v) = v {
-        if !v.is_null() {
-            value_field(out, field, v);
-        }
+    if let Some(v) = v
+        && !v.is_null()
+    {
+        value_field(out, field, v);
     }
 }
 
@@ -284,10 +287,7 @@ fn content_part(out: &mut Vec<u8>, field: u32, p: &ContentPart) {
             opt_string(out, 2, id.as_deref());
             opt_value(out, 3, metadata.as_ref());
         }),
-        ContentPart::Image(m)
-        | ContentPart::Audio(m)
-        | ContentPart::Video(m)
-        | ContentPart::Document(m) => {
+        ContentPart::Image(m) | ContentPart::Audio(m) | ContentPart::Video(m) | ContentPart::Document(m) => {
             let arm = match p {
                 ContentPart::Image(_) => 2,
                 ContentPart::Audio(_) => 3,
@@ -433,8 +433,137 @@ fn run_agent_input(out: &mut Vec<u8>, field: u32, i: &RunAgentInput) {
 
 // ----- the envelope --------------------------------------------------------------------------
 
+/// The fast path for events made only of a `BaseEvent` without `rawEvent`/`metadata` and
+/// string fields (the streaming hot path: content, args, ends). Sizes are computed first, the
+/// buffer is reserved once, and every byte is written once. `fields` are in field-number
+/// order; `None` means "not written". With `frame`, the 4-byte big-endian length goes first.
+#[inline(always)]
+fn simple(out: &mut Vec<u8>, frame: bool, arm: u8, ty: u8, ts: Option<i64>, fields: &[(u8, Option<&str>)]) {
+    let base_inner = if ty != 0 { 2 } else { 0 } + ts.map_or(0, |t| 1 + varint_len(t as u64));
+    let mut inner = 2 + base_inner;
+    for (_, s) in fields {
+        if let Some(s) = s {
+            inner += 1 + varint_len(s.len() as u64) + s.len();
+        }
+    }
+    let arm_tag = u64::from((arm << 3) | LEN as u8);
+    let envelope = varint_len(arm_tag) + varint_len(inner as u64) + inner;
+    out.reserve(envelope + 4);
+    // Everything before the first field fits in a small stack buffer.
+    let mut head = [0u8; 32];
+    let mut pos = 0;
+    if frame {
+        head[..4].copy_from_slice(&(envelope as u32).to_be_bytes());
+        pos = 4;
+    }
+    pos = put_varint(&mut head, pos, arm_tag);
+    pos = put_varint(&mut head, pos, inner as u64);
+    head[pos] = 0x0a;
+    head[pos + 1] = base_inner as u8;
+    pos += 2;
+    if ty != 0 {
+        head[pos] = 0x08;
+        head[pos + 1] = ty;
+        pos += 2;
+    }
+    if let Some(t) = ts {
+        head[pos] = 0x10;
+        pos = put_varint(&mut head, pos + 1, t as u64);
+    }
+    out.extend_from_slice(&head[..pos]);
+    for (f, s) in fields {
+        if let Some(s) = s {
+            let mut tag = [0u8; 11];
+            tag[0] = (f << 3) | LEN as u8;
+            let n = put_varint(&mut tag, 1, s.len() as u64);
+            out.extend_from_slice(&tag[..n]);
+            out.extend_from_slice(s.as_bytes());
+        }
+    }
+}
+
+#[inline(always)]
+fn put_varint(buf: &mut [u8], mut pos: usize, mut v: u64) -> usize {
+    while v >= 0x80 {
+        buf[pos] = (v as u8) | 0x80;
+        v >>= 7;
+        pos += 1;
+    }
+    buf[pos] = v as u8;
+    pos + 1
+}
+
+/// A required proto3 string: absent when empty.
+#[inline]
+fn req(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+/// Encodes the hot-path events with [`simple`]; `false` when `event` needs the general path.
+#[inline(always)]
+fn encode_simple(event: &Event, out: &mut Vec<u8>, frame: bool) -> bool {
+    // Arms and type numbers as literals (see `EventType::proto_arm` / `proto_number`).
+    macro_rules! go {
+        ($e:expr, $arm:literal, $ty:literal, $fields:expr) => {{
+            if $e.raw_event.is_some() || $e.metadata.is_some() {
+                return false;
+            }
+            simple(out, frame, $arm, $ty, $e.timestamp, $fields);
+            true
+        }};
+    }
+    match event {
+        Event::TextMessageContent(e) => go!(
+            e,
+            2,
+            1,
+            &[
+                (2, req(&e.message_id)),
+                (3, req(&e.delta)),
+                (4, e.subagent_run_id.as_deref())
+            ]
+        ),
+        Event::ToolCallArgs(e) => go!(
+            e,
+            5,
+            4,
+            &[
+                (2, req(&e.tool_call_id)),
+                (3, req(&e.delta)),
+                (4, e.subagent_run_id.as_deref())
+            ]
+        ),
+        Event::ReasoningMessageContent(e) => go!(
+            e,
+            27,
+            26,
+            &[
+                (2, e.subagent_run_id.as_deref()),
+                (3, req(&e.message_id)),
+                (4, req(&e.delta))
+            ]
+        ),
+        Event::TextMessageEnd(e) => go!(
+            e,
+            3,
+            2,
+            &[(2, req(&e.message_id)), (3, e.subagent_run_id.as_deref())]
+        ),
+        Event::ToolCallEnd(e) => go!(
+            e,
+            6,
+            5,
+            &[(2, req(&e.tool_call_id)), (3, e.subagent_run_id.as_deref())]
+        ),
+        _ => false,
+    }
+}
+
 /// Appends the `ag_ui.Event` envelope bytes of `event` (no length prefix).
 pub fn encode_into(event: &Event, out: &mut Vec<u8>) {
+    if encode_simple(event, out, false) {
+        return;
+    }
     let ty = event.event_type();
     let arm = ty.proto_arm();
     let num = ty.proto_number();
@@ -726,6 +855,9 @@ pub fn encode(event: &Event) -> Vec<u8> {
 
 /// Appends one transport frame: a 4-byte big-endian length, then the envelope.
 pub fn encode_frame_into(event: &Event, out: &mut Vec<u8>) {
+    if encode_simple(event, out, true) {
+        return;
+    }
     let len_pos = out.len();
     out.extend_from_slice(&[0, 0, 0, 0]);
     encode_into(event, out);
@@ -745,10 +877,7 @@ mod tests {
         // envelope field 2, length 300 + overhead, varint 2 bytes
         assert_eq!(bytes[0], 0x12);
         let inner_len = bytes.len() - 3;
-        assert_eq!(
-            bytes[1..3],
-            [(inner_len as u8) | 0x80, (inner_len >> 7) as u8]
-        );
+        assert_eq!(bytes[1..3], [(inner_len as u8) | 0x80, (inner_len >> 7) as u8]);
     }
 
     #[test]

@@ -36,18 +36,12 @@ pub trait Agent: Send + Sync + 'static {
     type State: AgentState;
 
     /// Runs once. `Err` becomes `RUN_ERROR`; handles still open are closed by their `Drop`.
-    fn run(
-        &self,
-        ctx: &mut RunContext<Self::State>,
-    ) -> impl Future<Output = Result<RunOutcome>> + Send;
+    fn run(&self, ctx: &mut RunContext<Self::State>) -> impl Future<Output = Result<RunOutcome>> + Send;
 }
 
 impl<A: Agent> Agent for Arc<A> {
     type State = A::State;
-    fn run(
-        &self,
-        ctx: &mut RunContext<Self::State>,
-    ) -> impl Future<Output = Result<RunOutcome>> + Send {
+    fn run(&self, ctx: &mut RunContext<Self::State>) -> impl Future<Output = Result<RunOutcome>> + Send {
         (**self).run(ctx)
     }
 }
@@ -117,8 +111,7 @@ pub fn run_agent<A: Agent>(agent: Arc<A>, input: RunAgentInput, options: RunOpti
     let cancel = CancelToken::new();
     let task_cancel = cancel.clone();
     let task = tokio::spawn(async move {
-        let mut ctx =
-            RunContext::<A::State>::with_sender(Arc::new(input), tx, task_cancel, &options);
+        let mut ctx = RunContext::<A::State>::with_sender(Arc::new(input), tx, task_cancel, &options);
         let result = match ctx.start(options.echo_input).await {
             Ok(()) => {
                 let fut = AssertUnwindSafe(agent.run(&mut ctx)).catch_unwind();

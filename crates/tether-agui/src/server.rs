@@ -120,9 +120,7 @@ fn is_json(content_type: Option<&str>) -> bool {
 
 async fn handle<A: Agent>(ep: Arc<Endpoint<A>>, req: Request) -> Response {
     let headers = req.headers();
-    let content_type = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok());
+    let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     if !is_json(content_type) {
         return json_error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -235,21 +233,17 @@ impl Stream for BodyStream {
                     }
                 }
                 if let Some((d, sleep)) = &mut this.keep_alive {
-                    sleep
-                        .as_mut()
-                        .reset(tokio::time::Instant::now() + *d);
+                    sleep.as_mut().reset(tokio::time::Instant::now() + *d);
                 }
                 Poll::Ready(Some(Ok(Bytes::copy_from_slice(&this.buf))))
             }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
-                if let Some((d, sleep)) = &mut this.keep_alive {
-                    if sleep.as_mut().poll(cx).is_ready() {
-                        sleep
-                            .as_mut()
-                            .reset(tokio::time::Instant::now() + *d);
-                        return Poll::Ready(Some(Ok(Bytes::from_static(SSE_KEEP_ALIVE))));
-                    }
+                if let Some((d, sleep)) = &mut this.keep_alive
+                    && sleep.as_mut().poll(cx).is_ready()
+                {
+                    sleep.as_mut().reset(tokio::time::Instant::now() + *d);
+                    return Poll::Ready(Some(Ok(Bytes::from_static(SSE_KEEP_ALIVE))));
                 }
                 Poll::Pending
             }

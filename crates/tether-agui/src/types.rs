@@ -78,11 +78,7 @@ pub enum ContentPart {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         id: Option<String>,
         /// Optional metadata (any JSON but `null`).
-        #[serde(
-            default,
-            deserialize_with = "null_as_none",
-            skip_serializing_if = "is_absent"
-        )]
+        #[serde(default, deserialize_with = "null_as_none", skip_serializing_if = "is_absent")]
         metadata: Option<Value>,
     },
     /// An image.
@@ -115,11 +111,7 @@ pub struct MediaPart {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
     /// Optional metadata (any JSON but `null`).
-    #[serde(
-        default,
-        deserialize_with = "null_as_none",
-        skip_serializing_if = "is_absent"
-    )]
+    #[serde(default, deserialize_with = "null_as_none", skip_serializing_if = "is_absent")]
     pub metadata: Option<Value>,
 }
 
@@ -202,11 +194,7 @@ pub struct ToolCall {
 
 impl ToolCall {
     /// A function call with its argument text.
-    pub fn new(
-        id: impl Into<ToolCallId>,
-        name: impl Into<String>,
-        arguments: impl Into<String>,
-    ) -> Self {
+    pub fn new(id: impl Into<ToolCallId>, name: impl Into<String>, arguments: impl Into<String>) -> Self {
         Self {
             id: id.into(),
             kind: function_type(),
@@ -427,11 +415,7 @@ pub struct Tool {
     #[serde(default)]
     pub description: String,
     /// JSON Schema of the arguments.
-    #[serde(
-        default,
-        deserialize_with = "null_as_none",
-        skip_serializing_if = "is_absent"
-    )]
+    #[serde(default, deserialize_with = "null_as_none", skip_serializing_if = "is_absent")]
     pub parameters: Option<Value>,
     /// Metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -467,11 +451,7 @@ pub struct ResumeEntry {
     /// Resolved or cancelled.
     pub status: ResumeStatus,
     /// The answer.
-    #[serde(
-        default,
-        deserialize_with = "null_as_none",
-        skip_serializing_if = "is_absent"
-    )]
+    #[serde(default, deserialize_with = "null_as_none", skip_serializing_if = "is_absent")]
     pub payload: Option<Value>,
     /// Metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -495,11 +475,7 @@ pub struct RunAgentInput {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_run_id: Option<RunId>,
     /// Current state; absent or `null` means none.
-    #[serde(
-        default,
-        deserialize_with = "null_as_none",
-        skip_serializing_if = "is_absent"
-    )]
+    #[serde(default, deserialize_with = "null_as_none", skip_serializing_if = "is_absent")]
     pub state: Option<Value>,
     /// Front-end tools.
     #[serde(default)]
@@ -508,11 +484,7 @@ pub struct RunAgentInput {
     #[serde(default)]
     pub context: Vec<Context>,
     /// Opaque pass-through.
-    #[serde(
-        default,
-        deserialize_with = "null_as_none",
-        skip_serializing_if = "is_absent"
-    )]
+    #[serde(default, deserialize_with = "null_as_none", skip_serializing_if = "is_absent")]
     pub forwarded_props: Option<Value>,
     /// Answers to the previous run's interrupts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -207,10 +207,7 @@ impl Verifier {
                 _ => {}
             }
         }
-        v.input_unanswered = asked
-            .into_iter()
-            .filter(|id| !answered.contains(id))
-            .collect();
+        v.input_unanswered = asked.into_iter().filter(|id| !answered.contains(id)).collect();
         v
     }
 
@@ -310,19 +307,24 @@ impl Verifier {
             if keep != ChunkKind::Reasoning {
                 l.reasoning = None;
             }
-            if keep != ChunkKind::Tool {
-                if let Some(id) = l.tool.take() {
-                    // The synthesized TOOL_CALL_END.
-                    if let Some((_, name)) = self.calls.remove(&id) {
-                        self.ended_calls.insert(id.clone(), name);
-                        self.pending.push(id);
-                    }
+            if keep != ChunkKind::Tool
+                && let Some(id) = l.tool.take()
+            {
+                // The synthesized TOOL_CALL_END.
+                if let Some((_, name)) = self.calls.remove(&id) {
+                    self.ended_calls.insert(id.clone(), name);
+                    self.pending.push(id);
                 }
             }
         }
     }
 
-    fn check_owner(kind: &str, id: &str, opener: &Owner, now: Option<&SubagentRunId>) -> Result<(), Violation> {
+    fn check_owner(
+        kind: &str,
+        id: &str,
+        opener: &Owner,
+        now: Option<&SubagentRunId>,
+    ) -> Result<(), Violation> {
         if opener.as_ref() != now {
             return Err(Violation::new(
                 Rule::OwnerMismatch,
@@ -398,23 +400,25 @@ impl Verifier {
                     ));
                 }
                 let expected_thread = self.thread.as_ref().or(self.expected_thread.as_ref());
-                if let Some(t) = expected_thread {
-                    if *t != e.thread_id {
-                        return Err(Violation::new(
-                            Rule::IdMismatch,
-                            format!("RUN_STARTED threadId {} differs from the input's {t}", e.thread_id),
-                        ));
-                    }
+                if let Some(t) = expected_thread
+                    && *t != e.thread_id
+                {
+                    return Err(Violation::new(
+                        Rule::IdMismatch,
+                        format!(
+                            "RUN_STARTED threadId {} differs from the input's {t}",
+                            e.thread_id
+                        ),
+                    ));
                 }
-                if self.runs == 0 {
-                    if let Some(r) = &self.expected_first_run {
-                        if *r != e.run_id {
-                            return Err(Violation::new(
-                                Rule::IdMismatch,
-                                format!("RUN_STARTED runId {} differs from the input's {r}", e.run_id),
-                            ));
-                        }
-                    }
+                if self.runs == 0
+                    && let Some(r) = &self.expected_first_run
+                    && *r != e.run_id
+                {
+                    return Err(Violation::new(
+                        Rule::IdMismatch,
+                        format!("RUN_STARTED runId {} differs from the input's {r}", e.run_id),
+                    ));
                 }
                 self.reset_run();
                 self.runs += 1;
@@ -436,7 +440,10 @@ impl Verifier {
                     ));
                 }
                 if self.phase != Phase::Active {
-                    return Err(Violation::new(Rule::AfterTerminal, "RUN_FINISHED after the run ended"));
+                    return Err(Violation::new(
+                        Rule::AfterTerminal,
+                        "RUN_FINISHED after the run ended",
+                    ));
                 }
                 let open = self.open_items();
                 if !open.is_empty() {
@@ -528,7 +535,9 @@ impl Verifier {
                         if self.messages.contains_key(id) {
                             return Err(Violation::new(
                                 Rule::DuplicateStart,
-                                format!("TEXT_MESSAGE_CHUNK {id} for a message opened with TEXT_MESSAGE_START"),
+                                format!(
+                                    "TEXT_MESSAGE_CHUNK {id} for a message opened with TEXT_MESSAGE_START"
+                                ),
                             ));
                         }
                         lane.text = Some(id.clone());
@@ -544,28 +553,26 @@ impl Verifier {
                 }
             }
             Event::ToolCallStart(e) => {
-                if self.calls.contains_key(&e.tool_call_id)
-                    || self.ended_calls.contains_key(&e.tool_call_id)
+                if self.calls.contains_key(&e.tool_call_id) || self.ended_calls.contains_key(&e.tool_call_id)
                 {
                     return Err(Violation::new(
                         Rule::DuplicateStart,
                         format!("TOOL_CALL_START {} for a call already started", e.tool_call_id),
                     ));
                 }
-                if let Some(parent) = &e.parent_message_id {
-                    if let Some(po) = self.message_owners.get(parent) {
-                        if *po != owner {
-                            return Err(Violation::new(
-                                Rule::OwnerMismatch,
-                                format!(
-                                    "tool call {} belongs to {} but its parent message {parent} to {}",
-                                    e.tool_call_id,
-                                    owner_name(owner.as_ref()),
-                                    owner_name(po.as_ref())
-                                ),
-                            ));
-                        }
-                    }
+                if let Some(parent) = &e.parent_message_id
+                    && let Some(po) = self.message_owners.get(parent)
+                    && *po != owner
+                {
+                    return Err(Violation::new(
+                        Rule::OwnerMismatch,
+                        format!(
+                            "tool call {} belongs to {} but its parent message {parent} to {}",
+                            e.tool_call_id,
+                            owner_name(owner.as_ref()),
+                            owner_name(po.as_ref())
+                        ),
+                    ));
                 }
                 self.calls
                     .insert(e.tool_call_id.clone(), (owner, e.tool_call_name.clone()));
@@ -641,7 +648,9 @@ impl Verifier {
                     Some(name) if self.frontend_tools.contains(name) => {
                         return Err(Violation::new(
                             Rule::FrontendToolResult,
-                            format!("TOOL_CALL_RESULT for {id}, a call of front-end tool {name}: the client answers it"),
+                            format!(
+                                "TOOL_CALL_RESULT for {id}, a call of front-end tool {name}: the client answers it"
+                            ),
                         ));
                     }
                     Some(_) => {}
@@ -696,13 +705,21 @@ impl Verifier {
             }
             Event::ReasoningMessageContent(e) => {
                 let Some(o) = self.reasoning.get(&e.message_id) else {
-                    return Err(not_open("REASONING_MESSAGE_CONTENT", "reasoning message", &e.message_id));
+                    return Err(not_open(
+                        "REASONING_MESSAGE_CONTENT",
+                        "reasoning message",
+                        &e.message_id,
+                    ));
                 };
                 Self::check_owner("reasoning message", &e.message_id, o, owner.as_ref())?;
             }
             Event::ReasoningMessageEnd(e) => {
                 let Some(o) = self.reasoning.get(&e.message_id) else {
-                    return Err(not_open("REASONING_MESSAGE_END", "reasoning message", &e.message_id));
+                    return Err(not_open(
+                        "REASONING_MESSAGE_END",
+                        "reasoning message",
+                        &e.message_id,
+                    ));
                 };
                 Self::check_owner("reasoning message", &e.message_id, o, owner.as_ref())?;
                 self.reasoning.remove(&e.message_id);
@@ -716,7 +733,9 @@ impl Verifier {
                         if self.reasoning.contains_key(id) {
                             return Err(Violation::new(
                                 Rule::DuplicateStart,
-                                format!("REASONING_MESSAGE_CHUNK {id} for a message opened with REASONING_MESSAGE_START"),
+                                format!(
+                                    "REASONING_MESSAGE_CHUNK {id} for a message opened with REASONING_MESSAGE_START"
+                                ),
                             ));
                         }
                         lane.reasoning = Some(id.clone());
@@ -738,13 +757,14 @@ impl Verifier {
                         format!("SUBAGENT_STARTED {id}: subagent ids are not reused within a run"),
                     ));
                 }
-                if let Some(p) = &e.parent_subagent_run_id {
-                    if !self.subagents.contains(p) && !self.finished_subagents.contains(p) {
-                        return Err(Violation::new(
-                            Rule::NotOpen,
-                            format!("SUBAGENT_STARTED {id} names parent {p}, which never started"),
-                        ));
-                    }
+                if let Some(p) = &e.parent_subagent_run_id
+                    && !self.subagents.contains(p)
+                    && !self.finished_subagents.contains(p)
+                {
+                    return Err(Violation::new(
+                        Rule::NotOpen,
+                        format!("SUBAGENT_STARTED {id} names parent {p}, which never started"),
+                    ));
                 }
                 self.subagents.insert(id.clone());
             }
@@ -801,7 +821,10 @@ fn check_patch(event: &str, ops: &[PatchOperation]) -> Result<(), Violation> {
         if !is_valid_pointer(op.path()) || op.from().is_some_and(|f| !is_valid_pointer(f)) {
             return Err(Violation::new(
                 Rule::InvalidEvent,
-                format!("{event} operation {i} has a malformed JSON Pointer {:?}", op.path()),
+                format!(
+                    "{event} operation {i} has a malformed JSON Pointer {:?}",
+                    op.path()
+                ),
             ));
         }
     }

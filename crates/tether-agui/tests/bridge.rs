@@ -98,10 +98,8 @@ async fn frontend_tool_pends_then_resumes_the_same_session() {
     ]));
     let a = Arc::new(agent(model.clone()));
     let mut first = input();
-    first.tools = vec![serde_json::from_value(
-        json!({"name":"confirm","description":"Ask the user"}),
-    )
-    .unwrap()];
+    first.tools =
+        vec![serde_json::from_value(json!({"name":"confirm","description":"Ask the user"})).unwrap()];
     let ev = serve(&a, first.clone()).await;
     assert_eq!(
         ev.last().unwrap(),
@@ -120,9 +118,7 @@ async fn frontend_tool_pends_then_resumes_the_same_session() {
         tool_calls: Some(vec![ToolCall::new("c1", "confirm", r#"{"q":"ok?"}"#)]),
         ..Default::default()
     }));
-    second
-        .messages
-        .push(Message::tool("tm1", "c1", "yes"));
+    second.messages.push(Message::tool("tm1", "c1", "yes"));
     let ev = serve(&a, second).await;
     assert_eq!(
         kinds(&ev),
@@ -138,7 +134,10 @@ async fn frontend_tool_pends_then_resumes_the_same_session() {
     assert_eq!(a.thread_count(), 1);
     // The model got the tool message as the result of c1.
     let last = model.requests().pop().unwrap();
-    let tool_msg = last.messages.iter().find(|m| m.tool_call_id.as_deref() == Some("c1"));
+    let tool_msg = last
+        .messages
+        .iter()
+        .find(|m| m.tool_call_id.as_deref() == Some("c1"));
     assert_eq!(tool_msg.and_then(|m| m.content.clone()).as_deref(), Some("yes"));
 }
 
@@ -214,10 +213,8 @@ async fn two_runs_in_one_thread_keep_the_session() {
     let ev1 = serve(&a, input()).await;
     let mut next = input();
     next.run_id = "r2".into();
-    next.messages.push(Message::assistant(
-        ev1[1]["messageId"].as_str().unwrap(),
-        "first",
-    ));
+    next.messages
+        .push(Message::assistant(ev1[1]["messageId"].as_str().unwrap(), "first"));
     next.messages.push(Message::user("u2", "again"));
     let ev2 = serve(&a, next).await;
     assert_eq!(ev2[2]["delta"], "second");

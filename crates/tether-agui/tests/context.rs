@@ -118,9 +118,7 @@ async fn calls_ended_without_result_are_pending() {
 
 agent!(Violates, (), |ctx| {
     ctx.say("ok")?;
-    let err = ctx
-        .emit(Event::text_message_content("ghost", "boo"))
-        .unwrap_err();
+    let err = ctx.emit(Event::text_message_content("ghost", "boo")).unwrap_err();
     assert!(matches!(err, Error::Verification(_)));
     // Everything after the violation is refused.
     assert!(ctx.say("more").is_err());
@@ -186,7 +184,9 @@ agent!(Stateful, Board, |ctx| {
     call.args_json(&json!({"title": "ship it"}))?;
     call.state_mut().tasks.push("ship it".to_owned());
     call.state_mut().tasks.push("write the release notes".to_owned());
-    call.state_mut().tasks.push("tag the release candidate".to_owned());
+    call.state_mut()
+        .tasks
+        .push("tag the release candidate".to_owned());
     call.publish_state()?; // snapshot, with the call open
     call.result_json(&json!({"ok": true}))?;
     assert_eq!(ctx.state().tasks[0], "ship it");
@@ -227,11 +227,7 @@ fn a_delta_is_used_only_when_smaller_than_the_snapshot() {
     // patch: remove /a + add /b is bigger than {"b":2}
     let e = tether_agui::state_update(Some(&old), &new).unwrap().unwrap();
     assert_eq!(e.event_type().as_str(), "STATE_SNAPSHOT");
-    assert!(
-        tether_agui::state_update(Some(&new), &new)
-            .unwrap()
-            .is_none()
-    );
+    assert!(tether_agui::state_update(Some(&new), &new).unwrap().is_none());
 }
 
 agent!(Interrupts, (), |ctx| {
@@ -256,10 +252,8 @@ async fn interrupt_and_resume() {
     let mut resumed = input();
     resumed.run_id = "r2".into();
     resumed.resume = vec![
-        serde_json::from_value(
-            json!({"interruptId":"i1","status":"resolved","payload":{"approved":true}}),
-        )
-        .unwrap(),
+        serde_json::from_value(json!({"interruptId":"i1","status":"resolved","payload":{"approved":true}}))
+            .unwrap(),
     ];
     let events = run(Interrupts, resumed).await;
     assert_eq!(to_json(&events)[2]["delta"], "approved: Some(true)");

@@ -71,7 +71,13 @@ async fn post(url: &str, accept: &str, content_type: &str, body: String) -> reqw
 #[tokio::test]
 async fn sse_stream() {
     let base = serve().await;
-    let r = post(&format!("{base}/hello"), "text/event-stream", "application/json", body()).await;
+    let r = post(
+        &format!("{base}/hello"),
+        "text/event-stream",
+        "application/json",
+        body(),
+    )
+    .await;
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()["content-type"], "text/event-stream");
     let text = r.text().await.unwrap();
@@ -83,7 +89,13 @@ async fn sse_stream() {
     let types: Vec<&str> = frames.iter().map(|f| f["type"].as_str().unwrap()).collect();
     assert_eq!(
         types,
-        ["RUN_STARTED", "TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END", "RUN_FINISHED"]
+        [
+            "RUN_STARTED",
+            "TEXT_MESSAGE_START",
+            "TEXT_MESSAGE_CONTENT",
+            "TEXT_MESSAGE_END",
+            "RUN_FINISHED"
+        ]
     );
 }
 
@@ -112,7 +124,12 @@ async fn protobuf_stream_by_accept() {
 
 async fn error_of(r: reqwest::Response, status: u16, code: &str) {
     assert_eq!(r.status(), status);
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("application/json"));
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/json")
+    );
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["code"], code, "{v}");
     assert!(v["message"].as_str().is_some_and(|m| !m.is_empty()));
@@ -122,12 +139,55 @@ async fn error_of(r: reqwest::Response, status: u16, code: &str) {
 async fn http_errors() {
     let base = serve().await;
     let url = format!("{base}/hello");
-    error_of(post(&url, "text/event-stream", "application/json", "{\"threadId\":".into()).await, 400, "INVALID_INPUT").await;
-    error_of(post(&url, "text/event-stream", "application/json", "{\"threadId\":\"t\"}".into()).await, 400, "INVALID_INPUT").await;
-    error_of(post(&url, "text/event-stream", "text/plain", body()).await, 415, "UNSUPPORTED_MEDIA_TYPE").await;
-    error_of(post(&url, "application/json", "application/json", body()).await, 406, "NOT_ACCEPTABLE").await;
+    error_of(
+        post(
+            &url,
+            "text/event-stream",
+            "application/json",
+            "{\"threadId\":".into(),
+        )
+        .await,
+        400,
+        "INVALID_INPUT",
+    )
+    .await;
+    error_of(
+        post(
+            &url,
+            "text/event-stream",
+            "application/json",
+            "{\"threadId\":\"t\"}".into(),
+        )
+        .await,
+        400,
+        "INVALID_INPUT",
+    )
+    .await;
+    error_of(
+        post(&url, "text/event-stream", "text/plain", body()).await,
+        415,
+        "UNSUPPORTED_MEDIA_TYPE",
+    )
+    .await;
+    error_of(
+        post(&url, "application/json", "application/json", body()).await,
+        406,
+        "NOT_ACCEPTABLE",
+    )
+    .await;
     let big = json!({"threadId":"t","runId":"r","messages":[],"pad":"x".repeat(4096)}).to_string();
-    error_of(post(&format!("{base}/small"), "text/event-stream", "application/json", big).await, 413, "PAYLOAD_TOO_LARGE").await;
+    error_of(
+        post(
+            &format!("{base}/small"),
+            "text/event-stream",
+            "application/json",
+            big,
+        )
+        .await,
+        413,
+        "PAYLOAD_TOO_LARGE",
+    )
+    .await;
     let r = reqwest::Client::new().get(&url).send().await.unwrap();
     assert_eq!(r.headers()["allow"], "POST");
     error_of(r, 405, "METHOD_NOT_ALLOWED").await;
@@ -146,7 +206,13 @@ async fn keep_alive_comments_while_idle() {
 #[tokio::test]
 async fn client_disconnect_cancels_the_run() {
     let base = serve().await;
-    let mut r = post(&format!("{base}/forever"), "text/event-stream", "application/json", body()).await;
+    let mut r = post(
+        &format!("{base}/forever"),
+        "text/event-stream",
+        "application/json",
+        body(),
+    )
+    .await;
     let first = r.chunk().await.unwrap().unwrap();
     assert!(String::from_utf8_lossy(&first).contains("RUN_STARTED"));
     assert!(!DROPPED.load(Ordering::SeqCst));

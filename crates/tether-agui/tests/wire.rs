@@ -47,7 +47,11 @@ fn json_round_trips_exactly() {
 #[test]
 fn protobuf_is_byte_identical_to_the_reference_encoder() {
     for (json, event, expected) in golden() {
-        assert_eq!(hex(&proto::encode(&event)), expected, "protobuf bytes differ for {json}");
+        assert_eq!(
+            hex(&proto::encode(&event)),
+            expected,
+            "protobuf bytes differ for {json}"
+        );
     }
 }
 
