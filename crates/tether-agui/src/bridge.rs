@@ -623,7 +623,8 @@ impl<S: crate::AgentState + Sync> Agent for SessionAgent<S> {
 
     async fn run(&self, ctx: &mut RunContext<S>) -> Result<RunOutcome> {
         let thread = self.thread(ctx.input()).await?;
-        let Ok(mut t) = thread.try_lock() else {
+        // A run of this thread that was just cancelled may still be winding down.
+        let Ok(mut t) = tokio::time::timeout(std::time::Duration::from_secs(10), thread.lock()).await else {
             return Err(Error::agent(
                 "THREAD_BUSY",
                 format!(
@@ -703,7 +704,14 @@ impl<S: crate::AgentState + Sync> Agent for SessionAgent<S> {
             tokio::select! {
                 biased;
                 _ = cancel.cancelled() => {
+                    // Interrupt the provider and settle the request, so the thread is ready
+                    // for its next run.
                     t.handle.cancel();
+                    let settle = std::time::Duration::from_secs(2);
+                    if tokio::time::timeout(settle, t.handle.next_result()).await.is_ok() {
+                        t.in_flight = false;
+                        while t.events.try_recv().is_ok() {}
+                    }
                     return Err(Error::Cancelled);
                 }
                 ev = t.events.recv() => {
@@ -773,7 +781,8 @@ fn tool_results_from(input: &RunAgentInput, pending: &[ToolUse]) -> Vec<ToolResu
         {
             let text = tm.content.to_text();
             out.push(match &tm.error {
-                Some(err) => ToolResult::error(tm.tool_call_id.as_str(), format!("{err}{text}")),
+                Some(err) if text.is_empty() => ToolResult::error(tm.tool_call_id.as_str(), err),
+                Some(err) => ToolResult::error(tm.tool_call_id.as_str(), format!("{err}: {text}")),
                 None => ToolResult::ok(tm.tool_call_id.as_str(), text),
             });
         }

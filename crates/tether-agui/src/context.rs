@@ -342,7 +342,9 @@ macro_rules! state_trio {
 /// Options of one run.
 #[derive(Debug, Clone)]
 pub struct RunOptions {
-    /// Capacity of the event buffer between the agent and the transport.
+    /// Capacity of the event buffer between the agent and the transport (default 16384).
+    /// An agent that outruns it without awaiting [`RunContext::ready`] ends with
+    /// `RUN_ERROR{code: "EVENT_BUFFER_FULL"}`.
     pub buffer: usize,
     /// Stamp every event with `timestamp` (ms since epoch).
     pub timestamps: bool,
@@ -353,7 +355,7 @@ pub struct RunOptions {
 impl Default for RunOptions {
     fn default() -> Self {
         Self {
-            buffer: 4096,
+            buffer: 16 * 1024,
             timestamps: false,
             echo_input: false,
         }
@@ -777,6 +779,13 @@ impl<S: AgentState> RunContext<S> {
         if self.sink.dead == Some(Dead::Closed) || !self.sink.verifier.in_run() {
             return;
         }
+        // Events were dropped on the floor: whatever the agent says, the run failed.
+        let result = match (self.sink.dead, result) {
+            (Some(Dead::BufferFull), _) => Err(Error::BufferFull {
+                capacity: self.sink.capacity,
+            }),
+            (_, r) => r,
+        };
         let event = match result {
             Ok(outcome) => self.finished_event(outcome),
             Err(Error::Cancelled) if !self.sink.tx.is_closed() => self.finished_event(RunOutcome::Cancelled),

@@ -46,7 +46,8 @@ impl<A: Agent> Agent for Arc<A> {
     }
 }
 
-/// The events of one served request. Dropping it cancels the run and aborts its task.
+/// The events of one served request. Dropping it cancels the run; a run that does not wind
+/// down within a few seconds of that is aborted.
 #[derive(Debug)]
 pub struct EventStream {
     rx: mpsc::Receiver<Event>,
@@ -92,11 +93,28 @@ impl Stream for EventStream {
     }
 }
 
+/// How long a cancelled run may take to wind down (its handles closing, a bridged session
+/// interrupting its provider) before its task is aborted.
+const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 impl Drop for EventStream {
     fn drop(&mut self) {
         self.cancel.cancel();
         if let Some(task) = self.task.take() {
-            task.abort();
+            if task.is_finished() {
+                return;
+            }
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) => {
+                    rt.spawn(async move {
+                        let abort = task.abort_handle();
+                        if tokio::time::timeout(CANCEL_GRACE, task).await.is_err() {
+                            abort.abort();
+                        }
+                    });
+                }
+                Err(_) => task.abort(),
+            }
         }
     }
 }

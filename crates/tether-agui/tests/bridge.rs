@@ -224,3 +224,46 @@ async fn two_runs_in_one_thread_keep_the_session() {
     assert_eq!(reqs.len(), 2);
     assert!(reqs[1].messages.len() > reqs[0].messages.len());
 }
+
+/// A model whose first call hangs (until its request is cancelled) and whose later calls answer.
+struct HangsOnce(std::sync::atomic::AtomicUsize);
+
+#[async_trait::async_trait]
+impl ChatModel for HangsOnce {
+    fn name(&self) -> &str {
+        "hangs-once"
+    }
+    async fn chat(
+        &self,
+        _req: &tether::ChatRequest,
+        _deltas: &tether::DeltaSink,
+    ) -> tether::Result<tether::ChatResponse> {
+        if self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        }
+        Ok(ScriptedModel::text("back"))
+    }
+}
+
+#[tokio::test]
+async fn a_disconnected_run_is_cancelled_and_the_thread_serves_the_next_request() {
+    let model = Arc::new(HangsOnce(Default::default()));
+    let a = Arc::new(SessionAgent::new(move |_input| {
+        let m: Arc<dyn ChatModel> = model.clone();
+        Ok(Session::builder(LocalLoop::with_model(m)))
+    }));
+    let mut stream = run_agent(a.clone(), input(), RunOptions::default());
+    let first = futures_util::StreamExt::next(&mut stream).await.unwrap();
+    assert_eq!(first.event_type().as_str(), "RUN_STARTED");
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    drop(stream); // the client goes away mid-request
+
+    let mut next = input();
+    next.run_id = "r2".into();
+    next.messages.push(Message::user("u2", "still there?"));
+    let ev = tokio::time::timeout(std::time::Duration::from_secs(10), serve(&a, next))
+        .await
+        .expect("the second request must not hang");
+    assert_eq!(kinds(&ev).last().unwrap(), "RUN_FINISHED");
+    assert_eq!(ev[2]["delta"], "back");
+}

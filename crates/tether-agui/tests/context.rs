@@ -396,3 +396,30 @@ async fn input_state_is_typed_and_a_mismatch_is_run_error() {
     let events = run(StrictState, i).await;
     assert_eq!(to_json(&events)[1]["snapshot"], json!({"count": 1}));
 }
+
+agent!(Flood, (), |ctx| {
+    for i in 0..100 {
+        // Ignores the error on purpose: the run must still end in RUN_ERROR.
+        let _ = ctx.say(format!("line {i}"));
+    }
+    Ok(RunOutcome::Success)
+});
+
+#[tokio::test]
+async fn an_agent_that_outruns_the_buffer_ends_in_run_error() {
+    let options = tether_agui::RunOptions {
+        buffer: 8,
+        ..Default::default()
+    };
+    let mut stream = tether_agui::run_agent(std::sync::Arc::new(Flood), input(), options);
+    // Let the agent run ahead of the (not yet reading) transport.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let mut events = Vec::new();
+    while let Some(e) = futures_util::StreamExt::next(&mut stream).await {
+        events.push(e);
+    }
+    let last = to_json(&events).pop().unwrap();
+    assert_eq!(last["type"], "RUN_ERROR");
+    assert_eq!(last["code"], "EVENT_BUFFER_FULL");
+    assert!(!types(&events).contains(&"RUN_FINISHED"));
+}
