@@ -80,8 +80,8 @@ struct Params<'a> {
     session_id: Cow<'a, str>,
     #[serde(borrow)]
     update: Update<'a>,
-    #[serde(default, rename = "_meta")]
-    meta: Option<Meta>,
+    #[serde(default, rename = "_meta", borrow)]
+    meta: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -92,8 +92,8 @@ struct Update<'a> {
     content: Content<'a>,
     #[serde(default, rename = "messageId", borrow)]
     message_id: Option<Cow<'a, str>>,
-    #[serde(default, rename = "_meta")]
-    meta: Option<Meta>,
+    #[serde(default, rename = "_meta", borrow)]
+    meta: Option<&'a RawValue>,
 }
 
 #[derive(Deserialize)]
@@ -104,8 +104,8 @@ struct Content<'a> {
     text: String,
     #[serde(default, borrow)]
     annotations: Option<&'a RawValue>,
-    #[serde(default, rename = "_meta")]
-    meta: Option<Meta>,
+    #[serde(default, rename = "_meta", borrow)]
+    meta: Option<&'a RawValue>,
 }
 
 /// The last session id seen, so a flood for one session does not allocate a [`SessionId`] per
@@ -130,24 +130,42 @@ impl SessionIdCache {
 /// the general path" (see the module docs for exactly when).
 pub(crate) fn decode_text_chunk(line: &str, sessions: &mut SessionIdCache) -> Option<SessionUpdateEvent> {
     let l: Line<'_> = serde_json::from_str(line).ok()?;
-    let u = l.params.update;
+    let p = l.params;
+    let u = p.update;
     if u.content.annotations.is_some() {
         return None;
     }
-    let text = TextContent::new(u.content.text).meta(u.content.meta);
-    let mut chunk = ContentChunk::new(ContentBlock::Text(text)).meta(u.meta);
-    if let Some(id) = u.message_id {
-        chunk = chunk.message_id(MessageId::new(id.as_ref()));
-    }
-    let update = match u.kind {
+    // The `_meta`s are captured raw (keeping the structs above small and cheap to move); a
+    // non-null one must be an object, else decline.
+    let meta = |raw: Option<&RawValue>| -> Result<Option<Meta>, ()> {
+        raw.map(|r| serde_json::from_str::<Meta>(r.get()).map_err(|_| ()))
+            .transpose()
+    };
+    let (params_meta, update_meta, content_meta) =
+        (meta(p.meta).ok()?, meta(u.meta).ok()?, meta(u.content.meta).ok()?);
+    // Built in place: the schema's builders would move the ~450-byte chunk once per call.
+    let chunk = ContentChunk::new(ContentBlock::Text(TextContent::new(u.content.text)));
+    let mut update = Box::new(match u.kind {
         ChunkKind::UserMessageChunk => SessionUpdate::UserMessageChunk(chunk),
         ChunkKind::AgentMessageChunk => SessionUpdate::AgentMessageChunk(chunk),
         ChunkKind::AgentThoughtChunk => SessionUpdate::AgentThoughtChunk(chunk),
-    };
+    });
+    if u.message_id.is_some() || update_meta.is_some() || content_meta.is_some() {
+        if let SessionUpdate::UserMessageChunk(c)
+        | SessionUpdate::AgentMessageChunk(c)
+        | SessionUpdate::AgentThoughtChunk(c) = update.as_mut()
+        {
+            c.message_id = u.message_id.map(|id| MessageId::new(id.as_ref()));
+            c.meta = update_meta;
+            if let ContentBlock::Text(t) = &mut c.content {
+                t.meta = content_meta;
+            }
+        }
+    }
     Some(SessionUpdateEvent {
-        session_id: sessions.get(&l.params.session_id),
-        update: AcpUpdate::Known(Box::new(update)),
-        meta: l.params.meta,
+        session_id: sessions.get(&p.session_id),
+        update: AcpUpdate::Known(update),
+        meta: params_meta,
     })
 }
 
