@@ -286,6 +286,25 @@ impl<S> SessionAgent<S> {
         self
     }
 
+    /// Closes a thread's session (waiting for a request in flight to be cancelled) and forgets
+    /// the thread; its next request opens a new session. `false` if the thread was unknown.
+    pub async fn close_thread(&self, thread_id: &ThreadId) -> bool {
+        let thread = self.threads.lock().ok().and_then(|mut m| m.remove(thread_id));
+        let Some(thread) = thread else {
+            return false;
+        };
+        let mut t = thread.lock().await;
+        if let Some(p) = t.permission.take() {
+            let _ = p.answer.send(PermissionOutcome::Cancelled);
+        }
+        t.handle.cancel();
+        drop(t);
+        if let Ok(t) = Arc::try_unwrap(thread) {
+            t.into_inner().handle.close().await;
+        }
+        true
+    }
+
     /// Number of threads with a live session.
     pub fn thread_count(&self) -> usize {
         self.threads.lock().map(|t| t.len()).unwrap_or(0)

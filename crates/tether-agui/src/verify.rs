@@ -120,8 +120,33 @@ enum Phase {
 #[derive(Debug, Default, Clone)]
 struct Lane {
     text: Option<MessageId>,
+    /// `role` / `name` the active text chunk item declared.
+    text_role: Option<crate::event::TextMessageRole>,
+    text_name: Option<String>,
     tool: Option<ToolCallId>,
+    /// `toolCallName` / `parentMessageId` the active tool chunk item declared.
+    tool_name: Option<String>,
+    tool_parent: Option<MessageId>,
     reasoning: Option<MessageId>,
+}
+
+/// A chunk continuation may repeat an attribute of its item, but not change it.
+fn same_attr<T: PartialEq + Clone + std::fmt::Debug>(
+    slot: &mut Option<T>,
+    now: Option<&T>,
+    what: &str,
+) -> Result<(), Violation> {
+    match (slot.as_ref(), now) {
+        (Some(a), Some(b)) if a != b => Err(Violation::new(
+            Rule::InvalidEvent,
+            format!("a chunk continuation changes {what} from {a:?} to {b:?}"),
+        )),
+        (None, Some(b)) => {
+            *slot = Some(b.clone());
+            Ok(())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Checks a stream of events, one at a time.
@@ -529,6 +554,18 @@ impl Verifier {
             Event::TextMessageChunk(e) => {
                 self.close_chunks(Some(&owner), ChunkKind::Text);
                 let lane = self.lanes.entry(owner.clone()).or_default();
+                let continues = match (&e.message_id, &lane.text) {
+                    (Some(id), Some(active)) => id == active,
+                    (None, Some(_)) => true,
+                    _ => false,
+                };
+                if continues {
+                    same_attr(&mut lane.text_role, e.role.as_ref(), "role")?;
+                    same_attr(&mut lane.text_name, e.name.as_ref(), "name")?;
+                } else {
+                    lane.text_role = e.role;
+                    lane.text_name = e.name.clone();
+                }
                 match (&e.message_id, &lane.text) {
                     (Some(id), Some(active)) if id == active => {}
                     (Some(id), _) => {
@@ -596,6 +633,25 @@ impl Verifier {
             Event::ToolCallChunk(e) => {
                 self.close_chunks(Some(&owner), ChunkKind::Tool);
                 let active = self.lanes.get(&owner).and_then(|l| l.tool.clone());
+                {
+                    let lane = self.lanes.entry(owner.clone()).or_default();
+                    let continues = match (&e.tool_call_id, &active) {
+                        (Some(id), Some(a)) => id == a,
+                        (None, Some(_)) => true,
+                        _ => false,
+                    };
+                    if continues {
+                        same_attr(&mut lane.tool_name, e.tool_call_name.as_ref(), "toolCallName")?;
+                        same_attr(
+                            &mut lane.tool_parent,
+                            e.parent_message_id.as_ref(),
+                            "parentMessageId",
+                        )?;
+                    } else {
+                        lane.tool_name = e.tool_call_name.clone();
+                        lane.tool_parent = e.parent_message_id.clone();
+                    }
+                }
                 match (&e.tool_call_id, active) {
                     (Some(id), Some(active)) if *id == active => {}
                     (Some(id), active) => {

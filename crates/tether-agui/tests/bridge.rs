@@ -267,3 +267,22 @@ async fn a_disconnected_run_is_cancelled_and_the_thread_serves_the_next_request(
     assert_eq!(kinds(&ev).last().unwrap(), "RUN_FINISHED");
     assert_eq!(ev[2]["delta"], "back");
 }
+
+#[tokio::test]
+async fn a_closed_thread_starts_a_new_session() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::text("one")),
+        Ok(ScriptedModel::text("two")),
+    ]));
+    let a = Arc::new(agent(model.clone()));
+    serve(&a, input()).await;
+    assert_eq!(a.thread_count(), 1);
+    assert!(a.close_thread(&"t1".into()).await);
+    assert_eq!(a.thread_count(), 0);
+    assert!(!a.close_thread(&"t1".into()).await);
+    let ev = serve(&a, input()).await;
+    assert_eq!(ev[2]["delta"], "two");
+    // A new session: the second model call starts from a fresh history.
+    let reqs = model.requests();
+    assert_eq!(reqs[1].messages.len(), reqs[0].messages.len());
+}

@@ -60,7 +60,7 @@ fn accepts_conformant_streams() {
             json!({"type":"TEXT_MESSAGE_CHUNK","messageId":"m1","delta":"a"}),
             json!({"type":"TEXT_MESSAGE_CHUNK","delta":"b"}),
             json!({"type":"TOOL_CALL_CHUNK","toolCallId":"c1","toolCallName":"f","delta":"{"}),
-            json!({"type":"TOOL_CALL_CHUNK","delta":"}"}),
+            json!({"type":"TOOL_CALL_CHUNK","delta":"}","toolCallName":"f"}),
             json!({"type":"CUSTOM","name":"x","value":1}),
             json!({"type":"TOOL_CALL_RESULT","messageId":"m2","toolCallId":"c1","content":"ok"}),
             json!({"type":"REASONING_MESSAGE_CHUNK","messageId":"r","delta":"t"}),
