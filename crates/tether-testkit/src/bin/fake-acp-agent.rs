@@ -22,13 +22,18 @@
 //! | `stop <reason>` | ends the turn with that (possibly unknown) stop reason |
 //! | `hang` | never answers the prompt |
 //!
-//! Raw mode for benchmarks: `fake-acp-agent --flood-raw <n>` writes `n` update lines and exits.
+//! Raw mode for benchmarks: `fake-acp-agent --flood-raw <n> [session]` writes, with no handshake,
+//! exactly the `n` lines `flood <n>` writes for that session (default `fake-1`, the first session)
+//! and exits, so a benchmark can read the same bytes from the same producer without a client.
 //! `FAKE_ACP_PROTOCOL_VERSION` overrides the version answered to `initialize`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 
+use std::fmt::Write as _;
+
+use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, BufWriter};
 
@@ -66,6 +71,68 @@ struct Agent {
 
 fn chunk_line(session: &str, text: &str) -> String {
     json!({"jsonrpc":"2.0","method":"session/update","params":{"sessionId":session,"update":{"sessionUpdate":"agent_message_chunk","content":{"type":"text","text":text}}}}).to_string()
+}
+
+#[derive(Serialize)]
+struct FloodLine<'a> {
+    jsonrpc: &'static str,
+    method: &'static str,
+    params: FloodParams<'a>,
+}
+
+#[derive(Serialize)]
+struct FloodParams<'a> {
+    #[serde(rename = "sessionId")]
+    session_id: &'a str,
+    update: FloodUpdate<'a>,
+}
+
+#[derive(Serialize)]
+struct FloodUpdate<'a> {
+    #[serde(rename = "sessionUpdate")]
+    kind: &'static str,
+    content: FloodText<'a>,
+}
+
+#[derive(Serialize)]
+struct FloodText<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+/// Floods `n` numbered `agent_message_chunk`s. Each is encoded on its own, as an agent streaming
+/// tokens would, but with a typed encoder into a reused buffer written in 64 KiB pieces, so the
+/// producer is as fast as a real agent could be and the benchmark measures the client.
+async fn flood<W: AsyncWriteExt + Unpin>(out: &mut W, session: &str, n: usize) {
+    let mut buf: Vec<u8> = Vec::with_capacity(80 * 1024);
+    let mut text = String::new();
+    for i in 0..n {
+        text.clear();
+        let _ = write!(text, "chunk {i}");
+        let line = FloodLine {
+            jsonrpc: "2.0",
+            method: "session/update",
+            params: FloodParams {
+                session_id: session,
+                update: FloodUpdate {
+                    kind: "agent_message_chunk",
+                    content: FloodText {
+                        kind: "text",
+                        text: &text,
+                    },
+                },
+            },
+        };
+        let _ = serde_json::to_writer(&mut buf, &line);
+        buf.push(b'\n');
+        if buf.len() >= 64 * 1024 {
+            let _ = out.write_all(&buf).await;
+            buf.clear();
+        }
+    }
+    let _ = out.write_all(&buf).await;
+    let _ = out.flush().await;
 }
 
 impl Agent {
@@ -158,12 +225,7 @@ async fn run_prompt(agent: Agent, id: Value, session: String, text: String) {
         "flood" => {
             let n: usize = rest.first().and_then(|s| s.parse().ok()).unwrap_or(1000);
             let mut out = agent.out.lock().await;
-            for i in 0..n {
-                let line = chunk_line(&session, &format!("chunk {i}"));
-                let _ = out.write_all(line.as_bytes()).await;
-                let _ = out.write_all(b"\n").await;
-            }
-            let _ = out.flush().await;
+            flood(&mut *out, &session, n).await;
         }
         "read" => {
             let path = rest.first().copied().unwrap_or("");
@@ -330,13 +392,8 @@ async fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--flood-raw") {
         let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(100_000);
-        let mut out = BufWriter::with_capacity(64 * 1024, stdout());
-        for i in 0..n {
-            let line = chunk_line("bench", &format!("chunk {i}"));
-            let _ = out.write_all(line.as_bytes()).await;
-            let _ = out.write_all(b"\n").await;
-        }
-        let _ = out.flush().await;
+        let session = args.get(3).map(String::as_str).unwrap_or("fake-1");
+        flood(&mut stdout(), session, n).await;
         return;
     }
     let version: i64 = std::env::var("FAKE_ACP_PROTOCOL_VERSION")
