@@ -54,10 +54,12 @@ async fn through_tether(model: &OpenAiModel) -> usize {
     let mut session = Session::builder(provider).open().await.expect("open");
     let mut rx = session.sink().subscribe(1024).await;
     let counter = tokio::spawn(async move {
+        // Deltas arrive merged per network read, so count the text they carry: every one of the
+        // stream's 4-byte deltas must reach the subscriber.
         let mut n = 0;
         while let Some(e) = rx.recv().await {
-            if let EventKind::TextDelta { .. } = e.kind {
-                n += 1;
+            if let EventKind::TextDelta { delta, .. } = &e.kind {
+                n += delta.len() / 4;
             }
         }
         n

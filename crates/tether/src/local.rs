@@ -353,6 +353,16 @@ impl Provider for LocalLoop {
                 },
             )
             .await?;
+        if let Some(u) = &resp.usage {
+            cx.sink
+                .record(
+                    format!("{message_id}:usage"),
+                    "local.usage",
+                    json!({"type": "local.usage", "usage": u}),
+                    EventKind::Usage { usage: u.clone() },
+                )
+                .await?;
+        }
         for d in &dups {
             let directive = format!(
                 "You already made this exact call to `{}` with these arguments in this request. Do not repeat it; use the earlier result{}.",

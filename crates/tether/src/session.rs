@@ -396,6 +396,35 @@ impl Session {
         self.request(Input::ToolResults(uses, results), cancel).await
     }
 
+    /// Gives up on the pending tool uses (front-end tools nobody answered): each gets an error
+    /// result saying `reason`, recorded in the store and handed to the provider's history, so the
+    /// next [`Session::send`] can start a new request instead of failing.
+    pub async fn abandon_pending_tools(&mut self, reason: &str) -> Result<()> {
+        let mut batch: Vec<(ToolUse, Option<ToolResult>)> = std::mem::take(&mut self.held);
+        batch.extend(self.pending.drain(..).map(|u| (u, None)));
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let sid = self.info().session_id.clone();
+        let mut uses = Vec::with_capacity(batch.len());
+        let mut results = Vec::with_capacity(batch.len());
+        for (u, r) in batch {
+            let r = match r {
+                Some(r) => r,
+                None => {
+                    let r = ToolResult::error(&u.id, reason);
+                    self.cx.sink.store().put_tool_result(&sid, &r).await?;
+                    record_result(&self.cx.sink, &r).await?;
+                    r
+                }
+            };
+            uses.push(u);
+            results.push(r);
+        }
+        self.provider.record_tool_results(&uses, &results).await?;
+        self.checkpoint().await
+    }
+
     /// Resumes a reattached session: re-runs the tool uses it waits on through the handler and
     /// continues. With nothing pending it returns at once with stop reason `idle`.
     pub async fn resume(&mut self, cancel: CancellationToken) -> Result<SessionResult> {

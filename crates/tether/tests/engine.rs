@@ -394,6 +394,31 @@ async fn front_end_tools_pause_the_session_until_results_arrive() {
 }
 
 #[tokio::test]
+async fn pending_front_end_tools_can_be_abandoned_for_a_new_message() {
+    let h = tools().pending_tool(spec("confirm"));
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("b", "confirm", "{}")])),
+        Ok(ScriptedModel::text("moving on")),
+    ]));
+    let mut s = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(h)
+        .open()
+        .await
+        .unwrap();
+    let r = s.send("go").await.unwrap();
+    assert_eq!(r.pending_tool_uses.len(), 1);
+    s.abandon_pending_tools("the user moved on").await.unwrap();
+    let r = s.send("something else").await.unwrap();
+    assert_eq!(r.text, "moving on");
+    let msgs = &model.requests()[1].messages;
+    let t = msgs
+        .iter()
+        .find(|m| m.tool_call_id.as_deref() == Some("b"))
+        .unwrap();
+    assert!(t.is_error && t.content.as_deref().unwrap().contains("the user moved on"));
+}
+
+#[tokio::test]
 async fn recorded_tool_results_are_not_run_again() {
     let calls = Arc::new(AtomicU32::new(0));
     let c = calls.clone();
