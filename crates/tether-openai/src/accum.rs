@@ -13,6 +13,7 @@ use std::ops::Range;
 use serde_json::{Value, json};
 use tether::{ChatMessage, ChatResponse, ChatToolCall, Error, Usage};
 
+use crate::fast;
 use crate::wire::{self, Chunk, ToolCallDelta};
 
 /// What the caller must forward to the `DeltaSink` after a [`StreamAccumulator::feed`] or
@@ -133,18 +134,28 @@ impl StreamAccumulator {
     /// Errors: [`Error::Stream`] for an `error` object, [`Error::Malformed`] for a payload that
     /// is not a chunk.
     pub fn feed(&mut self, data: &[u8]) -> Result<Fed, Error> {
+        self.feed_with(data, true)
+    }
+
+    /// [`feed`](Self::feed), with the hand-written fast path for common chunks (`fast`) or
+    /// serde only: both give the same result (see `fast.rs`), which the tests check.
+    #[doc(hidden)]
+    pub fn feed_with(&mut self, data: &[u8], fast: bool) -> Result<Fed, Error> {
         let data = data.trim_ascii();
         if data.starts_with(b"[DONE]") {
             return Ok(Fed::Done);
         }
         self.events += 1;
-        let chunk: Chunk<'_> = serde_json::from_slice(data).map_err(|e| {
-            Error::Malformed(format!(
-                "stream event #{} is not a chat.completion.chunk ({e}): {}",
-                self.events,
-                snippet(data)
-            ))
-        })?;
+        let chunk = match fast.then(|| fast::chunk(data)).flatten() {
+            Some(c) => c,
+            None => serde_json::from_slice::<Chunk<'_>>(data).map_err(|e| {
+                Error::Malformed(format!(
+                    "stream event #{} is not a chat.completion.chunk ({e}): {}",
+                    self.events,
+                    snippet(data)
+                ))
+            })?,
+        };
         if let Some(err) = &chunk.error
             && !err.is_null()
         {

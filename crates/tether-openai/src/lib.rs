@@ -30,6 +30,7 @@
 #![warn(missing_docs)]
 
 mod accum;
+mod fast;
 mod sse;
 mod wire;
 
@@ -46,6 +47,12 @@ use tokio::time::Instant;
 pub use accum::{CallAcc, Emit, Fed, StreamAccumulator};
 #[doc(hidden)]
 pub use sse::{LineSplitter, data_of};
+
+/// Whether the hand-written fast path parses this `data:` payload (rather than serde); for tests.
+#[doc(hidden)]
+pub fn fast_path_accepts(data: &[u8]) -> bool {
+    fast::chunk(data.trim_ascii()).is_some()
+}
 
 /// The longest SSE line accepted (16 MiB); a longer one is reported as malformed.
 const MAX_LINE: usize = 16 << 20;

@@ -183,7 +183,7 @@ struct ToolFn<'a> {
 // Stream chunks
 
 /// A JSON string, borrowed from the line when it has no escapes.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 #[serde(transparent)]
 pub struct Str<'a>(#[serde(borrow)] pub Cow<'a, str>);
 
@@ -194,7 +194,7 @@ impl Str<'_> {
 }
 
 /// One `chat.completion.chunk` (only what tether reads; unknown fields are ignored).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 pub struct Chunk<'a> {
     /// The completion id (the same in every chunk).
     #[serde(default, borrow)]
@@ -214,7 +214,7 @@ pub struct Chunk<'a> {
 }
 
 /// The choice with index 0 of a chunk, the others skipped.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub struct FirstChoice<'a>(pub Option<ChoiceDelta<'a>>);
 
 impl<'de: 'a, 'a> Deserialize<'de> for FirstChoice<'a> {
@@ -249,7 +249,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for FirstChoice<'a> {
 }
 
 /// One choice of a chunk.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 pub struct ChoiceDelta<'a> {
     /// The choice's index (0 when absent).
     #[serde(default)]
@@ -263,7 +263,7 @@ pub struct ChoiceDelta<'a> {
 }
 
 /// A choice's delta.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, PartialEq, Deserialize)]
 pub struct Delta<'a> {
     /// A piece of text.
     #[serde(default, borrow)]
@@ -287,7 +287,7 @@ pub struct Delta<'a> {
 
 /// Tool-call fragments of one delta; the first is kept inline so the usual single fragment
 /// costs no allocation.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, PartialEq)]
 pub struct Frags<'a> {
     /// The first fragment.
     pub first: Option<ToolCallDelta<'a>>,
@@ -341,7 +341,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Frags<'a> {
 }
 
 /// One tool-call fragment.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 pub struct ToolCallDelta<'a> {
     /// The call's index (falls back to the fragment's position when absent).
     #[serde(default)]
@@ -358,7 +358,7 @@ pub struct ToolCallDelta<'a> {
 }
 
 /// A function name and/or argument piece.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, PartialEq, Deserialize)]
 pub struct FnDelta<'a> {
     /// The function's name.
     #[serde(default, borrow)]
