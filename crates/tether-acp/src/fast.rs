@@ -49,11 +49,13 @@ enum Method {
 }
 
 #[derive(Deserialize, Clone, Copy)]
-#[serde(rename_all = "snake_case")]
 enum ChunkKind {
-    UserMessageChunk,
-    AgentMessageChunk,
-    AgentThoughtChunk,
+    #[serde(rename = "user_message_chunk")]
+    User,
+    #[serde(rename = "agent_message_chunk")]
+    Agent,
+    #[serde(rename = "agent_thought_chunk")]
+    Thought,
 }
 
 #[derive(Deserialize)]
@@ -182,9 +184,9 @@ fn build(
     // Built in place: the schema's builders would move the ~450-byte chunk once per call.
     let chunk = ContentChunk::new(ContentBlock::Text(TextContent::new(text)));
     let mut update = Box::new(match kind {
-        ChunkKind::UserMessageChunk => SessionUpdate::UserMessageChunk(chunk),
-        ChunkKind::AgentMessageChunk => SessionUpdate::AgentMessageChunk(chunk),
-        ChunkKind::AgentThoughtChunk => SessionUpdate::AgentThoughtChunk(chunk),
+        ChunkKind::User => SessionUpdate::UserMessageChunk(chunk),
+        ChunkKind::Agent => SessionUpdate::AgentMessageChunk(chunk),
+        ChunkKind::Thought => SessionUpdate::AgentThoughtChunk(chunk),
     });
     if (message_id.is_some() || update_meta.is_some() || content_meta.is_some())
         && let SessionUpdate::UserMessageChunk(c)
@@ -382,9 +384,9 @@ mod scan {
             "sessionUpdate" => once(
                 &mut kind,
                 sc.string().and_then(|k| match k.as_ref() {
-                    "user_message_chunk" => Some(ChunkKind::UserMessageChunk),
-                    "agent_message_chunk" => Some(ChunkKind::AgentMessageChunk),
-                    "agent_thought_chunk" => Some(ChunkKind::AgentThoughtChunk),
+                    "user_message_chunk" => Some(ChunkKind::User),
+                    "agent_message_chunk" => Some(ChunkKind::Agent),
+                    "agent_thought_chunk" => Some(ChunkKind::Thought),
                     _ => None,
                 }),
             ),
