@@ -7,8 +7,12 @@
 //! target/release/examples/bench [RUNS=1000] [DELTAS=1000]
 //! ```
 //!
-//! Prints relayed deltas per second, p50/p99 time to first event, and the peak resident memory
-//! (VmHWM) of the server process and of the fake server process.
+//! Client, server and fake model are three processes (the fake in bench mode serves the testkit's
+//! `FakeOpenAi` directly, on its own runtime). Prints delivered deltas per second (the text
+//! characters delivered: the model crate merges the deltas of one network read into one event, so
+//! events are not deltas), SSE events per second, p50/p99 time to the first event (the first body
+//! byte) and to the first text, and the peak resident memory (VmHWM) of the server process and of
+//! the fake server process.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -81,9 +85,15 @@ fn vm_rss_kib(pid: u32) -> u64 {
 }
 
 struct Figures {
+    /// Text characters delivered (each upstream delta is one character).
     deltas: u64,
+    /// SSE events received.
+    events: u64,
     elapsed: Duration,
+    /// Time to the first byte of the body (the first event).
     ttfe: Vec<Duration>,
+    /// Time to the first text.
+    ttft: Vec<Duration>,
     failures: usize,
 }
 
@@ -95,28 +105,99 @@ fn pct(v: &[Duration], p: f64) -> Duration {
     v[i.min(v.len() - 1)]
 }
 
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 fn report(name: &str, f: &Figures, hwm_kib: u64, runs: usize) {
     let secs = f.elapsed.as_secs_f64();
     println!(
-        "{name}: {} deltas in {:.2}s = {:.0} deltas/s; time to first event p50 {:.1} ms, p99 {:.1} ms; \
+        "{name}: {} deltas in {:.2}s = {:.0} deltas/s ({} SSE events, {:.0}/s); \
+         first event p50 {:.1} ms, p99 {:.1} ms; first text p50 {:.1} ms, p99 {:.1} ms; \
          peak RSS {:.1} MiB ({:.1} KiB per run); failures {}",
         f.deltas,
         secs,
         f.deltas as f64 / secs,
-        pct(&f.ttfe, 0.50).as_secs_f64() * 1e3,
-        pct(&f.ttfe, 0.99).as_secs_f64() * 1e3,
+        f.events,
+        f.events as f64 / secs,
+        ms(pct(&f.ttfe, 0.50)),
+        ms(pct(&f.ttfe, 0.99)),
+        ms(pct(&f.ttft, 0.50)),
+        ms(pct(&f.ttft, 0.99)),
         hwm_kib as f64 / 1024.0,
         hwm_kib as f64 / runs as f64,
         f.failures,
     );
 }
 
-/// Fires `runs` requests at once; counts occurrences of `needle` in every body.
-async fn load(
-    runs: usize,
-    make: impl Fn(usize) -> reqwest::RequestBuilder,
-    needle: &'static [u8],
-) -> Figures {
+/// What an SSE body delivered: events, and the characters of the text fields the scanner looks
+/// for (the fake's `"content"`, or `"delta"` of AG-UI `TEXT_MESSAGE_CONTENT`).
+#[derive(Default)]
+struct Scan {
+    line: Vec<u8>,
+    events: u64,
+    chars: u64,
+}
+
+impl Scan {
+    fn feed(&mut self, chunk: &[u8], text: Text) {
+        let mut rest = chunk;
+        while let Some(nl) = rest.iter().position(|&b| b == b'\n') {
+            let line: &[u8] = if self.line.is_empty() {
+                &rest[..nl]
+            } else {
+                self.line.extend_from_slice(&rest[..nl]);
+                &self.line
+            };
+            if let Some(data) = line.strip_prefix(b"data:") {
+                let (events, chars) = scan_line(data, text);
+                self.events += events;
+                self.chars += chars;
+            }
+            self.line.clear();
+            rest = &rest[nl + 1..];
+        }
+        self.line.extend_from_slice(rest);
+    }
+}
+
+#[derive(Clone, Copy)]
+enum Text {
+    /// OpenAI chunks: `"content":"..."`.
+    OpenAi,
+    /// AG-UI: the `"delta":"..."` of `TEXT_MESSAGE_CONTENT`.
+    AgUi,
+}
+
+/// (events, text characters) of one `data:` line.
+fn scan_line(data: &[u8], text: Text) -> (u64, u64) {
+    let key: &[u8] = match text {
+        Text::OpenAi => b"\"content\":\"",
+        Text::AgUi if find(data, b"\"TEXT_MESSAGE_CONTENT\"").is_some() => b"\"delta\":\"",
+        Text::AgUi => return (1, 0),
+    };
+    let Some(at) = find(data, key) else { return (1, 0) };
+    let mut n = 0u64;
+    let mut bytes = data[at + key.len()..].iter();
+    while let Some(&b) = bytes.next() {
+        match b {
+            b'"' => break,
+            b'\\' => {
+                n += 1;
+                if bytes.next() == Some(&b'u') {
+                    bytes.nth(3);
+                }
+            }
+            // Count characters: every byte but UTF-8 continuation bytes.
+            b if b & 0xC0 != 0x80 => n += 1,
+            _ => {}
+        }
+    }
+    (1, n)
+}
+
+/// Fires `runs` requests at once; scans every body.
+async fn load(runs: usize, make: impl Fn(usize) -> reqwest::RequestBuilder, text: Text) -> Figures {
     let start = Instant::now();
     let tasks: Vec<_> = (0..runs)
         .map(|i| {
@@ -129,43 +210,44 @@ async fn load(
                 }
                 let mut body = resp.bytes_stream();
                 let mut first = None;
-                let mut count = 0u64;
-                let mut carry: Vec<u8> = Vec::new();
+                let mut first_text = None;
+                let mut scan = Scan::default();
                 while let Some(chunk) = body.next().await {
                     let chunk = chunk.ok()?;
                     if first.is_none() && !chunk.is_empty() {
                         first = Some(t0.elapsed());
                     }
-                    carry.extend_from_slice(&chunk);
-                    let mut from = 0;
-                    while let Some(p) = find(&carry[from..], needle) {
-                        count += 1;
-                        from += p + needle.len();
+                    scan.feed(&chunk, text);
+                    if first_text.is_none() && scan.chars > 0 {
+                        first_text = Some(t0.elapsed());
                     }
-                    let keep = carry.len().saturating_sub(needle.len());
-                    carry.drain(..keep.max(from).min(carry.len()));
                 }
-                Some((first.unwrap_or_default(), count))
+                Some((first.unwrap_or_default(), first_text.unwrap_or_default(), scan))
             })
         })
         .collect();
     let mut f = Figures {
         deltas: 0,
+        events: 0,
         elapsed: Duration::ZERO,
         ttfe: Vec::new(),
+        ttft: Vec::new(),
         failures: 0,
     };
     for t in tasks {
         match t.await.ok().flatten() {
-            Some((ttfe, n)) => {
+            Some((ttfe, ttft, scan)) => {
                 f.ttfe.push(ttfe);
-                f.deltas += n;
+                f.ttft.push(ttft);
+                f.deltas += scan.chars;
+                f.events += scan.events;
             }
             None => f.failures += 1,
         }
     }
     f.elapsed = start.elapsed();
     f.ttfe.sort();
+    f.ttft.sort();
     f
 }
 
@@ -198,8 +280,23 @@ async fn main() {
         ),
     )
     .expect("config");
+    // BENCH_SERVER_WRAP, e.g. "valgrind --tool=callgrind" or "heaptrack": runs the server under it
+    // (for profiling; the figures are then the profiler's).
+    let wrap: Vec<String> = std::env::var("BENCH_SERVER_WRAP")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let mut server_cmd = match wrap.split_first() {
+        Some((tool, args)) => {
+            let mut c = Command::new(tool);
+            c.args(args).arg(bin.join("tether-serve"));
+            c
+        }
+        None => Command::new(bin.join("tether-serve")),
+    };
     let (server, server_url) = spawn_until(
-        Command::new(bin.join("tether-serve"))
+        server_cmd
             .arg("--config")
             .arg(&cfg)
             .args(["--bind", "127.0.0.1:0", "--db"])
@@ -214,7 +311,8 @@ async fn main() {
         .pool_max_idle_per_host(runs)
         .build()
         .expect("client");
-    println!("tether serve benchmark: {runs} concurrent runs x {deltas} deltas, 2-core machine, loopback");
+    let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(0);
+    println!("tether serve benchmark: {runs} concurrent runs x {deltas} deltas, {cores} cores, loopback");
 
     let c = client.clone();
     let url = format!("{fake_url}/chat/completions");
@@ -223,7 +321,7 @@ async fn main() {
         move |_| {
             c.post(&url).json(&serde_json::json!({"model": "bench", "stream": true, "messages": [{"role": "user", "content": "go"}]}))
         },
-        b"\"content\":\"x\"",
+        Text::OpenAi,
     )
     .await;
     let fake_hwm = vm_hwm_kib(fake_pid);
@@ -240,7 +338,7 @@ async fn main() {
                     "messages": [{"id": "u1", "role": "user", "content": "go"}]
                 }))
         },
-        b"TEXT_MESSAGE_CONTENT",
+        Text::AgUi,
     )
     .await;
     let server_hwm = vm_hwm_kib(server_pid);

@@ -9,7 +9,10 @@
 //!   result gets a streamed confirmation; anything else is echoed.
 //! - `crash`: a user message gets an `append_line` call whose id is derived from the message; a
 //!   tool result gets a slowly streamed confirmation.
-//! - `bench N`: every request gets N one-character content deltas.
+//! - `bench N`: every request gets N one-character content deltas. This mode serves the testkit's
+//!   `FakeOpenAi` itself (no front, no lock: every reply is the same, so a task only keeps its
+//!   script topped up) and prints that server's URL, so a benchmark measures the fake, not a
+//!   proxy that serialises request starts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,7 +26,6 @@ use tether_testkit::openai::{FakeOpenAi, Reply};
 struct App {
     fake: FakeOpenAi,
     mode: String,
-    bench: Option<Reply>,
     lock: tokio::sync::Mutex<()>,
     client: reqwest::Client,
 }
@@ -35,9 +37,6 @@ fn fnv(s: &str) -> u64 {
 }
 
 fn choose(app: &App, body: &Value) -> Reply {
-    if let Some(r) = &app.bench {
-        return r.clone();
-    }
     let msgs = body
         .get("messages")
         .and_then(Value::as_array)
@@ -107,18 +106,41 @@ async fn handle(State(app): State<Arc<App>>, body: Bytes) -> Response {
     }
 }
 
+/// Replies queued ahead of the requests in bench mode; refilled when half are used.
+const BENCH_AHEAD: usize = 8192;
+
+/// Bench mode: the testkit's server answers directly; a task keeps its script full (the replies
+/// are clones sharing one encoded body, so queueing many costs a few hundred bytes each).
+async fn bench(reply: Reply) {
+    let fake = match FakeOpenAi::try_start().await {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("fake_openai: cannot bind 127.0.0.1:0: {e}");
+            std::process::exit(1);
+        }
+    };
+    fake.push_all(std::iter::repeat_n(reply.clone(), BENCH_AHEAD));
+    println!("listening on {}", fake.url());
+    loop {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        let left = fake.remaining();
+        if left < BENCH_AHEAD / 2 {
+            fake.push_all(std::iter::repeat_n(reply.clone(), BENCH_AHEAD - left));
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().cloned().unwrap_or_else(|| "ui".into());
-    let bench = (mode == "bench").then(|| {
+    if mode == "bench" {
         let n = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
-        Reply::long_text(n, "x")
-    });
+        return bench(Reply::long_text(n, "x")).await;
+    }
     let app = Arc::new(App {
         fake: FakeOpenAi::start().await,
         mode,
-        bench,
         lock: tokio::sync::Mutex::new(()),
         client: reqwest::Client::new(),
     });

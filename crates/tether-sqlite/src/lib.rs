@@ -4,8 +4,13 @@
 //! exactly once (unique on session and event id), tool results are memoized by tool-use id so a
 //! redelivered tool call returns the recorded result instead of running the tool again, named
 //! state values are kept per session, and AG-UI thread ids are mapped to provider sessions
-//! ([`ThreadRecord`]). Everything survives a crash of the process: each write is one SQLite
-//! transaction, committed before the call returns.
+//! ([`ThreadRecord`]). Everything survives a crash of the process: each write is committed before
+//! the call returns.
+//!
+//! One thread owns the connection and does every read and write. Calls that arrive while it is
+//! busy are run together in one transaction (group commit), each inside its own savepoint so a
+//! failing call is rolled back alone; every call of the group is answered only after the
+//! group's `COMMIT`, so nothing is acknowledged before it is durable.
 //!
 //! The schema is versioned (`PRAGMA user_version`); [`SqliteStore::open`] migrates a database
 //! written by an older version in place and refuses, with [`StoreError::NewerSchema`], one written
@@ -130,6 +135,14 @@ pub enum StoreError {
     /// A blocking task could not be joined.
     #[error("a store task failed: {0}")]
     Join(String),
+    /// The transaction a call was part of could not be committed: nothing of it was stored.
+    #[error("SQLite error on {path}: committing failed: {message}")]
+    Commit {
+        /// The database file.
+        path: String,
+        /// Why.
+        message: String,
+    },
 }
 
 impl From<StoreError> for tether::Error {
@@ -155,11 +168,60 @@ pub struct ThreadRecord {
     pub updated_ms: i64,
 }
 
-/// A durable [`EventStore`] on one SQLite file. Cheap to clone (clones share the connection).
+/// A durable [`EventStore`] on one SQLite file. Cheap to clone (clones share the connection and
+/// its thread, which ends when the last clone is dropped).
 #[derive(Clone)]
 pub struct SqliteStore {
     conn: Arc<Mutex<Connection>>,
     path: Arc<str>,
+    jobs: std::sync::mpsc::Sender<Job>,
+}
+
+/// What a job answers once its group's transaction has ended: `Ok` when it committed.
+type Answer = Box<dyn FnOnce(Result<(), &str>) + Send>;
+/// One call, run on the store's thread inside its own savepoint.
+type Job = Box<dyn FnOnce(&mut Connection, &str) -> Answer + Send>;
+
+/// Most calls committed together.
+const GROUP_MAX: usize = 512;
+
+/// The store's thread: takes every call waiting, runs them in one transaction, commits, answers.
+fn worker(conn: Arc<Mutex<Connection>>, path: Arc<str>, jobs: std::sync::mpsc::Receiver<Job>) {
+    let mut group: Vec<Job> = Vec::new();
+    let mut answers: Vec<Answer> = Vec::new();
+    while let Ok(first) = jobs.recv() {
+        group.push(first);
+        while group.len() < GROUP_MAX {
+            match jobs.try_recv() {
+                Ok(j) => group.push(j),
+                Err(_) => break,
+            }
+        }
+        let mut g = match conn.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        // Without the group transaction (BEGIN failed: the database is busy or broken), each
+        // call's savepoint is a transaction of its own and reports its own failure.
+        let grouped = g.execute_batch("BEGIN IMMEDIATE").is_ok();
+        for job in group.drain(..) {
+            answers.push(job(&mut g, &path));
+        }
+        let committed = if grouped {
+            let r = g.execute_batch("COMMIT").map_err(|e| e.to_string());
+            if r.is_err() {
+                let _ = g.execute_batch("ROLLBACK");
+            }
+            r
+        } else {
+            Ok(())
+        };
+        drop(g);
+        let outcome = committed.as_ref().map(|_| ()).map_err(String::as_str);
+        for a in answers.drain(..) {
+            a(outcome);
+        }
+    }
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -255,10 +317,15 @@ impl SqliteStore {
             tx.commit().map_err(|e| sql(path, e))?;
             tracing::info!(path, version = v + 1, "migrated the tether database");
         }
-        Ok(SqliteStore {
-            conn: Arc::new(Mutex::new(conn)),
-            path: path.into(),
-        })
+        let conn = Arc::new(Mutex::new(conn));
+        let path: Arc<str> = path.into();
+        let (jobs, rx) = std::sync::mpsc::channel::<Job>();
+        let (c, p) = (conn.clone(), path.clone());
+        std::thread::Builder::new()
+            .name("tether-sqlite".into())
+            .spawn(move || worker(c, p, rx))
+            .map_err(|e| StoreError::Join(format!("cannot start the store's thread: {e}")))?;
+        Ok(SqliteStore { conn, path, jobs })
     }
 
     /// The database file's path as given.
@@ -282,16 +349,40 @@ impl SqliteStore {
         f(&mut g, &self.path)
     }
 
-    /// Runs `f` on the connection on a blocking thread.
+    /// Runs `f` on the store's thread, inside a savepoint (rolled back when `f` fails), and
+    /// answers once the transaction it ran in has committed.
     async fn blocking<T, F>(&self, f: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&mut Connection, &str) -> Result<T, StoreError> + Send + 'static,
+        F: FnOnce(&Connection, &str) -> Result<T, StoreError> + Send + 'static,
     {
-        let this = self.clone();
-        tokio::task::spawn_blocking(move || this.with_conn(f))
-            .await
-            .map_err(|e| StoreError::Join(e.to_string()))?
+        let (tx, rx) = tokio::sync::oneshot::channel::<Result<T, StoreError>>();
+        let job: Job = Box::new(move |c, p| {
+            let r = match c.savepoint() {
+                Ok(sp) => match f(&sp, p) {
+                    Ok(v) => sp.commit().map(|()| v).map_err(|e| sql(p, e)),
+                    // Dropping the savepoint rolls back what `f` wrote.
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(sql(p, e)),
+            };
+            let path = p.to_owned();
+            Box::new(move |committed: Result<(), &str>| {
+                let r = match committed {
+                    Ok(()) => r,
+                    Err(m) => Err(r.err().unwrap_or(StoreError::Commit {
+                        path,
+                        message: m.to_owned(),
+                    })),
+                };
+                let _ = tx.send(r);
+            })
+        });
+        self.jobs
+            .send(job)
+            .map_err(|_| StoreError::Join("the store's thread has stopped".into()))?;
+        rx.await
+            .map_err(|_| StoreError::Join("the store's thread dropped a call".into()))?
     }
 
     /// Maps a thread to a session, or updates its agent, session and title (the creation time is
@@ -431,17 +522,15 @@ impl EventStore for SqliteStore {
         );
         Ok(self
             .blocking(move |c, p| {
-                let tx = c.transaction().map_err(|e| sql(p, e))?;
-                let n = tx
+                let n = c
                     .execute(
                         "INSERT OR IGNORE INTO events (session_id, event_id, seq, body) VALUES (?1, ?2, ?3, ?4)",
                         params![sid, id, seq, body],
                     )
                     .map_err(|e| sql(p, e))?;
                 if n == 1 {
-                    touch_session(&tx, p, &sid)?;
+                    touch_session(c, p, &sid)?;
                 }
-                tx.commit().map_err(|e| sql(p, e))?;
                 Ok(n == 1)
             })
             .await?)
@@ -497,15 +586,14 @@ impl EventStore for SqliteStore {
         let (sid, r) = (session_id.to_owned(), result.clone());
         Ok(self
             .blocking(move |c, p| {
-                let tx = c.transaction().map_err(|e| sql(p, e))?;
-                tx.execute(
+                c.execute(
                     "INSERT OR IGNORE INTO tool_results (session_id, tool_use_id, content, is_error, created_ms)
                      VALUES (?1, ?2, ?3, ?4, ?5)",
                     params![sid, r.tool_use_id, r.content, r.is_error as i64, now_ms()],
                 )
                 .map_err(|e| sql(p, e))?;
-                touch_session(&tx, p, &sid)?;
-                tx.commit().map_err(|e| sql(p, e))
+                touch_session(c, p, &sid)?;
+                Ok(())
             })
             .await?)
     }
@@ -515,15 +603,14 @@ impl EventStore for SqliteStore {
         let v = serde_json::to_string(value).map_err(|e| tether::Error::Store(e.to_string()))?;
         Ok(self
             .blocking(move |c, p| {
-                let tx = c.transaction().map_err(|e| sql(p, e))?;
-                tx.execute(
+                c.execute(
                     "INSERT INTO state (session_id, key, value) VALUES (?1, ?2, ?3)
                      ON CONFLICT (session_id, key) DO UPDATE SET value = ?3",
                     params![sid, k, v],
                 )
                 .map_err(|e| sql(p, e))?;
-                touch_session(&tx, p, &sid)?;
-                tx.commit().map_err(|e| sql(p, e))
+                touch_session(c, p, &sid)?;
+                Ok(())
             })
             .await?)
     }
