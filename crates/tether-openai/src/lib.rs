@@ -48,6 +48,32 @@ pub use accum::{CallAcc, Emit, Fed, StreamAccumulator};
 #[doc(hidden)]
 pub use sse::{LineSplitter, data_of};
 
+/// A measuring hook for benchmarks (feature `bench-probe`, off by default): tells a benchmark when
+/// `OpenAiModel` received the bytes of each piece of text, so it can time what happens inside
+/// tether (parse, accumulation, event delivery) apart from the server and the network.
+#[cfg(feature = "bench-probe")]
+#[doc(hidden)]
+pub mod probe {
+    use std::sync::OnceLock;
+    use std::time::Instant;
+
+    type Hook = Box<dyn Fn(&str, Instant) + Send + Sync>;
+    static HOOK: OnceLock<Hook> = OnceLock::new();
+
+    /// Installs the hook, once per process (false if one was installed already). It is called,
+    /// before the text is forwarded, with each network read's new text and the instant that
+    /// read's bytes reached `OpenAiModel` (before line splitting and parsing).
+    pub fn install(f: impl Fn(&str, Instant) + Send + Sync + 'static) -> bool {
+        HOOK.set(Box::new(f)).is_ok()
+    }
+
+    pub(crate) fn text(t: &str, at: Instant) {
+        if let Some(h) = HOOK.get() {
+            h(t, at)
+        }
+    }
+}
+
 /// Whether the hand-written fast path parses this `data:` payload (rather than serde); for tests.
 #[doc(hidden)]
 pub fn fast_path_accepts(data: &[u8]) -> bool {
@@ -379,6 +405,8 @@ impl OpenAiModel {
                 None => break,
                 Some(Err(e)) => return Err(self.reqwest_error(&e)),
                 Some(Ok(bytes)) => {
+                    #[cfg(feature = "bench-probe")]
+                    let arrived = std::time::Instant::now();
                     sleep.as_mut().reset(Instant::now() + idle);
                     lines.push(bytes);
                     while let Some(line) = lines.next_line() {
@@ -387,6 +415,12 @@ impl OpenAiModel {
                         {
                             done = true;
                             break 'read;
+                        }
+                    }
+                    #[cfg(feature = "bench-probe")]
+                    for e in acc.emits() {
+                        if let Emit::Text(r) = e {
+                            probe::text(&acc.text()[r.clone()], arrived);
                         }
                     }
                     // One delta per network read: contiguous pieces merge, so a busy stream

@@ -514,7 +514,9 @@ impl Reply {
         Self::new(Kind::Raw(pieces))
     }
 
-    /// `n` content deltas whose text is the server's send time, `t<micros since the epoch>;`,
+    /// `n` content deltas whose text is the server's send time, `t<micros since the epoch>;`
+    /// (strictly increasing across the server, so unique: a stamp taken in the same microsecond as
+    /// the previous one is moved a microsecond on),
     /// each written on its own (combine with [`Reply::pace`]), then a finish chunk and `[DONE]`:
     /// for measuring how long a delta takes from the server to a subscriber.
     pub fn stamped_text(n: usize) -> Self {
@@ -677,11 +679,18 @@ fn sse(v: &Value) -> Bytes {
     Bytes::from(format!("data: {v}\n\n"))
 }
 
+/// The last stamp handed out, so stamps are unique across the server (see [`Reply::stamped_text`]).
+static LAST_STAMP: AtomicU64 = AtomicU64::new(0);
+
 fn stamp(id: &str, model: &str) -> Bytes {
-    let us = SystemTime::now()
+    let now = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros())
+        .map(|d| d.as_micros() as u64)
         .unwrap_or(0);
+    let prev = LAST_STAMP
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| Some(now.max(last + 1)))
+        .unwrap_or(now);
+    let us = now.max(prev + 1);
     Bytes::from(format!(
         "data: {{\"id\":\"{id}\",\"object\":\"chat.completion.chunk\",\"created\":0,\"model\":\"{model}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{us};\"}},\"finish_reason\":null}}]}}\n\n"
     ))
