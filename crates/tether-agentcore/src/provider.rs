@@ -631,22 +631,7 @@ impl SseLines {
 }
 
 fn transport(e: &reqwest::Error, endpoint: &str) -> Error {
-    let kind = if e.is_connect() {
-        TransportKind::Refused
-    } else if e.is_timeout() {
-        TransportKind::Timeout
-    } else if e.is_body() || e.is_decode() {
-        TransportKind::Closed
-    } else if e.is_request() {
-        TransportKind::Reset
-    } else {
-        TransportKind::Other
-    };
-    Error::Transport {
-        kind,
-        message: e.to_string(),
-        endpoint: endpoint.to_owned(),
-    }
+    tether_http::transport_error(e, endpoint)
 }
 
 async fn http_error(resp: reqwest::Response, endpoint: &str) -> Error {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use reqwest::header::HeaderMap;
 use serde_json::Value;
-use tether::{Error, TransportKind, retry::parse_retry_after};
+use tether::{Error, retry::parse_retry_after};
 
 /// The default API origin.
 pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
@@ -153,29 +153,8 @@ fn truncate(s: &str) -> String {
     format!("{}…", &s[..end])
 }
 
-/// Maps a reqwest failure onto [`Error::Transport`].
-pub fn transport_error(e: &reqwest::Error, endpoint: &str) -> Error {
-    let kind = if e.is_connect() {
-        if e.is_timeout() {
-            TransportKind::ConnectTimeout
-        } else {
-            TransportKind::Refused
-        }
-    } else if e.is_timeout() {
-        TransportKind::Timeout
-    } else if e.is_body() || e.is_decode() {
-        TransportKind::Closed
-    } else if e.is_request() {
-        TransportKind::Reset
-    } else {
-        TransportKind::Other
-    };
-    Error::Transport {
-        kind,
-        message: e.to_string(),
-        endpoint: endpoint.to_owned(),
-    }
-}
+/// Maps a reqwest failure onto [`Error::Transport`] (shared with every HTTP provider).
+pub use tether_http::transport_error;
 
 /// An error event inside a 200 stream (`event: error`), as [`Error::Stream`].
 pub fn stream_error(data: &Value) -> Error {

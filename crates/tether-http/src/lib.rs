@@ -1,0 +1,152 @@
+//! HTTP plumbing shared by tether's provider crates (`tether-openai`, `tether-anthropic`,
+//! `tether-agentcore`): one place that turns `reqwest` failures and retry headers into the typed
+//! [`tether::Error`] the shared [`tether::RetryPolicy`] classifies.
+
+#![warn(missing_docs)]
+
+use std::time::Duration;
+
+use tether::{Error, TransportKind};
+
+/// How a reqwest error failed, from its flags and its chain of sources.
+///
+/// reqwest's own flags say little (`is_connect`, `is_body`); the io and hyper errors in the chain
+/// tell a refused connection from a reset one, and a closed stream from a timeout.
+pub fn classify(e: &reqwest::Error) -> TransportKind {
+    if e.is_timeout() {
+        return if e.is_connect() {
+            TransportKind::ConnectTimeout
+        } else {
+            TransportKind::Timeout
+        };
+    }
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            match io.kind() {
+                K::ConnectionRefused => return TransportKind::Refused,
+                K::ConnectionReset => return TransportKind::Reset,
+                K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof | K::NotConnected => {
+                    return TransportKind::Closed;
+                }
+                K::TimedOut => {
+                    return if e.is_connect() {
+                        TransportKind::ConnectTimeout
+                    } else {
+                        TransportKind::Timeout
+                    };
+                }
+                _ => {}
+            }
+        }
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            if h.is_timeout() {
+                return TransportKind::Timeout;
+            }
+            if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
+                return TransportKind::Closed;
+            }
+        }
+        src = s.source();
+    }
+    if e.is_connect() {
+        return TransportKind::Refused;
+    }
+    if e.is_body() || e.is_decode() {
+        // A body that failed mid-read: the connection went away.
+        return TransportKind::Closed;
+    }
+    TransportKind::Other
+}
+
+/// The error and its sources, joined (`error sending request: connection refused`).
+pub fn describe(e: &reqwest::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = std::error::Error::source(e);
+    while let Some(s) = src {
+        let t = s.to_string();
+        if !out.contains(&t) {
+            out.push_str(": ");
+            out.push_str(&t);
+        }
+        src = s.source();
+    }
+    out
+}
+
+/// A reqwest failure as [`Error::Transport`], naming what was called.
+pub fn transport_error(e: &reqwest::Error, endpoint: &str) -> Error {
+    Error::Transport {
+        kind: classify(e),
+        message: describe(e),
+        endpoint: endpoint.to_owned(),
+    }
+}
+
+/// What a response's headers say about retrying it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RetryHeaders {
+    /// `retry-after-ms`, else `retry-after` (seconds).
+    pub retry_after: Option<Duration>,
+    /// `x-should-retry: true|false`.
+    pub should_retry: Option<bool>,
+}
+
+/// Reads `retry-after-ms`, `retry-after` and `x-should-retry`.
+pub fn retry_headers(h: &reqwest::header::HeaderMap) -> RetryHeaders {
+    let get = |n: &str| h.get(n).and_then(|v| v.to_str().ok());
+    RetryHeaders {
+        retry_after: tether::retry::parse_retry_after(get("retry-after-ms"), get("retry-after")),
+        should_retry: get("x-should-retry").and_then(|v| match v.trim() {
+            "true" => Some(true),
+            "false" => Some(false),
+            _ => None,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_refused_connection_is_refused() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(9);
+        let e = reqwest::Client::new()
+            .get(format!("http://127.0.0.1:{port}/"))
+            .send()
+            .await
+            .expect_err("nothing listens there");
+        let err = transport_error(&e, "test");
+        assert!(
+            matches!(
+                err,
+                Error::Transport {
+                    kind: TransportKind::Refused,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert!(err.is_transient());
+    }
+
+    #[test]
+    fn reads_retry_headers() {
+        let mut h = reqwest::header::HeaderMap::new();
+        h.insert("retry-after", "2".parse().unwrap_or_else(|_| unreachable!()));
+        h.insert(
+            "x-should-retry",
+            "false".parse().unwrap_or_else(|_| unreachable!()),
+        );
+        let r = retry_headers(&h);
+        assert_eq!(r.retry_after, Some(Duration::from_secs(2)));
+        assert_eq!(r.should_retry, Some(false));
+        h.insert("retry-after-ms", "250".parse().unwrap_or_else(|_| unreachable!()));
+        assert_eq!(retry_headers(&h).retry_after, Some(Duration::from_millis(250)));
+    }
+}
