@@ -73,6 +73,8 @@ pub struct StreamAccumulator {
     model: Option<String>,
     events: u64,
     emits: Vec<Emit>,
+    /// The last content-only chunk the fast path read (see `fast::Template`).
+    template: fast::Template,
 }
 
 fn set_once(slot: &mut String, value: &str, what: &str, index: u32) {
@@ -146,16 +148,32 @@ impl StreamAccumulator {
             return Ok(Fed::Done);
         }
         self.events += 1;
-        let chunk = match fast.then(|| fast::chunk(data)).flatten() {
-            Some(c) => c,
-            None => serde_json::from_slice::<Chunk<'_>>(data).map_err(|e| {
-                Error::Malformed(format!(
-                    "stream event #{} is not a chat.completion.chunk ({e}): {}",
-                    self.events,
-                    snippet(data)
-                ))
-            })?,
-        };
+        if fast {
+            if let Some(content) = self.template.content_of(data) {
+                self.push_texts(None, Some(&content), None);
+                return Ok(Fed::More);
+            }
+            if let Some(c) = fast::chunk(data) {
+                self.note_ids(c.id.as_deref(), c.model.as_deref());
+                self.push_texts(
+                    c.reasoning_content.as_deref().or(c.reasoning.as_deref()),
+                    c.content.as_deref(),
+                    c.refusal.as_deref(),
+                );
+                self.note_finish(c.finish_reason.as_deref());
+                if let Some(span) = c.content_span.filter(|_| c.content_only()) {
+                    self.template.set(data, span);
+                }
+                return Ok(Fed::More);
+            }
+        }
+        let chunk = serde_json::from_slice::<Chunk<'_>>(data).map_err(|e| {
+            Error::Malformed(format!(
+                "stream event #{} is not a chat.completion.chunk ({e}): {}",
+                self.events,
+                snippet(data)
+            ))
+        })?;
         if let Some(err) = &chunk.error
             && !err.is_null()
         {
@@ -165,16 +183,10 @@ impl StreamAccumulator {
                 code,
             });
         }
-        if self.id.is_none()
-            && let Some(id) = &chunk.id
-        {
-            self.id = Some(id.as_str().to_owned());
-        }
-        if self.model.is_none()
-            && let Some(m) = &chunk.model
-        {
-            self.model = Some(m.as_str().to_owned());
-        }
+        self.note_ids(
+            chunk.id.as_ref().map(|s| s.as_str()),
+            chunk.model.as_ref().map(|s| s.as_str()),
+        );
         if let Some(u) = chunk.usage
             && let Some(u) = wire::usage_of(u)
         {
@@ -184,12 +196,15 @@ impl StreamAccumulator {
             return Ok(Fed::More);
         };
         if let Some(delta) = &choice.delta {
-            if let Some(r) = delta.reasoning_content.as_ref().or(delta.reasoning.as_ref()) {
-                push_piece(&mut self.reasoning, r.as_str(), &mut self.emits, Emit::Reasoning);
-            }
-            for t in [&delta.content, &delta.refusal].into_iter().flatten() {
-                push_piece(&mut self.text, t.as_str(), &mut self.emits, Emit::Text);
-            }
+            self.push_texts(
+                delta
+                    .reasoning_content
+                    .as_ref()
+                    .or(delta.reasoning.as_ref())
+                    .map(|s| s.as_str()),
+                delta.content.as_ref().map(|s| s.as_str()),
+                delta.refusal.as_ref().map(|s| s.as_str()),
+            );
             if !delta.tool_calls.is_empty() {
                 self.saw_tool_calls = true;
                 for (pos, frag) in delta.tool_calls.iter().enumerate() {
@@ -209,12 +224,40 @@ impl StreamAccumulator {
                 }
             }
         }
-        if let Some(f) = &choice.finish_reason
-            && !f.as_str().is_empty()
-        {
-            self.finish_reason = Some(f.as_str().to_owned());
-        }
+        self.note_finish(choice.finish_reason.as_ref().map(|s| s.as_str()));
         Ok(Fed::More)
+    }
+
+    // The effects of a chunk, shared by the fast path and the serde path (in this order).
+
+    fn note_ids(&mut self, id: Option<&str>, model: Option<&str>) {
+        if self.id.is_none()
+            && let Some(id) = id
+        {
+            self.id = Some(id.to_owned());
+        }
+        if self.model.is_none()
+            && let Some(m) = model
+        {
+            self.model = Some(m.to_owned());
+        }
+    }
+
+    fn push_texts(&mut self, reasoning: Option<&str>, content: Option<&str>, refusal: Option<&str>) {
+        if let Some(r) = reasoning {
+            push_piece(&mut self.reasoning, r, &mut self.emits, Emit::Reasoning);
+        }
+        for t in [content, refusal].into_iter().flatten() {
+            push_piece(&mut self.text, t, &mut self.emits, Emit::Text);
+        }
+    }
+
+    fn note_finish(&mut self, finish_reason: Option<&str>) {
+        if let Some(f) = finish_reason
+            && !f.is_empty()
+        {
+            self.finish_reason = Some(f.to_owned());
+        }
     }
 
     fn tool_fragment(&mut self, pos: u32, frag: &ToolCallDelta<'_>) {

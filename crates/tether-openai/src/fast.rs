@@ -14,8 +14,9 @@
 //!
 //! # Why it is exact
 //!
-//! [`chunk`] returns the very [`Chunk`] serde would build, or `None`, and the caller then runs
-//! the full serde parse, which produces the same result (or the same error) as before. It only
+//! [`chunk`] returns what the accumulator reads of the [`crate::wire::Chunk`] serde would build
+//! (every field a common chunk can carry, in a small struct: [`Light`]), or `None`, and the
+//! caller then runs the full serde parse, which produces the same result (or the same error) as before. It only
 //! *accepts* input it can prove serde accepts with that result; when in doubt it declines:
 //! - structure: one top-level object; `choices` is `null`, `[]` or exactly one object with
 //!   `index` absent or the literal `0`; `delta` is `null` or an object;
@@ -35,16 +36,43 @@
 //!   errors) is serde's by construction.
 //!
 //! `tests` checks this differentially: generated chunks (random key order, whitespace, extra
-//! fields, escaped and non-ASCII text, non-fast shapes, byte mutations) give the same `Chunk`
+//! fields, escaped and non-ASCII text, non-fast shapes, byte mutations) give the same fields
 //! and the same accumulated text and emits through both paths.
 
 use std::borrow::Cow;
 
-use crate::wire::{ChoiceDelta, Chunk, Delta, FirstChoice, Frags, Str};
+/// What a common chunk carries: the fields [`crate::StreamAccumulator`] reads, borrowed from the
+/// line unless escaped. Small on purpose: the serde [`crate::wire::Chunk`] is ~400 bytes of
+/// options (tool calls, usage, error) that moving around costs more than scanning the line.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct Light<'a> {
+    pub id: Option<Cow<'a, str>>,
+    pub model: Option<Cow<'a, str>>,
+    pub content: Option<Cow<'a, str>>,
+    pub refusal: Option<Cow<'a, str>>,
+    pub reasoning_content: Option<Cow<'a, str>>,
+    pub reasoning: Option<Cow<'a, str>>,
+    pub finish_reason: Option<Cow<'a, str>>,
+    /// Where the `content` string token (quotes included) is in the line, when there is one.
+    pub content_span: Option<(usize, usize)>,
+}
 
-/// The chunk serde would build from `data`, when `data` has the common shape; `None` otherwise
-/// (the caller then parses it in full).
-pub(crate) fn chunk(data: &[u8]) -> Option<Chunk<'_>> {
+impl Light<'_> {
+    /// Whether the chunk's only effect is its `content` (no reasoning, refusal or finish
+    /// reason): then a later line equal to it but for the content string means just that new
+    /// content (see [`Template`]).
+    pub(crate) fn content_only(&self) -> bool {
+        self.content_span.is_some()
+            && self.refusal.is_none()
+            && self.reasoning_content.is_none()
+            && self.reasoning.is_none()
+            && self.finish_reason.as_deref().is_none_or(str::is_empty)
+    }
+}
+
+/// The chunk serde would build from `data`, reduced to what the accumulator reads, when `data`
+/// has the common shape; `None` otherwise (the caller then parses it in full).
+pub(crate) fn chunk(data: &[u8]) -> Option<Light<'_>> {
     // Validating the whole line once is cheaper than per string, and only stricter than serde
     // (which ignores the bytes of an unknown string): outside strings non-ASCII is an error anyway.
     let text = std::str::from_utf8(data).ok()?;
@@ -53,13 +81,7 @@ pub(crate) fn chunk(data: &[u8]) -> Option<Chunk<'_>> {
         b: data,
         i: 0,
     };
-    let mut c = Chunk {
-        id: None,
-        model: None,
-        choices: FirstChoice(None),
-        usage: None,
-        error: None,
-    };
+    let mut c = Light::default();
     let mut seen = Seen(0);
     s.object(|s, key| {
         match key {
@@ -73,7 +95,7 @@ pub(crate) fn chunk(data: &[u8]) -> Option<Chunk<'_>> {
             }
             b"choices" => {
                 seen.once(4)?;
-                c.choices = s.choices()?;
+                s.choices(&mut c)?;
             }
             b"usage" => {
                 seen.once(8)?;
@@ -89,6 +111,59 @@ pub(crate) fn chunk(data: &[u8]) -> Option<Chunk<'_>> {
     })?;
     s.ws();
     (s.i == data.len()).then_some(c)
+}
+
+/// The last content-only chunk of a stream, kept so that the next lines equal to it but for the
+/// content string — every chunk of a plain answer from llama.cpp or vLLM, whose `id`, `created`,
+/// `model` and `system_fingerprint` never change within a stream — cost two byte comparisons and
+/// a scan of the content string.
+///
+/// Why it is exact: the scanner is a deterministic left-to-right pass. A line `P S' Q` where `P`
+/// and `Q` are byte for byte the template's bytes before and after its content token and `S'` is
+/// one string token is scanned exactly as the template was, but for the content's value. The
+/// template's other effects (`id`, `model`: set once, already applied when the template was fed;
+/// no reasoning, refusal or finish reason, see [`Light::content_only`]) are no-ops the second
+/// time, so the new line's whole effect is its content.
+#[derive(Debug, Default)]
+pub(crate) struct Template {
+    line: Vec<u8>,
+    start: usize,
+    end: usize,
+}
+
+impl Template {
+    /// Remembers `data` (just fed, fast path) as the template.
+    pub(crate) fn set(&mut self, data: &[u8], (start, end): (usize, usize)) {
+        self.line.clear();
+        self.line.extend_from_slice(data);
+        self.start = start;
+        self.end = end;
+    }
+
+    /// The content of `data` if it is the template with another content string.
+    pub(crate) fn content_of<'a>(&self, data: &'a [u8]) -> Option<Cow<'a, str>> {
+        if self.line.is_empty() {
+            return None;
+        }
+        let (prefix, suffix) = (&self.line[..self.start], &self.line[self.end..]);
+        if data.len() < prefix.len() + suffix.len() + 2
+            || !data.starts_with(prefix)
+            || !data.ends_with(suffix)
+        {
+            return None;
+        }
+        let token = &data[prefix.len()..data.len() - suffix.len()];
+        if token.first() != Some(&b'"') {
+            return None;
+        }
+        let mut s = Scan {
+            s: std::str::from_utf8(token).ok()?,
+            b: token,
+            i: 0,
+        };
+        let content = s.string()?;
+        (s.i == token.len()).then_some(content)
+    }
 }
 
 /// Known keys seen in one object, as bits.
@@ -212,9 +287,9 @@ impl<'a> Scan<'a> {
 
     /// A string or `null`.
     #[inline]
-    fn opt_string(&mut self) -> Option<Option<Str<'a>>> {
+    fn opt_string(&mut self) -> Option<Option<Cow<'a, str>>> {
         match self.peek()? {
-            b'"' => Some(Some(Str(self.string()?))),
+            b'"' => Some(Some(self.string()?)),
             b'n' => self.null().map(|_| None),
             _ => None,
         }
@@ -252,32 +327,23 @@ impl<'a> Scan<'a> {
     }
 
     /// `choices`: `null`, `[]` or one choice with index 0.
-    fn choices(&mut self) -> Option<FirstChoice<'a>> {
+    fn choices(&mut self, c: &mut Light<'a>) -> Option<()> {
         match self.peek()? {
-            b'n' => {
-                self.null()?;
-                Some(FirstChoice(None))
-            }
+            b'n' => self.null(),
             b'[' => {
                 self.i += 1;
                 if self.peek()? == b']' {
                     self.i += 1;
-                    return Some(FirstChoice(None));
+                    return Some(());
                 }
-                let c = self.choice()?;
-                self.eat(b']')?;
-                Some(FirstChoice(Some(c)))
+                self.choice(c)?;
+                self.eat(b']')
             }
             _ => None,
         }
     }
 
-    fn choice(&mut self) -> Option<ChoiceDelta<'a>> {
-        let mut c = ChoiceDelta {
-            index: 0,
-            delta: None,
-            finish_reason: None,
-        };
+    fn choice(&mut self, c: &mut Light<'a>) -> Option<()> {
         let mut seen = Seen(0);
         self.object(|s, key| {
             match key {
@@ -287,10 +353,10 @@ impl<'a> Scan<'a> {
                 }
                 b"delta" => {
                     seen.once(2)?;
-                    c.delta = match s.peek()? {
-                        b'n' => s.null().map(|_| None)?,
-                        _ => Some(s.delta()?),
-                    };
+                    match s.peek()? {
+                        b'n' => s.null()?,
+                        _ => s.delta(c)?,
+                    }
                 }
                 b"finish_reason" => {
                     seen.once(4)?;
@@ -299,37 +365,33 @@ impl<'a> Scan<'a> {
                 _ => s.unknown()?,
             }
             Some(())
-        })?;
-        Some(c)
+        })
     }
 
-    fn delta(&mut self) -> Option<Delta<'a>> {
-        let mut d = Delta {
-            content: None,
-            refusal: None,
-            reasoning_content: None,
-            reasoning: None,
-            tool_calls: Frags::default(),
-            function_call: None,
-        };
+    fn delta(&mut self, c: &mut Light<'a>) -> Option<()> {
         let mut seen = Seen(0);
         self.object(|s, key| {
             match key {
                 b"content" => {
                     seen.once(1)?;
-                    d.content = s.opt_string()?;
+                    s.ws();
+                    let at = s.i;
+                    c.content = s.opt_string()?;
+                    if c.content.is_some() {
+                        c.content_span = Some((at, s.i));
+                    }
                 }
                 b"refusal" => {
                     seen.once(2)?;
-                    d.refusal = s.opt_string()?;
+                    c.refusal = s.opt_string()?;
                 }
                 b"reasoning_content" => {
                     seen.once(4)?;
-                    d.reasoning_content = s.opt_string()?;
+                    c.reasoning_content = s.opt_string()?;
                 }
                 b"reasoning" => {
                     seen.once(8)?;
-                    d.reasoning = s.opt_string()?;
+                    c.reasoning = s.opt_string()?;
                 }
                 b"tool_calls" => {
                     seen.once(16)?;
@@ -342,17 +404,38 @@ impl<'a> Scan<'a> {
                 _ => s.unknown()?,
             }
             Some(())
-        })?;
-        Some(d)
+        })
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Chunk;
 
-    fn full(data: &[u8]) -> Option<Chunk<'_>> {
-        serde_json::from_slice(data).ok()
+    /// What serde reads, as a `Light` (for chunks without tool calls, usage or error).
+    fn full(data: &[u8]) -> Option<Light<'_>> {
+        let c: Chunk<'_> = serde_json::from_slice(data).ok()?;
+        let mut l = Light {
+            id: c.id.map(|s| s.0),
+            model: c.model.map(|s| s.0),
+            ..Default::default()
+        };
+        if let Some(ch) = c.choices.0 {
+            l.finish_reason = ch.finish_reason.map(|s| s.0);
+            if let Some(d) = ch.delta {
+                l.content = d.content.map(|s| s.0);
+                l.refusal = d.refusal.map(|s| s.0);
+                l.reasoning_content = d.reasoning_content.map(|s| s.0);
+                l.reasoning = d.reasoning.map(|s| s.0);
+            }
+        }
+        Some(l)
+    }
+
+    fn without_span(mut l: Light<'_>) -> Light<'_> {
+        l.content_span = None;
+        l
     }
 
     #[test]
@@ -367,7 +450,7 @@ mod tests {
             br#"{}"#,
         ] {
             let f = chunk(line).unwrap_or_else(|| panic!("declined {}", String::from_utf8_lossy(line)));
-            assert_eq!(Some(f), full(line), "{}", String::from_utf8_lossy(line));
+            assert_eq!(Some(without_span(f)), full(line), "{}", String::from_utf8_lossy(line));
         }
     }
 
@@ -398,8 +481,35 @@ mod tests {
     fn escaped_strings_are_decoded_by_serde() {
         let line = br#"{"choices":[{"delta":{"content":"a\"b\\c\ud83d\ude00\/"}}]}"#;
         let c = chunk(line).unwrap();
-        assert_eq!(Some(&c), full(line).as_ref());
-        let d = c.choices.0.unwrap().delta.unwrap();
-        assert_eq!(d.content.unwrap().as_str(), "a\"b\\c\u{1f600}/");
+        assert_eq!(c.content.as_deref(), Some("a\"b\\c\u{1f600}/"));
+        assert_eq!(Some(without_span(c)), full(line));
+    }
+
+    #[test]
+    fn template_matches_only_the_same_line_with_another_content() {
+        let line = br#"{"id":"x","choices":[{"index":0,"delta":{"content":"ab"},"finish_reason":null}]}"#;
+        let l = chunk(line).unwrap();
+        assert!(l.content_only());
+        let mut t = Template::default();
+        t.set(line, l.content_span.unwrap());
+        let with = |c: &str| {
+            format!(
+                r#"{{"id":"x","choices":[{{"index":0,"delta":{{"content":{c}}},"finish_reason":null}}]}}"#
+            )
+        };
+        assert_eq!(
+            t.content_of(with(r#""zz\n""#).as_bytes()).as_deref(),
+            Some("zz\n")
+        );
+        assert_eq!(t.content_of(with(r#""""#).as_bytes()).as_deref(), Some(""));
+        for bad in [r#""a" "#, r#""a","b""#, r#""a"#, "null", r#" "a""#, r#""\x""#] {
+            assert_eq!(t.content_of(with(bad).as_bytes()), None, "{bad}");
+        }
+        assert_eq!(
+            t.content_of(
+                br#"{"id":"y","choices":[{"index":0,"delta":{"content":"ab"},"finish_reason":null}]}"#
+            ),
+            None
+        );
     }
 }
