@@ -62,6 +62,12 @@ impl LineSplitter {
             }
         }
         let buf = &self.cur[start..];
+        // The blank line after every event: found without a search (a `memchr2` call costs
+        // more than a whole short line's scan in its setup).
+        if buf.first() == Some(&b'\n') && self.partial.is_empty() {
+            self.pos = start + 1;
+            return Some(&[]);
+        }
         match memchr::memchr2(b'\n', b'\r', buf) {
             Some(i) => {
                 let end = start + i;
