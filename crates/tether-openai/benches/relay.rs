@@ -1,6 +1,9 @@
 //! Throughput: 10,000 streamed deltas from `FakeOpenAi`, read (a) by a minimal SSE client
 //! (reqwest byte stream + line split, counting `data:` lines) and (b) relayed through a full
-//! tether `Session` (LocalLoop + OpenAiModel) to a subscriber. Prints both rates and b/a.
+//! tether `Session` (LocalLoop + OpenAiModel) to a subscriber. Prints both rates and b/a, and
+//! where the time goes: (c) the model alone, (d) with a detached sink, (e) a session whose stream
+//! has a single delta and (f) the minimal client on that stream (e - f: the fixed cost of opening
+//! a session and running a turn, apart from the HTTP round trip).
 //!
 //! Run: `cargo bench -p tether-openai --bench relay`.
 
@@ -49,7 +52,7 @@ async fn raw_client(client: &reqwest::Client, url: &str) -> usize {
 }
 
 /// (b): the same stream through Session + LocalLoop + OpenAiModel to a subscriber.
-async fn through_tether(model: &OpenAiModel) -> usize {
+async fn through_tether(model: &OpenAiModel, deltas: usize) -> usize {
     let provider = LocalLoop::new(model.clone()).retry(RetryPolicy::none());
     let mut session = Session::builder(provider).open().await.expect("open");
     let mut rx = session.sink().subscribe(1024).await;
@@ -65,7 +68,7 @@ async fn through_tether(model: &OpenAiModel) -> usize {
         n
     });
     let r = session.send("go").await.expect("send");
-    assert_eq!(r.text.len(), DELTAS * 4);
+    assert_eq!(r.text.len(), deltas * 4);
     drop(session);
     counter.await.expect("counter")
 }
@@ -101,9 +104,11 @@ fn main() {
             fake.push(reply.clone());
             raw_client(&client, &fake.url()).await;
             fake.push(reply.clone());
-            through_tether(&model).await;
+            through_tether(&model, DELTAS).await;
         }
         let (mut ta, mut tb, mut tc, mut td) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut te, mut tf) = (Vec::new(), Vec::new());
+        let tiny = Reply::long_text(1, "tok ");
         let detached = DeltaSink::new(EventSink::detached(), "m");
         for _ in 0..ROUNDS {
             fake.push(reply.clone());
@@ -118,9 +123,19 @@ fn main() {
 
             fake.push(reply.clone());
             let t = Instant::now();
-            let n = through_tether(&model).await;
+            let n = through_tether(&model, DELTAS).await;
             tb.push(t.elapsed());
             assert_eq!(n, DELTAS);
+
+            fake.push(tiny.clone());
+            let t = Instant::now();
+            assert_eq!(through_tether(&model, 1).await, 1);
+            te.push(t.elapsed());
+
+            fake.push(tiny.clone());
+            let t = Instant::now();
+            assert_eq!(raw_client(&client, &fake.url()).await, 1 + 4);
+            tf.push(t.elapsed());
 
             fake.push(reply.clone());
             let t = Instant::now();
@@ -154,6 +169,13 @@ fn main() {
         println!(
             "  (d) OpenAiModel, DeltaSink on a detached sink : {d:>10.2?}, {rd:>12.0} deltas/s ({:.2} of a)",
             rd / ra
+        );
+        let (e, f) = (med(&mut te), med(&mut tf));
+        println!("  (e) tether Session, a 1-delta stream           : {e:>10.2?}");
+        println!(
+            "  (f) minimal SSE client, a 1-delta stream       : {f:>10.2?} => a session's fixed cost (e - f) {:.2?}; b - c = {:.2?}",
+            e.saturating_sub(f),
+            b.saturating_sub(c)
         );
     });
 }

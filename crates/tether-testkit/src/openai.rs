@@ -123,6 +123,12 @@ impl FakeOpenAi {
         let addr = listener.local_addr()?;
         let state = Arc::new(Shared::default());
         let app = axum::Router::new().fallback(handle).with_state(state.clone());
+        // TCP_NODELAY, as real servers set it: without it a small write waits for the ACK of the
+        // previous one, which the client may delay by 40 ms (Nagle + delayed ACK), and a short
+        // stream takes ~40 ms for nothing.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         let task = tokio::spawn(async move {
             if let Err(e) = axum::serve(listener, app).await {
                 eprintln!("FakeOpenAi stopped: {e}");
