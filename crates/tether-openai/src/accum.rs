@@ -228,6 +228,20 @@ impl StreamAccumulator {
         Ok(Fed::More)
     }
 
+    /// Feeds the whole events at the start of `buf` that are the last content-only chunk with
+    /// another content (see `fast::Template`), as [`feed`](Self::feed) would one line at a time;
+    /// returns the bytes consumed (0 when the first event is anything else).
+    #[doc(hidden)]
+    pub fn feed_templated(&mut self, buf: &[u8]) -> usize {
+        let mut used = 0;
+        while let Some((content, len)) = self.template.event_at(&buf[used..]) {
+            self.events += 1;
+            self.push_texts(None, Some(&content), None);
+            used += len;
+        }
+        used
+    }
+
     // The effects of a chunk, shared by the fast path and the serde path (in this order).
 
     fn note_ids(&mut self, id: Option<&str>, model: Option<&str>) {

@@ -140,6 +140,26 @@ impl Template {
         self.end = end;
     }
 
+    /// At the start of `buf`: a whole SSE event `data: <template with another content>\n`
+    /// (and its blank line `\n`, when there): its content and length. The line would come out
+    /// of the line splitter exactly so — the template's bytes and a string token hold no CR or
+    /// LF — and `feed` would take it, untrimmed (the template starts with `{` and ends with `}`),
+    /// through [`Template::content_of`].
+    pub(crate) fn event_at<'a>(&self, buf: &'a [u8]) -> Option<(Cow<'a, str>, usize)> {
+        if self.line.is_empty() {
+            return None;
+        }
+        let data = buf
+            .strip_prefix(b"data: ")?
+            .strip_prefix(&self.line[..self.start])?;
+        let token = string_token(data)?;
+        let rest = data[token.len()..].strip_prefix(&self.line[self.end..])?;
+        let rest = rest.strip_prefix(b"\n")?;
+        let blank = rest.first() == Some(&b'\n');
+        let len = buf.len() - rest.len() + blank as usize;
+        Some((decode(token)?, len))
+    }
+
     /// The content of `data` if it is the template with another content string.
     pub(crate) fn content_of<'a>(&self, data: &'a [u8]) -> Option<Cow<'a, str>> {
         if self.line.is_empty() {
@@ -153,17 +173,41 @@ impl Template {
             return None;
         }
         let token = &data[prefix.len()..data.len() - suffix.len()];
-        if token.first() != Some(&b'"') {
-            return None;
-        }
-        let mut s = Scan {
-            s: std::str::from_utf8(token).ok()?,
-            b: token,
-            i: 0,
-        };
-        let content = s.string()?;
-        (s.i == token.len()).then_some(content)
+        (string_token(token)?.len() == token.len()).then_some(())?;
+        decode(token)
     }
+}
+
+/// The string token `buf` starts with (quotes included): up to the first unescaped quote, with
+/// no raw control character (serde's rule, and so no CR or LF).
+#[inline]
+fn string_token(buf: &[u8]) -> Option<&[u8]> {
+    if buf.first() != Some(&b'"') {
+        return None;
+    }
+    let mut i = 1;
+    loop {
+        match *buf.get(i)? {
+            b'"' => return Some(&buf[..=i]),
+            b'\\' => i += 2,
+            0..=0x1f => return None,
+            _ => i += 1,
+        }
+    }
+}
+
+/// The value of a string token found by [`string_token`]: borrowed without escapes, else
+/// decoded by serde_json.
+#[inline]
+fn decode(token: &[u8]) -> Option<Cow<'_, str>> {
+    let text = std::str::from_utf8(token).ok()?;
+    let mut s = Scan {
+        s: text,
+        b: token,
+        i: 0,
+    };
+    let v = s.string()?;
+    (s.i == token.len()).then_some(v)
 }
 
 /// Known keys seen in one object, as bits.

@@ -409,13 +409,9 @@ impl OpenAiModel {
                     let arrived = std::time::Instant::now();
                     sleep.as_mut().reset(Instant::now() + idle);
                     lines.push(bytes);
-                    while let Some(line) = lines.next_line() {
-                        if let Some(data) = sse::data_of(line)
-                            && acc.feed(data)? == Fed::Done
-                        {
-                            done = true;
-                            break 'read;
-                        }
+                    if feed_read(&mut lines, &mut acc)? == Fed::Done {
+                        done = true;
+                        break 'read;
                     }
                     #[cfg(feature = "bench-probe")]
                     for e in acc.emits() {
@@ -557,6 +553,29 @@ impl OpenAiModel {
             usage: completion.usage.and_then(wire::usage_of),
             raw,
         })
+    }
+}
+
+/// Feeds the complete lines of the chunk just pushed into `lines` to `acc`, up to `[DONE]`.
+///
+/// Runs of events that are the last content-only chunk with another content are taken whole
+/// (`StreamAccumulator::feed_templated`: one comparison against the template per event instead
+/// of a line search, the `data:` strip and a payload trim); everything else goes line by line.
+#[doc(hidden)]
+pub fn feed_read(lines: &mut LineSplitter, acc: &mut StreamAccumulator) -> Result<Fed> {
+    loop {
+        if let Some(rest) = lines.rest() {
+            let n = acc.feed_templated(rest);
+            lines.advance(n);
+        }
+        let Some(line) = lines.next_line() else {
+            return Ok(Fed::More);
+        };
+        if let Some(data) = sse::data_of(line)
+            && acc.feed(data)? == Fed::Done
+        {
+            return Ok(Fed::Done);
+        }
     }
 }
 

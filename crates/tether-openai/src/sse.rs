@@ -102,6 +102,18 @@ impl LineSplitter {
         }
     }
 
+    /// The unread rest of the current chunk when a line starts there (nothing partial, no LF
+    /// owed to a CR), for a caller that can consume whole lines itself; see
+    /// [`advance`](Self::advance).
+    pub fn rest(&self) -> Option<&[u8]> {
+        (self.partial.is_empty() && !self.skip_lf && self.pos < self.cur.len()).then(|| &self.cur[self.pos..])
+    }
+
+    /// Skips `n` bytes of [`rest`](Self::rest), which must end a line.
+    pub fn advance(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.cur.len());
+    }
+
     /// Bytes of a line begun but not yet terminated.
     pub fn pending_len(&self) -> usize {
         if self.partial_taken { 0 } else { self.partial.len() }

@@ -459,3 +459,127 @@ proptest! {
         prop_assert!(tether_openai::fast_path_accepts(l.as_bytes()), "{}", l);
     }
 }
+
+/// Feeds `reads` through `feed_read` (the stream loop, with whole-event template runs) and
+/// through a line-by-line serde-only loop, comparing everything after every read.
+fn same_reads(reads: &[Vec<u8>]) -> Result<(), TestCaseError> {
+    use tether_openai::{Fed, LineSplitter, data_of, feed_read};
+    let (mut fast, mut full) = (StreamAccumulator::new(), StreamAccumulator::new());
+    let (mut lf, mut ls) = (LineSplitter::new(), LineSplitter::new());
+    for (n, r) in reads.iter().enumerate() {
+        lf.push(bytes::Bytes::copy_from_slice(r));
+        ls.push(bytes::Bytes::copy_from_slice(r));
+        let a = feed_read(&mut lf, &mut fast).map_err(|e| e.to_string());
+        let b = (|| {
+            while let Some(line) = ls.next_line() {
+                if let Some(data) = data_of(line)
+                    && full.feed_with(data, false)? == Fed::Done
+                {
+                    return Ok(Fed::Done);
+                }
+            }
+            Ok::<_, tether::Error>(Fed::More)
+        })()
+        .map_err(|e| e.to_string());
+        prop_assert_eq!(&a, &b, "read #{}", n);
+        prop_assert_eq!(fast.emits(), full.emits(), "read #{}", n);
+        prop_assert_eq!(fast.text(), full.text());
+        prop_assert_eq!(fast.reasoning(), full.reasoning());
+        prop_assert_eq!(fast.events(), full.events());
+        prop_assert_eq!(lf.pending_len(), ls.pending_len());
+        if a.is_err() || a == Ok(Fed::Done) {
+            return Ok(());
+        }
+        fast.clear_emits();
+        full.clear_emits();
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// The stream loop's whole-event template runs read exactly what line-by-line feeding does,
+    /// however the events are framed (LF, CRLF, CR, comments, a space or none after `data:`,
+    /// trailing blanks) and split into reads.
+    #[test]
+    fn stream_reads_agree(
+        template in (chunk_tree(), any::<u64>()),
+        steps in prop::collection::vec(
+            (0..12u8, text(), prop::collection::vec(any::<u8>(), 0..8), chunk_tree(), any::<u64>(), 0..10u8),
+            1..40,
+        ),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
+    ) {
+        let (mut t, seed) = template;
+        if seed % 2 == 0 {
+            // Half the time the common shape, so the template is certainly taken.
+            t = J::Obj(vec![
+                (key("id"), raw("\"chatcmpl-1\"")),
+                (key("object"), raw("\"chat.completion.chunk\"")),
+                (key("created"), raw("1764000000")),
+                (key("model"), raw("\"m\"")),
+                (key("choices"), J::Arr(vec![J::Obj(vec![
+                    (key("index"), raw("0")),
+                    (key("delta"), J::Obj(vec![(key("content"), raw(PLACEHOLDER))])),
+                    (key("logprobs"), raw("null")),
+                    (key("finish_reason"), raw("null")),
+                ])])),
+            ]);
+        } else if !with_placeholder(&mut t) {
+            t = J::Obj(vec![(key("choices"), J::Arr(vec![J::Obj(vec![(key("delta"), J::Obj(vec![(key("content"), raw(PLACEHOLDER))]))])]))]);
+        }
+        // One line per event: the JSON whitespace the renderer puts between tokens, minus CR/LF
+        // (strings have none raw: `encode` escapes control characters).
+        let one_line = |s: String| s.replace(['\n', '\r'], " ");
+        let templ = one_line(line(&t, seed));
+        let mut all = Vec::new();
+        for (kind, text, modes, other, seed, framing) in steps {
+            let payload = match kind {
+                0 => one_line(line(&other, seed)),
+                1 => "[DONE]".to_owned(),
+                2 => templ.replace(PLACEHOLDER, "null"),
+                _ => templ.replace(PLACEHOLDER, &encode(&text, &modes)),
+            };
+            let ev = match framing {
+                0 => format!("data:{payload}\r\n\r\n"),
+                1 => format!("data: {payload}\r\r"),
+                2 => format!(": keep-alive\ndata: {payload}\n\n"),
+                3 => format!("data: {payload} \n\n"),
+                4 => format!("data: {payload}\n"),
+                5 => format!("data: {payload}}}\n\n"),
+                _ => format!("data: {payload}\n\n"),
+            };
+            all.extend_from_slice(ev.as_bytes());
+        }
+        let mut points: Vec<usize> = cuts.iter().map(|i| i.index(all.len() + 1)).collect();
+        points.push(0);
+        points.push(all.len());
+        points.sort_unstable();
+        points.dedup();
+        let reads: Vec<Vec<u8>> = points.windows(2).map(|w| all[w[0]..w[1]].to_vec()).collect();
+        same_reads(&reads)?;
+    }
+}
+
+#[test]
+fn template_runs_are_taken_whole() {
+    let mut a = StreamAccumulator::new();
+    let l = |c: &str| {
+        format!(r#"{{"id":"x","choices":[{{"index":0,"delta":{{"content":"{c}"}},"finish_reason":null}}]}}"#)
+    };
+    a.feed(l("a").as_bytes()).unwrap();
+    let buf = format!("data: {}\n\ndata: {}\n\ndata: [DONE]\n\n", l("b"), l("c\\n"));
+    let n = a.feed_templated(buf.as_bytes());
+    assert_eq!(&buf[n..], "data: [DONE]\n\n");
+    assert_eq!(a.text(), "abc\n");
+    assert_eq!(a.events(), 3);
+    // Not an event of the template: a line with more after it, or one cut short.
+    for other in [
+        format!("data: {}}}\n\n", l("d")),
+        format!("data: {} \n\n", l("d")),
+        format!("data: {}", l("d")),
+    ] {
+        assert_eq!(a.feed_templated(other.as_bytes()), 0, "{other}");
+    }
+}
