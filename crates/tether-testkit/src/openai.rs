@@ -694,7 +694,9 @@ fn stamp(id: &str, model: &str) -> Bytes {
         .map(|d| d.as_micros() as u64)
         .unwrap_or(0);
     let prev = LAST_STAMP
-        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| Some(now.max(last + 1)))
+        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |last| {
+            Some(now.max(last + 1))
+        })
         .unwrap_or(now);
     let us = now.max(prev + 1);
     Bytes::from(format!(
