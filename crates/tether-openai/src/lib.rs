@@ -333,22 +333,15 @@ impl OpenAiModel {
     }
 
     fn reqwest_error(&self, e: &reqwest::Error) -> Error {
-        self.transport(classify(e), describe(e))
+        tether_http::transport_error(e, &self.endpoint)
     }
 
     async fn http_error(&self, resp: reqwest::Response, deadline: Instant) -> Error {
         let status = resp.status();
-        let h = resp.headers();
-        let header = |n: &str| h.get(n).and_then(|v| v.to_str().ok()).map(str::to_owned);
-        let retry_after = tether::retry::parse_retry_after(
-            header("retry-after-ms").as_deref(),
-            header("retry-after").as_deref(),
-        );
-        let should_retry = header("x-should-retry").and_then(|v| match v.trim() {
-            "true" => Some(true),
-            "false" => Some(false),
-            _ => None,
-        });
+        let tether_http::RetryHeaders {
+            retry_after,
+            should_retry,
+        } = tether_http::retry_headers(resp.headers());
         let body = read_capped(resp, deadline, MAX_ERROR_BODY).await;
         let (message, code) = match serde_json::from_slice::<Value>(&body) {
             Ok(v) => {
@@ -605,67 +598,6 @@ async fn read_capped(mut resp: reqwest::Response, deadline: Instant, cap: usize)
             Ok(Ok(Some(c))) => out.extend_from_slice(&c[..c.len().min(cap - out.len())]),
             _ => break,
         }
-    }
-    out
-}
-
-/// How a reqwest error failed, from its flags and its chain of sources.
-fn classify(e: &reqwest::Error) -> TransportKind {
-    if e.is_timeout() {
-        return if e.is_connect() {
-            TransportKind::ConnectTimeout
-        } else {
-            TransportKind::Timeout
-        };
-    }
-    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = src {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind as K;
-            match io.kind() {
-                K::ConnectionRefused => return TransportKind::Refused,
-                K::ConnectionReset => return TransportKind::Reset,
-                K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof | K::NotConnected => {
-                    return TransportKind::Closed;
-                }
-                K::TimedOut => {
-                    return if e.is_connect() {
-                        TransportKind::ConnectTimeout
-                    } else {
-                        TransportKind::Timeout
-                    };
-                }
-                _ => {}
-            }
-        }
-        if let Some(h) = s.downcast_ref::<hyper::Error>() {
-            if h.is_timeout() {
-                return TransportKind::Timeout;
-            }
-            if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
-                return TransportKind::Closed;
-            }
-        }
-        src = s.source();
-    }
-    if e.is_body() || e.is_decode() {
-        // A body that failed mid-read: the connection went away.
-        return TransportKind::Closed;
-    }
-    TransportKind::Other
-}
-
-/// The error and its sources, joined (`error sending request: connection refused`).
-fn describe(e: &reqwest::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        let t = s.to_string();
-        if !out.contains(&t) {
-            out.push_str(": ");
-            out.push_str(&t);
-        }
-        src = s.source();
     }
     out
 }
