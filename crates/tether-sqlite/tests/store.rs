@@ -385,3 +385,39 @@ mod props {
         }
     }
 }
+
+/// Calls that arrive together are committed together: every one is answered after its group's
+/// commit, each is exactly-once on its own, and all of them are in the file after a reopen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_calls_are_committed_in_groups_and_all_survive_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    {
+        let s = SqliteStore::open(&path).unwrap();
+        let tasks: Vec<_> = (0..400u64)
+            .map(|i| {
+                let s = s.clone();
+                tokio::spawn(async move {
+                    let sid = format!("s{}", i % 40);
+                    let first = s.append(&sid, &ev(&format!("e{i}"), i + 1)).await.unwrap();
+                    let again = s.append(&sid, &ev(&format!("e{i}"), i + 1)).await.unwrap();
+                    s.put_tool_result(&sid, &ToolResult::ok(format!("t{i}"), "done"))
+                        .await
+                        .unwrap();
+                    (first, again)
+                })
+            })
+            .collect();
+        for t in tasks {
+            assert_eq!(t.await.unwrap(), (true, false));
+        }
+    }
+    let s = SqliteStore::open(&path).unwrap();
+    let mut n = 0;
+    for k in 0..40 {
+        let sid = format!("s{k}");
+        n += s.load(&sid).await.unwrap().len();
+    }
+    assert_eq!(n, 400);
+    assert!(s.tool_result("s7", "t7").await.unwrap().is_some());
+}
