@@ -43,8 +43,8 @@ ui_reproducible() {
   echo "the committed UI assets match npm ci && npm run build"
 }
 
-step crash node "$here/crash.mjs"
-step browser node "$here/browser.mjs"
+step crash timeout 600 node "$here/crash.mjs"
+step browser timeout 600 node "$here/browser.mjs"
 step ui-build ui_reproducible
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]
