@@ -1,11 +1,12 @@
 //! JSON-RPC 2.0 over newline-delimited UTF-8: framing, correlation per direction, inbound
 //! validation and dispatch, cancellation, back-pressure.
 //!
-//! Three tasks per connection: a reader (framing only, size-limited), a dispatcher (parses and
-//! handles messages strictly in arrival order; `session/update` is awaited, so a slow handler
-//! back-pressures the agent through the bounded queue and the pipe instead of losing updates), and
-//! a writer. Agent requests run on their own tasks after validation so a slow permission question
-//! does not stall the stream; each gets exactly one answer.
+//! Two tasks per connection: a dispatcher, which reads the agent's stdout (framing in place,
+//! size-limited) and parses and handles each message strictly in arrival order before reading on
+//! (`session/update` is awaited, so a slow handler back-pressures the agent through the pipe
+//! instead of losing updates), and a writer behind a bounded queue. Agent requests run on their own
+//! tasks after validation so a slow permission question does not stall the stream; each gets
+//! exactly one answer.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -16,13 +17,13 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use serde_json::value::RawValue;
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::process::Child;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 
 use crate::error::{AcpError, Direction, HandlerError, codes};
-use crate::fast::{SessionIdCache, decode_text_chunk};
+use crate::fast::{FastCache, decode_text_chunk};
 use crate::handler::{
     AcpUpdate, ClientHandler, RawMessage, SessionUpdateEvent, TerminalRequest, TerminateReason,
 };
@@ -93,36 +94,6 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Frames read together, in one buffer: one allocation and one copy per read of the pipe (not one
-/// per message), and one queue operation and dispatcher wake-up per batch.
-#[derive(Default)]
-struct Batch {
-    data: Vec<u8>,
-    /// The frames, as ranges of `data` (without the newline and a trailing `\r`; blank lines are
-    /// skipped). Not yet checked to be UTF-8.
-    frames: Vec<std::ops::Range<usize>>,
-    /// Set on the last batch: why reading stopped (after the frames before it).
-    end: Option<ReadEnd>,
-}
-
-impl Batch {
-    fn push_frame(&mut self, start: usize, mut end: usize) {
-        if end > start && self.data.get(end - 1) == Some(&b'\r') {
-            end -= 1;
-        }
-        if self
-            .data
-            .get(start..end)
-            .is_some_and(|f| !f.iter().all(u8::is_ascii_whitespace))
-        {
-            self.frames.push(start..end);
-        }
-    }
-}
-
-/// Most frames in one batch (the queue between reader and dispatcher counts batches).
-const BATCH_FRAMES: usize = 256;
-
 enum ReadEnd {
     Eof,
     TooLarge(usize),
@@ -151,72 +122,108 @@ fn find_newline(s: &[u8]) -> Option<usize> {
         .map(|i| offset + i)
 }
 
-/// Reads newline-delimited frames and sends them to the dispatcher in batches: every complete
-/// frame a read brought (up to [`BATCH_FRAMES`]) goes at once, a partial frame waits for the rest.
-/// A frame longer than `limit` bytes ends reading with [`ReadEnd::TooLarge`] (so a partial frame
-/// never holds more than `limit` bytes).
-async fn reader_loop<R: AsyncRead + Unpin>(reader: R, tx: mpsc::Sender<Batch>, limit: usize) {
-    let mut reader = BufReader::with_capacity(64 * 1024, reader);
-    // Newline positions in the current read buffer; reused.
-    let mut newlines: Vec<usize> = Vec::new();
-    loop {
-        let mut batch = Batch::default();
-        // Until the batch has a complete frame or reading ended: `batch.data` holds at most the
-        // start of one frame meanwhile.
+/// The read buffer's size (it grows only for a frame longer than this, up to the frame limit).
+/// Larger than a pipe's default 64 KiB so that one read can take all the pipe holds.
+const READ_BUF: usize = 256 * 1024;
+
+/// The agent's stdout, framed in place: frames are handed out as slices of one reused buffer
+/// (no copy, no allocation per frame or per read). Whatever follows the last complete frame (the
+/// start of the next one) is moved to the front before the next read.
+struct FrameReader<R> {
+    reader: R,
+    buf: Vec<u8>,
+    /// `buf[start..end]` is read and not yet handed out.
+    start: usize,
+    end: usize,
+    /// `buf[start..scanned]` is known to hold no newline.
+    scanned: usize,
+    limit: usize,
+}
+
+enum Frame {
+    /// `buf[range]`: without the newline and a trailing `\r`; blank lines are skipped. Not yet
+    /// checked to be UTF-8.
+    Line(std::ops::Range<usize>),
+    End(ReadEnd),
+}
+
+impl<R: AsyncRead + Unpin> FrameReader<R> {
+    fn new(reader: R, limit: usize) -> Self {
+        FrameReader {
+            reader,
+            buf: vec![0; READ_BUF],
+            start: 0,
+            end: 0,
+            scanned: 0,
+            limit,
+        }
+    }
+
+    /// The next frame (reading when the buffer holds no complete one), or why reading stopped.
+    /// A frame longer than `limit` bytes ends reading with [`ReadEnd::TooLarge`] (so a partial
+    /// frame never holds more than `limit` bytes).
+    async fn next(&mut self) -> Frame {
         loop {
-            let avail = match reader.fill_buf().await {
-                Ok(a) => a,
-                Err(e) => {
-                    batch.end = Some(ReadEnd::Io(e));
-                    break;
+            let pending = self.buf.get(self.scanned..self.end).unwrap_or_default();
+            if let Some(i) = find_newline(pending) {
+                let (start, nl) = (self.start, self.scanned + i);
+                self.start = nl + 1;
+                self.scanned = self.start;
+                if nl - start > self.limit {
+                    return Frame::End(ReadEnd::TooLarge(nl - start));
                 }
-            };
-            if avail.is_empty() {
-                if !batch.data.is_empty() {
-                    batch.push_frame(0, batch.data.len());
+                if let Some(r) = self.frame(start, nl) {
+                    return Frame::Line(r);
                 }
-                batch.end = Some(ReadEnd::Eof);
-                break;
-            }
-            let partial = batch.data.len();
-            newlines.clear();
-            let mut used = 0;
-            let mut held = partial;
-            while newlines.len() < BATCH_FRAMES {
-                let Some(i) = avail.get(used..).and_then(find_newline) else {
-                    break;
-                };
-                if held + i > limit {
-                    batch.end = Some(ReadEnd::TooLarge(held + i));
-                    break;
-                }
-                used += i + 1;
-                newlines.push(used - 1);
-                held = 0;
-            }
-            if newlines.is_empty() && batch.end.is_none() {
-                let n = avail.len();
-                if partial + n > limit {
-                    batch.end = Some(ReadEnd::TooLarge(partial + n));
-                    break;
-                }
-                batch.data.extend_from_slice(avail);
-                reader.consume(n);
                 continue;
             }
-            batch.data.extend_from_slice(&avail[..used]);
-            reader.consume(used);
-            let mut start = 0;
-            for &nl in &newlines {
-                batch.push_frame(start, partial + nl);
-                start = partial + nl + 1;
+            self.scanned = self.end;
+            let held = self.end - self.start;
+            if held > self.limit {
+                return Frame::End(ReadEnd::TooLarge(held));
             }
-            break;
+            // Make room: move the partial frame to the front, or grow for a long frame.
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.start = 0;
+                self.end = held;
+                self.scanned = held;
+            }
+            if self.end == self.buf.len() {
+                let grown = (self.buf.len() * 2).min(self.limit.saturating_add(1).max(self.buf.len() + 1));
+                self.buf.resize(grown, 0);
+            }
+            let room = self.buf.get_mut(self.end..).unwrap_or_default();
+            match self.reader.read(room).await {
+                Ok(0) => {
+                    let (start, end) = (self.start, self.end);
+                    self.start = end;
+                    self.scanned = end;
+                    if let Some(r) = self.frame(start, end) {
+                        return Frame::Line(r);
+                    }
+                    return Frame::End(ReadEnd::Eof);
+                }
+                Ok(n) => self.end += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Frame::End(ReadEnd::Io(e)),
+            }
         }
-        let end = batch.end.is_some();
-        if tx.send(batch).await.is_err() || end {
-            return;
+    }
+
+    /// `buf[start..end]` as a frame, without a trailing `\r`; `None` for a blank line.
+    fn frame(&self, start: usize, mut end: usize) -> Option<std::ops::Range<usize>> {
+        if end > start && self.buf.get(end - 1) == Some(&b'\r') {
+            end -= 1;
         }
+        self.buf
+            .get(start..end)
+            .is_some_and(|f| !f.iter().all(u8::is_ascii_whitespace))
+            .then_some(start..end)
+    }
+
+    fn get(&self, r: std::ops::Range<usize>) -> Option<&[u8]> {
+        self.buf.get(r)
     }
 }
 
@@ -429,8 +436,6 @@ impl Conn {
         W: AsyncWrite + Send + Unpin + 'static,
     {
         let (out_tx, out_rx) = mpsc::channel(opts.queue_capacity);
-        // Batches of up to 256 messages; the capacity bounds how many batches wait.
-        let (item_tx, item_rx) = mpsc::channel(opts.queue_capacity.div_ceil(BATCH_FRAMES).max(1));
         let limit = opts.max_frame_bytes;
         let conn = Arc::new(Conn {
             opts,
@@ -445,8 +450,7 @@ impl Conn {
             child: Mutex::new(child),
         });
         tokio::spawn(writer_loop(conn.clone(), out_rx, writer));
-        tokio::spawn(reader_loop(reader, item_tx, limit));
-        tokio::spawn(conn.clone().dispatch_loop(item_rx));
+        tokio::spawn(conn.clone().dispatch_loop(FrameReader::new(reader, limit)));
         conn
     }
 
@@ -547,22 +551,25 @@ impl Conn {
         Some(describe_exit(status))
     }
 
-    async fn dispatch_loop(self: Arc<Self>, mut rx: mpsc::Receiver<Batch>) {
-        let mut sessions = SessionIdCache::default();
-        while let Some(batch) = rx.recv().await {
-            for frame in &batch.frames {
-                match batch.data.get(frame.clone()).map(std::str::from_utf8) {
+    /// Reads and dispatches in one task, strictly in arrival order: nothing more is read while a
+    /// message is handled, so a slow handler back-pressures the agent through the pipe (at most
+    /// one read buffer is held ahead), and no frame waits in a queue or crosses threads.
+    async fn dispatch_loop<R: AsyncRead + Unpin>(self: Arc<Self>, mut frames: FrameReader<R>) {
+        let mut sessions = FastCache::default();
+        loop {
+            match frames.next().await {
+                Frame::Line(r) => match frames.get(r).map(std::str::from_utf8) {
                     Some(Ok(line)) => self.dispatch_line(line, &mut sessions).await,
                     Some(Err(_)) | None => {
                         tracing::warn!("agent sent a frame that is not UTF-8");
                         self.send_error(&RequestId::Null, codes::PARSE_ERROR, "frame is not valid UTF-8")
                             .await;
                     }
+                },
+                Frame::End(end) => {
+                    self.end_of_input(end).await;
+                    return;
                 }
-            }
-            if let Some(end) = batch.end {
-                self.end_of_input(end).await;
-                return;
             }
         }
     }
@@ -592,10 +599,11 @@ impl Conn {
         self.close(err, kill);
     }
 
-    async fn dispatch_line(self: &Arc<Self>, line: &str, sessions: &mut SessionIdCache) {
+    async fn dispatch_line(self: &Arc<Self>, line: &str, sessions: &mut FastCache) {
         // The flood case (text chunks) in one pass; everything else below. See `fast`.
         if let Some(event) = decode_text_chunk(line, sessions) {
             self.deliver_update(&event, line).await;
+            sessions.recycle(event);
             return;
         }
         let env: Envelope<'_> = match serde_json::from_str(line) {

@@ -110,38 +110,75 @@ struct Content<'a> {
     meta: Option<&'a RawValue>,
 }
 
-/// The last session id seen, so a flood for one session does not allocate a [`SessionId`] per
-/// update (it is an `Arc<str>`; a hit is a string compare and a reference-count increment).
+/// What one decoded update leaves for the next, so a flood does not allocate per update: the last
+/// session id seen (an `Arc<str>`; a hit is a string compare and a reference-count increment), and
+/// the boxed update and text buffer of the previous update once its handler is done with it.
 #[derive(Default)]
-pub(crate) struct SessionIdCache(Option<SessionId>);
+pub(crate) struct FastCache {
+    session: Option<SessionId>,
+    spare: Option<Box<SessionUpdate>>,
+}
 
-impl SessionIdCache {
+/// A text buffer larger than this is not kept for reuse (one huge chunk must not pin its memory).
+const SPARE_TEXT_MAX: usize = 16 * 1024;
+
+impl FastCache {
     fn get(&mut self, id: &str) -> SessionId {
-        match &self.0 {
+        match &self.session {
             Some(s) if &*s.0 == id => s.clone(),
             _ => {
                 let s = SessionId::new(id);
-                self.0 = Some(s.clone());
+                self.session = Some(s.clone());
                 s
             }
         }
+    }
+
+    /// Takes back a delivered event's allocations (only a text chunk's are reused).
+    pub(crate) fn recycle(&mut self, event: SessionUpdateEvent) {
+        if let AcpUpdate::Known(mut u) = event.update
+            && let SessionUpdate::UserMessageChunk(c)
+            | SessionUpdate::AgentMessageChunk(c)
+            | SessionUpdate::AgentThoughtChunk(c) = u.as_mut()
+            && let ContentBlock::Text(t) = &c.content
+            && t.text.capacity() <= SPARE_TEXT_MAX
+        {
+            self.spare = Some(u);
+        }
+    }
+
+    /// A box to build the next update in, and a cleared text buffer holding `text`.
+    fn boxed_text(&mut self, text: Cow<'_, str>) -> (Option<Box<SessionUpdate>>, String) {
+        let Some(mut u) = self.spare.take() else {
+            return (None, text.into_owned());
+        };
+        let mut buf = match u.as_mut() {
+            SessionUpdate::UserMessageChunk(c)
+            | SessionUpdate::AgentMessageChunk(c)
+            | SessionUpdate::AgentThoughtChunk(c) => match &mut c.content {
+                ContentBlock::Text(t) => std::mem::take(&mut t.text),
+                _ => String::new(),
+            },
+            _ => String::new(),
+        };
+        match text {
+            Cow::Borrowed(t) => {
+                buf.clear();
+                buf.push_str(t);
+            }
+            Cow::Owned(t) => buf = t,
+        }
+        (Some(u), buf)
     }
 }
 
 /// Decodes `line` if it is a text chunk `session/update` of the common shape; `None` means "take
 /// the general path" (see the module docs for exactly when).
-pub(crate) fn decode_text_chunk(line: &str, sessions: &mut SessionIdCache) -> Option<SessionUpdateEvent> {
+pub(crate) fn decode_text_chunk(line: &str, sessions: &mut FastCache) -> Option<SessionUpdateEvent> {
     if let Some(c) = scan::scan(line) {
         let message_id = c.message_id.as_deref();
         return Some(build(
-            sessions,
-            &c.session,
-            c.kind,
-            c.text.into_owned(),
-            message_id,
-            None,
-            None,
-            None,
+            sessions, &c.session, c.kind, c.text, message_id, None, None, None,
         ));
     }
     let l: Line<'_> = serde_json::from_str(line).ok()?;
@@ -162,7 +199,7 @@ pub(crate) fn decode_text_chunk(line: &str, sessions: &mut SessionIdCache) -> Op
         sessions,
         &p.session_id,
         u.kind,
-        u.content.text,
+        Cow::Owned(u.content.text),
         u.message_id.as_deref(),
         params_meta,
         update_meta,
@@ -172,22 +209,30 @@ pub(crate) fn decode_text_chunk(line: &str, sessions: &mut SessionIdCache) -> Op
 
 #[allow(clippy::too_many_arguments)]
 fn build(
-    sessions: &mut SessionIdCache,
+    sessions: &mut FastCache,
     session_id: &str,
     kind: ChunkKind,
-    text: String,
+    text: Cow<'_, str>,
     message_id: Option<&str>,
     params_meta: Option<Meta>,
     update_meta: Option<Meta>,
     content_meta: Option<Meta>,
 ) -> SessionUpdateEvent {
     // Built in place: the schema's builders would move the ~450-byte chunk once per call.
+    let (spare, text) = sessions.boxed_text(text);
     let chunk = ContentChunk::new(ContentBlock::Text(TextContent::new(text)));
-    let mut update = Box::new(match kind {
+    let value = match kind {
         ChunkKind::User => SessionUpdate::UserMessageChunk(chunk),
         ChunkKind::Agent => SessionUpdate::AgentMessageChunk(chunk),
         ChunkKind::Thought => SessionUpdate::AgentThoughtChunk(chunk),
-    });
+    };
+    let mut update = match spare {
+        Some(mut b) => {
+            *b = value;
+            b
+        }
+        None => Box::new(value),
+    };
     if (message_id.is_some() || update_meta.is_some() || content_meta.is_some())
         && let SessionUpdate::UserMessageChunk(c)
         | SessionUpdate::AgentMessageChunk(c)
@@ -473,7 +518,7 @@ mod tests {
 
     #[test]
     fn accepted_lines_decode_exactly_as_the_schema_does() {
-        let mut cache = SessionIdCache::default();
+        let mut cache = FastCache::default();
         for line in ACCEPTED {
             let fast = decode_text_chunk(line, &mut cache).unwrap_or_else(|| panic!("declined: {line}"));
             let slow = general(line).unwrap_or_else(|| panic!("general path failed: {line}"));
@@ -483,8 +528,26 @@ mod tests {
     }
 
     #[test]
+    fn recycled_allocations_leave_nothing_behind() {
+        // Each update built in the previous one's box and text buffer (every order of the
+        // accepted lines, so each kind, `messageId` and `_meta` follows each other) decodes
+        // exactly as a fresh one.
+        let mut cache = FastCache::default();
+        for first in ACCEPTED {
+            for line in ACCEPTED {
+                let prev =
+                    decode_text_chunk(first, &mut cache).unwrap_or_else(|| panic!("declined: {first}"));
+                cache.recycle(prev);
+                let fast = decode_text_chunk(line, &mut cache).unwrap_or_else(|| panic!("declined: {line}"));
+                assert_eq!(Some(fast.clone()), general(line), "{first} then {line}");
+                cache.recycle(fast);
+            }
+        }
+    }
+
+    #[test]
     fn everything_else_takes_the_general_path() {
-        let mut cache = SessionIdCache::default();
+        let mut cache = FastCache::default();
         for line in DECLINED {
             assert!(decode_text_chunk(line, &mut cache).is_none(), "accepted: {line}");
         }
@@ -504,7 +567,7 @@ mod tests {
             assert!(scan::scan(line).is_some(), "the scanner declined: {line}");
         }
         let spaced = " { \"jsonrpc\" : \"2.0\" , \"method\" : \"session/update\" , \"params\" : { \"sessionId\" : \"s1\" , \"update\" : { \"sessionUpdate\" : \"agent_message_chunk\" , \"content\" : { \"type\" : \"text\" , \"text\" : \"x y\" } } } } \t";
-        let mut cache = SessionIdCache::default();
+        let mut cache = FastCache::default();
         assert!(scan::scan(spaced).is_some());
         assert_eq!(decode_text_chunk(spaced, &mut cache), general(spaced));
         for line in DECLINED {
@@ -516,7 +579,7 @@ mod tests {
     /// decodes exactly as the general path does.
     #[test]
     fn mutated_lines_are_decoded_as_the_schema_does_or_declined() {
-        let mut cache = SessionIdCache::default();
+        let mut cache = FastCache::default();
         let mut accepted = 0;
         let mut checked = 0;
         for base in ACCEPTED {
@@ -550,7 +613,7 @@ mod tests {
 
     #[test]
     fn the_session_id_cache_follows_the_line() {
-        let mut cache = SessionIdCache::default();
+        let mut cache = FastCache::default();
         let line = |s: &str| {
             format!(
                 r#"{{"method":"session/update","params":{{"sessionId":"{s}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"x"}}}}}}}}"#
