@@ -175,7 +175,7 @@ impl FastCache {
 /// Decodes `line` if it is a text chunk `session/update` of the common shape; `None` means "take
 /// the general path" (see the module docs for exactly when).
 pub(crate) fn decode_text_chunk(line: &str, sessions: &mut FastCache) -> Option<SessionUpdateEvent> {
-    if let Some(c) = scan::scan(line) {
+    if let Some(c) = scan::canonical(line).or_else(|| scan::scan(line)) {
         let message_id = c.message_id.as_deref();
         return Some(build(
             sessions, &c.session, c.kind, c.text, message_id, None, None, None,
@@ -387,6 +387,49 @@ mod scan {
         Some(())
     }
 
+    impl Scan<'_> {
+        /// Skips `lit` if the line continues with exactly these bytes.
+        fn lit(&mut self, lit: &str) -> Option<()> {
+            let rest = self.line.as_bytes().get(self.i..)?;
+            rest.starts_with(lit.as_bytes()).then(|| self.i += lit.len())
+        }
+    }
+
+    fn chunk_kind(k: &str) -> Option<ChunkKind> {
+        match k {
+            "user_message_chunk" => Some(ChunkKind::User),
+            "agent_message_chunk" => Some(ChunkKind::Agent),
+            "agent_thought_chunk" => Some(ChunkKind::Thought),
+            _ => None,
+        }
+    }
+
+    /// Tier zero: a text chunk in the canonical form (the key order of the schema's structs, as
+    /// serde and the TypeScript SDK write it, no whitespace, no optional fields) is matched
+    /// against its constant parts with a few `memcmp`s, and only its three strings are scanned.
+    /// Everything it accepts is a plain line [`scan`] accepts and decodes the same way; anything
+    /// else (another order, whitespace, `messageId`, `_meta`, …) declines to [`scan`].
+    pub(super) fn canonical(line: &str) -> Option<Chunk<'_>> {
+        const HEAD: &str = r#"{"jsonrpc":"2.0","method":"session/update","params":{"sessionId":"#;
+        const UPDATE: &str = r#","update":{"sessionUpdate":"#;
+        const CONTENT: &str = r#","content":{"type":"text","text":"#;
+        const TAIL: &str = "}}}}";
+        let mut sc = Scan { line, i: 0 };
+        sc.lit(HEAD)?;
+        let session = sc.string()?;
+        sc.lit(UPDATE)?;
+        let kind = chunk_kind(&sc.string()?)?;
+        sc.lit(CONTENT)?;
+        let text = sc.string()?;
+        sc.lit(TAIL)?;
+        (sc.i == line.len()).then_some(Chunk {
+            session,
+            kind,
+            text,
+            message_id: None,
+        })
+    }
+
     pub(super) fn scan(line: &str) -> Option<Chunk<'_>> {
         let mut sc = Scan { line, i: 0 };
         let (mut jsonrpc, mut method, mut params) = (None, None, None);
@@ -426,15 +469,7 @@ mod scan {
     fn scan_update<'a>(sc: &mut Scan<'a>) -> Option<Update<'a>> {
         let (mut kind, mut text, mut message_id, mut meta) = (None, None, None, None);
         sc.object(|k, sc| match k {
-            "sessionUpdate" => once(
-                &mut kind,
-                sc.string().and_then(|k| match k.as_ref() {
-                    "user_message_chunk" => Some(ChunkKind::User),
-                    "agent_message_chunk" => Some(ChunkKind::Agent),
-                    "agent_thought_chunk" => Some(ChunkKind::Thought),
-                    _ => None,
-                }),
-            ),
+            "sessionUpdate" => once(&mut kind, sc.string().and_then(|k| chunk_kind(&k))),
             "content" => once(&mut text, scan_content(sc)),
             "messageId" => once(&mut message_id, sc.opt_string()),
             "_meta" => once(&mut meta, sc.null()),
@@ -573,6 +608,51 @@ mod tests {
         for line in DECLINED {
             assert!(scan::scan(line).is_none(), "the scanner accepted: {line}");
         }
+    }
+
+    /// Tier zero takes the canonical lines, and whatever it accepts (also among every one-byte
+    /// deletion or insertion) the scanner accepts with the same result.
+    #[test]
+    fn the_canonical_tier_is_a_subset_of_the_scanner() {
+        let same = |line: &str| -> bool {
+            let Some(c) = scan::canonical(line) else {
+                return false;
+            };
+            let s = scan::scan(line).unwrap_or_else(|| panic!("the scanner declined: {line}"));
+            assert_eq!(
+                (&c.session, c.kind as u8, &c.text, &c.message_id),
+                (&s.session, s.kind as u8, &s.text, &s.message_id),
+                "{line}"
+            );
+            true
+        };
+        for line in &ACCEPTED[..3] {
+            assert!(same(line), "declined: {line}");
+        }
+        for line in ACCEPTED[3..].iter().chain(DECLINED) {
+            assert!(scan::canonical(line).is_none(), "accepted: {line}");
+        }
+        let mut accepted = 0;
+        for base in ACCEPTED {
+            let bytes = base.as_bytes();
+            for i in 0..=bytes.len() {
+                let mut variants = Vec::new();
+                if i < bytes.len() {
+                    variants.push([&bytes[..i], &bytes[i + 1..]].concat());
+                }
+                for b in [b'"', b'\\', b' ', b'}', b'x', b','] {
+                    variants.push([&bytes[..i], &[b], &bytes[i..]].concat());
+                }
+                for v in variants {
+                    if let Ok(line) = std::str::from_utf8(&v)
+                        && same(line)
+                    {
+                        accepted += 1;
+                    }
+                }
+            }
+        }
+        assert!(accepted > 50, "{accepted}");
     }
 
     /// Every one-byte deletion or insertion in a few lines: whatever the fast path accepts, it
