@@ -374,7 +374,7 @@ impl AcpClient {
     }
 
     fn unregister(&self, id: &SessionId) {
-        lock(&self.conn().state).sessions.remove(id);
+        self.conn().remove_session(id);
     }
 
     /// `session/load` (needs `loadSession`): the agent replays the history as `session/update`s,

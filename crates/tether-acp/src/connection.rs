@@ -87,6 +87,9 @@ pub(crate) struct Conn {
     pub(crate) state: Mutex<State>,
     closed: watch::Sender<Option<AcpError>>,
     child: Mutex<Option<Child>>,
+    /// Bumped whenever a session is forgotten, so the dispatcher can trust its last "this session
+    /// is known" check for a flood without taking the state lock per update.
+    sessions_removed: AtomicU64,
 }
 
 /// Locks a std mutex, recovering from poisoning (a panicking handler must not wedge the client).
@@ -448,6 +451,7 @@ impl Conn {
             state: Mutex::new(State::default()),
             closed: watch::channel(None).0,
             child: Mutex::new(child),
+            sessions_removed: AtomicU64::new(0),
         });
         tokio::spawn(writer_loop(conn.clone(), out_rx, writer));
         tokio::spawn(conn.clone().dispatch_loop(FrameReader::new(reader, limit)));
@@ -602,7 +606,16 @@ impl Conn {
     async fn dispatch_line(self: &Arc<Self>, line: &str, sessions: &mut FastCache) {
         // The flood case (text chunks) in one pass; everything else below. See `fast`.
         if let Some(event) = decode_text_chunk(line, sessions) {
-            self.deliver_update(&event, line).await;
+            // Loaded before the check: a removal after it changes the count, so the next update
+            // checks again.
+            let removed = self.sessions_removed.load(Ordering::Acquire);
+            if sessions.is_verified(&event.session_id, removed) {
+                self.handler
+                    .session_update_with_message(&event, &RawMessage::new(line))
+                    .await;
+            } else if self.deliver_update(&event, line).await {
+                sessions.set_verified(&event.session_id, removed);
+            }
             sessions.recycle(event);
             return;
         }
@@ -665,15 +678,23 @@ impl Conn {
     }
 
     /// Hands a decoded `session/update` to the handler (awaited: a slow handler back-pressures the
-    /// reader), unless its session is unknown.
-    async fn deliver_update(&self, event: &SessionUpdateEvent, line: &str) {
+    /// reader), unless its session is unknown; whether it was delivered.
+    async fn deliver_update(&self, event: &SessionUpdateEvent, line: &str) -> bool {
         if !lock(&self.state).sessions.contains_key(&event.session_id) {
             tracing::warn!(session = %event.session_id, "dropping a session/update for an unknown session");
-            return;
+            return false;
         }
         self.handler
             .session_update_with_message(event, &RawMessage::new(line))
             .await;
+        true
+    }
+
+    /// Forgets a session (its updates are dropped from now on).
+    pub(crate) fn remove_session(&self, id: &SessionId) {
+        let mut state = lock(&self.state);
+        state.sessions.remove(id);
+        self.sessions_removed.fetch_add(1, Ordering::Release);
     }
 
     fn on_response(&self, id_raw: &str, outcome: Result<Value, WireError>) {
@@ -709,7 +730,9 @@ impl Conn {
         let params_str = params.map(RawValue::get).unwrap_or("null");
         match method {
             "session/update" => match parse_update(params_str) {
-                Ok(event) => self.deliver_update(&event, line).await,
+                Ok(event) => {
+                    self.deliver_update(&event, line).await;
+                }
                 Err(e) => tracing::warn!(error = %e, "dropping a malformed session/update"),
             },
             "elicitation/complete" => {
@@ -1204,4 +1227,124 @@ fn describe_exit(status: std::process::ExitStatus) -> String {
         }
     }
     status.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use async_trait::async_trait;
+
+    #[derive(Default)]
+    struct Texts(Mutex<Vec<String>>);
+
+    #[async_trait]
+    impl ClientHandler for Texts {
+        async fn session_update(&self, event: &SessionUpdateEvent) {
+            if let AcpUpdate::Known(u) = &event.update
+                && let SessionUpdate::AgentMessageChunk(c) = u.as_ref()
+                && let crate::schema::ContentBlock::Text(t) = &c.content
+            {
+                lock(&self.0).push(t.text.clone());
+            }
+        }
+    }
+
+    fn chunk(session: &str, text: &str) -> String {
+        format!(
+            r#"{{"jsonrpc":"2.0","method":"session/update","params":{{"sessionId":"{session}","update":{{"sessionUpdate":"agent_message_chunk","content":{{"type":"text","text":"{text}"}}}}}}}}"#
+        ) + "\n"
+    }
+
+    fn know(conn: &Conn, id: &str) {
+        let entry = SessionEntry {
+            roots: Vec::new(),
+            cwd: PathBuf::new(),
+            cancelling: false,
+        };
+        lock(&conn.state).sessions.insert(SessionId::new(id), entry);
+    }
+
+    async fn wait_for(texts: &Texts, last: &str) -> Vec<String> {
+        for _ in 0..500 {
+            let seen = lock(&texts.0).clone();
+            if seen.last().map(String::as_str) == Some(last) {
+                return seen;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("`{last}` never arrived: {:?}", lock(&texts.0));
+    }
+
+    /// The dispatcher trusts its last "session known" check during a flood only until a session
+    /// is removed: after that, updates for the removed session are dropped again.
+    #[tokio::test]
+    async fn updates_for_a_removed_session_are_dropped_after_a_flood() {
+        let (mut agent_out, client_in) = tokio::io::duplex(64 * 1024);
+        let (client_out, _agent_in) = tokio::io::duplex(64 * 1024);
+        let texts = Arc::new(Texts::default());
+        let conn = Conn::start(
+            client_in,
+            client_out,
+            None,
+            texts.clone(),
+            ClientOptions::default(),
+        );
+        know(&conn, "s");
+        for t in ["a", "b", "c"] {
+            agent_out.write_all(chunk("s", t).as_bytes()).await.unwrap();
+        }
+        assert_eq!(wait_for(&texts, "c").await, ["a", "b", "c"]);
+        conn.remove_session(&SessionId::new("s"));
+        know(&conn, "u");
+        for (s, t) in [("s", "d"), ("u", "e"), ("s", "f"), ("u", "g")] {
+            agent_out.write_all(chunk(s, t).as_bytes()).await.unwrap();
+        }
+        assert_eq!(wait_for(&texts, "g").await, ["a", "b", "c", "e", "g"]);
+    }
+
+    async fn frames(input: &'static [u8], pipe: usize, limit: usize) -> (Vec<String>, String) {
+        let (mut w, r) = tokio::io::duplex(pipe);
+        tokio::spawn(async move {
+            let _ = w.write_all(input).await;
+        });
+        let mut reader = FrameReader::new(r, limit);
+        let mut out = Vec::new();
+        loop {
+            match reader.next().await {
+                Frame::Line(r) => out.push(String::from_utf8_lossy(reader.get(r).unwrap_or_default()).into()),
+                Frame::End(ReadEnd::Eof) => return (out, "eof".into()),
+                Frame::End(ReadEnd::TooLarge(n)) => return (out, format!("too large {n}")),
+                Frame::End(ReadEnd::Io(e)) => return (out, e.to_string()),
+            }
+        }
+    }
+
+    /// Frames split over many short reads, blank lines, `\r\n`, a last line without a newline,
+    /// and the size limit (a frame of exactly `limit` bytes passes, one more byte does not, with
+    /// or without its newline read yet).
+    #[tokio::test]
+    async fn frames_are_cut_in_place_across_reads() {
+        for pipe in [1, 3, 7, 64 * 1024] {
+            let (f, end) = frames(b"ab\n\n  \r\ncd\r\n\xff\nlast", pipe, 100).await;
+            assert_eq!(
+                (f, end.as_str()),
+                (
+                    vec!["ab".into(), "cd".into(), "\u{fffd}".into(), "last".into()],
+                    "eof"
+                )
+            );
+            let (f, end) = frames(b"12345\n123456\nnever", pipe, 5).await;
+            assert_eq!((f, end.as_str()), (vec!["12345".to_string()], "too large 6"));
+            let (f, end) = frames(b"1\n1234567890", pipe, 5).await;
+            assert_eq!(f, ["1"]);
+            assert!(end.starts_with("too large "), "{end}");
+        }
+        // A frame longer than the read buffer grows it (up to the limit).
+        let long: &'static [u8] = Box::leak([vec![b'x'; READ_BUF + 10], b"\nok\n".to_vec()].concat().into());
+        let (f, end) = frames(long, 64 * 1024, READ_BUF + 10).await;
+        assert_eq!(
+            (f.len(), f[0].len(), f[1].as_str(), end.as_str()),
+            (2, READ_BUF + 10, "ok", "eof")
+        );
+    }
 }

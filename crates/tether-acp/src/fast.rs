@@ -117,6 +117,8 @@ struct Content<'a> {
 pub(crate) struct FastCache {
     session: Option<SessionId>,
     spare: Option<Box<SessionUpdate>>,
+    /// The last session found known, with the connection's removal count at the time.
+    verified: Option<(SessionId, u64)>,
 }
 
 /// A text buffer larger than this is not kept for reuse (one huge chunk must not pin its memory).
@@ -132,6 +134,18 @@ impl FastCache {
                 s
             }
         }
+    }
+
+    /// Whether `id` was found known while the removal count was `removed` (still true if no
+    /// session was removed since).
+    pub(crate) fn is_verified(&self, id: &SessionId, removed: u64) -> bool {
+        self.verified
+            .as_ref()
+            .is_some_and(|(s, r)| *r == removed && (std::sync::Arc::ptr_eq(&s.0, &id.0) || s == id))
+    }
+
+    pub(crate) fn set_verified(&mut self, id: &SessionId, removed: u64) {
+        self.verified = Some((id.clone(), removed));
     }
 
     /// Takes back a delivered event's allocations (only a text chunk's are reused).
