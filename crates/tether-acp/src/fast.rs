@@ -12,8 +12,12 @@
 //! `annotations`) buffer once more. Profiled on a flood of ~190-byte chunks that is about 2 µs per
 //! update, against ~70–140 ns to split the same line off a pipe.
 //!
-//! Here the whole line is read in **one** pass by small borrowed structs that mirror exactly the
-//! common shape of a text chunk; only the text itself (and `_meta`, when present) is allocated.
+//! Here the whole line is read in **one** pass, in three tiers: the canonical form (serde's and the
+//! TypeScript SDK's key order, no whitespace, no optional fields) by matching its constant parts
+//! and scanning only its three strings; any other plain shape by a hand-written scanner; the rest
+//! of the common shape by small borrowed serde structs. Only the text itself (and `_meta`, when
+//! present) is allocated, and in a flood not even that: the previous update's box and text buffer
+//! are reused once its handler is done with it ([`FastCache::recycle`]).
 //!
 //! # Why it is exact
 //!

@@ -19,9 +19,11 @@ pub struct ClientOptions {
     /// Maximum size of one JSON-RPC frame in either direction, in bytes (without the newline).
     /// An oversized inbound frame closes the connection with [`crate::AcpError::FrameTooLarge`].
     pub max_frame_bytes: usize,
-    /// Capacity of the queue between the reader and the dispatcher, in messages (frames already
-    /// buffered together travel as one batch of up to 256, so this is rounded up). When full the
-    /// reader stops reading, which back-pressures the agent through the pipe; nothing is dropped.
+    /// Capacity of the outbound queue (frames waiting for the writer to the agent's stdin), in
+    /// messages; when full, senders wait. Inbound messages are not queued at all: one task reads
+    /// the agent's stdout and handles each message before it reads on, so at most one read buffer
+    /// (256 KiB, or one frame of up to `max_frame_bytes`) is held ahead of the handler and a slow
+    /// handler back-pressures the agent through the pipe; nothing is dropped.
     pub queue_capacity: usize,
     /// Maximum outbound requests awaiting an answer.
     pub max_pending_requests: usize,
@@ -63,7 +65,7 @@ impl ClientOptions {
         self.max_frame_bytes = n.max(64);
         self
     }
-    /// Sets the reader → dispatcher queue capacity.
+    /// Sets the outbound queue capacity (see [`ClientOptions::queue_capacity`]).
     pub fn with_queue_capacity(mut self, n: usize) -> Self {
         self.queue_capacity = n.max(1);
         self
