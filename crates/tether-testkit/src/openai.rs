@@ -119,7 +119,11 @@ impl FakeOpenAi {
 
     /// Starts the server on a random 127.0.0.1 port, reporting a bind failure.
     pub async fn try_start() -> std::io::Result<Self> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        // A deep accept queue: benchmarks open 1,000 connections at once, and the default
+        // backlog (128) makes the kernel drop the excess, which the clients retry a second later.
+        let socket = tokio::net::TcpSocket::new_v4()?;
+        socket.bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
+        let listener = socket.listen(4096)?;
         let addr = listener.local_addr()?;
         let state = Arc::new(Shared::default());
         let app = axum::Router::new().fallback(handle).with_state(state.clone());
