@@ -957,7 +957,7 @@ impl SessionHandle {
     }
 
     /// Subscribes to live events (see [`EventSink::subscribe`]).
-    pub async fn subscribe(&self, capacity: usize) -> mpsc::Receiver<Event> {
+    pub async fn subscribe(&self, capacity: usize) -> crate::Subscription {
         self.sink.subscribe(capacity).await
     }
 

@@ -93,7 +93,7 @@ pub fn messages(r: &SessionResult) -> Vec<String> {
 }
 
 /// Drains a subscriber that is no longer fed (the sender side must be idle).
-pub fn drain(rx: &mut tokio::sync::mpsc::Receiver<Event>) -> Vec<Event> {
+pub fn drain(rx: &mut tether::Subscription) -> Vec<Event> {
     let mut out = Vec::new();
     while let Ok(e) = rx.try_recv() {
         out.push(e);
