@@ -191,7 +191,7 @@ struct PendingPermission {
 /// One AG-UI thread's session.
 struct Thread {
     handle: SessionHandle,
-    events: mpsc::Receiver<tether::Event>,
+    events: tether::Subscription,
     asks: mpsc::Receiver<PermissionAsk>,
     handler: Arc<BridgeHandler>,
     provider: String,

@@ -129,7 +129,7 @@ enum Dead {
 /// Where events go: the verifier, then the bounded channel to the transport.
 pub(crate) struct Sink {
     verifier: Verifier,
-    tx: mpsc::Sender<Event>,
+    tx: mpsc::Sender<Box<Event>>,
     capacity: usize,
     cancel: CancelToken,
     dead: Option<Dead>,
@@ -178,7 +178,7 @@ impl Sink {
             tracing::warn!(code = v.code(), "AG-UI stream violation: {}", v.detail);
             let err = Event::run_error(v.detail.clone(), Some(v.code().to_owned()));
             if self.verifier.observe(&err).is_ok() {
-                let _ = self.tx.try_send(err);
+                let _ = self.tx.try_send(Box::new(err));
             }
             self.dead = Some(Dead::Violation);
             return Err(Error::Verification(v));
@@ -193,7 +193,7 @@ impl Sink {
             Event::ToolCallResult(_) | Event::RunStarted(_) => self.turn_message = None,
             _ => {}
         }
-        match self.tx.try_send(event) {
+        match self.tx.try_send(Box::new(event)) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.dead = Some(Dead::BufferFull);
@@ -224,7 +224,7 @@ impl Sink {
                 return;
             }
         }
-        let _ = self.tx.send(event).await;
+        let _ = self.tx.send(Box::new(event)).await;
     }
 }
 
@@ -350,6 +350,12 @@ pub struct RunOptions {
     pub timestamps: bool,
     /// Echo the input on `RUN_STARTED.input`.
     pub echo_input: bool,
+    /// The runtime each run's task is spawned on (`None`: the current one).
+    ///
+    /// A server can keep its connections on one runtime and the runs' work on another: a burst
+    /// of new requests is then not queued behind the tasks of runs already streaming, so the
+    /// first event of a new run goes out in the time it takes to read its request.
+    pub runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Default for RunOptions {
@@ -358,6 +364,7 @@ impl Default for RunOptions {
             buffer: 16 * 1024,
             timestamps: false,
             echo_input: false,
+            runtime: None,
         }
     }
 }
@@ -383,21 +390,50 @@ impl<S> fmt::Debug for RunContext<S> {
     }
 }
 
-/// The receiving end of a context built with [`RunContext::new`].
-pub type EventReceiver = mpsc::Receiver<Event>;
+/// The receiving end of a context's events (from [`RunContext::new`]).
+///
+/// The queue holds boxed events: a tokio channel allocates its slots 32 at a time, and 32
+/// pointers (256 bytes) rather than 32 events (7 KiB) per block is what every concurrent run
+/// saves, at one small allocation per event.
+#[derive(Debug)]
+pub struct EventReceiver {
+    rx: mpsc::Receiver<Box<Event>>,
+}
+
+impl EventReceiver {
+    pub(crate) fn channel(capacity: usize) -> (mpsc::Sender<Box<Event>>, Self) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (tx, EventReceiver { rx })
+    }
+
+    /// The next event; `None` once the context is dropped and every event was received.
+    pub async fn recv(&mut self) -> Option<Event> {
+        self.rx.recv().await.map(|b| *b)
+    }
+
+    /// The next event if one is ready now.
+    pub fn try_recv(&mut self) -> Option<Event> {
+        self.rx.try_recv().ok().map(|b| *b)
+    }
+
+    /// Polls for the next event.
+    pub fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Event>> {
+        self.rx.poll_recv(cx).map(|o| o.map(|b| *b))
+    }
+}
 
 impl<S: AgentState> RunContext<S> {
     /// A context for `input` and the channel its events arrive on. Nothing is emitted yet;
     /// [`crate::run_agent`] emits `RUN_STARTED` and the terminal event around the agent.
     pub fn new(input: RunAgentInput, options: &RunOptions) -> (Self, EventReceiver) {
-        let (tx, rx) = mpsc::channel(options.buffer.max(1));
+        let (tx, rx) = EventReceiver::channel(options.buffer);
         let ctx = Self::with_sender(Arc::new(input), tx, CancelToken::new(), options);
         (ctx, rx)
     }
 
     pub(crate) fn with_sender(
         input: Arc<RunAgentInput>,
-        tx: mpsc::Sender<Event>,
+        tx: mpsc::Sender<Box<Event>>,
         cancel: CancelToken,
         options: &RunOptions,
     ) -> Self {
@@ -757,7 +793,8 @@ impl<S: AgentState> RunContext<S> {
 
     // ----- driver hooks (used by run_agent) -----
 
-    pub(crate) async fn start(&mut self, echo_input: bool) -> Result<()> {
+    /// Queues `RUN_STARTED` (synchronously: the queue is empty, so it never waits).
+    pub(crate) fn start(&mut self, echo_input: bool) -> Result<()> {
         let mut started = crate::event::RunStartedEvent {
             thread_id: self.input.thread_id.clone(),
             run_id: self.run_id.clone(),

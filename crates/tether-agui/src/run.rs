@@ -8,10 +8,9 @@ use std::sync::Arc;
 use std::task::{Context as TaskContext, Poll};
 
 use futures_util::{FutureExt, Stream};
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::context::{AgentState, CancelToken, RunContext, RunOptions, RunOutcome};
+use crate::context::{AgentState, CancelToken, EventReceiver, RunContext, RunOptions, RunOutcome};
 use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::types::RunAgentInput;
@@ -50,7 +49,7 @@ impl<A: Agent> Agent for Arc<A> {
 /// down within a few seconds of that is aborted.
 #[derive(Debug)]
 pub struct EventStream {
-    rx: mpsc::Receiver<Event>,
+    rx: EventReceiver,
     cancel: CancelToken,
     task: Option<JoinHandle<()>>,
 }
@@ -75,12 +74,17 @@ impl EventStream {
         self.rx.poll_recv(cx)
     }
 
+    /// The next event if one is ready right now.
+    pub fn try_next_event(&mut self) -> Option<Event> {
+        self.rx.try_recv()
+    }
+
     /// Moves every event that is ready right now into `out` (at most `max`).
     pub fn drain_ready(&mut self, out: &mut Vec<Event>, max: usize) {
         while out.len() < max {
             match self.rx.try_recv() {
-                Ok(e) => out.push(e),
-                Err(_) => break,
+                Some(e) => out.push(e),
+                None => break,
             }
         }
     }
@@ -124,13 +128,18 @@ impl Drop for EventStream {
 /// The stream starts with `RUN_STARTED` and ends with exactly one `RUN_FINISHED` or
 /// `RUN_ERROR`, whatever the agent does: a rule violation becomes `RUN_ERROR`, an `Err` or a
 /// panic becomes `RUN_ERROR`, open handles are closed by their `Drop` before the terminal.
+///
+/// `RUN_STARTED` is queued before the run's task is spawned: a server polling the stream as soon
+/// as this returns writes it with the response head, without waiting for the new task to be
+/// scheduled (under load, a queue of other runs' tasks away).
 pub fn run_agent<A: Agent>(agent: Arc<A>, input: RunAgentInput, options: RunOptions) -> EventStream {
-    let (tx, rx) = mpsc::channel(options.buffer.max(1));
+    let (tx, rx) = EventReceiver::channel(options.buffer);
     let cancel = CancelToken::new();
-    let task_cancel = cancel.clone();
-    let task = tokio::spawn(async move {
-        let mut ctx = RunContext::<A::State>::with_sender(Arc::new(input), tx, task_cancel, &options);
-        let result = match ctx.start(options.echo_input).await {
+    let mut ctx = RunContext::<A::State>::with_sender(Arc::new(input), tx, cancel.clone(), &options);
+    let started = ctx.start(options.echo_input);
+    let runtime = options.runtime.clone();
+    let run = async move {
+        let result = match started {
             Ok(()) => {
                 let fut = AssertUnwindSafe(agent.run(&mut ctx)).catch_unwind();
                 match fut.await {
@@ -148,7 +157,11 @@ pub fn run_agent<A: Agent>(agent: Arc<A>, input: RunAgentInput, options: RunOpti
             Err(e) => Err(e),
         };
         ctx.finish(result).await;
-    });
+    };
+    let task = match runtime {
+        Some(rt) => rt.spawn(run),
+        None => tokio::spawn(run),
+    };
     EventStream {
         rx,
         cancel,

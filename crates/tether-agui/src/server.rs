@@ -185,8 +185,7 @@ async fn handle<A: Agent>(ep: Arc<Endpoint<A>>, req: Request) -> Response {
         events,
         encoding,
         keep_alive: keep_alive.map(|d| (d, Box::pin(tokio::time::sleep(d)))),
-        batch: Vec::with_capacity(64),
-        buf: Vec::with_capacity(4096),
+        buf: Vec::new(),
     };
     let mut resp = Response::new(Body::from_stream(stream));
     let h = resp.headers_mut();
@@ -207,13 +206,25 @@ fn too_large(limit: usize) -> Response {
     )
 }
 
-/// The response body: encoded events, batched, with keep-alives while idle.
+/// Events ready at once that are written as one body chunk, at most.
+const MAX_BATCH: usize = 256;
+
+/// The response body: encoded events, every event ready at once in one chunk, with keep-alives
+/// while idle. Events are encoded as they are taken off the queue (no vector of them is held),
+/// into one buffer that grows to the largest chunk written: the per-run memory is that buffer.
 struct BodyStream {
     events: EventStream,
     encoding: Encoding,
     keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
-    batch: Vec<crate::event::Event>,
     buf: Vec<u8>,
+}
+
+impl BodyStream {
+    fn encode(&mut self, e: &crate::event::Event) {
+        if let Err(err) = self.encoding.encode_into(e, &mut self.buf) {
+            tracing::error!("could not encode {}: {err}", e.event_type());
+        }
+    }
 }
 
 impl Stream for BodyStream {
@@ -223,14 +234,13 @@ impl Stream for BodyStream {
         let this = self.get_mut();
         match this.events.poll_next_event(cx) {
             Poll::Ready(Some(first)) => {
-                this.batch.clear();
-                this.batch.push(first);
-                this.events.drain_ready(&mut this.batch, 256);
                 this.buf.clear();
-                for e in this.batch.drain(..) {
-                    if let Err(err) = this.encoding.encode_into(&e, &mut this.buf) {
-                        tracing::error!("could not encode {}: {err}", e.event_type());
-                    }
+                this.encode(&first);
+                for _ in 1..MAX_BATCH {
+                    let Some(e) = this.events.try_next_event() else {
+                        break;
+                    };
+                    this.encode(&e);
                 }
                 if let Some((d, sleep)) = &mut this.keep_alive {
                     sleep.as_mut().reset(tokio::time::Instant::now() + *d);
