@@ -20,35 +20,8 @@ pub fn classify(e: &reqwest::Error) -> TransportKind {
             TransportKind::Timeout
         };
     }
-    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(s) = src {
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind as K;
-            match io.kind() {
-                K::ConnectionRefused => return TransportKind::Refused,
-                K::ConnectionReset => return TransportKind::Reset,
-                K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof | K::NotConnected => {
-                    return TransportKind::Closed;
-                }
-                K::TimedOut => {
-                    return if e.is_connect() {
-                        TransportKind::ConnectTimeout
-                    } else {
-                        TransportKind::Timeout
-                    };
-                }
-                _ => {}
-            }
-        }
-        if let Some(h) = s.downcast_ref::<hyper::Error>() {
-            if h.is_timeout() {
-                return TransportKind::Timeout;
-            }
-            if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
-                return TransportKind::Closed;
-            }
-        }
-        src = s.source();
+    if let Some(k) = classify_chain(e, e.is_connect()) {
+        return k;
     }
     if e.is_connect() {
         return TransportKind::Refused;
@@ -60,10 +33,54 @@ pub fn classify(e: &reqwest::Error) -> TransportKind {
     TransportKind::Other
 }
 
+/// The transport failure named by the io or hyper errors in `e`'s chain of sources, if any
+/// (`connecting`: the error happened while connecting, so a timeout is a connect timeout).
+///
+/// For errors of HTTP clients other than reqwest (hyper's own client): the same chain, read the
+/// same way.
+pub fn classify_chain(e: &(dyn std::error::Error + 'static), connecting: bool) -> Option<TransportKind> {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            match io.kind() {
+                K::ConnectionRefused => return Some(TransportKind::Refused),
+                K::ConnectionReset => return Some(TransportKind::Reset),
+                K::ConnectionAborted | K::BrokenPipe | K::UnexpectedEof | K::NotConnected => {
+                    return Some(TransportKind::Closed);
+                }
+                K::TimedOut => {
+                    return Some(if connecting {
+                        TransportKind::ConnectTimeout
+                    } else {
+                        TransportKind::Timeout
+                    });
+                }
+                _ => {}
+            }
+        }
+        if let Some(h) = s.downcast_ref::<hyper::Error>() {
+            if h.is_timeout() {
+                return Some(TransportKind::Timeout);
+            }
+            if h.is_incomplete_message() || h.is_closed() || h.is_canceled() {
+                return Some(TransportKind::Closed);
+            }
+        }
+        src = s.source();
+    }
+    None
+}
+
 /// The error and its sources, joined (`error sending request: connection refused`).
 pub fn describe(e: &reqwest::Error) -> String {
+    describe_chain(e)
+}
+
+/// Any error and its sources, joined, each source once.
+pub fn describe_chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
-    let mut src = std::error::Error::source(e);
+    let mut src = e.source();
     while let Some(s) = src {
         let t = s.to_string();
         if !out.contains(&t) {

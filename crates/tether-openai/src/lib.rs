@@ -32,16 +32,17 @@
 mod accum;
 mod fast;
 mod sse;
+mod transport;
 mod wire;
 
 use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::StreamExt;
-use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 use tether::{ChatModel, ChatRequest, ChatResponse, DeltaSink, Error, Result, TransportKind};
 use tokio::time::Instant;
+use transport::{Response, Transport, TransportError};
 
 #[doc(hidden)]
 pub use accum::{CallAcc, Emit, Fed, StreamAccumulator};
@@ -100,6 +101,7 @@ pub struct OpenAiBuilder {
     stream: bool,
     include_usage: bool,
     extra: serde_json::Map<String, Value>,
+    read_buffer: Option<usize>,
 }
 
 impl std::fmt::Debug for OpenAiBuilder {
@@ -124,6 +126,7 @@ impl std::fmt::Debug for OpenAiBuilder {
             .field("stream", &self.stream)
             .field("include_usage", &self.include_usage)
             .field("extra", &self.extra)
+            .field("read_buffer", &self.read_buffer)
             .finish()
     }
 }
@@ -144,6 +147,7 @@ impl OpenAiBuilder {
             stream: true,
             include_usage: true,
             extra: Default::default(),
+            read_buffer: None,
         }
     }
 
@@ -170,6 +174,19 @@ impl OpenAiBuilder {
     /// request must name one, e.g. with `LocalLoop::model_name`).
     pub fn model(mut self, model: impl Into<String>) -> Self {
         self.model = model.into();
+        self
+    }
+
+    /// Reads each connection through a buffer of exactly `bytes` (at least 8 KiB) instead of one
+    /// that grows while reads fill it (default: growing, up to about 400 KiB).
+    ///
+    /// For servers relaying many concurrent streams from a fast local model: a stream that
+    /// arrives faster than it is forwarded fills every read, and the growing buffer ends up
+    /// holding hundreds of KiB per connection. Applies to plain `http://` endpoints without a
+    /// configured proxy (`HTTP_PROXY`, `ALL_PROXY`), which hyper's own client then serves; `https`
+    /// and proxied endpoints keep reqwest and its growing buffer.
+    pub fn read_buffer(mut self, bytes: usize) -> Self {
+        self.read_buffer = Some(bytes);
         self
     }
 
@@ -261,15 +278,20 @@ impl OpenAiBuilder {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
-        let client = reqwest::Client::builder()
-            .default_headers(headers)
-            .connect_timeout(self.connect_timeout)
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build()
-            .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
+        let http = match Transport::bounded(&endpoint, self.read_buffer, &headers, self.connect_timeout) {
+            Some(t) => t,
+            None => Transport::Reqwest(
+                reqwest::Client::builder()
+                    .default_headers(headers)
+                    .connect_timeout(self.connect_timeout)
+                    .tcp_nodelay(true)
+                    .pool_idle_timeout(Duration::from_secs(60))
+                    .build()
+                    .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?,
+            ),
+        };
         Ok(OpenAiModel {
-            client,
+            http,
             endpoint,
             cfg: self,
         })
@@ -299,7 +321,7 @@ fn endpoint_of(base_url: &str) -> Result<String> {
 /// [`OpenAiModel::builder`]; cloning is cheap (the HTTP connection pool is shared).
 #[derive(Clone)]
 pub struct OpenAiModel {
-    client: reqwest::Client,
+    http: Transport,
     endpoint: String,
     cfg: OpenAiBuilder,
 }
@@ -332,11 +354,11 @@ impl OpenAiModel {
         }
     }
 
-    fn reqwest_error(&self, e: &reqwest::Error) -> Error {
-        tether_http::transport_error(e, &self.endpoint)
+    fn transport_error(&self, e: TransportError) -> Error {
+        e.into_error(&self.endpoint)
     }
 
-    async fn http_error(&self, resp: reqwest::Response, deadline: Instant) -> Error {
+    async fn http_error(&self, resp: Response, deadline: Instant) -> Error {
         let status = resp.status();
         let tether_http::RetryHeaders {
             retry_after,
@@ -375,9 +397,8 @@ impl OpenAiModel {
         }
     }
 
-    async fn read_stream(&self, resp: reqwest::Response, deltas: &DeltaSink) -> Result<ChatResponse> {
+    async fn read_stream(&self, mut resp: Response, deltas: &DeltaSink) -> Result<ChatResponse> {
         let idle = self.cfg.idle_timeout;
-        let mut body = resp.bytes_stream();
         let mut lines = sse::LineSplitter::new();
         let mut acc = StreamAccumulator::new();
         let sleep = tokio::time::sleep(idle);
@@ -386,7 +407,7 @@ impl OpenAiModel {
         'read: loop {
             let item = tokio::select! {
                 biased;
-                item = body.next() => item,
+                item = resp.chunk() => item,
                 _ = &mut sleep => {
                     return Err(self.transport(
                         TransportKind::Idle,
@@ -395,9 +416,9 @@ impl OpenAiModel {
                 }
             };
             match item {
-                None => break,
-                Some(Err(e)) => return Err(self.reqwest_error(&e)),
-                Some(Ok(bytes)) => {
+                Ok(None) => break,
+                Err(e) => return Err(self.transport_error(e)),
+                Ok(Some(bytes)) => {
                     #[cfg(feature = "bench-probe")]
                     let arrived = std::time::Instant::now();
                     sleep.as_mut().reset(Instant::now() + idle);
@@ -448,12 +469,7 @@ impl OpenAiModel {
         Ok(acc.into_response())
     }
 
-    async fn read_json(
-        &self,
-        resp: reqwest::Response,
-        deadline: Instant,
-        deltas: &DeltaSink,
-    ) -> Result<ChatResponse> {
+    async fn read_json(&self, resp: Response, deadline: Instant, deltas: &DeltaSink) -> Result<ChatResponse> {
         let bytes = match tokio::time::timeout_at(deadline, resp.bytes()).await {
             Err(_) => {
                 return Err(self.transport(
@@ -464,7 +480,7 @@ impl OpenAiModel {
                     ),
                 ));
             }
-            Ok(Err(e)) => return Err(self.reqwest_error(&e)),
+            Ok(Err(e)) => return Err(self.transport_error(e)),
             Ok(Ok(b)) => b,
         };
         let raw: Value = serde_json::from_slice(&bytes).map_err(|e| {
@@ -591,7 +607,7 @@ async fn forward(acc: &StreamAccumulator, deltas: &DeltaSink) {
     }
 }
 
-async fn read_capped(mut resp: reqwest::Response, deadline: Instant, cap: usize) -> Vec<u8> {
+async fn read_capped(mut resp: Response, deadline: Instant, cap: usize) -> Vec<u8> {
     let mut out = Vec::new();
     while out.len() < cap {
         match tokio::time::timeout_at(deadline, resp.chunk()).await {
@@ -636,19 +652,12 @@ impl ChatModel for OpenAiModel {
         })
         .map_err(|e| Error::provider("openai", format!("cannot encode the request: {e}")))?;
         let deadline = Instant::now() + self.cfg.request_timeout;
-        let send = self
-            .client
-            .post(&self.endpoint)
-            .header(
-                ACCEPT,
-                if stream {
-                    "text/event-stream"
-                } else {
-                    "application/json"
-                },
-            )
-            .body(body)
-            .send();
+        let accept = if stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        };
+        let send = self.http.post(&self.endpoint, accept, body);
         let resp = match tokio::time::timeout_at(deadline, send).await {
             Err(_) => {
                 return Err(self.transport(
@@ -659,7 +668,7 @@ impl ChatModel for OpenAiModel {
                     ),
                 ));
             }
-            Ok(Err(e)) => return Err(self.reqwest_error(&e)),
+            Ok(Err(e)) => return Err(self.transport_error(e)),
             Ok(Ok(r)) => r,
         };
         if !resp.status().is_success() {
