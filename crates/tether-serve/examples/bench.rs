@@ -72,6 +72,12 @@ fn vm_hwm_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// Resets the process's peak resident memory (VmHWM) to its current RSS, so that the next
+/// reading is the peak of what follows.
+fn reset_hwm(pid: u32) {
+    let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
+}
+
 fn vm_rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -94,6 +100,8 @@ struct Figures {
     ttfe: Vec<Duration>,
     /// Time to the first text.
     ttft: Vec<Duration>,
+    /// Time to the response head.
+    ttfh: Vec<Duration>,
     failures: usize,
 }
 
@@ -113,13 +121,15 @@ fn report(name: &str, f: &Figures, hwm_kib: u64, runs: usize) {
     let secs = f.elapsed.as_secs_f64();
     println!(
         "{name}: {} deltas in {:.2}s = {:.0} deltas/s ({} SSE events, {:.0}/s); \
-         first event p50 {:.1} ms, p99 {:.1} ms; first text p50 {:.1} ms, p99 {:.1} ms; \
+         response head p50 {:.1} ms, p99 {:.1} ms; first event p50 {:.1} ms, p99 {:.1} ms; first text p50 {:.1} ms, p99 {:.1} ms; \
          peak RSS {:.1} MiB ({:.1} KiB per run); failures {}",
         f.deltas,
         secs,
         f.deltas as f64 / secs,
         f.events,
         f.events as f64 / secs,
+        ms(pct(&f.ttfh, 0.50)),
+        ms(pct(&f.ttfh, 0.99)),
         ms(pct(&f.ttfe, 0.50)),
         ms(pct(&f.ttfe, 0.99)),
         ms(pct(&f.ttft, 0.50)),
@@ -205,6 +215,7 @@ async fn load(runs: usize, make: impl Fn(usize) -> reqwest::RequestBuilder, text
             tokio::spawn(async move {
                 let t0 = Instant::now();
                 let resp = req.send().await.ok()?;
+                let head = t0.elapsed();
                 if !resp.status().is_success() {
                     return None;
                 }
@@ -222,7 +233,12 @@ async fn load(runs: usize, make: impl Fn(usize) -> reqwest::RequestBuilder, text
                         first_text = Some(t0.elapsed());
                     }
                 }
-                Some((first.unwrap_or_default(), first_text.unwrap_or_default(), scan))
+                Some((
+                    first.unwrap_or_default(),
+                    first_text.unwrap_or_default(),
+                    head,
+                    scan,
+                ))
             })
         })
         .collect();
@@ -232,11 +248,13 @@ async fn load(runs: usize, make: impl Fn(usize) -> reqwest::RequestBuilder, text
         elapsed: Duration::ZERO,
         ttfe: Vec::new(),
         ttft: Vec::new(),
+        ttfh: Vec::new(),
         failures: 0,
     };
     for t in tasks {
         match t.await.ok().flatten() {
-            Some((ttfe, ttft, scan)) => {
+            Some((ttfe, ttft, head, scan)) => {
+                f.ttfh.push(head);
                 f.ttfe.push(ttfe);
                 f.ttft.push(ttft);
                 f.deltas += scan.chars;
@@ -248,7 +266,31 @@ async fn load(runs: usize, make: impl Fn(usize) -> reqwest::RequestBuilder, text
     f.elapsed = start.elapsed();
     f.ttfe.sort();
     f.ttft.sort();
+    f.ttfh.sort();
     f
+}
+
+/// Opens `runs` keep-alive connections to `url`'s server (concurrent GETs of `url`; the answer
+/// does not matter) and leaves them idle in the client's pool, so that a load then measures the
+/// server's time to answer a request rather than the client's and the kernel's time to set up
+/// 1,000 TCP connections at once.
+async fn warm(client: &reqwest::Client, url: &str, runs: usize) -> usize {
+    let tasks: Vec<_> = (0..runs)
+        .map(|_| {
+            let req = client.get(url);
+            tokio::spawn(async move {
+                let resp = req.send().await.ok()?;
+                resp.bytes().await.ok().map(|_| ())
+            })
+        })
+        .collect();
+    let mut ok = 0;
+    for t in tasks {
+        if matches!(t.await, Ok(Some(()))) {
+            ok += 1;
+        }
+    }
+    ok
 }
 
 fn find(h: &[u8], n: &[u8]) -> Option<usize> {
@@ -307,51 +349,79 @@ async fn main() {
     let server_pid = server.id().unwrap_or(0);
     let fake_pid = fake.id().unwrap_or(0);
     let idle_server = vm_rss_kib(server_pid);
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(runs)
-        .build()
-        .expect("client");
+    let fresh = || {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(runs)
+            .build()
+            .expect("client")
+    };
     let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(0);
     println!("tether serve benchmark: {runs} concurrent runs x {deltas} deltas, {cores} cores, loopback");
 
-    let c = client.clone();
-    let url = format!("{fake_url}/chat/completions");
-    let direct = load(
-        runs,
-        move |_| {
-            c.post(&url).json(&serde_json::json!({"model": "bench", "stream": true, "messages": [{"role": "user", "content": "go"}]}))
-        },
-        Text::OpenAi,
-    )
-    .await;
-    let fake_hwm = vm_hwm_kib(fake_pid);
+    // Each load twice: on new connections (the figures include setting up 1,000 TCP connections
+    // at once, client side and kernel), and on connections opened beforehand (the figures are the
+    // server's: from writing the request to its first event).
+    let mut direct = Vec::new();
+    let mut fake_hwm = Vec::new();
+    for warmed in [false, true] {
+        reset_hwm(fake_pid);
+        let c = fresh();
+        if warmed {
+            warm(&c, &format!("{fake_url}/models"), runs).await;
+        }
+        let url = format!("{fake_url}/chat/completions");
+        direct.push(
+            load(
+                runs,
+                move |_| {
+                    c.post(&url).json(&serde_json::json!({"model": "bench", "stream": true, "messages": [{"role": "user", "content": "go"}]}))
+                },
+                Text::OpenAi,
+            )
+            .await,
+        );
+        fake_hwm.push(vm_hwm_kib(fake_pid));
+    }
 
-    let c = client.clone();
-    let url = format!("{server_url}/v1/agents/bench/run");
-    let relayed = load(
-        runs,
-        move |i| {
-            c.post(&url)
-                .header("accept", "text/event-stream")
-                .json(&serde_json::json!({
-                    "threadId": format!("bench-{i}-{}", std::process::id()), "runId": "r1",
-                    "messages": [{"id": "u1", "role": "user", "content": "go"}]
-                }))
-        },
-        Text::AgUi,
-    )
-    .await;
-    let server_hwm = vm_hwm_kib(server_pid);
-    report("direct read of the fake server", &direct, fake_hwm, runs);
-    report(
-        "relayed through tether serve  ",
-        &relayed,
-        server_hwm.saturating_sub(idle_server),
-        runs,
-    );
+    let mut relayed = Vec::new();
+    let mut server_hwm = Vec::new();
+    for warmed in [false, true] {
+        reset_hwm(server_pid);
+        let c = fresh();
+        if warmed {
+            warm(&c, &format!("{server_url}/healthz"), runs).await;
+        }
+        let url = format!("{server_url}/v1/agents/bench/run");
+        relayed.push(
+            load(
+                runs,
+                move |i| {
+                    c.post(&url)
+                        .header("accept", "text/event-stream")
+                        .json(&serde_json::json!({
+                            "threadId": format!("bench-{i}-{warmed}-{}", std::process::id()), "runId": "r1",
+                            "messages": [{"id": "u1", "role": "user", "content": "go"}]
+                        }))
+                },
+                Text::AgUi,
+            )
+            .await,
+        );
+        server_hwm.push(vm_hwm_kib(server_pid));
+    }
+    // Peak memory per run: the phase's peak over the process's RSS when idle before any load.
+    report("direct, new connections    ", &direct[0], fake_hwm[0], runs);
+    report("direct, open connections   ", &direct[1], fake_hwm[1], runs);
+    for (i, name) in ["relayed, new connections   ", "relayed, open connections  "]
+        .iter()
+        .enumerate()
+    {
+        report(name, &relayed[i], server_hwm[i].saturating_sub(idle_server), runs);
+    }
     println!(
-        "server peak RSS {:.1} MiB total ({:.1} MiB idle before the load)",
-        server_hwm as f64 / 1024.0,
+        "server peak RSS {:.1} / {:.1} MiB total ({:.1} MiB idle before the load)",
+        server_hwm[0] as f64 / 1024.0,
+        server_hwm[1] as f64 / 1024.0,
         idle_server as f64 / 1024.0
     );
     drop(server);

@@ -17,7 +17,6 @@ use tether_agui::{
     ToolCall,
 };
 use tether_sqlite::SqliteStore;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
@@ -384,7 +383,7 @@ impl ServeAgent {
 /// Drives `fut` while relaying the session's events into the run.
 async fn pump<F>(
     fut: F,
-    rx: &mut mpsc::Receiver<Event>,
+    rx: &mut tether::Subscription,
     m: &mut Mapper,
     ctx: &mut RunContext<Value>,
 ) -> AgResult<tether::Result<SessionResult>>

@@ -81,6 +81,34 @@ pub struct Server {
     addr: SocketAddr,
     shutdown: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+    _front: FrontRuntime,
+}
+
+/// The runtime the server's connections live on (accepting, reading requests, writing events),
+/// apart from the runtime the runs work on (the caller's).
+///
+/// Why two: with 1,000 runs streaming, every worker of one runtime has a queue of run tasks, each
+/// parsing a chunk of model output; a new connection's tasks (accept, read the request, write
+/// `RUN_STARTED`) wait behind all of them, several times over — 100–200 ms on two cores. On a
+/// runtime of their own, where tasks only move bytes, they wait for a thread the OS schedules
+/// fairly. The runs' tasks are spawned on the caller's runtime ([`RunOptions::runtime`]).
+///
+/// [`RunOptions::runtime`]: tether_agui::RunOptions::runtime
+struct FrontRuntime(Option<tokio::runtime::Runtime>);
+
+impl std::fmt::Debug for FrontRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("FrontRuntime")
+    }
+}
+
+impl Drop for FrontRuntime {
+    fn drop(&mut self) {
+        // Dropping a runtime blocks, which is not allowed inside another runtime's task.
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 impl Server {
@@ -137,8 +165,21 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     let store = SqliteStore::open(&opts.db)?;
     let limits = &opts.config.server;
     let shared = Arc::new(Shared::new(store, Duration::from_secs(limits.run_timeout_secs)));
+    let front = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("tether-serve-http")
+        .enable_all()
+        .build()
+        .map_err(|e| ServeError::Bind {
+            bind: opts.bind.clone(),
+            message: format!("cannot start the HTTP runtime: {e}"),
+        })?;
     let endpoint = EndpointOptions {
         body_limit: limits.max_body_bytes,
+        run: tether_agui::RunOptions {
+            runtime: Some(tokio::runtime::Handle::current()),
+            ..Default::default()
+        },
         ..EndpointOptions::default()
     };
     let mut runs_router: Router<AppState> = Router::new();
@@ -215,10 +256,16 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
         .merge(v1)
         .with_state(state.clone());
 
-    let listener = listen(&opts.bind).await.map_err(|e| ServeError::Bind {
-        bind: opts.bind.clone(),
-        message: e.to_string(),
-    })?;
+    let bind = opts.bind.clone();
+    let listener = front
+        .spawn(async move { listen(&bind).await })
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|r| r)
+        .map_err(|e| ServeError::Bind {
+            bind: opts.bind.clone(),
+            message: e.to_string(),
+        })?;
     let addr = listener.local_addr().map_err(|e| ServeError::Bind {
         bind: opts.bind.clone(),
         message: e.to_string(),
@@ -227,7 +274,7 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     let grace = Duration::from_secs(limits.shutdown_grace_secs);
     let sd = shutdown.clone();
     let draining = state.draining.clone();
-    let task = tokio::spawn(async move {
+    let task = front.spawn(async move {
         let sd2 = sd.clone();
         // `into_make_service` builds the route table once; serving the `Router` itself rebuilds
         // it for every connection (axum 0.8: about 5 KiB and a few µs per connection).
@@ -256,7 +303,12 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
             }
         }
     });
-    Ok(Server { addr, shutdown, task })
+    Ok(Server {
+        addr,
+        shutdown,
+        task,
+        _front: FrontRuntime(Some(front)),
+    })
 }
 
 /// The accept backlog asked of the kernel (Linux caps it at `net.core.somaxconn`, 4096 by default).
