@@ -81,11 +81,10 @@ impl EventStream {
 
     /// Moves every event that is ready right now into `out` (at most `max`).
     pub fn drain_ready(&mut self, out: &mut Vec<Event>, max: usize) {
-        while out.len() < max {
-            match self.rx.try_recv() {
-                Some(e) => out.push(e),
-                None => break,
-            }
+        while out.len() < max
+            && let Some(e) = self.try_next_event()
+        {
+            out.push(e);
         }
     }
 }

@@ -89,21 +89,14 @@ impl Transport {
                 let Bounded { client, headers } = b.as_ref();
                 let mut req = hyper::Request::post(url)
                     .body(Full::new(Bytes::from(body)))
-                    .map_err(|e| TransportError::Hyper {
-                        connecting: false,
-                        error: Box::new(e),
-                    })?;
+                    .map_err(|e| TransportError::hyper(e, false))?;
                 let h = req.headers_mut();
                 h.clone_from(headers);
                 h.insert(ACCEPT, HeaderValue::from_static(accept));
-                client
-                    .request(req)
-                    .await
-                    .map(Response::Hyper)
-                    .map_err(|e| TransportError::Hyper {
-                        connecting: e.is_connect(),
-                        error: Box::new(e),
-                    })
+                client.request(req).await.map(Response::Hyper).map_err(|e| {
+                    let connecting = e.is_connect();
+                    TransportError::hyper(e, connecting)
+                })
             }
         }
     }
@@ -138,12 +131,7 @@ impl Response {
             Response::Hyper(r) => loop {
                 match r.body_mut().frame().await {
                     None => return Ok(None),
-                    Some(Err(e)) => {
-                        return Err(TransportError::Hyper {
-                            connecting: false,
-                            error: Box::new(e),
-                        });
-                    }
+                    Some(Err(e)) => return Err(TransportError::hyper(e, false)),
                     Some(Ok(frame)) => {
                         if let Ok(data) = frame.into_data()
                             && !data.is_empty()
@@ -160,16 +148,12 @@ impl Response {
     pub(crate) async fn bytes(self) -> Result<Bytes, TransportError> {
         match self {
             Response::Reqwest(r) => r.bytes().await.map_err(TransportError::Reqwest),
-            Response::Hyper(r) => {
-                r.into_body()
-                    .collect()
-                    .await
-                    .map(|c| c.to_bytes())
-                    .map_err(|e| TransportError::Hyper {
-                        connecting: false,
-                        error: Box::new(e),
-                    })
-            }
+            Response::Hyper(r) => r
+                .into_body()
+                .collect()
+                .await
+                .map(|c| c.to_bytes())
+                .map_err(|e| TransportError::hyper(e, false)),
         }
     }
 }
@@ -185,6 +169,13 @@ pub(crate) enum TransportError {
 }
 
 impl TransportError {
+    fn hyper(error: impl std::error::Error + Send + Sync + 'static, connecting: bool) -> Self {
+        TransportError::Hyper {
+            connecting,
+            error: Box::new(error),
+        }
+    }
+
     /// As [`Error::Transport`], naming the endpoint.
     pub(crate) fn into_error(self, endpoint: &str) -> Error {
         match self {
