@@ -745,6 +745,10 @@ async fn run_one(
 ) -> Result<Option<ToolResult>> {
     let store = cx.sink.store();
     if let Some(r) = store.tool_result(sid, &u.id).await? {
+        // The memo is written before the event (`store_result`): a crash between the two leaves a
+        // result the next run answers from but the record lacks. Record it now; `emit` is
+        // exactly-once by id, so a result already in the record is not written again.
+        record_result(&cx.sink, &r).await?;
         return Ok(Some(r));
     }
     let result = if Some(u.name.as_str()) == terminal {

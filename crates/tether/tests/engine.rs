@@ -463,6 +463,17 @@ async fn recorded_tool_results_are_not_run_again() {
         store.tool_result("s1", "b").await.unwrap().unwrap().content,
         "did it"
     );
+    // A memo answer still lands in the record, once: a crash between the memo and the event
+    // must not leave a thread whose record has no result for a call the model saw answered.
+    let results: Vec<&str> = r
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            tether::EventKind::ToolResult { result } => Some(result.tool_use_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(results, ["a", "b"]);
 }
 
 #[tokio::test]
