@@ -4,9 +4,11 @@
 // appear exactly once in the file.
 import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { check, runAgui, startFake, startServe, stop, summary, tempDir } from "./lib.mjs";
+import { check, runAgui, startFake, startServe, stop, summary, tempDir, watchdog } from "./lib.mjs";
 
 const RUNS = Number(process.env.CRASH_RUNS || 20);
+let step = "starting";
+watchdog(300000, () => step);
 const dir = tempDir("tether-crash-");
 const fake = await startFake("crash");
 // The command logs every invocation, and appends the call's line unless the file already has it
@@ -29,7 +31,7 @@ let serve = await startServe({ dir, config, db });
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 async function events(base, thread) {
-  const r = await fetch(`${base}/v1/threads/${thread}/events`);
+  const r = await fetch(`${base}/v1/threads/${thread}/events`, { signal: AbortSignal.timeout(30000) });
   if (r.status === 404) return [];
   return (await r.json()).events;
 }
@@ -44,16 +46,22 @@ try {
   for (let i = 0; i < RUNS; i++) {
     const thread = `crash-t${i}`;
     const body = { threadId: thread, runId: `r${i}-0`, messages: [{ id: `u${i}`, role: "user", content: `line ${i} of the crash test` }], tools: [], context: [], state: {} };
+    step = `run ${i}: first request`;
     const pending = runAgui(serve.url, "crash", body).catch(() => null);
     await sleep(Math.floor(Math.random() * 120));
+    step = `run ${i}: SIGKILL`;
     await stop(serve.child, "SIGKILL");
     kills++;
+    step = `run ${i}: the killed request's end`;
     await pending;
+    step = `run ${i}: restart`;
     serve = await startServe({ dir, config, db });
+    step = `run ${i}: resuming`;
     for (let attempt = 1; attempt <= 6 && !done(await events(serve.url, thread)); attempt++) {
       await runAgui(serve.url, "crash", { ...body, runId: `r${i}-${attempt}` }).catch((e) => console.log(`  resume ${thread}: ${e}`));
     }
   }
+  step = "the final check";
   // One more hard kill and restart, then check everything from the database.
   await stop(serve.child, "SIGKILL");
   serve = await startServe({ dir, config, db });
@@ -82,7 +90,8 @@ try {
 } catch (e) {
   check("crash-safety flow", false, String(e?.stack || e));
 } finally {
+  step = "stopping the server and the fake";
   await stop(serve.child, "SIGKILL");
-  await stop(fake.child);
+  await stop(fake.child, "SIGKILL");
 }
 process.exit(summary());

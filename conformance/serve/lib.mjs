@@ -1,6 +1,6 @@
 // Shared helpers: start the fake model and tether serve as real processes on 127.0.0.1.
 import { spawn } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { mkdtempSync, writeFileSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 
@@ -18,6 +18,19 @@ export function check(name, ok, detail = "") {
 export function summary() {
   console.log(`${passed} passed, ${failed} failed`);
   return failed === 0 ? 0 : 1;
+}
+
+/**
+ * Fails the script with `what` still in progress if it has not finished within `ms`: a hang then
+ * names where it hung (written synchronously, so the report survives the exit).
+ */
+export function watchdog(ms, what) {
+  const t = setTimeout(() => {
+    writeSync(1, `FAIL watchdog: still running after ${ms / 1000}s, at: ${what()}\n`);
+    writeSync(1, `${passed} passed, ${failed + 1} failed\n`);
+    process.exit(1);
+  }, ms);
+  t.unref();
 }
 
 export function tempDir(prefix) {
@@ -78,7 +91,13 @@ export function stop(child, signal = "SIGTERM") {
 export async function runAgui(base, agent, body, token) {
   const headers = { "content-type": "application/json", accept: "text/event-stream" };
   if (token) headers.authorization = `Bearer ${token}`;
-  const r = await fetch(`${base}/v1/agents/${agent}/run`, { method: "POST", headers, body: JSON.stringify(body) });
+  // Bounded: a run that never ends fails the step that sent it instead of hanging the suite.
+  const r = await fetch(`${base}/v1/agents/${agent}/run`, {
+    method: "POST",
+    headers,
+    body: JSON.stringify(body),
+    signal: AbortSignal.timeout(60000),
+  });
   if (!r.ok) throw new Error(`HTTP ${r.status}: ${await r.text()}`);
   const text = await r.text();
   return text
