@@ -427,6 +427,7 @@ impl OpenAiModel {
                         done = true;
                         break 'read;
                     }
+                    lines.release();
                     #[cfg(feature = "bench-probe")]
                     for e in acc.emits() {
                         if let Emit::Text(r) = e {

@@ -43,6 +43,13 @@ impl LineSplitter {
         self.pos = 0;
     }
 
+    /// Lets go of the current chunk, keeping its unfinished last line (copied, as [`Self::push`]
+    /// would). The chunk is a view into the HTTP client's read buffer: released before the next
+    /// read, the buffer is reused in place instead of a second one being allocated beside it.
+    pub fn release(&mut self) {
+        self.push(Bytes::new());
+    }
+
     fn clear_taken(&mut self) {
         if self.partial_taken {
             self.partial.clear();
@@ -148,12 +155,20 @@ mod tests {
     use super::*;
 
     fn split_all(chunks: &[&[u8]]) -> Vec<String> {
+        split_with(chunks, false)
+    }
+
+    /// `release`: let go of each chunk once its lines are taken, as the stream reader does.
+    fn split_with(chunks: &[&[u8]], release: bool) -> Vec<String> {
         let mut s = LineSplitter::new();
         let mut out = Vec::new();
         for c in chunks {
             s.push(Bytes::copy_from_slice(c));
             while let Some(l) = s.next_line() {
                 out.push(String::from_utf8_lossy(l).into_owned());
+            }
+            if release {
+                s.release();
             }
         }
         if let Some(l) = s.finish() {
@@ -169,11 +184,9 @@ mod tests {
         assert_eq!(split_all(&[whole]), expect);
         for i in 0..whole.len() {
             for j in i..whole.len() {
-                assert_eq!(
-                    split_all(&[&whole[..i], &whole[i..j], &whole[j..]]),
-                    expect,
-                    "{i} {j}"
-                );
+                let pieces = [&whole[..i], &whole[i..j], &whole[j..]];
+                assert_eq!(split_all(&pieces), expect, "{i} {j}");
+                assert_eq!(split_with(&pieces, true), expect, "released, {i} {j}");
             }
         }
     }
