@@ -182,6 +182,9 @@ type Answer = Box<dyn FnOnce(Result<(), &str>) + Send>;
 /// One call, run on the store's thread inside its own savepoint.
 type Job = Box<dyn FnOnce(&mut Connection, &str) -> Answer + Send>;
 
+/// Prepared statements kept per connection (more than the store has).
+const STATEMENT_CACHE: usize = 48;
+
 /// Most calls committed together.
 const GROUP_MAX: usize = 512;
 
@@ -203,14 +206,14 @@ fn worker(conn: Arc<Mutex<Connection>>, path: Arc<str>, jobs: std::sync::mpsc::R
         };
         // Without the group transaction (BEGIN failed: the database is busy or broken), each
         // call's savepoint is a transaction of its own and reports its own failure.
-        let grouped = g.execute_batch("BEGIN IMMEDIATE").is_ok();
+        let grouped = run(&g, "BEGIN IMMEDIATE").is_ok();
         for job in group.drain(..) {
             answers.push(job(&mut g, &path));
         }
         let committed = if grouped {
-            let r = g.execute_batch("COMMIT").map_err(|e| e.to_string());
+            let r = run(&g, "COMMIT").map_err(|e| e.to_string());
             if r.is_err() {
-                let _ = g.execute_batch("ROLLBACK");
+                let _ = run(&g, "ROLLBACK");
             }
             r
         } else {
@@ -265,6 +268,9 @@ impl SqliteStore {
     fn init(mut conn: Connection, path: &str, target: u32) -> Result<Self, StoreError> {
         conn.busy_timeout(Duration::from_secs(10))
             .map_err(|e| sql(path, e))?;
+        // Every statement the store runs stays prepared (rusqlite keeps 16 by default; the store
+        // has about 20, and an evicted one is parsed again on its next use).
+        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         // The journal mode: WAL for files (in-memory databases report "memory").
         let _: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
@@ -358,14 +364,11 @@ impl SqliteStore {
     {
         let (tx, rx) = tokio::sync::oneshot::channel::<Result<T, StoreError>>();
         let job: Job = Box::new(move |c, p| {
-            let r = match c.savepoint() {
-                Ok(sp) => match f(&sp, p) {
-                    Ok(v) => sp.commit().map(|()| v).map_err(|e| sql(p, e)),
-                    // Dropping the savepoint rolls back what `f` wrote.
-                    Err(e) => Err(e),
-                },
-                Err(e) => Err(sql(p, e)),
-            };
+            let r = Savepoint::begin(c, p).and_then(|sp| {
+                // On failure (or a panic), dropping the savepoint rolls back what `f` wrote.
+                let v = f(c, p)?;
+                sp.release(p).map(|()| v)
+            });
             let path = p.to_owned();
             Box::new(move |committed: Result<(), &str>| {
                 let r = match committed {
@@ -402,13 +405,13 @@ impl SqliteStore {
         );
         self.blocking(move |c, p| {
             let now = now_ms();
-            c.execute(
+            c.prepare_cached(
                 "INSERT INTO threads (thread_id, agent, session_id, title, created_ms, updated_ms)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?5)
                  ON CONFLICT (thread_id) DO UPDATE SET agent = ?2, session_id = ?3,
                    title = CASE WHEN ?4 = '' THEN title ELSE ?4 END, updated_ms = ?5",
-                params![t, a, s, ti, now],
             )
+            .and_then(|mut st| st.execute(params![t, a, s, ti, now]))
             .map_err(|e| sql(p, e))?;
             get_thread(c, p, &t)?.ok_or_else(|| StoreError::Corrupt {
                 path: p.into(),
@@ -422,11 +425,9 @@ impl SqliteStore {
     pub async fn touch_thread(&self, thread_id: &str) -> Result<(), StoreError> {
         let t = thread_id.to_owned();
         self.blocking(move |c, p| {
-            c.execute(
-                "UPDATE threads SET updated_ms = ?2 WHERE thread_id = ?1",
-                params![t, now_ms()],
-            )
-            .map_err(|e| sql(p, e))?;
+            c.prepare_cached("UPDATE threads SET updated_ms = ?2 WHERE thread_id = ?1")
+                .and_then(|mut st| st.execute(params![t, now_ms()]))
+                .map_err(|e| sql(p, e))?;
             Ok(())
         })
         .await
@@ -467,13 +468,52 @@ fn thread_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ThreadRecord> {
 }
 
 fn get_thread(c: &Connection, p: &str, thread_id: &str) -> Result<Option<ThreadRecord>, StoreError> {
-    c.query_row(
-        "SELECT thread_id, agent, session_id, title, created_ms, updated_ms FROM threads WHERE thread_id = ?1",
+    c.prepare_cached("SELECT thread_id, agent, session_id, title, created_ms, updated_ms FROM threads WHERE thread_id = ?1")
+    .and_then(|mut st| st.query_row(
         params![thread_id],
         thread_row,
-    )
+    ))
     .optional()
     .map_err(|e| sql(p, e))
+}
+
+/// Runs a statement without parameters through the statement cache (the store's thread runs
+/// `BEGIN`, `COMMIT` and a savepoint per call thousands of times a second; `execute_batch`
+/// would parse each of them every time).
+fn run(c: &Connection, statement: &str) -> rusqlite::Result<()> {
+    c.prepare_cached(statement)?.execute([]).map(|_| ())
+}
+
+/// One call's savepoint: released by [`Savepoint::release`], rolled back when dropped without
+/// it (the call failed or panicked). rusqlite's own savepoint formats and parses its SQL on
+/// every use.
+struct Savepoint<'c> {
+    conn: &'c Connection,
+    released: bool,
+}
+
+impl<'c> Savepoint<'c> {
+    fn begin(conn: &'c Connection, p: &str) -> Result<Self, StoreError> {
+        run(conn, "SAVEPOINT tether_call").map_err(|e| sql(p, e))?;
+        Ok(Savepoint {
+            conn,
+            released: false,
+        })
+    }
+
+    fn release(mut self, p: &str) -> Result<(), StoreError> {
+        self.released = true;
+        run(self.conn, "RELEASE tether_call").map_err(|e| sql(p, e))
+    }
+}
+
+impl Drop for Savepoint<'_> {
+    fn drop(&mut self) {
+        if !self.released {
+            let _ = run(self.conn, "ROLLBACK TO tether_call");
+            let _ = run(self.conn, "RELEASE tether_call");
+        }
+    }
 }
 
 fn sql(path: &str, source: rusqlite::Error) -> StoreError {
@@ -495,11 +535,11 @@ fn foreign_or_sql(path: &str, source: rusqlite::Error) -> StoreError {
 
 fn touch_session(c: &Connection, p: &str, session_id: &str) -> Result<(), StoreError> {
     let now = now_ms();
-    c.execute(
+    c.prepare_cached(
         "INSERT INTO sessions (session_id, created_ms, updated_ms) VALUES (?1, ?2, ?2)
          ON CONFLICT (session_id) DO UPDATE SET updated_ms = ?2",
-        params![session_id, now],
     )
+    .and_then(|mut st| st.execute(params![session_id, now]))
     .map_err(|e| sql(p, e))?;
     Ok(())
 }
@@ -523,10 +563,10 @@ impl EventStore for SqliteStore {
         Ok(self
             .blocking(move |c, p| {
                 let n = c
-                    .execute(
+                    .prepare_cached(
                         "INSERT OR IGNORE INTO events (session_id, event_id, seq, body) VALUES (?1, ?2, ?3, ?4)",
-                        params![sid, id, seq, body],
                     )
+                    .and_then(|mut st| st.execute(params![sid, id, seq, body]))
                     .map_err(|e| sql(p, e))?;
                 if n == 1 {
                     touch_session(c, p, &sid)?;
@@ -565,17 +605,18 @@ impl EventStore for SqliteStore {
         let (sid, tid) = (session_id.to_owned(), tool_use_id.to_owned());
         Ok(self
             .blocking(move |c, p| {
-                c.query_row(
+                c.prepare_cached(
                     "SELECT content, is_error FROM tool_results WHERE session_id = ?1 AND tool_use_id = ?2",
-                    params![sid, tid],
-                    |r| {
+                )
+                .and_then(|mut st| {
+                    st.query_row(params![sid, tid], |r| {
                         Ok(ToolResult {
                             tool_use_id: tid.clone(),
                             content: r.get(0)?,
                             is_error: r.get::<_, i64>(1)? != 0,
                         })
-                    },
-                )
+                    })
+                })
                 .optional()
                 .map_err(|e| sql(p, e))
             })
@@ -586,11 +627,11 @@ impl EventStore for SqliteStore {
         let (sid, r) = (session_id.to_owned(), result.clone());
         Ok(self
             .blocking(move |c, p| {
-                c.execute(
+                c.prepare_cached(
                     "INSERT OR IGNORE INTO tool_results (session_id, tool_use_id, content, is_error, created_ms)
                      VALUES (?1, ?2, ?3, ?4, ?5)",
-                    params![sid, r.tool_use_id, r.content, r.is_error as i64, now_ms()],
                 )
+                .and_then(|mut st| st.execute(params![sid, r.tool_use_id, r.content, r.is_error as i64, now_ms()]))
                 .map_err(|e| sql(p, e))?;
                 touch_session(c, p, &sid)?;
                 Ok(())
@@ -603,11 +644,11 @@ impl EventStore for SqliteStore {
         let v = serde_json::to_string(value).map_err(|e| tether::Error::Store(e.to_string()))?;
         Ok(self
             .blocking(move |c, p| {
-                c.execute(
+                c.prepare_cached(
                     "INSERT INTO state (session_id, key, value) VALUES (?1, ?2, ?3)
                      ON CONFLICT (session_id, key) DO UPDATE SET value = ?3",
-                    params![sid, k, v],
                 )
+                .and_then(|mut st| st.execute(params![sid, k, v]))
                 .map_err(|e| sql(p, e))?;
                 touch_session(c, p, &sid)?;
                 Ok(())
@@ -620,11 +661,8 @@ impl EventStore for SqliteStore {
         Ok(self
             .blocking(move |c, p| {
                 let v: Option<String> = c
-                    .query_row(
-                        "SELECT value FROM state WHERE session_id = ?1 AND key = ?2",
-                        params![sid, k],
-                        |r| r.get(0),
-                    )
+                    .prepare_cached("SELECT value FROM state WHERE session_id = ?1 AND key = ?2")
+                    .and_then(|mut st| st.query_row(params![sid, k], |r| r.get(0)))
                     .optional()
                     .map_err(|e| sql(p, e))?;
                 v.map(|s| serde_json::from_str(&s).map_err(|e| corrupt(p, format!("state {k}: {e}"))))
@@ -651,4 +689,41 @@ impl EventStore for SqliteStore {
 /// The default database file name used by `tether serve`.
 pub fn default_path() -> PathBuf {
     PathBuf::from("tether.db")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows(c: &Connection) -> i64 {
+        c.query_row("SELECT count(*) FROM t", [], |r| r.get(0)).unwrap()
+    }
+
+    /// A call's savepoint keeps its writes when released and undoes them when dropped, inside
+    /// the group transaction, and the next call can take a savepoint of the same name.
+    #[test]
+    fn a_call_savepoint_keeps_or_undoes_only_its_own_writes() {
+        let c = Connection::open_in_memory().unwrap();
+        c.execute_batch("CREATE TABLE t (x INTEGER)").unwrap();
+        run(&c, "BEGIN IMMEDIATE").unwrap();
+        let sp = Savepoint::begin(&c, "mem").unwrap();
+        c.execute("INSERT INTO t VALUES (1)", []).unwrap();
+        sp.release("mem").unwrap();
+        let sp = Savepoint::begin(&c, "mem").unwrap();
+        c.execute("INSERT INTO t VALUES (2)", []).unwrap();
+        assert_eq!(rows(&c), 2);
+        drop(sp);
+        assert_eq!(rows(&c), 1, "the failed call's write is undone");
+        let sp = Savepoint::begin(&c, "mem").unwrap();
+        c.execute("INSERT INTO t VALUES (3)", []).unwrap();
+        sp.release("mem").unwrap();
+        run(&c, "COMMIT").unwrap();
+        assert_eq!(rows(&c), 2);
+        // Outside a transaction a savepoint is one of its own.
+        let sp = Savepoint::begin(&c, "mem").unwrap();
+        c.execute("INSERT INTO t VALUES (4)", []).unwrap();
+        drop(sp);
+        assert_eq!(rows(&c), 2);
+        assert!(c.is_autocommit(), "no transaction is left open");
+    }
 }
