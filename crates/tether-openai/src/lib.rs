@@ -31,6 +31,7 @@
 
 mod accum;
 mod fast;
+mod lean;
 mod sse;
 mod transport;
 mod wire;
@@ -177,14 +178,16 @@ impl OpenAiBuilder {
         self
     }
 
-    /// Reads each connection through a buffer of exactly `bytes` (at least 8 KiB) instead of one
+    /// Reads each connection through a buffer of exactly `bytes` (at least 1 KiB) instead of one
     /// that grows while reads fill it (default: growing, up to about 400 KiB).
     ///
     /// For servers relaying many concurrent streams from a fast local model: a stream that
     /// arrives faster than it is forwarded fills every read, and the growing buffer ends up
     /// holding hundreds of KiB per connection. Applies to plain `http://` endpoints without a
-    /// configured proxy (`HTTP_PROXY`, `ALL_PROXY`), which hyper's own client then serves; `https`
-    /// and proxied endpoints keep reqwest and its growing buffer.
+    /// configured proxy (`HTTP_PROXY`, `ALL_PROXY`), which a lean HTTP/1.1 client of this crate
+    /// then serves: per connection it holds the socket and that one buffer, and it hands over
+    /// everything a read brought as one piece (one delta event per read, even from a server that
+    /// sends one HTTP chunk per SSE event). `https` and proxied endpoints keep reqwest.
     pub fn read_buffer(mut self, bytes: usize) -> Self {
         self.read_buffer = Some(bytes);
         self

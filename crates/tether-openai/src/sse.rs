@@ -100,7 +100,7 @@ impl LineSplitter {
             None => {
                 self.partial.extend_from_slice(buf);
                 // Drained: let go of the network buffer now rather than at the next `push`, so
-                // hyper, the only owner left, reuses its read buffer for the next read instead of
+                // the HTTP client, the only owner left, reuses its read buffer for the next read instead of
                 // allocating another while this one is still referenced (~10 KiB a connection).
                 self.cur = Bytes::new();
                 self.pos = 0;

@@ -1,24 +1,23 @@
 //! How requests reach the endpoint: reqwest, or — for a plain-`http` endpoint when a bounded
-//! read buffer is asked for ([`crate::OpenAiBuilder::read_buffer`]) — hyper's own pooled client
-//! with a read buffer of exactly that size.
+//! read buffer is asked for ([`crate::OpenAiBuilder::read_buffer`]) — the lean HTTP/1.1 client of
+//! [`crate::lean`], which reads through a buffer of exactly that size.
 //!
-//! Why a second client: hyper grows a connection's read buffer while reads fill it, up to about
-//! 400 KiB. A local model server streams faster than a relay forwards, so every read fills the
-//! buffer; with 1,000 concurrent streams that is 150–250 KiB held per stream (measured by the
-//! `tether serve` bench with heaptrack). hyper can fix the size (`http1_read_buf_exact_size`) but
-//! reqwest does not expose it. reqwest stays the default, and the client for `https` and for
-//! proxied endpoints (it does TLS, HTTP/2 and proxies; the bounded client does none of them).
+//! Why a second client: reqwest (hyper) grows a connection's read buffer while reads fill it, up
+//! to about 400 KiB. A local model server streams faster than a relay forwards, so every read
+//! fills the buffer; with 1,000 concurrent streams that is 150–250 KiB held per stream (measured
+//! by the `tether serve` bench with heaptrack). reqwest stays the default, and the client for
+//! `https` and for proxied endpoints (it does TLS, HTTP/2 and proxies; the lean client does none
+//! of them).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client as HyperClient;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use reqwest::StatusCode;
-use reqwest::header::{ACCEPT, HeaderMap, HeaderValue};
+use reqwest::header::{ACCEPT, HeaderMap};
 use tether::{Error, TransportKind};
+
+use crate::lean::{Lean, LeanError, LeanResponse};
 
 /// Whether the environment routes `http` requests through a proxy (which only reqwest honours).
 fn http_proxy_configured() -> bool {
@@ -31,14 +30,7 @@ fn http_proxy_configured() -> bool {
 #[derive(Clone)]
 pub(crate) enum Transport {
     Reqwest(reqwest::Client),
-    Bounded(std::sync::Arc<Bounded>),
-}
-
-/// hyper's pooled client with a fixed read buffer.
-pub(crate) struct Bounded {
-    client: HyperClient<HttpConnector, Full<Bytes>>,
-    /// Sent with every request (reqwest's `default_headers`).
-    headers: HeaderMap,
+    Bounded(Arc<Lean>),
 }
 
 impl Transport {
@@ -54,19 +46,7 @@ impl Transport {
         if !endpoint.starts_with("http://") || http_proxy_configured() {
             return None;
         }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(connect_timeout));
-        let client = HyperClient::builder(TokioExecutor::new())
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            // hyper's minimum; below it the builder panics.
-            .http1_read_buf_exact_size(size.max(8 * 1024))
-            .build(connector);
-        Some(Transport::Bounded(std::sync::Arc::new(Bounded {
-            client,
-            headers: headers.clone(),
-        })))
+        Lean::new(endpoint, headers, size, connect_timeout).map(|l| Transport::Bounded(Arc::new(l)))
     }
 
     /// Posts `body` to `url`, accepting `accept`; resolves with the response head.
@@ -85,19 +65,11 @@ impl Transport {
                 .await
                 .map(Response::Reqwest)
                 .map_err(TransportError::Reqwest),
-            Transport::Bounded(b) => {
-                let Bounded { client, headers } = b.as_ref();
-                let mut req = hyper::Request::post(url)
-                    .body(Full::new(Bytes::from(body)))
-                    .map_err(|e| TransportError::hyper(e, false))?;
-                let h = req.headers_mut();
-                h.clone_from(headers);
-                h.insert(ACCEPT, HeaderValue::from_static(accept));
-                client.request(req).await.map(Response::Hyper).map_err(|e| {
-                    let connecting = e.is_connect();
-                    TransportError::hyper(e, connecting)
-                })
-            }
+            Transport::Bounded(l) => l
+                .post(url, accept, &body)
+                .await
+                .map(Response::Lean)
+                .map_err(TransportError::Lean),
         }
     }
 }
@@ -105,21 +77,21 @@ impl Transport {
 /// A response whose head has arrived.
 pub(crate) enum Response {
     Reqwest(reqwest::Response),
-    Hyper(hyper::Response<hyper::body::Incoming>),
+    Lean(LeanResponse),
 }
 
 impl Response {
     pub(crate) fn status(&self) -> StatusCode {
         match self {
             Response::Reqwest(r) => r.status(),
-            Response::Hyper(r) => r.status(),
+            Response::Lean(r) => r.status,
         }
     }
 
     pub(crate) fn headers(&self) -> &HeaderMap {
         match self {
             Response::Reqwest(r) => r.headers(),
-            Response::Hyper(r) => r.headers(),
+            Response::Lean(r) => &r.headers,
         }
     }
 
@@ -128,19 +100,7 @@ impl Response {
     pub(crate) async fn chunk(&mut self) -> Result<Option<Bytes>, TransportError> {
         match self {
             Response::Reqwest(r) => r.chunk().await.map_err(TransportError::Reqwest),
-            Response::Hyper(r) => loop {
-                match r.body_mut().frame().await {
-                    None => return Ok(None),
-                    Some(Err(e)) => return Err(TransportError::hyper(e, false)),
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data()
-                            && !data.is_empty()
-                        {
-                            return Ok(Some(data));
-                        }
-                    }
-                }
-            },
+            Response::Lean(r) => r.chunk().await.map_err(TransportError::Lean),
         }
     }
 
@@ -148,12 +108,7 @@ impl Response {
     pub(crate) async fn bytes(self) -> Result<Bytes, TransportError> {
         match self {
             Response::Reqwest(r) => r.bytes().await.map_err(TransportError::Reqwest),
-            Response::Hyper(r) => r
-                .into_body()
-                .collect()
-                .await
-                .map(|c| c.to_bytes())
-                .map_err(|e| TransportError::hyper(e, false)),
+            Response::Lean(r) => r.bytes().await.map_err(TransportError::Lean),
         }
     }
 }
@@ -162,33 +117,25 @@ impl Response {
 #[derive(Debug)]
 pub(crate) enum TransportError {
     Reqwest(reqwest::Error),
-    Hyper {
-        connecting: bool,
-        error: Box<dyn std::error::Error + Send + Sync>,
-    },
+    Lean(LeanError),
 }
 
 impl TransportError {
-    fn hyper(error: impl std::error::Error + Send + Sync + 'static, connecting: bool) -> Self {
-        TransportError::Hyper {
-            connecting,
-            error: Box::new(error),
-        }
-    }
-
     /// As [`Error::Transport`], naming the endpoint.
     pub(crate) fn into_error(self, endpoint: &str) -> Error {
         match self {
             TransportError::Reqwest(e) => tether_http::transport_error(&e, endpoint),
-            TransportError::Hyper { connecting, error } => {
-                let kind = tether_http::classify_chain(error.as_ref(), connecting).unwrap_or(if connecting {
+            TransportError::Lean(LeanError {
+                connecting, error, ..
+            }) => {
+                let kind = tether_http::classify_chain(&error, connecting).unwrap_or(if connecting {
                     TransportKind::Refused
                 } else {
                     TransportKind::Other
                 });
                 Error::Transport {
                     kind,
-                    message: tether_http::describe_chain(error.as_ref()),
+                    message: tether_http::describe_chain(&error),
                     endpoint: endpoint.to_owned(),
                 }
             }

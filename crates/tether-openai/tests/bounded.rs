@@ -1,4 +1,4 @@
-//! The bounded-read-buffer client (`OpenAiBuilder::read_buffer`, hyper's own client): the same
+//! The bounded-read-buffer client (`OpenAiBuilder::read_buffer`, the crate's lean HTTP/1.1 client): the same
 //! replies and the same typed errors as through reqwest, over real sockets to the fake server.
 
 use std::time::Duration;
