@@ -78,7 +78,11 @@ async fn run(server: &Server, agent: &str, body: &Value, token: Option<&str>) ->
     }
     let resp = req.send().await.unwrap();
     assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
-    let text = resp.text().await.unwrap();
+    sse_events(&resp.text().await.unwrap())
+}
+
+/// The `data:` payloads of an SSE body.
+fn sse_events(text: &str) -> Vec<Value> {
     text.split("\n\n")
         .filter_map(|frame| frame.lines().find_map(|l| l.strip_prefix("data: ")))
         .map(|d| serde_json::from_str(d).unwrap())
@@ -435,4 +439,54 @@ fn the_binary_refuses_a_public_bind_without_a_token() {
         !Path::new(&dir.path().join("t.db")).exists(),
         "nothing was created"
     );
+}
+
+/// A graceful shutdown closes the listener at once, lets the turn in progress stream to its end,
+/// and returns when its connection has closed.
+#[tokio::test]
+async fn shutdown_lets_a_running_turn_finish_and_takes_no_new_connections() {
+    let env = Env::new().await;
+    env.fake.push(
+        Reply::text("slow and steady")
+            .chunk_chars(1)
+            .pace(std::time::Duration::from_millis(20)),
+    );
+    let server = env.start(env.config(""), None).await;
+    let addr = server.addr();
+    let body = input(
+        "t-sd",
+        "r1",
+        json!([{"id": "u1", "role": "user", "content": "hi"}]),
+    );
+    let running = tokio::spawn(async move {
+        let resp = client()
+            .post(format!("http://{addr}/v1/agents/main/run"))
+            .header("accept", "text/event-stream")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        resp.text().await.unwrap()
+    });
+    // Shut down while the model streams.
+    for _ in 0..500 {
+        if !env.fake.requests().is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(env.fake.requests().len(), 1, "the run reached the model");
+    server.shutdown();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    let late = client().get(format!("http://{addr}/healthz")).send().await;
+    assert!(
+        late.is_err(),
+        "a new connection after shutdown was accepted: {late:?}"
+    );
+    let events = sse_events(&running.await.unwrap());
+    assert_eq!(text_of(&events), "slow and steady");
+    assert_eq!(last(&events)["type"], "RUN_FINISHED");
+    tokio::time::timeout(std::time::Duration::from_secs(10), server.wait())
+        .await
+        .expect("the server stops once its last connection has closed");
 }
