@@ -11,8 +11,13 @@
 //! `FakeOpenAi` directly, on its own runtime). Prints delivered deltas per second (the text
 //! characters delivered: the model crate merges the deltas of one network read into one event, so
 //! events are not deltas), SSE events per second, p50/p99 time to the first event (the first body
-//! byte) and to the first text, and the peak resident memory (VmHWM) of the server process and of
-//! the fake server process.
+//! byte) and to the first text, the peak resident memory (VmHWM) of the server process and of
+//! the fake server process, and the CPU time the serving process and the load client used.
+//!
+//! Each load runs on new connections and on connections opened beforehand; a last burst of
+//! `GET /healthz` on open connections shows the floor: what 1,000 requests at once take on this
+//! machine with no run behind them. The load client is a minimal HTTP/1.1 client on raw sockets
+//! (see `Conn`), so that it measures the server rather than itself.
 
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -78,6 +83,21 @@ fn reset_hwm(pid: u32) {
     let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
 }
 
+/// CPU time (user + system) a process has used so far; `pid` 0 is this process.
+fn cpu_secs(pid: u32) -> f64 {
+    let path = match pid {
+        0 => "/proc/self/stat".to_owned(),
+        p => format!("/proc/{p}/stat"),
+    };
+    let stat = std::fs::read_to_string(path).unwrap_or_default();
+    // The fields after the command name (which may hold spaces, inside parentheses).
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<f64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name and state.
+    let ticks = f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0);
+    ticks / 100.0
+}
+
 fn vm_rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -103,6 +123,8 @@ struct Figures {
     /// Time to the response head.
     ttfh: Vec<Duration>,
     failures: usize,
+    /// CPU seconds used during the load by the process serving it, and by the load client.
+    cpu: (f64, f64),
 }
 
 fn pct(v: &[Duration], p: f64) -> Duration {
@@ -122,7 +144,7 @@ fn report(name: &str, f: &Figures, hwm_kib: u64, runs: usize) {
     println!(
         "{name}: {} deltas in {:.2}s = {:.0} deltas/s ({} SSE events, {:.0}/s); \
          response head p50 {:.1} ms, p99 {:.1} ms; first event p50 {:.1} ms, p99 {:.1} ms; first text p50 {:.1} ms, p99 {:.1} ms; \
-         peak RSS {:.1} MiB ({:.1} KiB per run); failures {}",
+         peak RSS {:.1} MiB ({:.1} KiB per run); CPU {:.2}s serving, {:.2}s client; failures {}",
         f.deltas,
         secs,
         f.deltas as f64 / secs,
@@ -136,6 +158,8 @@ fn report(name: &str, f: &Figures, hwm_kib: u64, runs: usize) {
         ms(pct(&f.ttft, 0.99)),
         hwm_kib as f64 / 1024.0,
         hwm_kib as f64 / runs as f64,
+        f.cpu.0,
+        f.cpu.1,
         f.failures,
     );
 }
@@ -206,37 +230,263 @@ fn scan_line(data: &[u8], text: Text) -> (u64, u64) {
     (1, n)
 }
 
-/// Fires `runs` requests at once; scans every body.
-async fn load(runs: usize, make: impl Fn(usize) -> reqwest::RequestBuilder, text: Text) -> Figures {
+/// A minimal HTTP/1.1 client for the load: one TCP connection, one request at a time, the body
+/// (plain or chunked) handed over as it arrives.
+///
+/// Why not reqwest: with reqwest the load client measured itself. Each body chunk crosses two
+/// tasks (hyper's connection task, then the caller's) in a process that also scans 1,000
+/// streams on the same 2 cores, and the fake model, which only writes bytes, showed a p99 of
+/// 200–290 ms to its first byte. This client reads the socket in the task that timestamps the
+/// bytes, as `wrk` does.
+struct Conn {
+    stream: tokio::net::TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Conn {
+    async fn open(addr: std::net::SocketAddr) -> std::io::Result<Conn> {
+        let stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            stream,
+            buf: Vec::with_capacity(16 * 1024),
+        })
+    }
+
+    /// Reads more bytes into `buf`; `Ok(false)` at the end of the stream.
+    async fn fill(&mut self) -> std::io::Result<bool> {
+        use tokio::io::AsyncReadExt;
+        if self.buf.capacity() - self.buf.len() < 4096 {
+            self.buf.reserve(16 * 1024);
+        }
+        Ok(self.stream.read_buf(&mut self.buf).await? > 0)
+    }
+
+    /// Sends `req` and reads the response, calling `head` once the head is in and `body` with
+    /// each piece of the body. Returns the status.
+    async fn exchange(
+        &mut self,
+        req: &[u8],
+        mut head: impl FnMut(),
+        mut body: impl FnMut(&[u8]),
+    ) -> std::io::Result<u16> {
+        use tokio::io::AsyncWriteExt;
+        let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_owned());
+        self.stream.write_all(req).await?;
+        self.buf.clear();
+        let (status, framing, used) = loop {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut resp = httparse::Response::new(&mut headers);
+            if let httparse::Status::Complete(used) =
+                resp.parse(&self.buf).map_err(|e| bad(&e.to_string()))?
+            {
+                let status = resp.code.unwrap_or(0);
+                let mut framing = Framing::Close;
+                for h in resp.headers.iter() {
+                    if h.name.eq_ignore_ascii_case("content-length") {
+                        let n = std::str::from_utf8(h.value)
+                            .ok()
+                            .and_then(|v| v.trim().parse().ok());
+                        framing = Framing::Length(n.ok_or_else(|| bad("content-length"))?);
+                    } else if h.name.eq_ignore_ascii_case("transfer-encoding")
+                        && h.value.ends_with(b"chunked")
+                    {
+                        framing = Framing::Chunked(Chunks::Size(0));
+                    }
+                }
+                break (status, framing, used);
+            }
+            if !self.fill().await? {
+                return Err(bad("closed before the response head"));
+            }
+        };
+        head();
+        self.buf.drain(..used);
+        let mut framing = framing;
+        loop {
+            let n = self.buf.len();
+            let done = framing.feed(&self.buf, &mut body).map_err(bad)?;
+            if let Some(consumed) = done {
+                self.buf.drain(..consumed);
+                return Ok(status);
+            }
+            self.buf.drain(..n);
+            if !self.fill().await? {
+                return match framing {
+                    Framing::Close => Ok(status),
+                    _ => Err(bad("closed inside the body")),
+                };
+            }
+        }
+    }
+}
+
+/// How a response body ends.
+enum Framing {
+    Length(usize),
+    Chunked(Chunks),
+    Close,
+}
+
+/// Where a chunked decoder is.
+enum Chunks {
+    /// Reading a size line (the value so far).
+    Size(usize),
+    /// Skipping a size line's extension up to its LF.
+    Ext(usize),
+    /// In a chunk's data (bytes left).
+    Data(usize),
+    /// After a chunk's data: its CRLF (bytes left).
+    DataEnd(u8),
+    /// After the last chunk: skipping trailer lines; whether the current line is empty.
+    Trailer(bool),
+}
+
+impl Framing {
+    /// Takes all of `bytes`; `Some(n)` when the body ended after `n` of them.
+    fn feed(&mut self, bytes: &[u8], body: &mut impl FnMut(&[u8])) -> Result<Option<usize>, &'static str> {
+        match self {
+            Framing::Close => {
+                body(bytes);
+                Ok(None)
+            }
+            Framing::Length(left) => {
+                let take = (*left).min(bytes.len());
+                body(&bytes[..take]);
+                *left -= take;
+                Ok((*left == 0).then_some(take))
+            }
+            Framing::Chunked(state) => {
+                let mut i = 0;
+                while i < bytes.len() {
+                    match state {
+                        Chunks::Size(n) => {
+                            let b = bytes[i];
+                            i += 1;
+                            match b {
+                                b'0'..=b'9' | b'a'..=b'f' | b'A'..=b'F' => {
+                                    let d = (b as char).to_digit(16).unwrap_or(0) as usize;
+                                    *n = n.checked_mul(16).ok_or("chunk size")? + d;
+                                }
+                                b'\r' | b';' | b' ' => *state = Chunks::Ext(*n),
+                                b'\n' if *n == 0 => *state = Chunks::Trailer(true),
+                                b'\n' => *state = Chunks::Data(*n),
+                                _ => return Err("bad chunk size"),
+                            }
+                        }
+                        Chunks::Ext(n) => {
+                            if bytes[i] == b'\n' {
+                                *state = if *n == 0 {
+                                    Chunks::Trailer(true)
+                                } else {
+                                    Chunks::Data(*n)
+                                };
+                            }
+                            i += 1;
+                        }
+                        Chunks::Data(left) => {
+                            let take = (*left).min(bytes.len() - i);
+                            body(&bytes[i..i + take]);
+                            i += take;
+                            *left -= take;
+                            if *left == 0 {
+                                *state = Chunks::DataEnd(2);
+                            }
+                        }
+                        Chunks::DataEnd(left) => {
+                            i += 1;
+                            *left -= 1;
+                            if *left == 0 {
+                                *state = Chunks::Size(0);
+                            }
+                        }
+                        Chunks::Trailer(empty) => {
+                            let b = bytes[i];
+                            i += 1;
+                            match b {
+                                b'\n' if *empty => return Ok(Some(i)),
+                                b'\n' => *empty = true,
+                                b'\r' => {}
+                                _ => *empty = false,
+                            }
+                        }
+                    }
+                }
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// A request as bytes: `POST path` with a JSON body, or `GET path`.
+fn http_request(
+    host: &str,
+    method: &str,
+    path: &str,
+    accept: &str,
+    body: Option<&serde_json::Value>,
+) -> Vec<u8> {
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut r = format!("{method} {path} HTTP/1.1\r\nhost: {host}\r\naccept: {accept}\r\n");
+    if method == "POST" {
+        r.push_str(&format!(
+            "content-type: application/json\r\ncontent-length: {}\r\n",
+            body.len()
+        ));
+    }
+    r.push_str("\r\n");
+    r.push_str(&body);
+    r.into_bytes()
+}
+
+/// Fires `runs` requests at once (on `conns` when given, else each on a new connection);
+/// scans every body.
+async fn load(
+    addr: std::net::SocketAddr,
+    conns: Option<Vec<Conn>>,
+    runs: usize,
+    make: impl Fn(usize) -> Vec<u8>,
+    text: Text,
+) -> Figures {
     let start = Instant::now();
+    let mut conns = conns.map(|c| c.into_iter());
     let tasks: Vec<_> = (0..runs)
         .map(|i| {
             let req = make(i);
+            let open = conns.as_mut().and_then(Iterator::next);
             tokio::spawn(async move {
                 let t0 = Instant::now();
-                let resp = req.send().await.ok()?;
-                let head = t0.elapsed();
-                if !resp.status().is_success() {
-                    return None;
-                }
-                let mut body = resp.bytes_stream();
+                let mut conn = match open {
+                    Some(c) => c,
+                    None => Conn::open(addr).await.ok()?,
+                };
+                let mut head = None;
                 let mut first = None;
                 let mut first_text = None;
                 let mut scan = Scan::default();
-                while let Some(chunk) = body.next().await {
-                    let chunk = chunk.ok()?;
-                    if first.is_none() && !chunk.is_empty() {
-                        first = Some(t0.elapsed());
-                    }
-                    scan.feed(&chunk, text);
-                    if first_text.is_none() && scan.chars > 0 {
-                        first_text = Some(t0.elapsed());
-                    }
+                let status = conn
+                    .exchange(
+                        &req,
+                        || head = Some(t0.elapsed()),
+                        |chunk| {
+                            if first.is_none() && !chunk.is_empty() {
+                                first = Some(t0.elapsed());
+                            }
+                            scan.feed(chunk, text);
+                            if first_text.is_none() && scan.chars > 0 {
+                                first_text = Some(t0.elapsed());
+                            }
+                        },
+                    )
+                    .await
+                    .ok()?;
+                if !(200..300).contains(&status) {
+                    return None;
                 }
                 Some((
                     first.unwrap_or_default(),
                     first_text.unwrap_or_default(),
-                    head,
+                    head.unwrap_or_default(),
                     scan,
                 ))
             })
@@ -250,6 +500,7 @@ async fn load(runs: usize, make: impl Fn(usize) -> reqwest::RequestBuilder, text
         ttft: Vec::new(),
         ttfh: Vec::new(),
         failures: 0,
+        cpu: (0.0, 0.0),
     };
     for t in tasks {
         match t.await.ok().flatten() {
@@ -270,27 +521,43 @@ async fn load(runs: usize, make: impl Fn(usize) -> reqwest::RequestBuilder, text
     f
 }
 
-/// Opens `runs` keep-alive connections to `url`'s server (concurrent GETs of `url`; the answer
-/// does not matter) and leaves them idle in the client's pool, so that a load then measures the
-/// server's time to answer a request rather than the client's and the kernel's time to set up
-/// 1,000 TCP connections at once.
-async fn warm(client: &reqwest::Client, url: &str, runs: usize) -> usize {
+/// Opens `runs` keep-alive connections to `addr` at once, each answering one `GET path` (the
+/// answer does not matter), so that a load on them measures the server's time to answer a
+/// request rather than the client's and the kernel's time to set up 1,000 TCP connections.
+async fn warm(addr: std::net::SocketAddr, path: &str, runs: usize) -> Vec<Conn> {
+    let req = std::sync::Arc::new(http_request(&addr.to_string(), "GET", path, "*/*", None));
     let tasks: Vec<_> = (0..runs)
         .map(|_| {
-            let req = client.get(url);
+            let req = req.clone();
             tokio::spawn(async move {
-                let resp = req.send().await.ok()?;
-                resp.bytes().await.ok().map(|_| ())
+                let mut c = Conn::open(addr).await.ok()?;
+                c.exchange(&req, || {}, |_| {}).await.ok()?;
+                Some(c)
             })
         })
         .collect();
-    let mut ok = 0;
+    let mut out = Vec::new();
     for t in tasks {
-        if matches!(t.await, Ok(Some(()))) {
-            ok += 1;
+        if let Ok(Some(c)) = t.await {
+            out.push(c);
         }
     }
-    ok
+    out
+}
+
+/// `http://host:port/base` as the socket address and the path prefix.
+fn split_url(url: &str) -> (std::net::SocketAddr, String) {
+    let rest = url.strip_prefix("http://").expect("an http:// URL");
+    let (host, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let addr = host.parse().expect("a numeric host:port");
+    (
+        addr,
+        if path.is_empty() {
+            String::new()
+        } else {
+            format!("/{path}")
+        },
+    )
 }
 
 fn find(h: &[u8], n: &[u8]) -> Option<usize> {
@@ -349,14 +616,10 @@ async fn main() {
     let server_pid = server.id().unwrap_or(0);
     let fake_pid = fake.id().unwrap_or(0);
     let idle_server = vm_rss_kib(server_pid);
-    let fresh = || {
-        reqwest::Client::builder()
-            .pool_max_idle_per_host(runs)
-            .build()
-            .expect("client")
-    };
     let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(0);
     println!("tether serve benchmark: {runs} concurrent runs x {deltas} deltas, {cores} cores, loopback");
+    let (fake_addr, fake_base) = split_url(&fake_url);
+    let (server_addr, _) = split_url(&server_url);
 
     // Each load twice: on new connections (the figures include setting up 1,000 TCP connections
     // at once, client side and kernel), and on connections opened beforehand (the figures are the
@@ -365,21 +628,23 @@ async fn main() {
     let mut fake_hwm = Vec::new();
     for warmed in [false, true] {
         reset_hwm(fake_pid);
-        let c = fresh();
-        if warmed {
-            warm(&c, &format!("{fake_url}/models"), runs).await;
-        }
-        let url = format!("{fake_url}/chat/completions");
-        direct.push(
-            load(
-                runs,
-                move |_| {
-                    c.post(&url).json(&serde_json::json!({"model": "bench", "stream": true, "messages": [{"role": "user", "content": "go"}]}))
-                },
-                Text::OpenAi,
-            )
-            .await,
+        let conns = match warmed {
+            true => Some(warm(fake_addr, &format!("{fake_base}/models"), runs).await),
+            false => None,
+        };
+        let path = format!("{fake_base}/chat/completions");
+        let body = serde_json::json!({"model": "bench", "stream": true, "messages": [{"role": "user", "content": "go"}]});
+        let req = http_request(
+            &fake_addr.to_string(),
+            "POST",
+            &path,
+            "text/event-stream",
+            Some(&body),
         );
+        let cpu0 = (cpu_secs(fake_pid), cpu_secs(0));
+        let mut f = load(fake_addr, conns, runs, move |_| req.clone(), Text::OpenAi).await;
+        f.cpu = (cpu_secs(fake_pid) - cpu0.0, cpu_secs(0) - cpu0.1);
+        direct.push(f);
         fake_hwm.push(vm_hwm_kib(fake_pid));
     }
 
@@ -387,28 +652,52 @@ async fn main() {
     let mut server_hwm = Vec::new();
     for warmed in [false, true] {
         reset_hwm(server_pid);
-        let c = fresh();
-        if warmed {
-            warm(&c, &format!("{server_url}/healthz"), runs).await;
-        }
-        let url = format!("{server_url}/v1/agents/bench/run");
-        relayed.push(
-            load(
-                runs,
-                move |i| {
-                    c.post(&url)
-                        .header("accept", "text/event-stream")
-                        .json(&serde_json::json!({
-                            "threadId": format!("bench-{i}-{warmed}-{}", std::process::id()), "runId": "r1",
-                            "messages": [{"id": "u1", "role": "user", "content": "go"}]
-                        }))
-                },
-                Text::AgUi,
-            )
-            .await,
-        );
+        let conns = match warmed {
+            true => Some(warm(server_addr, "/healthz", runs).await),
+            false => None,
+        };
+        let host = server_addr.to_string();
+        let cpu0 = (cpu_secs(server_pid), cpu_secs(0));
+        let mut f = load(
+            server_addr,
+            conns,
+            runs,
+            move |i| {
+                let body = serde_json::json!({
+                    "threadId": format!("bench-{i}-{warmed}-{}", std::process::id()), "runId": "r1",
+                    "messages": [{"id": "u1", "role": "user", "content": "go"}]
+                });
+                http_request(
+                    &host,
+                    "POST",
+                    "/v1/agents/bench/run",
+                    "text/event-stream",
+                    Some(&body),
+                )
+            },
+            Text::AgUi,
+        )
+        .await;
+        f.cpu = (cpu_secs(server_pid) - cpu0.0, cpu_secs(0) - cpu0.1);
+        relayed.push(f);
         server_hwm.push(vm_hwm_kib(server_pid));
     }
+    // The floor: the same burst of requests on open connections, to a route that does nothing
+    // (GET /healthz). What the machine, the client and the server's front take for 1,000
+    // requests at once, with no run behind them.
+    let conns = warm(server_addr, "/healthz", runs).await;
+    let host = server_addr.to_string();
+    let cpu0 = (cpu_secs(server_pid), cpu_secs(0));
+    let mut floor = load(
+        server_addr,
+        Some(conns),
+        runs,
+        move |_| http_request(&host, "GET", "/healthz", "*/*", None),
+        Text::AgUi,
+    )
+    .await;
+    floor.cpu = (cpu_secs(server_pid) - cpu0.0, cpu_secs(0) - cpu0.1);
+
     // Peak memory per run: the phase's peak over the process's RSS when idle before any load.
     report("direct, new connections    ", &direct[0], fake_hwm[0], runs);
     report("direct, open connections   ", &direct[1], fake_hwm[1], runs);
@@ -418,6 +707,14 @@ async fn main() {
     {
         report(name, &relayed[i], server_hwm[i].saturating_sub(idle_server), runs);
     }
+    println!(
+        "floor, open connections    : GET /healthz: first byte p50 {:.1} ms, p99 {:.1} ms; CPU {:.2}s serving, {:.2}s client; failures {}",
+        ms(pct(&floor.ttfe, 0.50)),
+        ms(pct(&floor.ttfe, 0.99)),
+        floor.cpu.0,
+        floor.cpu.1,
+        floor.failures,
+    );
     println!(
         "server peak RSS {:.1} / {:.1} MiB total ({:.1} MiB idle before the load)",
         server_hwm[0] as f64 / 1024.0,
