@@ -109,6 +109,8 @@ pub struct SessionBuilder {
     handler: Arc<dyn Handler>,
     store: Arc<dyn EventStore>,
     config: SessionConfig,
+    /// The session's stored events, when the caller loaded them already.
+    stored: Option<Vec<Event>>,
 }
 
 impl SessionBuilder {
@@ -160,6 +162,15 @@ impl SessionBuilder {
         self
     }
 
+    /// The session's stored events, when the caller has just loaded them from the store (to
+    /// rebuild a history, say): [`Self::open`] then takes its record's ids and sequence from
+    /// them instead of loading them again. They must be the events of the session the provider
+    /// opens, as [`EventStore::load`] returned them.
+    pub fn stored_events(mut self, events: Vec<Event>) -> Self {
+        self.stored = Some(events);
+        self
+    }
+
     /// Opens the session (creating or reattaching on the provider's side).
     pub async fn open(self) -> Result<Session> {
         let tools = declared_tools(self.handler.as_ref(), self.config.terminal_tool.as_ref());
@@ -178,7 +189,10 @@ impl SessionBuilder {
         let opened = provider.open(&cx).await?;
         info.session_id = opened.session_id.clone();
         cx.sink.set_info(info);
-        let stored = cx.sink.store().load(&opened.session_id).await?;
+        let stored = match self.stored {
+            Some(events) => events,
+            None => cx.sink.store().load(&opened.session_id).await?,
+        };
         cx.sink.seed(&stored).await;
         Ok(Session {
             provider,
@@ -187,6 +201,7 @@ impl SessionBuilder {
             pending: opened.pending.clone(),
             held: Vec::new(),
             opened,
+            unsaved: false,
         })
     }
 
@@ -244,6 +259,8 @@ pub struct Session {
     pending: Vec<ToolUse>,
     /// A batch paused on front-end tools: every use with its result where one is known.
     held: Vec<(ToolUse, Option<ToolResult>)>,
+    /// Whether the provider may have changed since its transcript was last saved.
+    unsaved: bool,
 }
 
 impl std::fmt::Debug for Session {
@@ -285,12 +302,7 @@ impl Acc {
 impl Session {
     /// Starts building a session on `provider`.
     pub fn builder(provider: impl Provider) -> SessionBuilder {
-        SessionBuilder {
-            provider: Box::new(provider),
-            handler: Arc::new(NoTools),
-            store: Arc::new(MemoryStore::default()),
-            config: SessionConfig::default(),
-        }
+        Self::builder_boxed(Box::new(provider))
     }
 
     /// Starts building a session on an already boxed provider.
@@ -300,6 +312,7 @@ impl Session {
             handler: Arc::new(NoTools),
             store: Arc::new(MemoryStore::default()),
             config: SessionConfig::default(),
+            stored: None,
         }
     }
 
@@ -421,6 +434,7 @@ impl Session {
             uses.push(u);
             results.push(r);
         }
+        self.unsaved = true;
         self.provider.record_tool_results(&uses, &results).await?;
         self.checkpoint().await
     }
@@ -482,9 +496,14 @@ impl Session {
     }
 
     /// Saves the provider's transcript (state key `transcript`) so a crash loses at most the turn
-    /// in flight: called after every turn and at the end of every request.
-    fn checkpoint(&self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
-        let transcript = self.provider.transcript();
+    /// in flight: called after every turn and at the end of every request. Nothing is written
+    /// when the provider was not called since the last save (a request that ends with the turn
+    /// just saved).
+    fn checkpoint(&mut self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        let transcript = match std::mem::take(&mut self.unsaved) {
+            true => self.provider.transcript(),
+            false => None,
+        };
         let sink = self.cx.sink.clone();
         async move {
             if let Some(t) = transcript {
@@ -576,6 +595,7 @@ impl Session {
                                     .unwrap_or_else(|| ToolResult::error(&u.id, "not run: the run ended"))
                             })
                             .collect();
+                        self.unsaved = true;
                         self.provider.record_tool_results(&uses, &done).await?;
                         return Ok(self
                             .finish(
@@ -646,6 +666,7 @@ impl Session {
     }
 
     async fn turn_with_reconnect(&mut self, input: Input, acc: &mut Acc) -> Result<TurnResult> {
+        self.unsaved = true;
         let mut input = Some(input);
         let mut attempts = 0u32;
         loop {

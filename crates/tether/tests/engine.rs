@@ -506,6 +506,94 @@ async fn a_session_reopened_on_the_same_store_continues_numbering_and_its_transc
     assert_record_is_exactly_once(&all);
 }
 
+/// Events the caller already loaded seed the record in place of a load: numbering continues
+/// from them and their ids count as recorded (here the store itself is empty, so only the given
+/// events can say so).
+#[tokio::test]
+async fn stored_events_given_to_the_builder_seed_the_record_without_a_load() {
+    use tether::EventStore;
+    let first = Arc::new(MemoryStore::default());
+    let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("first"))]);
+    Session::builder(LocalLoop::new(model).session_id("s3"))
+        .store(first.clone())
+        .run("one")
+        .await
+        .unwrap();
+    let stored = first.load("s3").await.unwrap();
+    let last = stored.iter().filter_map(|e| e.seq).max().unwrap();
+
+    let empty = Arc::new(MemoryStore::default());
+    let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("second"))]);
+    let session = Session::builder(LocalLoop::new(model).session_id("s3"))
+        .store(empty.clone())
+        .stored_events(stored.clone())
+        .open()
+        .await
+        .unwrap();
+    assert!(session.sink().has_seen(&stored[0].id).await);
+    let mut session = session;
+    let r = session.send("two").await.unwrap();
+    assert_eq!(r.events[0].seq, Some(last + 1));
+}
+
+/// A store that counts transcript saves.
+#[derive(Default)]
+struct CountingStore {
+    inner: MemoryStore,
+    saves: AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl tether::EventStore for CountingStore {
+    async fn append(&self, s: &str, e: &tether::Event) -> tether::Result<bool> {
+        self.inner.append(s, e).await
+    }
+    async fn load(&self, s: &str) -> tether::Result<Vec<tether::Event>> {
+        self.inner.load(s).await
+    }
+    async fn tool_result(&self, s: &str, id: &str) -> tether::Result<Option<tether::ToolResult>> {
+        self.inner.tool_result(s, id).await
+    }
+    async fn put_tool_result(&self, s: &str, r: &tether::ToolResult) -> tether::Result<()> {
+        self.inner.put_tool_result(s, r).await
+    }
+    async fn put_state(&self, s: &str, k: &str, v: &Value) -> tether::Result<()> {
+        self.saves.fetch_add(1, Ordering::SeqCst);
+        self.inner.put_state(s, k, v).await
+    }
+    async fn state(&self, s: &str, k: &str) -> tether::Result<Option<Value>> {
+        self.inner.state(s, k).await
+    }
+    async fn sessions(&self) -> tether::Result<Vec<String>> {
+        self.inner.sessions().await
+    }
+}
+
+/// The transcript is saved after every turn, and at the end of a request only when the provider
+/// was called since (a one-turn request saves once, not twice), and the saved one is the last.
+#[tokio::test]
+async fn the_transcript_is_saved_once_per_change() {
+    use tether::EventStore;
+    let store = Arc::new(CountingStore::default());
+    let model = ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("c1", "echo", r#"{"v": "x"}"#)])),
+        Ok(ScriptedModel::text("done")),
+    ]);
+    let r = Session::builder(LocalLoop::new(model).session_id("s4"))
+        .handler(tools())
+        .store(store.clone())
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.turns, 2);
+    assert_eq!(
+        store.saves.load(Ordering::SeqCst),
+        2,
+        "one save per turn, none repeated"
+    );
+    assert_eq!(store.state("s4", "transcript").await.unwrap(), r.transcript);
+}
+
 /// A model that streams forever, for cancellation and timeouts.
 struct Hang;
 
