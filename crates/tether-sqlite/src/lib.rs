@@ -168,6 +168,16 @@ pub struct ThreadRecord {
     pub updated_ms: i64,
 }
 
+/// What [`SqliteStore::claim_thread`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Claim {
+    /// The thread is the agent's (just created, or already its own); the stored record.
+    Claimed(ThreadRecord),
+    /// The thread belongs to another agent; nothing was written.
+    Taken(ThreadRecord),
+}
+
 /// A durable [`EventStore`] on one SQLite file. Cheap to clone (clones share the connection and
 /// its thread, which ends when the last clone is dropped).
 #[derive(Clone)]
@@ -417,6 +427,50 @@ impl SqliteStore {
                 path: p.into(),
                 detail: format!("thread {t} vanished after being written"),
             })
+        })
+        .await
+    }
+
+    /// Claims a thread for `agent` in one call: a new thread is mapped to `new_session_id`
+    /// with `title`; an existing one of the same agent keeps its session (and its title, unless
+    /// it has none) and is marked as used now; one of another agent is left alone and returned
+    /// as [`Claim::Taken`].
+    ///
+    /// One call where [`Self::thread`] then [`Self::put_thread`] would take two: a server claims
+    /// a thread at the start of every run.
+    pub async fn claim_thread(
+        &self,
+        thread_id: &str,
+        agent: &str,
+        new_session_id: &str,
+        title: &str,
+    ) -> Result<Claim, StoreError> {
+        let (t, a, s, ti) = (
+            thread_id.to_owned(),
+            agent.to_owned(),
+            new_session_id.to_owned(),
+            title.to_owned(),
+        );
+        self.blocking(move |c, p| {
+            let sid = match get_thread(c, p, &t)? {
+                Some(existing) if existing.agent != a => return Ok(Claim::Taken(existing)),
+                Some(existing) => existing.session_id,
+                None => s,
+            };
+            c.prepare_cached(
+                "INSERT INTO threads (thread_id, agent, session_id, title, created_ms, updated_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?5)
+                 ON CONFLICT (thread_id) DO UPDATE SET
+                   title = CASE WHEN title = '' THEN ?4 ELSE title END, updated_ms = ?5",
+            )
+            .and_then(|mut st| st.execute(params![t, a, sid, ti, now_ms()]))
+            .map_err(|e| sql(p, e))?;
+            get_thread(c, p, &t)?
+                .map(Claim::Claimed)
+                .ok_or_else(|| StoreError::Corrupt {
+                    path: p.into(),
+                    detail: format!("thread {t} vanished after being written"),
+                })
         })
         .await
     }

@@ -167,6 +167,45 @@ async fn threads_map_to_sessions_and_survive_a_restart() {
 }
 
 #[tokio::test]
+async fn a_claim_creates_keeps_or_refuses_a_thread_in_one_call() {
+    use tether_sqlite::Claim;
+    let dir = tempfile::tempdir().unwrap();
+    let s = SqliteStore::open(dir.path().join("c.db")).unwrap();
+    let Claim::Claimed(new) = s.claim_thread("t1", "main", "s_1", "first words").await.unwrap() else {
+        panic!("a new thread is claimed")
+    };
+    assert_eq!(
+        (new.session_id.as_str(), new.title.as_str()),
+        ("s_1", "first words")
+    );
+    // The agent's own thread keeps its session and title whatever the call proposes.
+    let Claim::Claimed(again) = s
+        .claim_thread("t1", "main", "s_other", "later words")
+        .await
+        .unwrap()
+    else {
+        panic!("the agent's own thread is claimed again")
+    };
+    assert_eq!(
+        (again.session_id.as_str(), again.title.as_str()),
+        ("s_1", "first words")
+    );
+    assert_eq!(again.created_ms, new.created_ms);
+    // Another agent's thread is refused and left as it was.
+    match s.claim_thread("t1", "coder", "s_2", "x").await.unwrap() {
+        Claim::Taken(t) => assert_eq!((t.agent.as_str(), t.session_id.as_str()), ("main", "s_1")),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(s.thread("t1").await.unwrap().unwrap().agent, "main");
+    // A thread stored without a title takes the first one offered.
+    s.put_thread("t2", "main", "s_3", "").await.unwrap();
+    let Claim::Claimed(t2) = s.claim_thread("t2", "main", "s_x", "now titled").await.unwrap() else {
+        panic!()
+    };
+    assert_eq!((t2.session_id.as_str(), t2.title.as_str()), ("s_3", "now titled"));
+}
+
+#[tokio::test]
 async fn an_older_schema_is_migrated_in_place_keeping_its_data() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("old.db");
