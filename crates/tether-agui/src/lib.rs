@@ -39,6 +39,6 @@ pub use error::{Error, Result};
 pub use event::{Event, EventType, PROTOCOL_VERSION};
 pub use ids::{InterruptId, MessageId, RunId, SubagentRunId, ThreadId, ToolCallId};
 pub use run::{Agent, EventStream, run_agent};
-pub use server::{AgUiRouterExt, EndpointOptions, router};
+pub use server::{AgUiRouterExt, EndpointOptions, StreamGuard, router};
 pub use types::*;
 pub use verify::{Rule, Verifier, Violation};

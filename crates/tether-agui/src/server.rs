@@ -47,6 +47,33 @@ impl Default for EndpointOptions {
     }
 }
 
+/// Something a run's response holds until its stream ends (the run finished, failed, or its
+/// client went away): a concurrency permit, a metrics span. A middleware puts it in the request's
+/// extensions; the endpoint takes it from there into the response body. A request refused before
+/// its stream starts (400, 413, 415…) drops it at once.
+///
+/// ```
+/// use tether_agui::StreamGuard;
+/// let permit = std::sync::Arc::new(tokio::sync::Semaphore::new(1)).try_acquire_owned().unwrap();
+/// let guard = StreamGuard::new(permit);
+/// # drop(guard);
+/// ```
+#[derive(Clone)]
+pub struct StreamGuard(#[allow(dead_code)] Arc<dyn std::any::Any + Send + Sync>);
+
+impl StreamGuard {
+    /// Holds `value` for the life of the stream.
+    pub fn new(value: impl std::any::Any + Send + Sync) -> Self {
+        StreamGuard(Arc::new(value))
+    }
+}
+
+impl std::fmt::Debug for StreamGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StreamGuard")
+    }
+}
+
 struct Endpoint<A> {
     agent: Arc<A>,
     options: EndpointOptions,
@@ -118,7 +145,8 @@ fn is_json(content_type: Option<&str>) -> bool {
     media == "application/json" || (media.starts_with("application/") && media.ends_with("+json"))
 }
 
-async fn handle<A: Agent>(ep: Arc<Endpoint<A>>, req: Request) -> Response {
+async fn handle<A: Agent>(ep: Arc<Endpoint<A>>, mut req: Request) -> Response {
+    let guard = req.extensions_mut().remove::<StreamGuard>();
     let headers = req.headers();
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     if !is_json(content_type) {
@@ -186,6 +214,7 @@ async fn handle<A: Agent>(ep: Arc<Endpoint<A>>, req: Request) -> Response {
         encoding,
         keep_alive: keep_alive.map(|d| (d, Box::pin(tokio::time::sleep(d)))),
         buf: Vec::new(),
+        _guard: guard,
     };
     let mut resp = Response::new(Body::from_stream(stream));
     let h = resp.headers_mut();
@@ -217,6 +246,8 @@ struct BodyStream {
     encoding: Encoding,
     keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
     buf: Vec<u8>,
+    /// Held until the stream is dropped.
+    _guard: Option<StreamGuard>,
 }
 
 impl BodyStream {

@@ -16,7 +16,7 @@ use tether_agui::{
     Agent, AssistantMessage, Content, FunctionCall, Interrupt, Message, RunContext, RunOutcome, TokenUsage,
     ToolCall,
 };
-use tether_sqlite::SqliteStore;
+use tether_sqlite::{Claim, SqliteStore};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::AgentConfig;
@@ -105,39 +105,32 @@ impl ServeAgent {
             ));
         };
         let store = &self.shared.store;
-        let existing = store.thread(&thread).await.map_err(|e| agent_err("STORE", e))?;
-        if let Some(t) = &existing
-            && t.agent != self.name
-        {
-            return Err(agent_err(
-                "THREAD_AGENT_MISMATCH",
-                format!(
-                    "thread {thread} belongs to agent `{}`, not `{}`",
-                    t.agent, self.name
-                ),
-            ));
-        }
-        let sid = match &existing {
-            Some(t) => t.session_id.clone(),
-            None => format!("s_{:016x}", rand::random::<u64>()),
-        };
         let title: String = input
             .last_user_text()
             .unwrap_or_default()
             .chars()
             .take(80)
             .collect();
-        let title = if existing.as_ref().is_some_and(|t| !t.title.is_empty()) {
-            String::new()
-        } else {
-            title
-        };
-        store
-            .put_thread(&thread, &self.name, &sid, &title)
+        let new_sid = format!("s_{:016x}", rand::random::<u64>());
+        let sid = match store
+            .claim_thread(&thread, &self.name, &new_sid, &title)
             .await
-            .map_err(|e| agent_err("STORE", e))?;
+            .map_err(|e| agent_err("STORE", e))?
+        {
+            Claim::Claimed(t) => t.session_id,
+            Claim::Taken(t) => {
+                return Err(agent_err(
+                    "THREAD_AGENT_MISMATCH",
+                    format!(
+                        "thread {thread} belongs to agent `{}`, not `{}`",
+                        t.agent, self.name
+                    ),
+                ));
+            }
+            other => return Err(agent_err("STORE", format!("unexpected claim {other:?}"))),
+        };
 
-        let rb = Box::pin(rebuild(
+        let mut rb = Box::pin(rebuild(
             self.shared.store_dyn.as_ref(),
             &sid,
             self.cfg.system_prompt.as_deref(),
@@ -215,18 +208,21 @@ impl ServeAgent {
                 .map(|t| ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone()))),
             ..SessionConfig::default()
         };
+        let last_seq = rb.last_seq();
         let mut session = Box::pin(
             Session::builder_boxed(Box::new(provider))
                 .handler_arc(handler.clone())
                 .store(self.shared.store_dyn.clone())
                 .config(config)
+                // The rebuild just loaded them: no second load.
+                .stored_events(std::mem::take(&mut rb.events))
                 .open(),
         )
         .await
         .map_err(tether_err)?;
         let mut rx = session.sink().subscribe(256).await;
 
-        let mut mapper = Mapper::new(&input, &handler, rb.last_seq());
+        let mut mapper = Mapper::new(&input, &handler, last_seq);
         for u in &rb.pending {
             mapper.names.insert(u.id.clone(), u.name.clone());
         }
@@ -334,10 +330,7 @@ impl ServeAgent {
                 .await
                 .map_err(tether_err)?;
         }
-        store
-            .touch_thread(&thread)
-            .await
-            .map_err(|e| agent_err("STORE", e))?;
+        // (The claim at the start of the run marked the thread as used.)
         mapper.status = if pending.is_empty() { "idle" } else { "waiting" };
         mapper.publish(ctx)?;
         if let Some(r) = &last {

@@ -7,16 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use futures_util::StreamExt;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tether_agui::{AgUiRouterExt, EndpointOptions};
+use tether_agui::{AgUiRouterExt, EndpointOptions, StreamGuard};
 use tether_sqlite::SqliteStore;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -463,7 +461,7 @@ async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response 
 }
 
 /// The concurrent-run limit and the drain on shutdown; the permit lives as long as the stream.
-async fn run_limits(State(st): State<AppState>, req: Request, next: Next) -> Response {
+async fn run_limits(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
     if st.draining.load(Ordering::SeqCst) {
         return json_error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -481,13 +479,9 @@ async fn run_limits(State(st): State<AppState>, req: Request, next: Next) -> Res
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         return r;
     };
-    let resp = next.run(req).await;
-    let (parts, body) = resp.into_parts();
-    let stream = body.into_data_stream().map(move |chunk| {
-        let _held = &permit;
-        chunk
-    });
-    Response::from_parts(parts, Body::from_stream(stream))
+    // The endpoint holds the permit in the response body, for as long as the run streams.
+    req.extensions_mut().insert(StreamGuard::new(permit));
+    next.run(req).await
 }
 
 async fn not_found(req: Request) -> Response {

@@ -420,6 +420,17 @@ async fn refusals_token_body_size_run_time_and_concurrency() {
     let fin = last(&events);
     assert_eq!(fin["type"], "RUN_ERROR");
     assert_eq!(fin["code"], "RUN_TIMEOUT", "{fin}");
+
+    // The ended run gave its place back (the refusals above took none: the first run got in).
+    env.fake.push(Reply::text("room again"));
+    let third = run(
+        &server,
+        "main",
+        &input("t3", "r1", json!([{"id": "u1", "role": "user", "content": "hi"}])),
+        Some("s3cret"),
+    )
+    .await;
+    assert_eq!(text_of(&third), "room again");
 }
 
 #[test]
