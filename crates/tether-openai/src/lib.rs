@@ -183,11 +183,12 @@ impl OpenAiBuilder {
     ///
     /// For servers relaying many concurrent streams from a fast local model: a stream that
     /// arrives faster than it is forwarded fills every read, and the growing buffer ends up
-    /// holding hundreds of KiB per connection. Applies to plain `http://` endpoints without a
-    /// configured proxy (`HTTP_PROXY`, `ALL_PROXY`), which a lean HTTP/1.1 client of this crate
-    /// then serves: per connection it holds the socket and that one buffer, and it hands over
-    /// everything a read brought as one piece (one delta event per read, even from a server that
-    /// sends one HTTP chunk per SSE event). `https` and proxied endpoints keep reqwest.
+    /// holding hundreds of KiB per connection. Applies to plain `http://` endpoints not sent
+    /// through a proxy (`HTTP_PROXY` or `ALL_PROXY` set, and `NO_PROXY` not exempting the host),
+    /// which a lean HTTP/1.1 client of this crate then serves: per connection it holds the socket
+    /// and that one buffer, and it hands over everything a read brought as one piece (one delta
+    /// event per read, even from a server that sends one HTTP chunk per SSE event). `https` and
+    /// proxied endpoints keep reqwest.
     pub fn read_buffer(mut self, bytes: usize) -> Self {
         self.read_buffer = Some(bytes);
         self

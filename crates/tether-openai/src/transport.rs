@@ -19,11 +19,30 @@ use tether::{Error, TransportKind};
 
 use crate::lean::{Lean, LeanError, LeanResponse};
 
-/// Whether the environment routes `http` requests through a proxy (which only reqwest honours).
-fn http_proxy_configured() -> bool {
-    ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]
-        .iter()
-        .any(|k| std::env::var(k).is_ok_and(|v| !v.trim().is_empty()))
+fn env(keys: &[&str]) -> Option<String> {
+    keys.iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.trim().is_empty()))
+}
+
+/// Whether the environment routes `http` requests to `host` through a proxy (which only reqwest
+/// honours): `HTTP_PROXY` or `ALL_PROXY` is set and `NO_PROXY` does not exempt the host.
+fn proxied(host: &str) -> bool {
+    env(&["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"]).is_some()
+        && !env(&["NO_PROXY", "no_proxy"]).is_some_and(|list| exempt(&list, host))
+}
+
+/// Whether a `NO_PROXY` list exempts `host`: `*`, the host itself, or a domain it is in
+/// (`example.com` and `.example.com` both cover `api.example.com`). IP ranges (CIDR) are not
+/// matched here: such a host keeps reqwest, which applies them.
+fn exempt(list: &str, host: &str) -> bool {
+    let host = host.trim_matches(['[', ']']).to_ascii_lowercase();
+    list.split(',')
+        .map(|e| e.trim().trim_start_matches('.').to_ascii_lowercase())
+        .filter(|e| !e.is_empty())
+        .any(|e| {
+            let e = e.trim_matches(['[', ']']);
+            e == "*" || e == host || host.ends_with(&format!(".{e}"))
+        })
 }
 
 /// The client requests go through.
@@ -43,7 +62,8 @@ impl Transport {
         connect_timeout: Duration,
     ) -> Option<Transport> {
         let size = read_buffer?;
-        if !endpoint.starts_with("http://") || http_proxy_configured() {
+        let host = reqwest::Url::parse(endpoint).ok()?.host_str()?.to_owned();
+        if !endpoint.starts_with("http://") || proxied(&host) {
             return None;
         }
         Lean::new(endpoint, headers, size, connect_timeout).map(|l| Transport::Bounded(Arc::new(l)))
@@ -140,5 +160,28 @@ impl TransportError {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::exempt;
+
+    #[test]
+    fn no_proxy_exempts_hosts_domains_and_everything() {
+        assert!(exempt("localhost,127.0.0.1", "127.0.0.1"));
+        assert!(exempt("localhost, 127.0.0.1", "localhost"));
+        assert!(exempt("*", "models.internal"));
+        assert!(exempt("example.com", "api.example.com"));
+        assert!(exempt(".example.com", "api.example.com"));
+        assert!(exempt("EXAMPLE.com", "example.COM"));
+        assert!(exempt("[::1]", "[::1]"));
+        assert!(!exempt("example.com", "badexample.com"));
+        assert!(!exempt("api.example.com", "example.com"));
+        assert!(
+            !exempt("10.0.0.0/8", "10.1.2.3"),
+            "CIDR ranges are left to reqwest"
+        );
+        assert!(!exempt("", "localhost"));
     }
 }
