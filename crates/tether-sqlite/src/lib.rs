@@ -423,10 +423,7 @@ impl SqliteStore {
             )
             .and_then(|mut st| st.execute(params![t, a, s, ti, now]))
             .map_err(|e| sql(p, e))?;
-            get_thread(c, p, &t)?.ok_or_else(|| StoreError::Corrupt {
-                path: p.into(),
-                detail: format!("thread {t} vanished after being written"),
-            })
+            written_thread(c, p, &t)
         })
         .await
     }
@@ -465,12 +462,7 @@ impl SqliteStore {
             )
             .and_then(|mut st| st.execute(params![t, a, sid, ti, now_ms()]))
             .map_err(|e| sql(p, e))?;
-            get_thread(c, p, &t)?
-                .map(Claim::Claimed)
-                .ok_or_else(|| StoreError::Corrupt {
-                    path: p.into(),
-                    detail: format!("thread {t} vanished after being written"),
-                })
+            written_thread(c, p, &t).map(Claim::Claimed)
         })
         .await
     }
@@ -568,6 +560,14 @@ impl Drop for Savepoint<'_> {
             let _ = run(self.conn, "RELEASE tether_call");
         }
     }
+}
+
+/// The thread just written (read back as stored).
+fn written_thread(c: &Connection, p: &str, thread_id: &str) -> Result<ThreadRecord, StoreError> {
+    get_thread(c, p, thread_id)?.ok_or_else(|| StoreError::Corrupt {
+        path: p.into(),
+        detail: format!("thread {thread_id} vanished after being written"),
+    })
 }
 
 fn sql(path: &str, source: rusqlite::Error) -> StoreError {
