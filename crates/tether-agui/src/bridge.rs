@@ -401,9 +401,26 @@ fn unanswered_calls(input: &RunAgentInput) -> HashSet<String> {
     asked
 }
 
-/// Maps tether events onto AG-UI events of one run.
-#[derive(Default)]
-struct Mapper {
+/// Maps a tether session's events onto the AG-UI events of one run.
+///
+/// Text and reasoning messages are opened and closed around their deltas; a message whose text
+/// arrived whole is sent whole; a retry closes what the failed attempt streamed, and a message
+/// streamed again under the same id gets a fresh id. Each tool call is started, streamed and
+/// ended once; a tool result is shown once, for a call this run showed or one the input left
+/// unanswered; usage becomes the run's usage; a retry also becomes a `tether.retry` custom
+/// event. [`SessionAgent`] maps its sessions with it; an agent that drives a tether session
+/// itself (`tether serve`) uses the same.
+///
+/// ```
+/// use tether_agui::{EventMapper, RunAgentInput};
+/// let input: RunAgentInput = serde_json::from_value(serde_json::json!({
+///     "threadId": "t1", "runId": "r1", "messages": []
+/// })).unwrap();
+/// let mapper = EventMapper::new(&input).model("gpt-4o-mini");
+/// assert!(!mapper.usage_seen());
+/// ```
+#[derive(Debug, Default)]
+pub struct EventMapper {
     text: Option<MessageId>,
     reasoning: Option<MessageId>,
     calls_open: HashSet<String>,
@@ -413,13 +430,51 @@ struct Mapper {
     streamed_reasoning: HashSet<String>,
     answerable: HashSet<String>,
     answered: HashSet<String>,
+    usage_seen: bool,
+    model: Option<String>,
 }
 
 fn reasoning_id(message_id: &str) -> MessageId {
     MessageId::new(format!("{message_id}-reasoning"))
 }
 
-impl Mapper {
+impl EventMapper {
+    /// A mapper for the run of `input` (whose unanswered tool calls it may show results of).
+    pub fn new(input: &RunAgentInput) -> Self {
+        EventMapper {
+            answerable: unanswered_calls(input),
+            ..Default::default()
+        }
+    }
+
+    /// The model named on the usage the run reports.
+    pub fn model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// Whether a usage event was mapped (the run's usage is then reported; a caller adding the
+    /// session's total as well would count it twice).
+    pub fn usage_seen(&self) -> bool {
+        self.usage_seen
+    }
+
+    /// Whether this run showed the tool call, or the input left it unanswered: the calls whose
+    /// results and approvals belong to this run.
+    pub fn knows_call(&self, tool_use_id: &str) -> bool {
+        self.calls_started.contains(tool_use_id) || self.answerable.contains(tool_use_id)
+    }
+
+    /// Maps one session event (and nothing for kinds AG-UI has no event for).
+    pub fn map<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> Result<()> {
+        self.on_event(ctx, ev)
+    }
+
+    /// Ends whatever is open: the reasoning and text messages, and tool calls not yet ended.
+    pub fn close<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> Result<()> {
+        self.close_all(ctx)
+    }
+
     fn close_text<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> Result<()> {
         if let Some(id) = self.text.take() {
             ctx.emit(Event::text_message_end(id))?;
@@ -528,12 +583,7 @@ impl Mapper {
         Ok(())
     }
 
-    fn on_event<S: crate::AgentState>(
-        &mut self,
-        ctx: &mut RunContext<S>,
-        ev: &tether::Event,
-        usage_seen: &mut bool,
-    ) -> Result<()> {
+    fn on_event<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> Result<()> {
         match &ev.kind {
             EventKind::TextDelta { message_id, delta } => {
                 self.text_delta(ctx, message_id, delta)?;
@@ -604,14 +654,28 @@ impl Mapper {
                 self.close_text(ctx)?;
             }
             EventKind::Usage { usage } => {
-                *usage_seen = true;
+                self.usage_seen = true;
                 ctx.add_usage(TokenUsage {
+                    model: self.model.clone(),
                     input_tokens: Some(usage.input_tokens),
                     output_tokens: Some(usage.output_tokens),
                     total_tokens: Some(usage.total()),
                     cached_input_tokens: (usage.cache_read_tokens > 0).then_some(usage.cache_read_tokens),
                     ..Default::default()
                 });
+            }
+            EventKind::Retry {
+                attempt,
+                delay_ms,
+                error,
+            } => {
+                // The call is made again from the start: what it streamed so far ends here.
+                self.close_reasoning(ctx)?;
+                self.close_text(ctx)?;
+                ctx.emit(Event::custom(
+                    "tether.retry",
+                    json!({"attempt": attempt, "delayMs": delay_ms, "error": error}),
+                ))?;
             }
             _ => {}
         }
@@ -620,14 +684,8 @@ impl Mapper {
 }
 
 impl<S: crate::AgentState> SessionAgent<S> {
-    fn on_event(
-        &self,
-        mapper: &mut Mapper,
-        ctx: &mut RunContext<S>,
-        ev: &tether::Event,
-        usage_seen: &mut bool,
-    ) -> Result<()> {
-        mapper.on_event(ctx, ev, usage_seen)?;
+    fn on_event(&self, mapper: &mut EventMapper, ctx: &mut RunContext<S>, ev: &tether::Event) -> Result<()> {
+        mapper.map(ctx, ev)?;
         if let Some(reduce) = &self.reducer
             && reduce(ctx.state_mut(), ev)
         {
@@ -656,10 +714,7 @@ impl<S: crate::AgentState + Sync> Agent for SessionAgent<S> {
         if let Ok(mut f) = t.handler.frontend.write() {
             *f = frontend_specs(ctx.input());
         }
-        let mut mapper = Mapper {
-            answerable: unanswered_calls(ctx.input()),
-            ..Default::default()
-        };
+        let mut mapper = EventMapper::new(ctx.input());
 
         // 1. What this request asks of the session.
         if let Some(p) = t.permission.take() {
@@ -717,7 +772,6 @@ impl<S: crate::AgentState + Sync> Agent for SessionAgent<S> {
         }
 
         // 2. Stream the session's events until its result (or a permission interrupt).
-        let mut usage_seen = false;
         let cancel = ctx.cancel_token().clone();
         loop {
             tokio::select! {
@@ -737,13 +791,13 @@ impl<S: crate::AgentState + Sync> Agent for SessionAgent<S> {
                     let Some(ev) = ev else {
                         return Err(Error::agent("SESSION_CLOSED", "the session's event stream closed"));
                     };
-                    self.on_event(&mut mapper, ctx, &ev, &mut usage_seen)?;
+                    self.on_event(&mut mapper, ctx, &ev)?;
                     ctx.ready().await?;
                 }
                 ask = t.asks.recv() => {
                     let Some(ask) = ask else { continue };
                     while let Ok(ev) = t.events.try_recv() {
-                        self.on_event(&mut mapper, ctx, &ev, &mut usage_seen)?;
+                        self.on_event(&mut mapper, ctx, &ev)?;
                     }
                     mapper.close_all(ctx)?;
                     t.interrupts += 1;
@@ -763,14 +817,14 @@ impl<S: crate::AgentState + Sync> Agent for SessionAgent<S> {
                 res = t.handle.next_result() => {
                     t.in_flight = false;
                     while let Ok(ev) = t.events.try_recv() {
-                        self.on_event(&mut mapper, ctx, &ev, &mut usage_seen)?;
+                        self.on_event(&mut mapper, ctx, &ev)?;
                     }
                     mapper.close_all(ctx)?;
                     let Some(res) = res else {
                         return Err(Error::agent("SESSION_CLOSED", "the session ended"));
                     };
                     let res = res.map_err(tether_error)?;
-                    if !usage_seen && (res.usage.input_tokens > 0 || res.usage.output_tokens > 0) {
+                    if !mapper.usage_seen() && (res.usage.input_tokens > 0 || res.usage.output_tokens > 0) {
                         ctx.add_usage(TokenUsage {
                             provider: Some(t.provider.clone()),
                             input_tokens: Some(res.usage.input_tokens),
@@ -809,7 +863,7 @@ fn tool_results_from(input: &RunAgentInput, pending: &[ToolUse]) -> Vec<ToolResu
     out
 }
 
-fn permission_interrupt(id: &InterruptId, req: &PermissionRequest, mapper: &Mapper) -> Interrupt {
+fn permission_interrupt(id: &InterruptId, req: &PermissionRequest, mapper: &EventMapper) -> Interrupt {
     let options: Vec<Value> = req
         .options
         .iter()
@@ -824,7 +878,7 @@ fn permission_interrupt(id: &InterruptId, req: &PermissionRequest, mapper: &Mapp
         }
     });
     let mut i = Interrupt::new(id.clone(), "permission").with_message(format!("Allow {}?", req.title));
-    if mapper.calls_started.contains(&req.tool_use_id) || mapper.answerable.contains(&req.tool_use_id) {
+    if mapper.knows_call(&req.tool_use_id) {
         i = i.with_tool_call(ToolCallId::new(req.tool_use_id.clone()));
     }
     if let Value::Object(s) = schema {

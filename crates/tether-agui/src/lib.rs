@@ -29,7 +29,7 @@ pub mod server;
 pub mod types;
 pub mod verify;
 
-pub use bridge::{PermissionPolicy, SessionAgent};
+pub use bridge::{EventMapper, PermissionPolicy, SessionAgent};
 pub use context::{
     AgentState, CallSlot, CancelToken, EventReceiver, MessageHandle, ParallelToolCalls, ReasoningHandle,
     RunContext, RunOptions, RunOutcome, StepGuard, ToolCallHandle, state_update, state_update_json,

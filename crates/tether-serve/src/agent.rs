@@ -9,12 +9,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tether::{
     ChatModel, Event, EventKind, EventStore, Role, Session, SessionConfig, SessionResult, ToolResult,
-    ToolSpec, ToolUse, local::LocalLoop,
+    ToolSpec, local::LocalLoop,
 };
-use tether_agui::event::TextMessageRole;
 use tether_agui::{
-    Agent, AssistantMessage, Content, FunctionCall, Interrupt, Message, RunContext, RunOutcome, TokenUsage,
-    ToolCall,
+    Agent, AssistantMessage, Content, EventMapper, FunctionCall, Interrupt, Message, RunContext, RunOutcome,
+    TokenUsage, ToolCall,
 };
 use tether_sqlite::{Claim, SqliteStore};
 use tokio_util::sync::CancellationToken;
@@ -222,7 +221,7 @@ impl ServeAgent {
         .map_err(tether_err)?;
         let mut rx = session.sink().subscribe(256).await;
 
-        let mut mapper = Mapper::new(&input, &handler, last_seq);
+        let mut mapper = Mapper::new(&input, &self.model_name, last_seq);
         for u in &rb.pending {
             mapper.names.insert(u.id.clone(), u.name.clone());
         }
@@ -334,7 +333,8 @@ impl ServeAgent {
         mapper.status = if pending.is_empty() { "idle" } else { "waiting" };
         mapper.publish(ctx)?;
         if let Some(r) = &last {
-            if r.usage.total() > 0 {
+            // The session's usage events were mapped as they came; its total only when none was.
+            if !mapper.events.usage_seen() && r.usage.total() > 0 {
                 ctx.add_usage(TokenUsage {
                     model: (!self.model_name.is_empty()).then(|| self.model_name.clone()),
                     input_tokens: Some(r.usage.input_tokens),
@@ -402,17 +402,11 @@ where
     }
 }
 
-/// Maps tether events onto AG-UI events and keeps the run's state panel.
+/// The run's AG-UI events ([`EventMapper`], the same mapping as `tether_agui`'s own session
+/// agent) and the state panel the UI shows next to them (status, turns, each tool call's state).
 struct Mapper {
-    open_text: Option<String>,
-    open_reasoning: Option<String>,
-    streamed_text: HashSet<String>,
-    started: HashSet<String>,
-    ended: HashSet<String>,
+    events: EventMapper,
     names: HashMap<String, String>,
-    results_sent: HashSet<String>,
-    input_unanswered: HashSet<String>,
-    frontend: HashSet<String>,
     max_seq: u64,
     status: &'static str,
     tools: serde_json::Map<String, Value>,
@@ -420,33 +414,14 @@ struct Mapper {
 }
 
 impl Mapper {
-    fn new(input: &tether_agui::RunAgentInput, handler: &ServeHandler, max_seq: u64) -> Self {
-        let mut asked = Vec::new();
-        let mut answered = HashSet::new();
-        for m in &input.messages {
-            match m {
-                Message::Assistant(a) => {
-                    for tc in a.tool_calls.iter().flatten() {
-                        asked.push(tc.id.to_string());
-                    }
-                }
-                Message::Tool(t) => {
-                    answered.insert(t.tool_call_id.to_string());
-                }
-                _ => {}
-            }
+    fn new(input: &tether_agui::RunAgentInput, model: &str, max_seq: u64) -> Self {
+        let mut events = EventMapper::new(input);
+        if !model.is_empty() {
+            events = events.model(model);
         }
-        let _ = handler;
         Mapper {
-            open_text: None,
-            open_reasoning: None,
-            streamed_text: HashSet::new(),
-            started: HashSet::new(),
-            ended: HashSet::new(),
+            events,
             names: HashMap::new(),
-            results_sent: HashSet::new(),
-            input_unanswered: asked.into_iter().filter(|id| !answered.contains(id)).collect(),
-            frontend: input.tools.iter().map(|t| t.name.clone()).collect(),
             max_seq,
             status: "running",
             tools: serde_json::Map::new(),
@@ -476,168 +451,41 @@ impl Mapper {
         ctx.publish_state()
     }
 
-    fn close_text(&mut self, ctx: &mut RunContext<Value>) -> AgResult<()> {
-        if let Some(id) = self.open_text.take() {
-            ctx.emit(tether_agui::Event::text_message_end(id))?;
-        }
-        Ok(())
-    }
-
-    fn close_reasoning(&mut self, ctx: &mut RunContext<Value>) -> AgResult<()> {
-        if let Some(id) = self.open_reasoning.take() {
-            ctx.emit(tether_agui::Event::reasoning_message_end(id.clone()))?;
-            ctx.emit(tether_agui::Event::reasoning_end(id))?;
-        }
-        Ok(())
-    }
-
     fn close_open(&mut self, ctx: &mut RunContext<Value>) -> AgResult<()> {
-        self.close_text(ctx)?;
-        self.close_reasoning(ctx)?;
-        let open: Vec<String> = self.started.difference(&self.ended).cloned().collect();
-        for id in open {
-            self.ended.insert(id.clone());
-            ctx.emit(tether_agui::Event::tool_call_end(id))?;
-        }
-        Ok(())
-    }
-
-    fn start_call(&mut self, ctx: &mut RunContext<Value>, u: &ToolUse, parent: Option<&str>) -> AgResult<()> {
-        if !self.started.insert(u.id.clone()) {
-            return Ok(());
-        }
-        self.names.insert(u.id.clone(), u.name.clone());
-        let parent = parent
-            .filter(|p| self.streamed_text.contains(*p))
-            .map(tether_agui::MessageId::new);
-        ctx.emit(tether_agui::Event::tool_call_start(
-            u.id.as_str(),
-            u.name.clone(),
-            parent,
-        ))
+        self.events.close(ctx)
     }
 
     async fn map(&mut self, ev: &Event, ctx: &mut RunContext<Value>) -> AgResult<()> {
         ctx.ready().await?;
+        self.events.map(ctx, ev)?;
         match &ev.kind {
-            EventKind::TextDelta { message_id, delta } => {
-                self.close_reasoning(ctx)?;
-                if self.open_text.as_deref() != Some(message_id) {
-                    self.close_text(ctx)?;
-                    if !self.streamed_text.insert(message_id.clone()) {
-                        // A retried call re-streams under the same id: keep ids unique.
-                        return Ok(());
-                    }
-                    ctx.emit(tether_agui::Event::text_message_start(
-                        message_id.as_str(),
-                        TextMessageRole::Assistant,
-                    ))?;
-                    self.open_text = Some(message_id.clone());
-                }
-                ctx.emit(tether_agui::Event::text_message_content(
-                    message_id.as_str(),
-                    delta.clone(),
-                ))?;
-            }
-            EventKind::ReasoningDelta { message_id, delta } => {
-                self.close_text(ctx)?;
-                let rid = format!("{message_id}-reasoning");
-                if self.open_reasoning.as_deref() != Some(&rid) {
-                    self.close_reasoning(ctx)?;
-                    ctx.emit(tether_agui::Event::reasoning_start(rid.as_str()))?;
-                    ctx.emit(tether_agui::Event::reasoning_message_start(rid.as_str()))?;
-                    self.open_reasoning = Some(rid.clone());
-                }
-                ctx.emit(tether_agui::Event::reasoning_message_content(
-                    rid.as_str(),
-                    delta.clone(),
-                ))?;
-            }
             EventKind::ToolCallStart {
-                tool_use_id,
-                name,
-                message_id,
+                tool_use_id, name, ..
             } => {
-                self.close_text(ctx)?;
-                self.close_reasoning(ctx)?;
-                let u = ToolUse::new(tool_use_id, name, Value::Null);
-                self.start_call(ctx, &u, message_id.as_deref())?;
+                self.names.insert(tool_use_id.clone(), name.clone());
             }
-            EventKind::ToolCallArgs { tool_use_id, delta }
-                if self.started.contains(tool_use_id) && !self.ended.contains(tool_use_id) =>
-            {
-                ctx.emit(tether_agui::Event::tool_call_args(
-                    tool_use_id.as_str(),
-                    delta.clone(),
-                ))?;
-            }
-            EventKind::ToolCallEnd { tool_use_id }
-                if self.started.contains(tool_use_id) && !self.ended.contains(tool_use_id) =>
-            {
-                self.ended.insert(tool_use_id.clone());
-                ctx.emit(tether_agui::Event::tool_call_end(tool_use_id.as_str()))?;
+            EventKind::ToolCall { tool_use, .. } => {
+                self.names.insert(tool_use.id.clone(), tool_use.name.clone());
             }
             EventKind::Message {
-                message_id,
                 role: Role::Assistant,
-                text,
                 tool_uses,
                 ..
             } => {
-                self.close_text(ctx)?;
-                self.close_reasoning(ctx)?;
                 self.turns += 1;
-                if !text.is_empty() && self.streamed_text.insert(message_id.clone()) {
-                    ctx.emit(tether_agui::Event::text_message_start(
-                        message_id.as_str(),
-                        TextMessageRole::Assistant,
-                    ))?;
-                    ctx.emit(tether_agui::Event::text_message_content(
-                        message_id.as_str(),
-                        text.clone(),
-                    ))?;
-                    ctx.emit(tether_agui::Event::text_message_end(message_id.as_str()))?;
-                }
                 for u in tool_uses {
-                    if !self.started.contains(&u.id) {
-                        self.start_call(ctx, u, Some(message_id))?;
-                        let args = u.raw_input.clone().unwrap_or_else(|| u.input.to_string());
-                        ctx.emit(tether_agui::Event::tool_call_args(u.id.as_str(), args))?;
-                    }
-                    if self.ended.insert(u.id.clone()) {
-                        ctx.emit(tether_agui::Event::tool_call_end(u.id.as_str()))?;
-                    }
+                    self.names.insert(u.id.clone(), u.name.clone());
                     self.tools
                         .insert(u.id.clone(), json!({"name": u.name, "status": "called"}));
                 }
             }
             EventKind::ToolResult { result } => {
-                self.close_text(ctx)?;
-                self.close_reasoning(ctx)?;
-                let id = &result.tool_use_id;
-                let frontend = self.names.get(id).is_some_and(|n| self.frontend.contains(n));
-                let allowed = self.ended.contains(id) || self.input_unanswered.contains(id);
-                if !frontend && allowed && self.results_sent.insert(id.clone()) {
-                    ctx.emit(tether_agui::Event::tool_call_result(
-                        format!("{id}-result"),
-                        id.as_str(),
-                        Content::Text(result.content.clone()),
-                    ))?;
-                }
                 let status = if result.is_error { "error" } else { "done" };
-                let name = self.names.get(id).cloned().unwrap_or_default();
-                self.tools
-                    .insert(id.clone(), json!({"name": name, "status": status}));
-            }
-            EventKind::Retry {
-                attempt,
-                delay_ms,
-                error,
-            } => {
-                ctx.emit(tether_agui::Event::custom(
-                    "tether.retry",
-                    json!({"attempt": attempt, "delayMs": delay_ms, "error": error}),
-                ))?;
+                let name = self.names.get(&result.tool_use_id).cloned().unwrap_or_default();
+                self.tools.insert(
+                    result.tool_use_id.clone(),
+                    json!({"name": name, "status": status}),
+                );
             }
             _ => {}
         }
