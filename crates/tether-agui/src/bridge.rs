@@ -421,7 +421,8 @@ fn unanswered_calls(input: &RunAgentInput) -> HashSet<String> {
 /// ```
 #[derive(Debug, Default)]
 pub struct EventMapper {
-    text: Option<MessageId>,
+    /// The text message open now: the session's message id, and the id it goes out under.
+    text: Option<(String, MessageId)>,
     reasoning: Option<MessageId>,
     calls_open: HashSet<String>,
     calls_started: HashSet<String>,
@@ -476,7 +477,7 @@ impl EventMapper {
     }
 
     fn close_text<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> Result<()> {
-        if let Some(id) = self.text.take() {
+        if let Some((_, id)) = self.text.take() {
             ctx.emit(Event::text_message_end(id))?;
         }
         Ok(())
@@ -511,18 +512,21 @@ impl EventMapper {
             return Ok(());
         }
         self.close_reasoning(ctx)?;
-        if self.text.as_deref() != Some(message_id) {
-            self.close_text(ctx)?;
-            let id = if self.texts_started.insert(message_id.to_owned()) {
-                MessageId::new(message_id)
-            } else {
-                MessageId::new(format!("{message_id}-{}", self.texts_started.len()))
-            };
-            ctx.emit(Event::text_message_start(id.clone(), TextMessageRole::Assistant))?;
-            self.text = Some(id);
-        }
-        self.streamed_text.insert(message_id.to_owned());
-        let id = self.text.clone().unwrap_or_else(|| MessageId::new(message_id));
+        let id = match &self.text {
+            Some((source, id)) if source == message_id => id.clone(),
+            _ => {
+                self.close_text(ctx)?;
+                let id = if self.texts_started.insert(message_id.to_owned()) {
+                    MessageId::new(message_id)
+                } else {
+                    MessageId::new(format!("{message_id}-{}", self.texts_started.len()))
+                };
+                ctx.emit(Event::text_message_start(id.clone(), TextMessageRole::Assistant))?;
+                self.streamed_text.insert(message_id.to_owned());
+                self.text = Some((message_id.to_owned(), id.clone()));
+                id
+            }
+        };
         ctx.emit(Event::text_message_content(id, delta))
     }
 
@@ -558,7 +562,9 @@ impl EventMapper {
             return Ok(false);
         }
         self.close_reasoning(ctx)?;
-        let parent = message_id.map(MessageId::new).or_else(|| self.text.clone());
+        let parent = message_id
+            .map(MessageId::new)
+            .or_else(|| self.text.as_ref().map(|(_, id)| id.clone()));
         self.close_text(ctx)?;
         ctx.emit(Event::tool_call_start(id, name, parent))?;
         self.calls_open.insert(id.to_owned());
