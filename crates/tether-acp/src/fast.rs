@@ -652,21 +652,11 @@ mod tests {
         }
         let mut accepted = 0;
         for base in ACCEPTED {
-            let bytes = base.as_bytes();
-            for i in 0..=bytes.len() {
-                let mut variants = Vec::new();
-                if i < bytes.len() {
-                    variants.push([&bytes[..i], &bytes[i + 1..]].concat());
-                }
-                for b in [b'"', b'\\', b' ', b'}', b'x', b','] {
-                    variants.push([&bytes[..i], &[b], &bytes[i..]].concat());
-                }
-                for v in variants {
-                    if let Ok(line) = std::str::from_utf8(&v)
-                        && same(line)
-                    {
-                        accepted += 1;
-                    }
+            for v in one_byte_mutations(base, b"\"\\ }x,") {
+                if let Ok(line) = std::str::from_utf8(&v)
+                    && same(line)
+                {
+                    accepted += 1;
                 }
             }
         }
@@ -681,32 +671,35 @@ mod tests {
         let mut accepted = 0;
         let mut checked = 0;
         for base in ACCEPTED {
-            let bytes = base.as_bytes();
-            for i in 0..=bytes.len() {
-                let mut variants = Vec::new();
-                if i < bytes.len() {
-                    let mut v = bytes.to_vec();
-                    v.remove(i);
-                    variants.push(v);
-                }
-                for ins in [b' ', b'"', b'\\', b',', b'{', b'}', b':', b'x', b'\n', 0x01] {
-                    let mut v = bytes.to_vec();
-                    v.insert(i, ins);
-                    variants.push(v);
-                }
-                for v in variants {
-                    let Ok(line) = std::str::from_utf8(&v) else {
-                        continue;
-                    };
-                    checked += 1;
-                    if let Some(fast) = decode_text_chunk(line, &mut cache) {
-                        accepted += 1;
-                        assert_eq!(Some(fast), general(line), "{line}");
-                    }
+            let inserts = [b' ', b'"', b'\\', b',', b'{', b'}', b':', b'x', b'\n', 0x01];
+            for v in one_byte_mutations(base, &inserts) {
+                let Ok(line) = std::str::from_utf8(&v) else {
+                    continue;
+                };
+                checked += 1;
+                if let Some(fast) = decode_text_chunk(line, &mut cache) {
+                    accepted += 1;
+                    assert_eq!(Some(fast), general(line), "{line}");
                 }
             }
         }
         assert!(checked > 10_000 && accepted > 100, "{checked} {accepted}");
+    }
+
+    /// `line` with each byte deleted, and with each of `inserts` put before each byte and at the
+    /// end.
+    fn one_byte_mutations(line: &str, inserts: &[u8]) -> Vec<Vec<u8>> {
+        let bytes = line.as_bytes();
+        let mut out = Vec::new();
+        for i in 0..=bytes.len() {
+            if i < bytes.len() {
+                out.push([&bytes[..i], &bytes[i + 1..]].concat());
+            }
+            for &b in inserts {
+                out.push([&bytes[..i], &[b], &bytes[i..]].concat());
+            }
+        }
+        out
     }
 
     #[test]
