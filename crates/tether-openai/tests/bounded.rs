@@ -1,10 +1,10 @@
-//! The bounded-read-buffer client (`OpenAiBuilder::read_buffer`, the crate's lean HTTP/1.1 client): the same
-//! replies and the same typed errors as through reqwest, over real sockets to the fake server.
+//! The bounded-read-buffer client (`OpenAiBuilder::read_buffer`, the crate's lean HTTP/1.1
+//! client) over real sockets to the fake server: long streams, headers, JSON replies, reuse.
+//! Its failures are typed in `tests/errors.rs`, which runs every fault through both clients.
 
 use std::time::Duration;
 
-use serde_json::json;
-use tether::{ChatMessage, ChatModel, ChatRequest, DeltaSink, Error, TransportKind};
+use tether::{ChatMessage, ChatModel, ChatRequest, DeltaSink};
 use tether_openai::OpenAiModel;
 use tether_testkit::openai::{FakeOpenAi, Reply};
 
@@ -43,13 +43,6 @@ fn text(r: tether::ChatResponse) -> String {
     r.message.content.unwrap_or_default()
 }
 
-fn kind(r: &tether::Result<tether::ChatResponse>) -> Option<TransportKind> {
-    match r {
-        Err(Error::Transport { kind, .. }) => Some(*kind),
-        _ => None,
-    }
-}
-
 /// A stream many times the buffer's size arrives whole, with the configured headers sent.
 #[tokio::test]
 async fn a_long_stream_arrives_whole_through_an_8_kib_buffer() {
@@ -69,52 +62,6 @@ async fn a_json_reply_is_read_whole() {
     let (r, fake) = one(Reply::text("hello there"), false).await;
     assert_eq!(text(r.expect("reply")), "hello there");
     assert_eq!(fake.requests()[0].header("accept"), Some("application/json"));
-}
-
-#[tokio::test]
-async fn connection_faults_are_typed_as_through_reqwest() {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    drop(l);
-    let r = model(&format!("http://127.0.0.1:{port}/v1"), true)
-        .chat(&req(), &DeltaSink::discard())
-        .await;
-    assert_eq!(kind(&r), Some(TransportKind::Refused), "{r:?}");
-    assert!(r.unwrap_err().is_transient());
-
-    let (r, _f) = one(Reply::text("abcdefghijklmnop").drop_after(2), true).await;
-    assert_eq!(kind(&r), Some(TransportKind::Closed), "{r:?}");
-    let (r, _f) = one(Reply::text("abcdefghijklmnop").stall_after(2), true).await;
-    assert_eq!(kind(&r), Some(TransportKind::Idle), "{r:?}");
-    let (r, _f) = one(Reply::text("abcdefghijklmnop").truncate_after(2), true).await;
-    assert_eq!(kind(&r), Some(TransportKind::Closed), "{r:?}");
-    let (r, _f) = one(Reply::text("abc").drop_after(0), false).await;
-    assert_eq!(kind(&r), Some(TransportKind::Closed), "{r:?}");
-}
-
-#[tokio::test]
-async fn http_errors_carry_message_and_retry_headers() {
-    let (r, _f) = one(
-        Reply::http(503, json!("upstream unavailable"))
-            .header("retry-after", "0.25")
-            .header("x-should-retry", "true"),
-        true,
-    )
-    .await;
-    match r {
-        Err(Error::Http {
-            status: 503,
-            message,
-            retry_after,
-            should_retry,
-            ..
-        }) => {
-            assert_eq!(message, "upstream unavailable");
-            assert_eq!(retry_after, Some(Duration::from_millis(250)));
-            assert_eq!(should_retry, Some(true));
-        }
-        other => panic!("{other:?}"),
-    }
 }
 
 /// One model serves call after call (its pool hands back a connection that finished its body).
