@@ -36,8 +36,8 @@ pub fn classify(e: &reqwest::Error) -> TransportKind {
 /// The transport failure named by the io or hyper errors in `e`'s chain of sources, if any
 /// (`connecting`: the error happened while connecting, so a timeout is a connect timeout).
 ///
-/// For errors of HTTP clients other than reqwest (hyper's own client): the same chain, read the
-/// same way.
+/// For errors of HTTP clients other than reqwest (`tether-openai`'s lean client, whose failures
+/// are `io::Error`s): the same chain, read the same way.
 pub fn classify_chain(e: &(dyn std::error::Error + 'static), connecting: bool) -> Option<TransportKind> {
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = src {

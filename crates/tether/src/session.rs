@@ -434,8 +434,7 @@ impl Session {
             uses.push(u);
             results.push(r);
         }
-        self.unsaved = true;
-        self.provider.record_tool_results(&uses, &results).await?;
+        self.record_tool_results(&uses, &results).await?;
         self.checkpoint().await
     }
 
@@ -595,8 +594,7 @@ impl Session {
                                     .unwrap_or_else(|| ToolResult::error(&u.id, "not run: the run ended"))
                             })
                             .collect();
-                        self.unsaved = true;
-                        self.provider.record_tool_results(&uses, &done).await?;
+                        self.record_tool_results(&uses, &done).await?;
                         return Ok(self
                             .finish(
                                 acc,
@@ -663,6 +661,12 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Hands tool results to the provider (its transcript then needs saving).
+    async fn record_tool_results(&mut self, uses: &[ToolUse], results: &[ToolResult]) -> Result<()> {
+        self.unsaved = true;
+        self.provider.record_tool_results(uses, results).await
     }
 
     async fn turn_with_reconnect(&mut self, input: Input, acc: &mut Acc) -> Result<TurnResult> {
