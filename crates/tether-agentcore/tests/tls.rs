@@ -151,3 +151,77 @@ fn a_bundle_without_a_certificate_is_a_config_error() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_truncated_event_stream_over_http2_is_retried_with_the_same_turn_id() {
+    // A body that ends before messageStop ends its HTTP/2 stream cleanly (END_STREAM); the
+    // provider must still see the turn as cut and retry it.
+    let mut cut = golden_frames("final_turn.json");
+    cut.truncate(3);
+    let fake = FakeAgentCore::start_with(
+        vec![
+            Reply::Frames(cut),
+            Reply::Frames(golden_frames("final_turn.json")),
+        ],
+        Serve::tls(),
+    )
+    .await;
+    let sleeper = RecordingSleeper::default();
+    let cfg = config(&fake, &sleeper).add_root_certificates_pem(fake.ca().expect("CA").pem());
+    let result = tokio::time::timeout(
+        LIMIT,
+        Session::builder(AgentCore::new(cfg).expect("provider")).run("hi"),
+    )
+    .await
+    .expect("the session ends in time")
+    .expect("the retry succeeds");
+    assert_eq!(result.terminal, Terminal::EndTurn);
+    assert_eq!(result.text, "x is 42.");
+    assert_eq!(sleeper.slept().len(), 1, "retried once");
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 2);
+    let turn = |i: usize| {
+        reqs[i]
+            .header("x-amzn-bedrock-agentcore-runtime-custom-turn-id")
+            .map(str::to_owned)
+    };
+    assert!(turn(0).is_some());
+    assert_eq!(turn(0), turn(1), "a retried turn carries the same turn id");
+    assert!(fake.negotiated().iter().all(|n| n.is_tls_h2()));
+}
+
+#[tokio::test]
+async fn a_run_timeout_over_http2_stops_the_runtime_session() {
+    // The stalled invocation's HTTP/2 stream is abandoned (reset) when the run times out; the
+    // StopRuntimeSession call that follows must still get through over TLS.
+    let fake = FakeAgentCore::start_with(
+        vec![Reply::StallSse(
+            "data: {\"type\":\"text\",\"text\":\"thinking\"}\n\n".into(),
+        )],
+        Serve::tls(),
+    )
+    .await;
+    let sleeper = RecordingSleeper::default();
+    let mut cfg = config(&fake, &sleeper).add_root_certificates_pem(fake.ca().expect("CA").pem());
+    cfg.target = Target::Runtime {
+        arn: "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/agent-abc".into(),
+        qualifier: Some("DEFAULT".into()),
+    };
+    let err = tokio::time::timeout(
+        LIMIT,
+        Session::builder(AgentCore::new(cfg).expect("provider"))
+            // Tight on purpose: the run timeout is what is under test (the reply never ends).
+            .timeout(Duration::from_millis(400))
+            .run("hi"),
+    )
+    .await
+    .expect("the session ends in time")
+    .expect_err("the stalled run times out");
+    assert!(matches!(err, Error::Timeout(_)), "{err:?}");
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    assert!(reqs[1].path.ends_with("/stopruntimesession"), "{}", reqs[1].path);
+    let neg = fake.negotiated();
+    assert_eq!(neg.len(), 2, "{neg:?}");
+    assert!(neg.iter().all(|n| n.is_tls_h2()), "{neg:?}");
+}
