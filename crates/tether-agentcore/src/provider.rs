@@ -69,6 +69,9 @@ pub struct AgentCoreConfig {
     /// `false`: the microVM stays warm for a later reattach with the same session id, until its
     /// idle timeout). A turn dropped by a cancel or a timeout stops the session regardless.
     pub stop_session_on_close: bool,
+    /// Extra CA certificates to trust beside the built-in roots, as PEM bundles (default none);
+    /// see [`AgentCoreConfig::add_root_certificates_pem`].
+    pub root_certificates: Vec<String>,
 }
 
 impl AgentCoreConfig {
@@ -96,7 +99,18 @@ impl AgentCoreConfig {
             overrides: Map::new(),
             retry: RetryPolicy::default(),
             stop_session_on_close: false,
+            root_certificates: Vec::new(),
         }
+    }
+
+    /// The same configuration also trusting the CA certificates in `pem` (one or more
+    /// `-----BEGIN CERTIFICATE-----` blocks, e.g. a `.pem` or `.crt` file's text) beside the
+    /// built-in Mozilla roots: for an endpoint (a VPC endpoint, a TLS-inspecting proxy) whose
+    /// certificate chains to a private CA. Verification stays on. May be called more than once;
+    /// a bundle that holds no certificate fails [`AgentCore::new`] with [`Error::Config`].
+    pub fn add_root_certificates_pem(mut self, pem: impl Into<String>) -> Self {
+        self.root_certificates.push(pem.into());
+        self
     }
 }
 
@@ -186,7 +200,7 @@ impl AgentCore {
             }
             None => (new_session_id(), false),
         };
-        let http = reqwest::Client::builder()
+        let http = tether_http::add_root_certificates(reqwest::Client::builder(), &config.root_certificates)?
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(config.idle_timeout)
             .build()

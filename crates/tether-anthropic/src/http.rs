@@ -48,6 +48,9 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Timeout for control-plane calls that return at once (default 60 s).
     pub request_timeout: Duration,
+    /// Extra CA certificates to trust beside the built-in roots, as PEM bundles (default none);
+    /// see [`ClientConfig::add_root_certificates_pem`].
+    pub root_certificates: Vec<String>,
 }
 
 impl ClientConfig {
@@ -59,6 +62,7 @@ impl ClientConfig {
             anthropic_version: ANTHROPIC_VERSION.into(),
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(60),
+            root_certificates: Vec::new(),
         }
     }
 
@@ -85,13 +89,23 @@ impl ClientConfig {
         self
     }
 
+    /// The same configuration also trusting the CA certificates in `pem` (one or more
+    /// `-----BEGIN CERTIFICATE-----` blocks, e.g. a `.pem` or `.crt` file's text) beside the
+    /// built-in Mozilla roots: for an origin or a TLS-inspecting proxy whose certificate chains to
+    /// a private CA. Verification stays on. May be called more than once; a bundle that holds no
+    /// certificate fails building the model or provider with [`Error::Config`].
+    pub fn add_root_certificates_pem(mut self, pem: impl Into<String>) -> Self {
+        self.root_certificates.push(pem.into());
+        self
+    }
+
     /// `base_url` + `path`, without a doubled slash.
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base_url.trim_end_matches('/'), path)
     }
 
     pub(crate) fn client(&self) -> tether::Result<reqwest::Client> {
-        reqwest::Client::builder()
+        tether_http::add_root_certificates(reqwest::Client::builder(), &self.root_certificates)?
             .connect_timeout(self.connect_timeout)
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))

@@ -41,6 +41,11 @@ pub fn classify(e: &reqwest::Error) -> TransportKind {
 pub fn classify_chain(e: &(dyn std::error::Error + 'static), connecting: bool) -> Option<TransportKind> {
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = src {
+        if tls_error(s).is_some() {
+            // A failed handshake (an untrusted or expired certificate, a name mismatch, no common
+            // protocol): retrying does not heal it, so it is not a refused connection.
+            return Some(TransportKind::Other);
+        }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             use std::io::ErrorKind as K;
             match io.kind() {
@@ -72,6 +77,35 @@ pub fn classify_chain(e: &(dyn std::error::Error + 'static), connecting: bool) -
     None
 }
 
+/// The rustls error `e` is or wraps. tokio-rustls reports a failed handshake as an `io::Error`
+/// holding it, which hyper-rustls wraps in another `io::Error`; `source()` skips over both
+/// (an `io::Error`'s source is its inner error's source), so this looks inside them.
+fn tls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cur = e;
+    loop {
+        if let Some(t) = cur.downcast_ref::<rustls::Error>() {
+            return Some(t);
+        }
+        cur = cur.downcast_ref::<std::io::Error>()?.get_ref()?;
+    }
+}
+
+/// What to do about a certificate the client refused, if `e`'s chain holds one.
+fn certificate_hint(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = src {
+        if let Some(rustls::Error::InvalidCertificate(_)) = tls_error(s) {
+            return Some(
+                "the server's TLS certificate is not trusted; if it chains to a private CA, such \
+                 as a corporate proxy's, trust that CA with the provider's \
+                 add_root_certificates_pem option",
+            );
+        }
+        src = s.source();
+    }
+    None
+}
+
 /// The error and its sources, joined (`error sending request: connection refused`).
 pub fn describe(e: &reqwest::Error) -> String {
     describe_chain(e)
@@ -94,11 +128,48 @@ pub fn describe_chain(e: &dyn std::error::Error) -> String {
 
 /// A reqwest failure as [`Error::Transport`], naming what was called.
 pub fn transport_error(e: &reqwest::Error, endpoint: &str) -> Error {
+    let mut message = describe(e);
+    if let Some(hint) = certificate_hint(e) {
+        message.push_str(" -- ");
+        message.push_str(hint);
+    }
     Error::Transport {
         kind: classify(e),
-        message: describe(e),
+        message,
         endpoint: endpoint.to_owned(),
     }
+}
+
+/// `builder` also trusting the CA certificates in each PEM bundle of `pems` (beside its built-in
+/// roots), for endpoints whose certificate chains to a private CA: a corporate TLS-inspecting
+/// proxy, a self-hosted gateway, a test server. Certificate verification stays on; this only
+/// widens whom it trusts. The provider crates' builders take the bundles
+/// (`add_root_certificates_pem`) and call this when they build their client.
+///
+/// Errors: [`Error::Config`] naming the bundle that is malformed or holds no `CERTIFICATE` block.
+pub fn add_root_certificates(
+    mut builder: reqwest::ClientBuilder,
+    pems: &[String],
+) -> Result<reqwest::ClientBuilder, Error> {
+    for (i, pem) in pems.iter().enumerate() {
+        let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| {
+            Error::Config(format!(
+                "extra root certificate bundle #{} is not valid PEM: {}",
+                i + 1,
+                describe(&e)
+            ))
+        })?;
+        if certs.is_empty() {
+            return Err(Error::Config(format!(
+                "extra root certificate bundle #{} holds no -----BEGIN CERTIFICATE----- block",
+                i + 1
+            )));
+        }
+        for c in certs {
+            builder = builder.add_root_certificate(c);
+        }
+    }
+    Ok(builder)
 }
 
 /// What a response's headers say about retrying it.

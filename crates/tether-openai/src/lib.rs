@@ -103,6 +103,7 @@ pub struct OpenAiBuilder {
     include_usage: bool,
     extra: serde_json::Map<String, Value>,
     read_buffer: Option<usize>,
+    root_certificates: Vec<String>,
 }
 
 impl std::fmt::Debug for OpenAiBuilder {
@@ -128,6 +129,7 @@ impl std::fmt::Debug for OpenAiBuilder {
             .field("include_usage", &self.include_usage)
             .field("extra", &self.extra)
             .field("read_buffer", &self.read_buffer)
+            .field("root_certificates", &self.root_certificates.len())
             .finish()
     }
 }
@@ -149,6 +151,7 @@ impl OpenAiBuilder {
             include_usage: true,
             extra: Default::default(),
             read_buffer: None,
+            root_certificates: Vec::new(),
         }
     }
 
@@ -191,6 +194,16 @@ impl OpenAiBuilder {
     /// proxied endpoints keep reqwest.
     pub fn read_buffer(mut self, bytes: usize) -> Self {
         self.read_buffer = Some(bytes);
+        self
+    }
+
+    /// Also trusts the CA certificates in `pem` (one or more `-----BEGIN CERTIFICATE-----`
+    /// blocks, e.g. a `.pem` or `.crt` file's text) for `https` endpoints, beside the built-in
+    /// Mozilla roots: for a server or a TLS-inspecting proxy whose certificate chains to a private
+    /// CA. Verification stays on. May be called more than once; a bundle that holds no
+    /// certificate fails [`OpenAiBuilder::build`] with [`Error::Config`].
+    pub fn add_root_certificates_pem(mut self, pem: impl Into<String>) -> Self {
+        self.root_certificates.push(pem.into());
         self
     }
 
@@ -282,10 +295,12 @@ impl OpenAiBuilder {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
+        // Checked even when the lean client serves (plain http): a bad bundle is a bad config.
+        let client = tether_http::add_root_certificates(reqwest::Client::builder(), &self.root_certificates)?;
         let http = match Transport::bounded(&endpoint, self.read_buffer, &headers, self.connect_timeout) {
             Some(t) => t,
             None => Transport::Reqwest(
-                reqwest::Client::builder()
+                client
                     .default_headers(headers)
                     .connect_timeout(self.connect_timeout)
                     .tcp_nodelay(true)

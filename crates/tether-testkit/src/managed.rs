@@ -18,7 +18,6 @@
 //! scripted without a boundary event stalls: the stream stays open with nothing more on it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -29,6 +28,8 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
+
+use crate::server::{Negotiated, Serve, TestCa};
 
 /// Faults to inject.
 #[derive(Debug, Clone, Default)]
@@ -412,20 +413,19 @@ async fn archive_session(
 
 /// The fake Managed Agents server.
 pub struct FakeManaged {
-    addr: SocketAddr,
+    server: crate::server::Running,
     state: Shared,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeManaged {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 impl FakeManaged {
     /// Starts a fake whose sessions play `turns` (one per input that unblocks them).
     pub async fn start(turns: Vec<Vec<Value>>, faults: ManagedFaults) -> Self {
+        Self::start_with(turns, faults, Serve::plain()).await
+    }
+
+    /// Starts a fake as [`FakeManaged::start`], serving as `serve` says (e.g. [`Serve::tls`]:
+    /// TLS with a generated CA, HTTP/2 by ALPN).
+    pub async fn start_with(turns: Vec<Vec<Value>>, faults: ManagedFaults, serve: Serve) -> Self {
         let state = Arc::new(Mutex::new(St {
             faults,
             script: turns,
@@ -441,8 +441,8 @@ impl FakeManaged {
             .route("/v1/agents/{id}/archive", post(archive))
             .route("/v1/environments/{id}/archive", post(archive))
             .with_state(state.clone());
-        let (addr, task) = crate::anthropic::serve(app).await;
-        FakeManaged { addr, state, task }
+        let server = crate::anthropic::serve(app, serve).await;
+        FakeManaged { server, state }
     }
 
     /// Creates a session directly (for reattach tests) with `history` already in its log and
@@ -463,9 +463,19 @@ impl FakeManaged {
         id
     }
 
-    /// The origin to use as the base URL.
+    /// The origin to use as the base URL (`http://127.0.0.1:<port>`, `https://…` over TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.server.origin()
+    }
+
+    /// The CA to trust when serving TLS (`None` over plain HTTP).
+    pub fn ca(&self) -> Option<&TestCa> {
+        self.server.ca()
+    }
+
+    /// What every request so far arrived over (TLS version, ALPN, HTTP version), in arrival order.
+    pub fn negotiated(&self) -> Vec<Negotiated> {
+        self.server.negotiated()
     }
 
     /// Every event the client posted, in order.
