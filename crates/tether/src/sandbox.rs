@@ -61,7 +61,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use crate::handler::{ExitStatus, HandlerError};
 
 /// Whether commands are confined, and what happens where the kernel cannot confine them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 #[non_exhaustive]
 pub enum SandboxMode {
     /// Confined where the kernel supports it; elsewhere run unconfined, with a warning once.
