@@ -21,7 +21,9 @@ struct Ran {
     max_rss_kib: i64,
 }
 
-/// Runs `tether` in `dir` and waits at most `deadline` for it to exit (then kills it).
+/// Runs `tether` in `dir` and waits at most `deadline` for it to exit (then kills it). Reaped
+/// with `wait4` (which gives its peak memory), not `Child::wait`.
+#[allow(clippy::zombie_processes)]
 fn tether(dir: &Path, args: &[&str], env: &[(&str, &str)], deadline: Duration) -> Ran {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_tether"));
     cmd.args(args)

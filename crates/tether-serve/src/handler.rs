@@ -6,7 +6,7 @@
 //! group killed at the tool timeout or when the call is cancelled.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -148,7 +148,7 @@ impl ServeHandler {
     async fn run_command_tool(
         &self,
         c: &CommandTool,
-        cwd: &PathBuf,
+        cwd: &Path,
         call: &ToolUse,
         info: &SessionInfo,
     ) -> ToolOutput {
@@ -178,7 +178,7 @@ impl ServeHandler {
                 env.push((format!("TETHER_ARG_{key}").into(), val.into()));
             }
         }
-        let mut writable = vec![cwd.clone()];
+        let mut writable = vec![cwd.to_path_buf()];
         if let Some(w) = &self.workspace {
             writable.push(w.root().to_path_buf());
         }
@@ -188,7 +188,7 @@ impl ServeHandler {
             stdin: Some(args.into_bytes()),
             output_cap: OUTPUT_CAP,
             timeout: self.tool_timeout,
-            ..CommandSpec::shell(&c.command, cwd.clone())
+            ..CommandSpec::shell(&c.command, cwd)
         };
         let out = match self.sandbox.run(&spec).await {
             Ok(o) => o,
