@@ -47,7 +47,7 @@
 //! On a kernel without Landlock (before 5.13, or not in the `lsm=` list), or on another OS,
 //! [`SandboxMode::Auto`] runs commands unconfined (only the process-group kill and the
 //! environment scrubbing apply) and [`Sandbox::warning`] says so once; [`SandboxMode::Require`]
-//! refuses to run them. [`SandboxMode::Off`] never confines.
+//! refuses to run them. [`SandboxMode::Off`] never confines and passes the environment on whole.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -70,7 +70,8 @@ pub enum SandboxMode {
     Auto,
     /// Confined, or refused: where the kernel cannot confine a command, it is not run.
     Require,
-    /// Never confined (the process-group kill and the environment scrubbing still apply).
+    /// Never confined, and the environment passed on whole (the process-group kill, the
+    /// private `$TMPDIR` and the output cap still apply).
     Off,
 }
 
