@@ -9,6 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::json;
 use tether::local::LocalLoop;
+use tether::sandbox::Sandbox;
 use tether::workspace::{Approval, ApprovalRequest, Approver, Policy, Workspace};
 use tether::{Error, Event, EventKind, Provider, Session, SessionResult};
 
@@ -48,6 +49,18 @@ pub struct RunArgs {
     /// Use non-streaming requests.
     #[arg(long)]
     pub no_stream: bool,
+    /// How commands run by the agent are confined (Linux: Landlock + seccomp): `auto` confines
+    /// where the kernel can and warns once where it cannot, `require` refuses commands where it
+    /// cannot, `off` never confines. Confined commands write only inside the workspace and
+    /// their own $TMPDIR.
+    #[arg(long, value_name = "MODE", default_value = "auto")]
+    pub sandbox: tether::sandbox::SandboxMode,
+    /// Let confined commands use the network (default: no network).
+    #[arg(long)]
+    pub allow_network: bool,
+    /// A directory confined commands may also write beneath (repeatable), e.g. a build cache.
+    #[arg(long, value_name = "DIR")]
+    pub writable: Vec<PathBuf>,
     /// Where the loop lives (openai, anthropic, managed, agentcore) and what each needs.
     #[command(flatten)]
     pub provider: crate::providers::ProviderArgs,
@@ -214,6 +227,14 @@ pub async fn run(args: RunArgs) -> ExitCode {
         Ok(w) => w,
         Err(e) => return fail(format!("workspace {}: {e}", root.display())),
     };
+    let mut sandbox = Sandbox::new(args.sandbox).allow_network(args.allow_network);
+    for w in &args.writable {
+        sandbox = sandbox.writable(w.clone());
+    }
+    if let Some(w) = sandbox.warning() {
+        eprintln!("tether: warning: {w}");
+    }
+    let workspace = workspace.sandbox(sandbox);
     let workspace = if args.yes {
         workspace.policy(Policy::allow_all())
     } else {

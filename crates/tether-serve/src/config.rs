@@ -27,6 +27,12 @@
 //! parameters = { type = "object", properties = { line = { type = "string" } }, required = ["line"] }
 //! approve = false              # true: ask the user before each run
 //!
+//! [agents.coder.sandbox]      # how run_command and the command tools are confined (Linux)
+//! mode = "auto"                # auto: confined where the kernel can, else run with a warning;
+//!                              # require: refused where it cannot; off: never confined
+//! network = false              # true: commands may use the network
+//! writable = []                # directories writable besides the workspace root and the cwd
+//!
 //! [[agents.coder.frontend_tools]]   # tools the browser runs (besides RunAgentInput.tools)
 //! name = "confirm"
 //! description = "Ask the user a yes/no question"
@@ -175,6 +181,9 @@ pub struct AgentConfig {
     /// Shell-command tools.
     #[serde(default)]
     pub commands: Vec<CommandTool>,
+    /// How `run_command` and the command tools are confined.
+    #[serde(default)]
+    pub sandbox: SandboxConfig,
     /// Tools the browser runs.
     #[serde(default)]
     pub frontend_tools: Vec<ToolDecl>,
@@ -224,7 +233,37 @@ fn ask() -> AccessConfig {
     AccessConfig::Ask
 }
 
-/// `[[agents.NAME.commands]]`: a tool that runs `sh -c command`.
+/// `[agents.NAME.sandbox]`: how the agent's commands (`run_command`, the command tools) are
+/// confined; see `tether::sandbox` for what is and is not confined.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// `auto` (default: confined where the kernel supports it, else run unconfined with a
+    /// warning at start), `require` (refused where the kernel cannot confine them), `off`.
+    #[serde(default)]
+    pub mode: tether::sandbox::SandboxMode,
+    /// Whether commands may use the network (default false).
+    #[serde(default)]
+    pub network: bool,
+    /// Directories commands may write beneath besides the workspace root and their cwd
+    /// (relative paths are from the config file's directory).
+    #[serde(default)]
+    pub writable: Vec<PathBuf>,
+}
+
+impl SandboxConfig {
+    /// The sandbox it describes.
+    pub fn sandbox(&self) -> tether::sandbox::Sandbox {
+        let mut s = tether::sandbox::Sandbox::new(self.mode).allow_network(self.network);
+        for w in &self.writable {
+            s = s.writable(w.clone());
+        }
+        s
+    }
+}
+
+/// `[[agents.NAME.commands]]`: a tool that runs `sh -c command`, confined by the agent's
+/// [`SandboxConfig`] (writable beneath the workspace root and its `cwd`).
 ///
 /// The command sees the call's arguments as JSON on stdin and in `$TETHER_ARGS`, each top-level
 /// scalar argument as `$TETHER_ARG_<NAME>` (upper-cased), and the call's id as
@@ -334,6 +373,11 @@ impl Config {
                     c.cwd = Some(base_dir.join(d));
                 }
             }
+            for w in a.sandbox.writable.iter_mut() {
+                if w.is_relative() {
+                    *w = base_dir.join(&*w);
+                }
+            }
             let declared = a
                 .commands
                 .iter()
@@ -352,6 +396,26 @@ impl Config {
             }
         }
         Ok(cfg)
+    }
+
+    /// What to tell the user at start about agents whose commands will not be confined as
+    /// configured (one line each; empty when every agent's are, or cannot run any).
+    pub fn sandbox_warnings(&self) -> Vec<String> {
+        self.agents
+            .iter()
+            .filter(|(_, a)| {
+                !a.commands.is_empty()
+                    || a.workspace
+                        .as_ref()
+                        .is_some_and(|w| w.commands != AccessConfig::Deny)
+            })
+            .filter_map(|(name, a)| {
+                a.sandbox
+                    .sandbox()
+                    .warning()
+                    .map(|w| format!("agent `{name}`: {w}"))
+            })
+            .collect()
     }
 
     /// Reads and parses a configuration file.
@@ -398,6 +462,7 @@ impl Config {
                     commands: AccessConfig::Ask,
                 }),
                 commands: Vec::new(),
+                sandbox: SandboxConfig::default(),
                 frontend_tools: Vec::new(),
                 terminal_tool: None,
             },
@@ -429,6 +494,10 @@ name = "append_line"
 command = "true"
 cwd = "out"
 approve = true
+[agents.coder.sandbox]
+mode = "require"
+network = true
+writable = ["cache"]
 [[agents.coder.frontend_tools]]
 name = "confirm"
 "#;
@@ -443,6 +512,15 @@ name = "confirm"
         );
         assert_eq!(a.commands[0].cwd.as_deref(), Some(Path::new("/base/out")));
         assert!(a.commands[0].approve);
+        assert_eq!(a.sandbox.mode, tether::sandbox::SandboxMode::Require);
+        assert!(a.sandbox.network);
+        assert_eq!(a.sandbox.writable, [Path::new("/base/cache")]);
+        let d = Config::parse("[agents.a]", "t.toml", Path::new("/base")).unwrap();
+        assert_eq!(d.agents["a"].sandbox.mode, tether::sandbox::SandboxMode::Auto);
+        assert!(
+            !d.agents["a"].sandbox.network,
+            "no network unless the config allows it"
+        );
     }
 
     #[test]
@@ -466,5 +544,9 @@ name = "confirm"
             "[agents.a]\n[agents.a.workspace]\n[[agents.a.commands]]\nname = \"read_file\"\ncommand = \"x\"";
         let e = Config::parse(dup, "t.toml", base).unwrap_err().to_string();
         assert!(e.contains("declared twice"), "{e}");
+        let e = Config::parse("[agents.a.sandbox]\nmode = \"strict\"", "t.toml", base)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("strict") && e.contains("auto"), "{e}");
     }
 }

@@ -101,6 +101,9 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for w in config.sandbox_warnings() {
+        eprintln!("tether serve: warning: {w}");
+    }
     let opts = ServerOptions {
         config,
         bind: args.bind.clone(),
