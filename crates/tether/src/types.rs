@@ -342,7 +342,8 @@ pub struct SessionResult {
     pub text: String,
     /// Every turn's text in order, for callers that want all of it.
     pub texts: Vec<String>,
-    /// Tool uses run in this request, deduplicated by id (first kept).
+    /// Tool uses run in this request, each once (the same id, name and arguments twice count
+    /// once; a reused id with other arguments is another tool use).
     pub tool_uses: Vec<ToolUse>,
     /// Tool uses the remote loop ran itself.
     pub server_tool_uses: Vec<ToolUse>,
