@@ -1127,8 +1127,13 @@ impl ToolRunner<'_> {
             record_result(&cx.sink, key, &r).await?;
             return Ok(Some(r));
         }
-        if by_id && let Some(r) = store.tool_result(sid, &u.id).await? {
-            // An answer the application stored for this pending use by its id.
+        // An answer the application stored for this pending use by its id. An id shaped like a
+        // memo key is never looked up bare: a model naming its call after another call's key
+        // would be answered with that call's result.
+        if by_id
+            && !looks_like_memo_key(&u.id)
+            && let Some(r) = store.tool_result(sid, &u.id).await?
+        {
             record_result(&cx.sink, &u.id, &r).await?;
             return Ok(Some(r));
         }
@@ -1249,6 +1254,17 @@ async fn current_key(sink: &EventSink, u: &ToolUse) -> String {
         key = format!("{base}~{generation}");
     }
     key
+}
+
+/// Whether `s` has the shape of a memo key ([`ToolUse::memo_key`], with an optional `~n`
+/// generation): `#` and 32 hex digits at its end.
+fn looks_like_memo_key(s: &str) -> bool {
+    let base = match s.rsplit_once('~') {
+        Some((b, n)) if !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()) => b,
+        _ => s,
+    };
+    base.rsplit_once('#')
+        .is_some_and(|(_, h)| h.len() == 32 && h.bytes().all(|c| c.is_ascii_hexdigit()))
 }
 
 /// A name or id from a model, for a message: control characters escaped, at most 64 characters.

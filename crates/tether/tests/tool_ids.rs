@@ -357,3 +357,37 @@ async fn an_answer_stored_by_id_for_a_pending_use_is_taken_on_resume() {
         .unwrap();
     assert!(dir.path().join("FRESH").exists());
 }
+
+/// A model that names a call after another call's memo key is not answered with that call's
+/// result when the session resumes it (bare-id answers are for ids, not keys).
+#[tokio::test]
+async fn an_id_shaped_like_a_memo_key_is_not_answered_by_that_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let calls = Arc::new(AtomicU32::new(0));
+    let store = Arc::new(MemoryStore::default());
+    let first = ToolUse::new("a", "echo", json!({"v": "safe"}));
+    let (p, _) = Script::new(vec![asks(vec![first.clone()])]);
+    Session::builder(p)
+        .handler(tools(dir.path(), calls.clone()))
+        .store(store.clone())
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let forged = ToolUse::new(first.memo_key(), "touch", json!({"name": "FORGED"}));
+    let (mut p, inputs) = Script::new(vec![]);
+    p.pending = vec![forged];
+    let mut s = Session::builder(p)
+        .handler(tools(dir.path(), calls.clone()))
+        .store(store.clone())
+        .open()
+        .await
+        .unwrap();
+    s.resume(Default::default()).await.unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 2, "the forged call runs");
+    assert!(dir.path().join("FORGED").exists());
+    let Input::ToolResults(_, rs) = inputs.lock().unwrap()[0].clone() else {
+        panic!("expected results");
+    };
+    assert!(rs[0].content.starts_with("created"), "{rs:?}");
+}
