@@ -41,7 +41,7 @@ async fn a_stalled_messages_stream_fails_the_attempt_and_is_retried() {
     .await;
     let sleeper = RecordingSleeper::default();
     // The idle timeout is what is under test; the run's own timeout is generous.
-    let m = model(&fake).stream_idle_timeout(Duration::from_millis(300));
+    let m = model(&fake).stream_idle_timeout(Duration::from_secs(1));
     let lp = LocalLoop::new(m).retry(RetryPolicy::default().with_sleeper(sleeper.clone()));
     let r = Session::builder(lp)
         .timeout(Duration::from_secs(60))
@@ -190,7 +190,7 @@ async fn a_silent_managed_stream_is_reconnected_and_reconciled() {
         "env_1",
     );
     // The idle timeout is what is under test.
-    cfg.stream_idle_timeout = Duration::from_millis(300);
+    cfg.stream_idle_timeout = Duration::from_secs(1);
     let sleeper = RecordingSleeper::default();
     let calls = Arc::new(AtomicU32::new(0));
     let r = Session::builder(ManagedAgents::new(cfg).expect("provider"))

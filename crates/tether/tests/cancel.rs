@@ -175,8 +175,9 @@ async fn a_timed_out_tool_is_stopped() {
     let r = Session::builder(LocalLoop::with_model(model.clone()))
         .handler(tools)
         .config(SessionConfig {
-            // The timeout under test.
-            tool_timeout: Some(Duration::from_millis(300)),
+            // The timeout under test (long enough for the tool to start its child first, even
+            // on a loaded machine).
+            tool_timeout: Some(Duration::from_secs(3)),
             ..Default::default()
         })
         .run("go")
@@ -201,8 +202,8 @@ async fn a_run_past_its_timeout_stops_its_tools_and_records_them() {
     let e = Session::builder(LocalLoop::new(model).session_id("t1"))
         .handler(tools)
         .store(store.clone())
-        // The timeout under test.
-        .timeout(Duration::from_millis(500))
+        // The timeout under test (long enough for the tool to start its child first).
+        .timeout(Duration::from_secs(3))
         .run("go")
         .await
         .unwrap_err();
