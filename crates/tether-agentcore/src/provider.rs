@@ -58,8 +58,16 @@ pub struct AgentCoreConfig {
     pub user_id: Option<String>,
     /// Retries of a failed or truncated turn (default 2).
     pub invoke_retries: u32,
-    /// Longest silence between two chunks of a response (default 300 s).
+    /// Longest silence between two chunks of a response (default 300 s, longer than the other
+    /// providers' 120 s: the remote loop runs its own tools between chunks, and a retried
+    /// invocation runs them again). Exceeding it fails the attempt as `Transport{kind: Idle}`,
+    /// which is retried up to `invoke_retries`.
     pub idle_timeout: Duration,
+    /// The most one turn's response may bring: its text, reasoning and tool-call names and
+    /// inputs together (default [`tether::chat::DEFAULT_MAX_RESPONSE_BYTES`], 8 MiB), and
+    /// sixteen times that of raw body (framing included). Past either the turn fails with
+    /// [`Error::ResponseTooLarge`], not retried.
+    pub max_response_bytes: usize,
     /// Per-invocation harness overrides (`model`, `systemPrompt`, `maxIterations`, `maxTokens`,
     /// `timeoutSeconds`, ...), sent beside `messages`.
     pub overrides: Map<String, Value>,
@@ -96,6 +104,7 @@ impl AgentCoreConfig {
             user_id: None,
             invoke_retries: 2,
             idle_timeout: Duration::from_secs(300),
+            max_response_bytes: tether::chat::DEFAULT_MAX_RESPONSE_BYTES,
             overrides: Map::new(),
             retry: RetryPolicy::default(),
             stop_session_on_close: false,
@@ -408,6 +417,9 @@ impl AgentCore {
         let mut sse = SseLines::default();
         let mut json_body = Vec::new();
         let message_id = format!("{turn_id}-a{n}");
+        let limit = self.config.max_response_bytes;
+        let raw_limit = limit.saturating_mul(16);
+        let mut raw = 0usize;
         loop {
             let next = tokio::time::timeout(self.config.idle_timeout, stream.next()).await;
             let chunk = match next {
@@ -423,6 +435,10 @@ impl AgentCore {
                 Ok(Some(Err(e))) => return Ok(Attempt::Retry(transport(&e, &url), true)),
                 Ok(Some(Ok(c))) => c,
             };
+            raw = raw.saturating_add(chunk.len());
+            if raw > raw_limit {
+                return Err(Error::ResponseTooLarge { limit: limit as u64 });
+            }
             if is_json {
                 json_body.extend_from_slice(&chunk);
                 continue;
@@ -480,6 +496,9 @@ impl AgentCore {
                 }
                 frames.push((ty, p));
             }
+            if fold.kept() > limit {
+                return Err(Error::ResponseTooLarge { limit: limit as u64 });
+            }
         }
         if is_json {
             let v: Value = serde_json::from_slice(&json_body)
@@ -487,6 +506,9 @@ impl AgentCore {
             for (ty, p) in runtime_json(&v) {
                 fold.apply(&ty, &p);
                 frames.push((ty, p));
+            }
+            if fold.kept() > limit {
+                return Err(Error::ResponseTooLarge { limit: limit as u64 });
             }
         }
         if !self.is_harness() && fold.stop_reason.is_none() {
@@ -654,7 +676,8 @@ async fn http_error(resp: reqwest::Response, endpoint: &str) -> Error {
     let get = |k: &str| h.get(k).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let retry_after = parse_retry_after(None, get("retry-after").as_deref());
     let header_code = get("x-amzn-errortype").map(|c| c.split(':').next().unwrap_or_default().to_owned());
-    let text = resp.text().await.unwrap_or_default();
+    // At most 64 KiB of it, each read within 30 s: the server chooses the body.
+    let text = tether_http::error_text(resp, Duration::from_secs(30)).await;
     let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
     let message = v["message"]
         .as_str()

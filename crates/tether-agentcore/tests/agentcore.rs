@@ -481,3 +481,51 @@ async fn a_stream_silent_past_the_idle_timeout_without_retries_is_a_transport_er
     );
     assert!(err.is_transient());
 }
+
+/// A stream that never ends is cut at the response cap, once: the error is typed and the
+/// invocation is not retried (a retry would bring the same).
+#[tokio::test]
+async fn a_stream_that_never_ends_is_cut_at_the_response_cap() {
+    let head = vec![event_frame("messageStart", &json!({"role": "assistant"}))];
+    let repeat = event_frame(
+        "contentBlockDelta",
+        &json!({"contentBlockIndex": 0, "delta": {"text": "x".repeat(1000)}}),
+    );
+    let fake = FakeAgentCore::start(vec![Reply::EndlessFrames { head, repeat }]).await;
+    let sleeper = RecordingSleeper::default();
+    let mut cfg = config(&fake, harness(), &sleeper);
+    cfg.max_response_bytes = 128 << 10;
+    let err = Session::builder(AgentCore::new(cfg).expect("provider"))
+        .timeout(Duration::from_secs(60))
+        .run("hi")
+        .await
+        .expect_err("capped");
+    assert!(
+        matches!(err, Error::ResponseTooLarge { limit } if limit == 128 << 10),
+        "{err:?}"
+    );
+    assert_eq!(fake.requests().len(), 1, "not retried");
+    assert!(sleeper.slept().is_empty());
+
+    // Endless tool input counts too.
+    let head = vec![
+        event_frame("messageStart", &json!({"role": "assistant"})),
+        event_frame(
+            "contentBlockStart",
+            &json!({"contentBlockIndex": 1, "start": {"toolUse": {"toolUseId": "t1", "name": "lookup"}}}),
+        ),
+    ];
+    let repeat = event_frame(
+        "contentBlockDelta",
+        &json!({"contentBlockIndex": 1, "delta": {"toolUse": {"input": "1".repeat(1000)}}}),
+    );
+    let fake = FakeAgentCore::start(vec![Reply::EndlessFrames { head, repeat }]).await;
+    let mut cfg = config(&fake, harness(), &sleeper);
+    cfg.max_response_bytes = 128 << 10;
+    let err = Session::builder(AgentCore::new(cfg).expect("provider"))
+        .timeout(Duration::from_secs(60))
+        .run("hi")
+        .await
+        .expect_err("capped");
+    assert!(matches!(err, Error::ResponseTooLarge { .. }), "{err:?}");
+}

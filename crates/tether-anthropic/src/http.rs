@@ -130,7 +130,8 @@ pub async fn error_from_response(resp: reqwest::Response, endpoint: &str) -> Err
         Some("false") => Some(false),
         _ => None,
     };
-    let body = resp.text().await.unwrap_or_default();
+    // At most 64 KiB of it, each read within 30 s: the server chooses the body.
+    let body = tether_http::error_text(resp, Duration::from_secs(30)).await;
     let (mut message, code) = match serde_json::from_str::<Value>(&body) {
         Ok(v) => (
             v["error"]["message"]
@@ -197,6 +198,10 @@ mod tests {
     }
 }
 
+/// The largest JSON answer the control-plane client reads (64 MiB: a history page of large
+/// events fits many times over).
+pub const MAX_JSON: usize = 64 << 20;
+
 /// A JSON client for Anthropic's control plane (Managed Agents): every call carries the key,
 /// the version, and the beta header when one is set. POSTs are never retried here: a retried
 /// POST could deliver a tool result twice; callers reconcile through history instead.
@@ -253,22 +258,37 @@ impl ApiClient {
         if !resp.status().is_success() {
             return Err(error_from_response(resp, &url).await);
         }
-        let text = resp.text().await.map_err(|e| transport_error(&e, &url))?;
-        if text.trim().is_empty() {
+        let body = tether_http::read_body(resp, MAX_JSON, self.config.request_timeout, &url).await?;
+        if body.truncated {
+            return Err(Error::Malformed(format!(
+                "{url} answered with more than {MAX_JSON} bytes; refusing to read further"
+            )));
+        }
+        if body.bytes.trim_ascii().is_empty() {
             return Ok(Value::Null);
         }
-        serde_json::from_str(&text)
+        serde_json::from_slice(&body.bytes)
             .map_err(|e| Error::Malformed(format!("{url} answered with invalid JSON: {e}")))
     }
 
     /// Opens a server-sent-events stream at `path` (no overall timeout).
     pub async fn sse(&self, path: &str) -> tether::Result<reqwest::Response> {
         let url = self.config.url(path);
-        let resp = self
+        let send = self
             .request(reqwest::Method::GET, &url)
             .header("accept", "text/event-stream")
-            .send()
+            .send();
+        // The headers within the request timeout; the body is read under the stream's idle bound.
+        let resp = tokio::time::timeout(self.config.request_timeout, send)
             .await
+            .map_err(|_| Error::Transport {
+                kind: tether::TransportKind::Timeout,
+                message: format!(
+                    "the event stream did not answer within {:?}",
+                    self.config.request_timeout
+                ),
+                endpoint: url.clone(),
+            })?
             .map_err(|e| transport_error(&e, &url))?;
         if !resp.status().is_success() {
             return Err(error_from_response(resp, &url).await);

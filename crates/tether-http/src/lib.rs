@@ -172,6 +172,64 @@ pub fn add_root_certificates(
     Ok(builder)
 }
 
+/// A response body read with [`read_body`]: at most the cap, and whether there was more.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Body {
+    /// The bytes read (at most the cap).
+    pub bytes: Vec<u8>,
+    /// Whether the body went on past the cap (it was not read further).
+    pub truncated: bool,
+}
+
+/// Reads a body whose size the server chooses (an error message, a JSON answer) with bounds:
+/// at most `cap` bytes are kept (the rest is not read), and each read must arrive within
+/// `idle`, else [`TransportKind::Idle`]. A server cannot make the caller hold more than `cap`,
+/// nor wait forever.
+pub async fn read_body(
+    mut resp: reqwest::Response,
+    cap: usize,
+    idle: Duration,
+    endpoint: &str,
+) -> Result<Body, Error> {
+    let mut out = Body::default();
+    loop {
+        let chunk = match tokio::time::timeout(idle, resp.chunk()).await {
+            Err(_) => {
+                return Err(Error::Transport {
+                    kind: TransportKind::Idle,
+                    message: format!(
+                        "the response body stalled for {idle:?} after {} bytes",
+                        out.bytes.len()
+                    ),
+                    endpoint: endpoint.to_owned(),
+                });
+            }
+            Ok(Err(e)) => return Err(transport_error(&e, endpoint)),
+            Ok(Ok(None)) => return Ok(out),
+            Ok(Ok(Some(c))) => c,
+        };
+        let room = cap - out.bytes.len();
+        if chunk.len() > room {
+            out.bytes.extend_from_slice(&chunk[..room]);
+            out.truncated = true;
+            return Ok(out);
+        }
+        out.bytes.extend_from_slice(&chunk);
+    }
+}
+
+/// The most of an error response's body read for its message (64 KiB).
+pub const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// An error response's body as text, best effort: at most [`MAX_ERROR_BODY`] bytes, read within
+/// `idle` per read; whatever arrived before a failure.
+pub async fn error_text(resp: reqwest::Response, idle: Duration) -> String {
+    match read_body(resp, MAX_ERROR_BODY, idle, "").await {
+        Ok(b) => String::from_utf8_lossy(&b.bytes).into_owned(),
+        Err(_) => String::new(),
+    }
+}
+
 /// What a response's headers say about retrying it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RetryHeaders {
@@ -236,5 +294,69 @@ mod tests {
         assert_eq!(r.should_retry, Some(false));
         h.insert("retry-after-ms", "250".parse().unwrap_or_else(|_| unreachable!()));
         assert_eq!(retry_headers(&h).retry_after, Some(Duration::from_millis(250)));
+        // A hostile value never panics; a huge one reads as the maximum.
+        h.insert(
+            "retry-after-ms",
+            "1e400".parse().unwrap_or_else(|_| unreachable!()),
+        );
+        assert_eq!(
+            retry_headers(&h).retry_after,
+            Some(tether::retry::MAX_RETRY_AFTER)
+        );
+    }
+
+    /// A server that sends a body forever, or stalls in the middle of one.
+    async fn server(body: &'static [u8], forever: bool) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|_| unreachable!());
+        let addr = l.local_addr().unwrap_or_else(|_| unreachable!());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let _ = s.read(&mut buf).await;
+                    let _ = s
+                        .write_all(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\n\r\n")
+                        .await;
+                    let _ = s.write_all(body).await;
+                    if forever {
+                        while s.write_all(body).await.is_ok() {}
+                    } else {
+                        std::future::pending::<()>().await;
+                    }
+                });
+            }
+        });
+        format!("http://{addr}/")
+    }
+
+    #[tokio::test]
+    async fn bodies_are_read_with_a_cap_and_an_idle_bound() {
+        let url = server(b"0123456789abcdef", true).await;
+        let resp = reqwest::get(&url).await.unwrap_or_else(|_| unreachable!());
+        let b = read_body(resp, 1000, Duration::from_secs(30), "t")
+            .await
+            .unwrap_or_else(|_| unreachable!());
+        assert_eq!(b.bytes.len(), 1000);
+        assert!(b.truncated);
+
+        let url = server(b"partial", false).await;
+        let resp = reqwest::get(&url).await.unwrap_or_else(|_| unreachable!());
+        // The idle bound under test.
+        let e = read_body(resp, 1000, Duration::from_millis(200), "t").await;
+        assert!(
+            matches!(
+                e,
+                Err(Error::Transport {
+                    kind: TransportKind::Idle,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let resp = reqwest::get(&url).await.unwrap_or_else(|_| unreachable!());
+        assert_eq!(error_text(resp, Duration::from_millis(200)).await, "");
     }
 }

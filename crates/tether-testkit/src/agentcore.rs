@@ -126,6 +126,14 @@ pub enum Reply {
     StallFrames(Vec<Vec<u8>>),
     /// Like [`Reply::Sse`], then silence with the connection open (until a stop).
     StallSse(String),
+    /// These frames, then `repeat` again and again for as long as the client reads (a stream
+    /// that never ends).
+    EndlessFrames {
+        /// Sent once, first.
+        head: Vec<Vec<u8>>,
+        /// Sent forever after.
+        repeat: Vec<u8>,
+    },
 }
 
 /// A recorded request.
@@ -274,6 +282,17 @@ async fn invoke(State(st): State<Shared>, uri: Uri, headers: HeaderMap, body: By
             .header("content-type", "text/event-stream")
             .body(stalled(vec![Bytes::from(s)], &st))
             .unwrap_or_default(),
+        Some(Reply::EndlessFrames { head, repeat }) => {
+            let repeat = Bytes::from(repeat);
+            let head = futures_util::stream::iter(halves(head).into_iter().map(Ok::<_, std::io::Error>));
+            Response::builder()
+                .status(200)
+                .header("content-type", "application/vnd.amazon.eventstream")
+                .body(Body::from_stream(head.chain(futures_util::stream::repeat_with(
+                    move || Ok(repeat.clone()),
+                ))))
+                .unwrap_or_default()
+        }
         None => aws_error(500, "InternalServerException", "fake: the script is exhausted"),
     }
 }

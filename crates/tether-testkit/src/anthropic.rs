@@ -15,6 +15,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::post;
+use futures_util::StreamExt;
 use serde_json::{Value, json};
 
 use crate::server::{Negotiated, Serve, TestCa};
@@ -26,6 +27,16 @@ pub enum Reply {
     Sse(String),
     /// 200 with this JSON body (a non-streamed message).
     Json(Value),
+    /// 200 with this SSE body, then nothing more: the connection stays open (a stalled stream).
+    SseStall(String),
+    /// 200 with `head`, then `repeat` again and again for as long as the client reads (a model
+    /// that never stops).
+    SseEndless {
+        /// Sent once, first.
+        head: String,
+        /// Sent forever after.
+        repeat: String,
+    },
     /// An error status with a JSON body and extra headers (e.g. `retry-after`).
     Status {
         /// The HTTP status.
@@ -137,6 +148,25 @@ async fn messages(State(st): State<Arc<Mutex<St>>>, headers: HeaderMap, body: By
             .header("content-type", "text/event-stream")
             .body(Body::from(body))
             .unwrap_or_default(),
+        Some(Reply::SseStall(body)) => Response::builder()
+            .status(200)
+            .header("content-type", "text/event-stream")
+            .body(Body::from_stream(
+                futures_util::stream::once(async move { Ok::<_, std::io::Error>(Bytes::from(body)) })
+                    .chain(futures_util::stream::pending()),
+            ))
+            .unwrap_or_default(),
+        Some(Reply::SseEndless { head, repeat }) => {
+            let repeat = Bytes::from(repeat);
+            Response::builder()
+                .status(200)
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(
+                    futures_util::stream::once(async move { Ok::<_, std::io::Error>(Bytes::from(head)) })
+                        .chain(futures_util::stream::repeat_with(move || Ok(repeat.clone()))),
+                ))
+                .unwrap_or_default()
+        }
         Some(Reply::Json(v)) => Response::builder()
             .status(200)
             .header("content-type", "application/json")

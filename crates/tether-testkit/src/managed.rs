@@ -36,6 +36,10 @@ use crate::server::{Negotiated, Serve, TestCa};
 pub struct ManagedFaults {
     /// Close every open stream right after delivering the first event of this type.
     pub drop_after: Option<String>,
+    /// Right after delivering the first event of this type, the open streams go silent: they
+    /// stay open and get nothing more (no event, no heartbeat), while the session goes on (its
+    /// history keeps growing). A stream opened later is served normally.
+    pub stall_after: Option<String>,
     /// Deliver every event twice on the stream.
     pub duplicate: bool,
     /// Statuses for successive stream opens (then 200).
@@ -56,6 +60,8 @@ struct Sess {
     streams: Vec<mpsc::UnboundedSender<Bytes>>,
     turns: VecDeque<Vec<Value>>,
     waiting: HashSet<String>,
+    /// Streams silenced by `stall_after`: kept open, never written to.
+    parked: Vec<mpsc::UnboundedSender<Bytes>>,
 }
 
 #[derive(Default)]
@@ -65,6 +71,7 @@ struct St {
     sessions: HashMap<String, Sess>,
     next_id: u64,
     dropped: bool,
+    stalled: bool,
     stream_opens: u32,
     posted: Vec<Value>,
     requests: Vec<(String, String)>,
@@ -93,12 +100,20 @@ impl St {
         if drop_now {
             self.dropped = true;
         }
+        let stall_now = !self.stalled && self.faults.stall_after.as_deref() == Some(ty.as_str());
+        if stall_now {
+            self.stalled = true;
+        }
         if let Some(s) = self.sessions.get_mut(sid) {
             s.log.push(ev.clone());
             s.streams.retain(|tx| {
                 let ok = tx.send(frame.clone()).is_ok() && (!dup || tx.send(frame.clone()).is_ok());
                 ok && !drop_now
             });
+            if stall_now {
+                let silenced: Vec<_> = s.streams.drain(..).collect();
+                s.parked.extend(silenced);
+            }
         }
         ev
     }

@@ -277,6 +277,8 @@ enum Kind {
     Stamped {
         n: usize,
     },
+    /// Content deltas of this text, forever (until the client leaves).
+    Endless(String),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -537,6 +539,12 @@ impl Reply {
         Self::new(Kind::Stamped { n })
     }
 
+    /// A model that never stops: content deltas of `delta`, streamed for as long as the client
+    /// reads (no finish reason, no `[DONE]`), for output caps.
+    pub fn endless(delta: impl Into<String>) -> Self {
+        Self::new(Kind::Endless(delta.into()))
+    }
+
     /// An extra response header (e.g. `retry-after-ms`, `x-should-retry`).
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.to_owned(), value.to_owned()));
@@ -586,6 +594,17 @@ impl Reply {
                 v.push(Piece::Bytes(Bytes::from_static(b"data: [DONE]\n\n")));
                 (StatusCode::OK, "text/event-stream", v, End::Close)
             }
+            Kind::Endless(delta) => (
+                StatusCode::OK,
+                "text/event-stream",
+                vec![Piece::Bytes(sse(&chunk(
+                    &id,
+                    model,
+                    json!({"role": "assistant", "content": ""}),
+                    None,
+                )))],
+                End::Repeat(sse(&chunk(&id, model, json!({"content": delta}), None))),
+            ),
             Kind::Completion(c) if stream => {
                 let (p, end) = c.stream_pieces(&id, model);
                 (StatusCode::OK, "text/event-stream", p, end)
@@ -640,6 +659,7 @@ impl Reply {
                         .await;
                 }
                 End::Stall => tx.closed().await,
+                End::Repeat(b) => while tx.send(Ok(b.clone())).await.is_ok() {},
             }
         });
         let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
@@ -661,6 +681,8 @@ enum End {
     Close,
     Abort,
     Stall,
+    /// These bytes again and again, until the client leaves.
+    Repeat(Bytes),
 }
 
 fn resplit(pieces: Vec<Piece>, k: usize) -> Vec<Piece> {

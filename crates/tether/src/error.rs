@@ -85,6 +85,16 @@ pub enum Error {
     /// The response could not be understood.
     #[error("malformed response: {0}")]
     Malformed(String),
+    /// A model's response outgrew the cap on one response (its text, reasoning and tool-call
+    /// arguments together, [`crate::chat::DEFAULT_MAX_RESPONSE_BYTES`] unless configured): the
+    /// call was stopped there. Not transient: the same request would do it again.
+    #[error(
+        "the model's response exceeded {limit} bytes of text, reasoning and tool-call arguments, so the call was stopped; if a response that large is expected raise the model's max_response_bytes, otherwise lower its max_tokens"
+    )]
+    ResponseTooLarge {
+        /// The cap, in bytes.
+        limit: u64,
+    },
     /// The run did not finish within its time limit.
     #[error("the run did not finish within {0:?}; in-flight work was torn down")]
     Timeout(Duration),
@@ -188,6 +198,7 @@ impl Error {
             Error::Transport { .. } => "transport",
             Error::Stream { .. } => "stream_error",
             Error::Malformed(_) => "malformed_response",
+            Error::ResponseTooLarge { .. } => "response_too_large",
             Error::Timeout(_) => "timeout",
             Error::Cancelled => "cancelled",
             Error::Config(_) => "config",
@@ -260,5 +271,6 @@ mod tests {
             assert!(e.is_transient());
         }
         assert!(!Error::Cancelled.is_transient());
+        assert!(!Error::ResponseTooLarge { limit: 1 }.is_transient());
     }
 }
