@@ -39,7 +39,14 @@ const SCENARIOS: &[&str] = &[
     "interrupt",
     "error",
     "two-runs",
+    "flaky",
+    "dropped",
+    "diverged",
+    "dropped-tool",
 ];
+
+/// The pace of a stream that drops: each piece is written (and flushed) before the next.
+const PACE: Duration = Duration::from_millis(30);
 
 fn script(scenario: &str) -> Vec<Reply> {
     match scenario {
@@ -80,6 +87,32 @@ fn script(scenario: &str) -> Vec<Reply> {
             "model_not_found",
         )],
         "two-runs" => vec![Reply::text("First answer."), Reply::text("Second answer.")],
+        // A 503, then the answer: the local loop retries; the client sees one message.
+        "flaky" => vec![Reply::server_error(503), Reply::text("Recovered after a 503.")],
+        // The stream drops after two deltas; the retried call streams the same answer again.
+        // (Paced, so what comes before the drop is flushed to the client before the abort.)
+        "dropped" => vec![
+            Reply::text("partial answer, then the rest of it.")
+                .drop_after(3)
+                .pace(PACE),
+            Reply::text("partial answer, then the rest of it."),
+        ],
+        // The stream drops; the retried call says something else: the partial text is withdrawn.
+        "diverged" => vec![
+            Reply::text("partial words that will vanish")
+                .drop_after(3)
+                .pace(PACE),
+            Reply::text("after drop complete"),
+        ],
+        // The stream drops inside a tool call's arguments; the retried call makes the same call.
+        "dropped-tool" => vec![
+            Reply::tool_calls(&[("call_add", "add", r#"{"a":2,"b":3}"#)])
+                .with_text("Let me add those.")
+                .drop_after(7)
+                .pace(PACE),
+            Reply::tool_calls(&[("call_add", "add", r#"{"a":2,"b":3}"#)]).with_text("Let me add those."),
+            Reply::text("2 + 3 = 5."),
+        ],
         _ => Vec::new(),
     }
 }
