@@ -283,7 +283,7 @@ function partialFirst(events, type) {
   const retry = events.findIndex((e) => e.type === "CUSTOM" && e.name === "tether.retry");
   if (retry < 0) return "the stream was not retried";
   const first = events.findIndex((e) => e.type === type);
-  return first >= 0 && first < retry ? null : `no ${type} before the retry: the drop came before anything was shown`;
+  return first >= 0 && first < retry ? null : `no ${type} before the retry: the cut came before anything was shown`;
 }
 
 // The answer went out in one text message, each character once.

@@ -45,9 +45,6 @@ const SCENARIOS: &[&str] = &[
     "dropped-tool",
 ];
 
-/// The pace of a stream that drops: each piece is written (and flushed) before the next.
-const PACE: Duration = Duration::from_millis(30);
-
 fn script(scenario: &str) -> Vec<Reply> {
     match scenario {
         "text" => vec![Reply::text("Hello from tether! How can I help?").usage(12, 9)],
@@ -89,27 +86,23 @@ fn script(scenario: &str) -> Vec<Reply> {
         "two-runs" => vec![Reply::text("First answer."), Reply::text("Second answer.")],
         // A 503, then the answer: the local loop retries; the client sees one message.
         "flaky" => vec![Reply::server_error(503), Reply::text("Recovered after a 503.")],
-        // The stream drops after two deltas; the retried call streams the same answer again.
-        // (Paced, so what comes before the drop is flushed to the client before the abort.)
+        // The stream ends after its first delta, before any finish_reason (a dropped stream as
+        // the client sees it: what came before the cut reached it, surely, unlike an abort whose
+        // last writes may be lost); the retried call streams the same answer again.
         "dropped" => vec![
-            Reply::text("partial answer, then the rest of it.")
-                .drop_after(3)
-                .pace(PACE),
+            Reply::text("partial answer, then the rest of it.").truncate_after(2),
             Reply::text("partial answer, then the rest of it."),
         ],
-        // The stream drops; the retried call says something else: the partial text is withdrawn.
+        // The stream is cut; the retried call says something else: the partial text is withdrawn.
         "diverged" => vec![
-            Reply::text("partial words that will vanish")
-                .drop_after(3)
-                .pace(PACE),
+            Reply::text("partial words that will vanish").truncate_after(2),
             Reply::text("after drop complete"),
         ],
-        // The stream drops inside a tool call's arguments; the retried call makes the same call.
+        // The stream is cut inside a tool call's arguments; the retried call makes the same call.
         "dropped-tool" => vec![
             Reply::tool_calls(&[("call_add", "add", r#"{"a":2,"b":3}"#)])
                 .with_text("Let me add those.")
-                .drop_after(7)
-                .pace(PACE),
+                .truncate_after(6),
             Reply::tool_calls(&[("call_add", "add", r#"{"a":2,"b":3}"#)]).with_text("Let me add those."),
             Reply::text("2 + 3 = 5."),
         ],

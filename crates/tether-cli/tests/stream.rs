@@ -1,16 +1,13 @@
-//! `tether run` against the fake OpenAI server whose stream drops mid-answer: what the real
-//! binary prints is what the record holds (issue 11, defect 7: it printed the partial text and
-//! then the whole answer again).
+//! `tether run` against the fake OpenAI server whose stream is cut mid-answer (it ends before any
+//! `finish_reason`: the client sees a dropped stream, and what came before the cut surely reached
+//! it): what the real binary prints is what the record holds (issue 11, defect 7: it printed the
+//! partial text and then the whole answer again).
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
 
 use serde_json::Value;
 use tether_testkit::openai::{FakeOpenAi, Reply};
-
-/// Drops are paced so what precedes the drop is flushed to the client before the abort.
-const PACE: Duration = Duration::from_millis(30);
 
 async fn tether(args: Vec<String>) -> Output {
     tokio::task::spawn_blocking(move || {
@@ -54,7 +51,7 @@ const ANSWER: &str = "partial answer, then the rest of it.";
 #[tokio::test(flavor = "multi_thread")]
 async fn a_stream_dropped_and_retried_prints_the_answer_once() {
     let fake = FakeOpenAi::start().await;
-    fake.push(Reply::text(ANSWER).drop_after(3).pace(PACE));
+    fake.push(Reply::text(ANSWER).truncate_after(2));
     fake.push(Reply::text(ANSWER));
     let o = tether(run_args(&fake.url(), &[])).await;
     let (out, err) = text(&o);
@@ -64,9 +61,9 @@ async fn a_stream_dropped_and_retried_prints_the_answer_once() {
     assert_eq!(fake.requests().len(), 2);
 
     // The same run in --json: the failed attempt did show its first text before the retry, so
-    // the run above shows a repeat held back, not a drop before anything was printed.
+    // the run above shows a repeat held back, not a cut before anything was printed.
     let fake = FakeOpenAi::start().await;
-    fake.push(Reply::text(ANSWER).drop_after(3).pace(PACE));
+    fake.push(Reply::text(ANSWER).truncate_after(2));
     fake.push(Reply::text(ANSWER));
     let o = tether(run_args(&fake.url(), &["--json"])).await;
     let (out, err) = text(&o);
@@ -93,11 +90,7 @@ async fn a_stream_dropped_and_retried_prints_the_answer_once() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_retry_that_says_something_else_is_marked_and_printed_whole() {
     let fake = FakeOpenAi::start().await;
-    fake.push(
-        Reply::text("partial words that will vanish")
-            .drop_after(3)
-            .pace(PACE),
-    );
+    fake.push(Reply::text("partial words that will vanish").truncate_after(2));
     fake.push(Reply::text("after drop complete"));
     let o = tether(run_args(&fake.url(), &[])).await;
     let (out, err) = text(&o);
