@@ -276,7 +276,14 @@ struct LiveMessage {
     shown: Vec<Shown>,
     /// After a retry: the new attempt so far.
     replay: Option<Vec<Draft>>,
+    /// More parts than [`MAX_PARTS`] were shown: they are no longer tracked, and a retry
+    /// restarts the message at its first piece.
+    lost: bool,
 }
+
+/// The most parts tracked per message: a model that alternates text and reasoning at every
+/// character cannot make the sink hold a hasher per character.
+const MAX_PARTS: usize = 256;
 
 /// What a live event adds to its message.
 enum Piece<'a> {
@@ -355,6 +362,7 @@ impl LiveGuard {
                             id: id.to_owned(),
                             shown: Vec::new(),
                             replay: None,
+                            lost: false,
                         });
                         self.messages.len() - 1
                     }
@@ -385,7 +393,7 @@ impl LiveGuard {
             self.messages.drain(..n - 1);
         }
         match self.messages.last_mut() {
-            Some(m) if !m.shown.is_empty() => m.replay = Some(Vec::new()),
+            Some(m) if !m.shown.is_empty() || m.lost => m.replay = Some(Vec::new()),
             _ => self.messages.clear(),
         }
     }
@@ -397,8 +405,9 @@ impl LiveGuard {
         let mut out = Vec::new();
         for m in self.messages.drain(..) {
             let Some(drafts) = m.replay else { continue };
-            let caught_up =
-                drafts.len() == m.shown.len() && m.shown.iter().zip(&drafts).all(|(p, d)| complete(p, d));
+            let caught_up = !m.lost
+                && drafts.len() == m.shown.len()
+                && m.shown.iter().zip(&drafts).all(|(p, d)| complete(p, d));
             if m.id == id && !caught_up {
                 out.extend(restart(&m.id, &drafts));
             } else if m.id != id {
@@ -494,6 +503,18 @@ impl LiveMessage {
 
     /// No retry in progress: the piece is delivered as it is and counted as shown.
     fn passed(&mut self, keys: &RandomState, piece: Piece<'_>) -> Option<Vec<Event>> {
+        if self.lost {
+            return None;
+        }
+        let out = self.track(keys, piece);
+        if self.shown.len() > MAX_PARTS {
+            self.shown = Vec::new();
+            self.lost = true;
+        }
+        out
+    }
+
+    fn track(&mut self, keys: &RandomState, piece: Piece<'_>) -> Option<Vec<Event>> {
         match piece {
             Piece::Append(kind, s) => match self.shown.last_mut() {
                 Some(p) if p.kind == kind => {
@@ -607,17 +628,26 @@ impl LiveMessage {
         let diverged = |m: &mut LiveMessage| {
             let drafts = m.replay.take().unwrap_or_default();
             let out = restart(&m.id, &drafts);
-            m.shown = drafts
-                .into_iter()
-                .map(|d| Shown {
-                    len: d.text.len(),
-                    hash: hash_of(keys, &d.text),
-                    kind: d.kind,
-                    ended: d.ended,
-                })
-                .collect();
+            m.lost = drafts.len() > MAX_PARTS;
+            m.shown = if m.lost {
+                Vec::new()
+            } else {
+                drafts
+                    .into_iter()
+                    .map(|d| Shown {
+                        len: d.text.len(),
+                        hash: hash_of(keys, &d.text),
+                        kind: d.kind,
+                        ended: d.ended,
+                    })
+                    .collect()
+            };
             Some(out)
         };
+        if self.lost || drafts.len() > MAX_PARTS {
+            // What was shown is not known part by part: the message starts over.
+            return diverged(self);
+        }
         if i >= self.shown.len() {
             // A part the failed attempt never reached: shown once all it did show was repeated.
             let repeated =
@@ -1265,6 +1295,86 @@ mod tests {
         assert_eq!(kinds, ["message", "text_delta", "retry", "message"]);
     }
 
+    #[tokio::test]
+    async fn a_message_of_countless_parts_is_not_tracked_part_by_part() {
+        // Reasoning and text alternating at every character: a part each.
+        let mut steps = Vec::new();
+        for _ in 0..400 {
+            steps.push(Step::Reasoning("r"));
+            steps.push(Step::Text("t"));
+        }
+        let sink = EventSink::detached();
+        let mut sub = sink.subscribe(8192).await;
+        let live = |kind| Event::new("", "test", Value::Null, kind);
+        for (i, s) in steps.iter().enumerate() {
+            let kind = match s {
+                Step::Reasoning(d) => EventKind::ReasoningDelta {
+                    message_id: "m1".into(),
+                    delta: (*d).into(),
+                },
+                Step::Text(d) => EventKind::TextDelta {
+                    message_id: "m1".into(),
+                    delta: (*d).into(),
+                },
+                _ => unreachable!(),
+            };
+            sink.emit_live(live(kind)).await;
+            let g = sink.inner.live.lock().unwrap();
+            assert!(g.messages[0].shown.len() <= MAX_PARTS, "at step {i}");
+        }
+        sink.record(
+            "",
+            "local.retry",
+            Value::Null,
+            EventKind::Retry {
+                attempt: 1,
+                delay_ms: 0,
+                error: "x".into(),
+            },
+        )
+        .await
+        .unwrap();
+        // The retry says "rt" only: the message starts over at its first piece.
+        for (kind, d) in [(true, "r"), (false, "t")] {
+            let kind = if kind {
+                EventKind::ReasoningDelta {
+                    message_id: "m1".into(),
+                    delta: d.into(),
+                }
+            } else {
+                EventKind::TextDelta {
+                    message_id: "m1".into(),
+                    delta: d.into(),
+                }
+            };
+            sink.emit_live(live(kind)).await;
+        }
+        sink.record(
+            "m1",
+            "local.model_response",
+            Value::Null,
+            EventKind::Message {
+                message_id: "m1".into(),
+                role: Role::Assistant,
+                text: "t".into(),
+                reasoning: Some("r".into()),
+                tool_uses: Vec::new(),
+            },
+        )
+        .await
+        .unwrap();
+        drop(sink);
+        let mut c = Consumer::default();
+        while let Ok(e) = sub.try_recv() {
+            c.fold(&e);
+        }
+        assert_eq!(c.restarts, 1);
+        assert_eq!(
+            (c.held["m1"].reasoning.as_str(), text_of(&c).as_str()),
+            ("r", "t")
+        );
+    }
+
     /// Splits `s` into pieces at the char boundaries `cuts` pick.
     fn pieces(s: &str, cuts: &[usize]) -> Vec<String> {
         let bounds: Vec<usize> = (0..=s.len()).filter(|i| s.is_char_boundary(*i)).collect();
@@ -1337,9 +1447,123 @@ mod tests {
             .block_on(f)
     }
 
+    /// A message's live events: text, reasoning and tool calls (ids by position), each cut into
+    /// pieces by `cuts`.
+    fn message_events(parts: &[(u8, String)], cuts: &[usize]) -> Vec<Event> {
+        let live = |kind| Event::new("", "test", Value::Null, kind);
+        let mut out = Vec::new();
+        for (i, (kind, text)) in parts.iter().enumerate() {
+            let pieces = pieces(text, cuts);
+            match kind % 3 {
+                0 => out.extend(pieces.into_iter().map(|d| {
+                    live(EventKind::TextDelta {
+                        message_id: "m1".into(),
+                        delta: d,
+                    })
+                })),
+                1 => out.extend(pieces.into_iter().map(|d| {
+                    live(EventKind::ReasoningDelta {
+                        message_id: "m1".into(),
+                        delta: d,
+                    })
+                })),
+                _ => {
+                    let id = format!("c{i}");
+                    out.push(live(EventKind::ToolCallStart {
+                        tool_use_id: id.clone(),
+                        name: "f".into(),
+                        message_id: Some("m1".into()),
+                    }));
+                    out.extend(pieces.into_iter().map(|d| {
+                        live(EventKind::ToolCallArgs {
+                            tool_use_id: id.clone(),
+                            delta: d,
+                        })
+                    }));
+                    out.push(live(EventKind::ToolCallEnd { tool_use_id: id }));
+                }
+            }
+        }
+        out
+    }
+
+    fn parts() -> impl Strategy<Value = Vec<(u8, String)>> {
+        proptest::collection::vec((0u8..3, "[ab\u{e9}]{0,5}"), 0..5)
+    }
+
     proptest! {
         /// Whatever the failed attempt showed and however both attempts are cut into pieces,
         /// the consumer ends with the record's text; a repeat adds no byte twice and no restart.
+        /// Text, reasoning and tool calls alike: whatever part of one message the failed
+        /// attempt showed, and whatever the next attempt streams, the consumer ends holding
+        /// exactly the next attempt's message (started and ended once per call).
+        #[test]
+        fn every_part_ends_as_the_last_attempt_streamed_it(
+            first in parts(),
+            other in parts(),
+            mode in 0u8..3,
+            grow in 0usize..8,
+            cut in 0usize..64,
+            cuts in proptest::collection::vec(0usize..64, 0..4),
+        ) {
+            // The next attempt: the same message, another one, or the same with one part grown
+            // (what a model that goes on differently looks like).
+            let same = mode == 0;
+            let second = match mode {
+                0 => first.clone(),
+                1 => other,
+                _ => {
+                    let mut m = first.clone();
+                    if let Some(p) = m.get_mut(grow % first.len().max(1)) {
+                        p.1.push('b');
+                    }
+                    m
+                }
+            };
+            let shown = message_events(&first, &cuts);
+            let shown = &shown[..cut % (shown.len() + 1)];
+            let again = message_events(&second, &[]);
+            let expected = {
+                let mut c = Consumer::default();
+                for e in &again {
+                    c.fold(e);
+                }
+                c.held.get("m1").cloned().unwrap_or_default()
+            };
+            let c = block_on(async {
+                let sink = EventSink::detached();
+                let mut sub = sink.subscribe(4096).await;
+                for e in shown {
+                    sink.emit_live(e.clone()).await;
+                }
+                sink.record("", "local.retry", Value::Null, EventKind::Retry {
+                    attempt: 1,
+                    delay_ms: 0,
+                    error: "x".into(),
+                }).await.unwrap();
+                for e in &again {
+                    sink.emit_live(e.clone()).await;
+                }
+                sink.record("m1", "local.model_response", Value::Null, EventKind::Message {
+                    message_id: "m1".into(),
+                    role: Role::Assistant,
+                    text: expected.text.clone(),
+                    reasoning: None,
+                    tool_uses: Vec::new(),
+                }).await.unwrap();
+                drop(sink);
+                let mut c = Consumer::default();
+                while let Ok(e) = sub.try_recv() {
+                    c.fold(&e);
+                }
+                c
+            });
+            prop_assert_eq!(c.held.get("m1").cloned().unwrap_or_default(), expected);
+            if same {
+                prop_assert_eq!(c.restarts, 0, "a repeat never restarts");
+            }
+        }
+
         #[test]
         fn the_consumer_ends_with_the_record(
             answer in "\\PC{0,24}",
