@@ -566,6 +566,20 @@ impl LiveMessage {
         None
     }
 
+    /// Everything shown repeated exactly: the attempt goes on as a plain stream.
+    fn end_replay_if_repeated(&mut self) {
+        if let Some(drafts) = &self.replay
+            && drafts.len() == self.shown.len()
+            && self
+                .shown
+                .iter()
+                .zip(drafts)
+                .all(|(p, d)| complete(p, d) && p.ended == d.ended)
+        {
+            self.replay = None;
+        }
+    }
+
     fn call_mut(&mut self, id: &str) -> Option<&mut Shown> {
         self.shown
             .iter_mut()
@@ -655,18 +669,18 @@ impl LiveMessage {
             if !repeated {
                 return diverged(self);
             }
-            let drafts = self.replay.take().unwrap_or_default();
-            for (p, d) in self.shown.iter_mut().zip(&drafts) {
-                p.ended |= d.ended;
-            }
-            if let Some(d) = drafts.into_iter().nth(i) {
-                self.shown.push(Shown {
-                    len: d.text.len(),
-                    hash: hash_of(keys, &d.text),
-                    kind: d.kind,
-                    ended: d.ended,
-                });
-            }
+            // It is delivered and joins what was shown; the replay ends once every part is
+            // repeated exactly (a call the consumer saw end must end here too, or get no more
+            // arguments: more would be a restart).
+            let d = &mut drafts[i];
+            d.checked = true;
+            self.shown.push(Shown {
+                len: d.text.len(),
+                hash: hash_of(keys, &d.text),
+                kind: d.kind.clone(),
+                ended: d.ended,
+            });
+            self.end_replay_if_repeated();
             return None;
         }
         let p = &self.shown[i];
@@ -731,13 +745,7 @@ impl LiveMessage {
             self.shown[i].ended = true;
             out.push(ev.clone());
         }
-        // Everything shown repeated whole: the attempt goes on as a plain stream.
-        if let Some(drafts) = &self.replay
-            && drafts.len() == self.shown.len()
-            && self.shown.iter().zip(drafts).all(|(p, d)| complete(p, d))
-        {
-            self.replay = None;
-        }
+        self.end_replay_if_repeated();
         Some(out)
     }
 }
@@ -1505,6 +1513,7 @@ mod tests {
             grow in 0usize..8,
             cut in 0usize..64,
             cuts in proptest::collection::vec(0usize..64, 0..4),
+            second_cut in proptest::option::of(0usize..64),
         ) {
             // The next attempt: the same message, another one, or the same with one part grown
             // (what a model that goes on differently looks like).
@@ -1536,11 +1545,19 @@ mod tests {
                 for e in shown {
                     sink.emit_live(e.clone()).await;
                 }
-                sink.record("", "local.retry", Value::Null, EventKind::Retry {
+                let retry = EventKind::Retry {
                     attempt: 1,
                     delay_ms: 0,
                     error: "x".into(),
-                }).await.unwrap();
+                };
+                sink.record("", "local.retry", Value::Null, retry.clone()).await.unwrap();
+                // Maybe the next attempt is cut too, and a third one streams it whole.
+                if let Some(k) = second_cut {
+                    for e in &again[..k % (again.len() + 1)] {
+                        sink.emit_live(e.clone()).await;
+                    }
+                    sink.record("", "local.retry", Value::Null, retry).await.unwrap();
+                }
                 for e in &again {
                     sink.emit_live(e.clone()).await;
                 }
