@@ -500,3 +500,162 @@ async fn results_are_shown_for_calls_of_this_run_or_unanswered_in_the_input_once
         "usage with the model: {fin}"
     );
 }
+
+mod retried {
+    //! Property: whatever a failed attempt showed, the client ends holding what a run without the
+    //! retry leaves it (the recorded message), and every stream passes the verifier.
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// A message's live events: text, reasoning and tool calls (ids by position).
+    fn events_of(parts: &[(u8, String)]) -> Vec<tether::Event> {
+        let live = |kind| tether::Event::new("", "local.delta", Value::Null, kind);
+        let mut out = Vec::new();
+        for (i, (kind, text)) in parts.iter().enumerate() {
+            match kind % 3 {
+                0 if !text.is_empty() => out.push(live(EventKind::TextDelta {
+                    message_id: "m1".into(),
+                    delta: text.clone(),
+                })),
+                1 if !text.is_empty() => out.push(live(EventKind::ReasoningDelta {
+                    message_id: "m1".into(),
+                    delta: text.clone(),
+                })),
+                2 => {
+                    let id = format!("c{i}");
+                    out.push(live(EventKind::ToolCallStart {
+                        tool_use_id: id.clone(),
+                        name: "f".into(),
+                        message_id: Some("m1".into()),
+                    }));
+                    for ch in text.chars() {
+                        out.push(live(EventKind::ToolCallArgs {
+                            tool_use_id: id.clone(),
+                            delta: ch.to_string(),
+                        }));
+                    }
+                    out.push(live(EventKind::ToolCallEnd { tool_use_id: id }));
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    fn record_of(parts: &[(u8, String)]) -> tether::Event {
+        let text: String = parts
+            .iter()
+            .filter(|p| p.0 % 3 == 0)
+            .map(|p| p.1.as_str())
+            .collect();
+        let tool_uses = parts
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.0 % 3 == 2)
+            .map(|(i, p)| ToolUse::from_arguments(format!("c{i}"), "f", &p.1))
+            .collect();
+        tether::Event::new(
+            "m1",
+            "local.model_response",
+            Value::Null,
+            EventKind::Message {
+                message_id: "m1".into(),
+                role: Role::Assistant,
+                text,
+                reasoning: None,
+                tool_uses,
+            },
+        )
+    }
+
+    /// The sink's output for: `shown`, a retry, `again`, the record.
+    async fn through(
+        shown: &[tether::Event],
+        again: &[tether::Event],
+        record: tether::Event,
+    ) -> (Vec<Value>, Vec<Value>) {
+        let sink = tether::EventSink::detached();
+        let mut sub = sink.subscribe(4096).await;
+        for e in shown {
+            sink.emit_live(e.clone()).await;
+        }
+        if !shown.is_empty() {
+            sink.record(
+                "",
+                "local.retry",
+                Value::Null,
+                EventKind::Retry {
+                    attempt: 1,
+                    delay_ms: 0,
+                    error: "cut".into(),
+                },
+            )
+            .await
+            .unwrap();
+        }
+        for e in again {
+            sink.emit_live(e.clone()).await;
+        }
+        sink.emit(record).await.unwrap();
+        drop(sink);
+        let mut events = Vec::new();
+        while let Ok(e) = sub.try_recv() {
+            events.push(e);
+        }
+        let out = json_of(&run(events, user_input()).await);
+        let messages = client_messages(&user_input(), &out);
+        (out, messages)
+    }
+
+    fn parts() -> impl Strategy<Value = Vec<(u8, String)>> {
+        proptest::collection::vec((0u8..3, "[ab{}]{0,4}"), 0..4)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(400))]
+
+        #[test]
+        fn the_client_ends_with_the_record(
+            first in parts(),
+            other in parts(),
+            mode in 0u8..3,
+            grow in 0usize..8,
+            cut in 1usize..64,
+        ) {
+            let second = match mode {
+                0 => first.clone(),
+                1 => other,
+                _ => {
+                    let mut m = first.clone();
+                    if let Some(p) = m.get_mut(grow % first.len().max(1)) {
+                        p.1.push('b');
+                    }
+                    m
+                }
+            };
+            let shown = events_of(&first);
+            let shown = &shown[..cut.min(shown.len())];
+            let again = events_of(&second);
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let (_, want) = rt.block_on(through(&[], &again, record_of(&second)));
+            let (out, got) = rt.block_on(through(shown, &again, record_of(&second)));
+            // A restarted message's reasoning is emptied in place, not removed: @ag-ui/client
+            // keeps every reasoning message when a snapshot lists none, so the last one cannot
+            // be withdrawn. It keeps its place (before the text, where reasoning comes), and an
+            // empty one may stay: it holds no text. Everything else is exact, in order.
+            let split = |ms: &[Value]| {
+                let (mut r, o): (Vec<Value>, Vec<Value>) =
+                    ms.iter().cloned().partition(|m| m["role"] == "reasoning");
+                r.retain(|m| m["content"] != "");
+                r.sort_by_key(|m| m["id"].to_string());
+                (r, o)
+            };
+            prop_assert_eq!(split(&got), split(&want), "events: {:#?}", out);
+            let pending = |v: &[Value]| v.last().map(|e| e["outcome"]["pendingToolCallIds"].clone());
+            let (plain, _) = rt.block_on(through(&[], &again, record_of(&second)));
+            prop_assert_eq!(pending(&out), pending(&plain));
+        }
+    }
+}
