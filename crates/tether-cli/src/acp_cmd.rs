@@ -25,6 +25,8 @@ use tether_acp::{
 };
 use tokio::sync::mpsc;
 
+use crate::term::{Inert, inert};
+
 /// Options of `tether acp`.
 #[derive(clap::Args, Debug)]
 pub struct AcpArgs {
@@ -64,7 +66,9 @@ fn stdin_lines() -> Lines {
     Arc::new(tokio::sync::Mutex::new(rx))
 }
 
-/// Console output shared by the handler and the prompt loop.
+/// Console output shared by the handler and the prompt loop. Everything goes out inert: the
+/// agent's text as prose, every status line (which quotes the agent's titles, ids, reasons) as one
+/// escaped line.
 #[derive(Default)]
 struct Console {
     mid_line: bool,
@@ -73,7 +77,7 @@ struct Console {
 impl Console {
     fn text(&mut self, s: &str) {
         let mut out = std::io::stdout().lock();
-        let _ = out.write_all(s.as_bytes());
+        let _ = out.write_all(inert(s, Inert::Prose).as_bytes());
         let _ = out.flush();
         self.mid_line = !s.ends_with('\n');
     }
@@ -82,10 +86,15 @@ impl Console {
         if self.mid_line {
             let _ = out.write_all(b"\n");
         }
-        let _ = writeln!(out, "{s}");
+        let _ = writeln!(out, "{}", inert(s, Inert::Line));
         let _ = out.flush();
         self.mid_line = false;
     }
+}
+
+/// An error (which may quote the agent) on standard error, inert.
+fn complain(msg: impl std::fmt::Display) {
+    eprintln!("tether acp: {}", inert(&msg.to_string(), Inert::Prose));
 }
 
 /// Asks at the prompt.
@@ -98,7 +107,10 @@ struct PromptApprover {
 impl Approver for PromptApprover {
     async fn approve(&self, req: &ApprovalRequest) -> Approval {
         if let Ok(mut c) = self.console.lock() {
-            c.line(&format!("? allow {}? [y]es / [a]lways / [N]o", req.summary));
+            c.line(&format!(
+                "? allow {}? [y]es / [a]lways / [N]o",
+                inert(&req.summary, Inert::Exact)
+            ));
         }
         let answer = self.lines.lock().await.recv().await;
         let decision = match answer.as_deref().map(|s| s.trim().to_ascii_lowercase()) {
@@ -248,21 +260,21 @@ pub async fn run(args: AcpArgs) -> ExitCode {
     let client = match AcpClient::spawn(command.current_dir(&cwd), handler, options).await {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("tether acp: {e}");
+            complain(e);
             return ExitCode::from(1);
         }
     };
     let init = match client.initialize().await {
         Ok(i) => i,
         Err(e) => {
-            eprintln!("tether acp: initialize failed: {e}");
+            complain(format!("initialize failed: {e}"));
             return ExitCode::from(1);
         }
     };
     let session = match client.new_session(NewSessionRequest::new(cwd.clone())).await {
         Ok(s) => s.session_id.clone(),
         Err(e) => {
-            eprintln!("tether acp: session/new failed: {e}");
+            complain(format!("session/new failed: {e}"));
             client.shutdown().await;
             return ExitCode::from(1);
         }
@@ -308,7 +320,7 @@ pub async fn run(args: AcpArgs) -> ExitCode {
                         c.line("^C cancelling the turn…");
                     }
                     if let Err(e) = client.cancel(&session).await {
-                        eprintln!("tether acp: cancel failed: {e}");
+                        complain(format!("cancel failed: {e}"));
                     }
                 }
             }
@@ -320,7 +332,7 @@ pub async fn run(args: AcpArgs) -> ExitCode {
                 }
             }
             Err(e) => {
-                eprintln!("tether acp: {e}");
+                complain(e);
                 code = ExitCode::from(1);
                 if client.closed_error().is_some() {
                     break;
