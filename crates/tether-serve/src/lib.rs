@@ -179,7 +179,15 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
     // The only place the generated token is shown. In the URL's fragment: a browser never sends
     // a fragment to a server, so it stays out of access logs and Referer headers; the UI takes it
     // from there, keeps it in the tab's sessionStorage and removes it from the address bar.
-    let ui = format!("http://{}/", server.addr());
+    // On 0.0.0.0 / [::] the browser on this machine reaches it on loopback.
+    let mut shown = server.addr();
+    if shown.ip().is_unspecified() {
+        shown.set_ip(match shown.ip() {
+            std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let ui = format!("http://{shown}/");
     match (&token, generated) {
         (Some(t), true) => eprintln!("tether serve: open {ui}#token={t}"),
         (Some(_), false) => eprintln!("tether serve: open {ui} (token from --token / TETHER_TOKEN)"),
