@@ -148,7 +148,7 @@ impl ServeAgent {
 
         // What this request brings. The answers to approvals first, checked against the
         // interrupts outstanding on this thread before anything runs (see `approval`).
-        let outstanding = if input.resume.is_empty() && rb.pending.is_empty() {
+        let mut outstanding = if input.resume.is_empty() && rb.pending.is_empty() {
             None
         } else {
             Some(
@@ -162,13 +162,13 @@ impl ServeAgent {
                 .map_err(|r| agent_err(r.code(), r))?,
             None => approval::Answers::default(),
         };
-        if let (Some(out), false) = (&outstanding, answers.used.is_empty()) {
-            // Used up before any tool runs: an answer counts once, whatever happens next.
-            let mut left = out.clone();
+        if let (Some(out), false) = (&mut outstanding, answers.used.is_empty()) {
+            // Used up before any tool runs: an answer counts once, whatever happens next (and
+            // the id is never handed out again, even for the same call).
             for id in &answers.used {
-                left.remove(id);
+                out.remove(id);
             }
-            approval::save(self.shared.store_dyn.as_ref(), &sid, &left)
+            approval::save(self.shared.store_dyn.as_ref(), &sid, out)
                 .await
                 .map_err(tether_err)?;
         }
