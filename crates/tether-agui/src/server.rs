@@ -286,8 +286,9 @@ async fn handle<A: Agent>(ep: Arc<Endpoint<A>>, mut req: Request) -> Response {
         None => None,
     };
     let events = run_agent(ep.agent.clone(), input, ep.options.run.clone());
+    // Bounded so that `now + interval` can never overflow the clock (a day is no keep-alive).
     let keep_alive = match encoding {
-        Encoding::Sse => ep.options.keep_alive,
+        Encoding::Sse => ep.options.keep_alive.map(|d| d.min(Duration::from_secs(86_400))),
         _ => None,
     };
     let stream = BodyStream {
