@@ -148,40 +148,17 @@ async fn run(
     RecordingSleeper,
     FakeOpenAi,
 ) {
-    run_on(replies, model).await
-}
-
-/// [`run`] on a model of `make`'s (an idle timeout of its own).
-async fn run_on(
-    replies: Vec<Reply>,
-    make: impl Fn(&FakeOpenAi) -> tether_openai::OpenAiModel,
-) -> (
-    tether::Result<tether::SessionResult>,
-    RecordingSleeper,
-    FakeOpenAi,
-) {
     let fake = FakeOpenAi::start().await;
     fake.push_all(replies);
     let sleeper = RecordingSleeper::default();
-    let mut s = tether::Session::builder(local(make(&fake), &sleeper))
-        .open()
-        .await
-        .unwrap();
+    let mut s = session(&fake, &sleeper).open().await.unwrap();
     let r = s.send("hi").await;
     (r, sleeper, fake)
 }
 
 /// A fault followed by a good answer: retried once, the answer recorded once, nothing lost.
 async fn retried_once(fault: Reply) -> (tether::SessionResult, RecordingSleeper) {
-    retried_once_on(fault, model).await
-}
-
-/// [`retried_once`] on a model of `make`'s.
-async fn retried_once_on(
-    fault: Reply,
-    make: impl Fn(&FakeOpenAi) -> tether_openai::OpenAiModel,
-) -> (tether::SessionResult, RecordingSleeper) {
-    let (r, sleeper, fake) = run_on(vec![fault, Reply::text("recovered").usage(5, 1)], make).await;
+    let (r, sleeper, fake) = run(vec![fault, Reply::text("recovered").usage(5, 1)]).await;
     let r = r.unwrap();
     assert_eq!(r.text, "recovered");
     assert_eq!(retries(&r), 1);
@@ -323,12 +300,7 @@ async fn connection_dropped_mid_stream_is_retried() {
 
 #[tokio::test]
 async fn stalled_stream_hits_the_idle_timeout_and_is_retried() {
-    // The idle timeout is under test, so it is short; the retried stream must still beat it, so
-    // not too short for a loaded machine.
-    let (r, _) = retried_once_on(Reply::text("stalls after a while").stall_after(2), |f| {
-        model_idle(f, Duration::from_secs(2))
-    })
-    .await;
+    let (r, _) = retried_once(Reply::text("stalls after a while").stall_after(2)).await;
     assert!(retry_error(&r).contains("stream idle"), "{}", retry_error(&r));
 }
 

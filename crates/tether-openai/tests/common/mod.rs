@@ -14,17 +14,11 @@ use tether::{
 use tether_openai::OpenAiModel;
 use tether_testkit::openai::FakeOpenAi;
 
-/// A streaming model on the fake, with a generous idle timeout: its streams must succeed, even
-/// on a loaded machine.
+/// A streaming model on the fake, with a short idle timeout for the stall tests.
 pub fn model(fake: &FakeOpenAi) -> OpenAiModel {
-    model_idle(fake, Duration::from_secs(60))
-}
-
-/// A streaming model on the fake with this idle timeout: short only where a stall is under test.
-pub fn model_idle(fake: &FakeOpenAi, idle: Duration) -> OpenAiModel {
     OpenAiModel::builder(fake.url())
         .model("fake-model")
-        .stream_idle_timeout(idle)
+        .stream_idle_timeout(Duration::from_millis(300))
         .build()
         .expect("model")
 }
