@@ -6,13 +6,15 @@
 // is detected and reported by id. Any other second run fails the check.
 //
 // How a run is counted: the tool appends one line per invocation, with no dedupe:
-//   <tool-use id> <pid of the tether-serve that ran it> <nonce of this invocation>
-// and prints `ran <nonce>`, so the stored tool result names the invocation it came from. For
-// each tool use the check then requires: the recorded invocation is the last one in the file;
-// every earlier one ran in a server this script SIGKILLed, one per killed server, none in the
-// server that recorded the result. Those earlier ones are the window; anything else (two runs in
-// one server life, a run after the result was recorded, a run that no server can account for)
-// is a double run.
+//   <tool-use id> <server that ran it> <nonce of this invocation>
+// and prints `ran <nonce>`, so the stored tool result names the invocation it came from. The
+// server is named by $TETHER_CRASH_SERVER, which this script sets in each tether serve's
+// environment (and commands inherit); not by $PPID, which is 1 when the server was killed
+// between starting the command and the shell reading it. For each tool use the check then
+// requires: the recorded invocation is the last one in the file; every earlier one ran in a
+// server this script SIGKILLed, one per killed server, none in the server that recorded the
+// result. Those earlier ones are the window; anything else (two runs in one server life, a run
+// after the result was recorded, a run that no server can account for) is a double run.
 //
 // Before the random kills, a self-test proves the check can see what it is for: a run held by
 // the tool until the server is killed (a forced window: reported as the window, not a failure),
@@ -45,8 +47,9 @@ name = "append_line"
 description = "Append a line to the file"
 command = '''
 nonce="$$-$(date +%s%N)"
-printf '%s %s %s\\n' "$TETHER_TOOL_USE_ID" "$PPID" "$nonce" >> invocations.txt
-case "$TETHER_ARG_LINE" in *"[double]"*) printf '%s %s %s\\n' "$TETHER_TOOL_USE_ID" "$PPID" "$nonce-again" >> invocations.txt ;; esac
+server="\${TETHER_CRASH_SERVER:-unknown}"
+printf '%s %s %s\\n' "$TETHER_TOOL_USE_ID" "$server" "$nonce" >> invocations.txt
+case "$TETHER_ARG_LINE" in *"[double]"*) printf '%s %s %s\\n' "$TETHER_TOOL_USE_ID" "$server" "$nonce-again" >> invocations.txt ;; esac
 case "$TETHER_ARG_LINE" in *"[hold]"*)
   if mkdir "held-$TETHER_TOOL_USE_ID" 2>/dev/null; then
     i=0; while [ ! -e "release-$TETHER_TOOL_USE_ID" ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done
@@ -58,7 +61,10 @@ cwd = "${dir}"
 parameters = { type = "object", properties = { line = { type = "string" } }, required = ["line"] }
 `;
 
-/** A tether serve and the pids this script SIGKILLed. */
+/**
+ * The tether serve processes of a scenario, each named by the $TETHER_CRASH_SERVER it was
+ * started with (s1, s2, ...), and which of them this script SIGKILLed.
+ */
 class Servers {
   constructor(dir, config) {
     this.dir = dir;
@@ -66,16 +72,26 @@ class Servers {
     this.db = join(dir, "tether.db");
     this.killed = new Set();
     this.started = new Set();
+    this.pids = new Map();
     this.serve = null;
+    this.name = null;
   }
   async start() {
+    this.name = `s${Servers.count = (Servers.count || 0) + 1}`;
+    // Inherited by the server (spawned with this environment) and by its commands.
+    process.env.TETHER_CRASH_SERVER = this.name;
     this.serve = await startServe({ dir: this.dir, config: this.config, db: this.db, token: TOKEN });
-    this.started.add(String(this.serve.child.pid));
+    this.started.add(this.name);
+    this.pids.set(this.name, this.serve.child.pid);
     return this.serve;
   }
   async kill() {
-    this.killed.add(String(this.serve.child.pid));
+    this.killed.add(this.name);
     await stop(this.serve.child, "SIGKILL");
+  }
+  /** "s3 (pid 1234)". */
+  describe(names) {
+    return names.map((n) => `${n} (pid ${this.pids.get(n) ?? "?"})`).join(", ");
   }
   get url() {
     return this.serve.url;
@@ -120,15 +136,15 @@ function readInvocations(dir) {
     .split("\n")
     .filter(Boolean)
     .map((l) => {
-      const [id, pid, nonce] = l.split(" ");
-      return { id, pid, nonce };
+      const [id, server, nonce] = l.split(" ");
+      return { id, server, nonce };
     });
 }
 
 /**
  * Classifies every tool use from the file and the stored record.
- * recorded: Map tool-use id -> stored result content. killed: Set of SIGKILLed server pids.
- * started: Set of every server pid. Returns { once, window: [{id, pids}], double: [{id, why}] }.
+ * recorded: Map tool-use id -> stored result content. killed: Set of SIGKILLed server names.
+ * started: Set of every server name. Returns { once, window: [{id, servers}], double: [{id, why}] }.
  */
 export function classify(invocations, recorded, killed, started) {
   const out = { once: [], window: [], double: [] };
@@ -144,25 +160,29 @@ export function classify(invocations, recorded, killed, started) {
     const runs = byId.get(id) || [];
     const nonce = (/ran (\S+)/.exec(content) || [])[1];
     const r = runs.findIndex((x) => x.nonce === nonce);
-    const stray = runs.filter((x) => !started.has(x.pid));
+    const stray = runs.filter((x) => !started.has(x.server));
     if (runs.length === 0) out.double.push({ id, why: "its result is recorded but the tool never ran" });
     else if (r < 0) out.double.push({ id, why: `the recorded result (${JSON.stringify(content)}) is from no invocation in the file` });
-    else if (stray.length) out.double.push({ id, why: `ran in process(es) ${stray.map((x) => x.pid)}, which are no server of this script` });
+    else if (stray.length)
+      out.double.push({
+        id,
+        why: `ran in server(s) ${stray.map((x) => x.server)}, none of this script's (did the command see $TETHER_CRASH_SERVER?)`,
+      });
     else if (r !== runs.length - 1) {
       const after = runs.slice(r + 1);
-      out.double.push({ id, why: `ran ${runs.length} times: ${after.length} run(s) after the one whose result was recorded (server ${after.map((x) => x.pid)})` });
+      out.double.push({ id, why: `ran ${runs.length} times: ${after.length} run(s) after the one whose result was recorded (server ${after.map((x) => x.server)})` });
     } else {
       const before = runs.slice(0, r);
-      const recorder = runs[r].pid;
-      const pids = before.map((x) => x.pid);
-      const bad = before.filter((x) => !killed.has(x.pid) || x.pid === recorder);
-      const repeated = pids.filter((p, k) => pids.indexOf(p) !== k);
+      const recorder = runs[r].server;
+      const servers = before.map((x) => x.server);
+      const bad = before.filter((x) => !killed.has(x.server) || x.server === recorder);
+      const repeated = servers.filter((p, k) => servers.indexOf(p) !== k);
       if (bad.length || repeated.length) {
         out.double.push({
           id,
-          why: `ran ${runs.length} times: unrecorded run(s) in server(s) ${[...bad.map((x) => x.pid), ...repeated]} that ${bad.length ? "were not killed before recording" : "ran it twice in one life"}`,
+          why: `ran ${runs.length} times: unrecorded run(s) in server(s) ${[...bad.map((x) => x.server), ...repeated]} that ${bad.length ? "were not killed before recording" : "ran it twice in one life"}`,
         });
-      } else if (before.length) out.window.push({ id, pids });
+      } else if (before.length) out.window.push({ id, servers });
       else out.once.push(id);
     }
   }
@@ -290,7 +310,7 @@ try {
   );
   for (const w of c.window) {
     console.log(
-      `info: at-least-once window: tool use ${w.id} ran again after server ${w.pids.join(", ")} was killed between its effect and its record ($TETHER_TOOL_USE_ID is the idempotency key)`,
+      `info: at-least-once window: tool use ${w.id} ran again after server ${servers.describe(w.servers)} was killed between its effect and its record ($TETHER_TOOL_USE_ID is the idempotency key)`,
     );
   }
   console.log(`info: ${kills} SIGKILLs; ${invocations.length} tool invocations for ${recorded.size} tool uses; ${c.window.length} in the at-least-once window`);
