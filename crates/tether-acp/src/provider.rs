@@ -500,6 +500,7 @@ impl Provider for AcpAgent {
             session_id: id.to_string(),
             resumed,
             pending: Vec::new(),
+            ..Opened::default()
         })
     }
 

@@ -710,6 +710,7 @@ impl Provider for AgentCore {
             session_id: self.session_id.clone(),
             resumed: self.resumed,
             pending: Vec::new(),
+            ..Opened::default()
         })
     }
 

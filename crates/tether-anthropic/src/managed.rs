@@ -794,6 +794,7 @@ impl Provider for ManagedAgents {
                 session_id: sid,
                 resumed: true,
                 pending,
+                ..Opened::default()
             });
         }
         let (Some(agent), Some(env)) = (&self.config.agent_id, &self.config.environment_id) else {
@@ -820,6 +821,7 @@ impl Provider for ManagedAgents {
             session_id: sid,
             resumed: false,
             pending: Vec::new(),
+            ..Opened::default()
         })
     }
 

@@ -138,7 +138,7 @@ impl ServeAgent {
             other => return Err(agent_err("STORE", format!("unexpected claim {other:?}"))),
         };
 
-        let mut rb = Box::pin(rebuild(
+        let rb = Box::pin(rebuild(
             self.shared.store_dyn.as_ref(),
             &sid,
             self.cfg.system_prompt.as_deref(),
@@ -239,8 +239,6 @@ impl ServeAgent {
                 .handler_arc(handler.clone())
                 .store(self.shared.store_dyn.clone())
                 .config(config)
-                // The rebuild just loaded them: no second load.
-                .stored_events(std::mem::take(&mut rb.events))
                 .open(),
         )
         .await
@@ -347,7 +345,7 @@ impl ServeAgent {
             None => session.pending_tool_uses(),
         };
         if pending.is_empty()
-            && let Some(t) = session.transcript()
+            && let Some(t) = session.checkpoint()
         {
             let seq = mapper.max_seq;
             self.shared

@@ -200,6 +200,7 @@ impl Provider for Reattached {
         o.session_id = self.session_id.clone();
         o.pending = std::mem::take(&mut self.pending);
         o.resumed = true;
+        o.unanswered = None;
         Ok(o)
     }
 
@@ -215,8 +216,8 @@ impl Provider for Reattached {
         self.inner.interrupt().await
     }
 
-    fn transcript(&self) -> Option<Value> {
-        Provider::transcript(&self.inner)
+    fn checkpoint(&self) -> Option<Value> {
+        Provider::checkpoint(&self.inner)
     }
 
     async fn close(&mut self) -> tether::Result<()> {

@@ -127,6 +127,32 @@ pub enum Error {
     /// An I/O error outside any protocol.
     #[error("I/O: {0}")]
     Io(String),
+    /// The provider cannot reopen this session from its record: it keeps no resumable state
+    /// (an ACP agent that does not advertise `loadSession`), or the record is not one it wrote.
+    /// Nothing was lost: the record is as it was; a new thread starts a new session.
+    #[error("{provider} cannot resume this session: {reason}")]
+    CannotResume {
+        /// The provider's name.
+        provider: String,
+        /// Why, for people.
+        reason: String,
+    },
+    /// The thread belongs to another agent: a thread is one agent's conversation.
+    #[error("thread {thread} belongs to agent `{agent}`; start a new thread for this agent")]
+    ThreadTaken {
+        /// The thread's id.
+        thread: String,
+        /// The agent it belongs to.
+        agent: String,
+    },
+    /// A thread id a client sent is not usable.
+    #[error("thread id `{id}` is not valid: {reason} (use 1 to 256 bytes without control characters)")]
+    InvalidThreadId {
+        /// The id, shortened and escaped.
+        id: String,
+        /// What is wrong.
+        reason: String,
+    },
 }
 
 /// Shorthand for results whose error is [`Error`].
@@ -207,6 +233,17 @@ impl Error {
             Error::Store(_) => "store",
             Error::Closed => "closed",
             Error::Io(_) => "io",
+            Error::CannotResume { .. } => "cannot_resume",
+            Error::ThreadTaken { .. } => "thread_taken",
+            Error::InvalidThreadId { .. } => "invalid_thread_id",
+        }
+    }
+
+    /// Builds a [`Error::CannotResume`].
+    pub fn cannot_resume(provider: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::CannotResume {
+            provider: provider.into(),
+            reason: reason.into(),
         }
     }
 

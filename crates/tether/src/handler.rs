@@ -383,6 +383,17 @@ pub trait Handler: Send + Sync + 'static {
         ToolOutput::Error(format!("no tool named `{}` is available", call.name))
     }
 
+    /// Whether `call` must be approved by the user before it runs, and if so a one-line summary
+    /// to show them (`write_file notes.txt`). The engine asks before running a call: an
+    /// unapproved one is left pending, waiting for approval ([`crate::Waiting::Approval`]), until
+    /// the application approves that exact call ([`crate::Session::approve`]; it then runs once)
+    /// or answers it ([`crate::Session::answer_tool_use`], e.g. with a denial). A call answered
+    /// from the memo (it ran before) is not asked about again. The default needs no approval.
+    fn needs_approval(&self, call: &ToolUse) -> Option<String> {
+        let _ = call;
+        None
+    }
+
     /// Observes an event (durable or live). At-least-once.
     async fn on_event(&self, event: &Event, info: &SessionInfo) {
         let _ = (event, info);
@@ -452,6 +463,9 @@ impl<H: Handler + ?Sized> Handler for Arc<H> {
     }
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
         (**self).call_tool(call, info).await
+    }
+    fn needs_approval(&self, call: &ToolUse) -> Option<String> {
+        (**self).needs_approval(call)
     }
     async fn on_event(&self, event: &Event, info: &SessionInfo) {
         (**self).on_event(event, info).await

@@ -22,11 +22,13 @@ pub mod event;
 pub mod handler;
 pub mod local;
 pub mod provider;
+pub mod raw;
 pub mod retry;
 pub mod sandbox;
 pub mod session;
 pub mod sink;
 pub mod store;
+pub mod thread;
 pub mod types;
 pub mod workspace;
 
@@ -38,13 +40,15 @@ pub use handler::{
     HandlerError, NoTools, PermissionKind, PermissionOption, PermissionOutcome, PermissionRequest,
     ReadTextFile, TerminalRequest, TerminalResponse, ToolOutput, ToolSet, WriteTextFile,
 };
-pub use provider::{Input, Opened, Provider, TurnContext};
+pub use provider::{Input, Opened, Provider, Resume, TurnContext};
 pub use retry::{RecordingSleeper, RetryPolicy, Sleeper, TokioSleeper};
 pub use session::{GuardDecision, GuardInfo, Session, SessionBuilder, SessionConfig, SessionHandle};
 pub use sink::{DeltaSink, EventSink, Subscription};
 pub use store::{EventStore, MemoryStore};
+pub use thread::{Checkpoint, Claim, Thread, ThreadId, ThreadStore};
 /// Cancels a request in flight ([`Session::send_cancellable`]); re-exported from tokio-util.
 pub use tokio_util::sync::CancellationToken;
 pub use types::{
-    SessionInfo, SessionResult, Terminal, ToolResult, ToolSpec, ToolUse, TurnResult, Usage, stop_reason,
+    PendingToolUse, SessionInfo, SessionResult, Terminal, ToolResult, ToolSpec, ToolUse, TurnResult, Usage,
+    UserMessage, Waiting, stop_reason,
 };

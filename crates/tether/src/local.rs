@@ -22,10 +22,13 @@ use serde_json::{Value, json};
 use crate::chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse};
 use crate::error::{Error, Result};
 use crate::event::{EventKind, Role};
-use crate::provider::{Input, Opened, Provider, TurnContext};
+use crate::provider::{Input, Opened, Provider, Resume, TurnContext};
+use crate::raw;
 use crate::retry::RetryPolicy;
 use crate::sink::DeltaSink;
 use crate::types::{Terminal, ToolResult, ToolUse, TurnResult};
+
+mod rebuild;
 
 /// The in-process agent loop, a [`Provider`] over a [`ChatModel`].
 ///
@@ -125,8 +128,8 @@ impl LocalLoop {
         cx.sink
             .record(
                 "",
-                "local.directive",
-                json!({"type": "local.directive", "role": role, "text": text}),
+                raw::LOCAL_DIRECTIVE,
+                json!({"type": raw::LOCAL_DIRECTIVE, "role": role, "text": text}),
                 EventKind::Directive {
                     role: role.into(),
                     text,
@@ -143,12 +146,7 @@ impl LocalLoop {
         results: &[ToolResult],
     ) -> Result<()> {
         for (u, r) in uses.iter().zip(results) {
-            let content = if r.is_error {
-                json!({"error": r.content, "isError": true}).to_string()
-            } else {
-                r.content.clone()
-            };
-            self.history.push(ChatMessage::tool(&u.id, content, r.is_error));
+            self.history.push(rebuild::tool_message(&u.id, r));
             let n = self.error_counts.entry(u.name.clone()).or_insert(0);
             if r.is_error {
                 *n += 1;
@@ -198,8 +196,8 @@ impl LocalLoop {
                     cx.sink
                         .record(
                             "",
-                            "local.retry",
-                            json!({"type": "local.retry", "attempt": retries, "delay_ms": d.as_millis() as u64, "error": e.to_string(), "status": e.status()}),
+                            raw::LOCAL_RETRY,
+                            json!({"type": raw::LOCAL_RETRY, "attempt": retries, "delay_ms": d.as_millis() as u64, "error": e.to_string(), "status": e.status()}),
                             EventKind::Retry {
                                 attempt: retries,
                                 delay_ms: d.as_millis() as u64,
@@ -235,7 +233,31 @@ impl Provider for LocalLoop {
         Ok(Opened {
             session_id: self.session_id.clone(),
             resumed: self.resumed,
-            pending: Vec::new(),
+            ..Opened::default()
+        })
+    }
+
+    /// Rebuilds the history from the thread's checkpoint and the events recorded after it (see
+    /// the `rebuild` module): tool calls left unanswered are pending, user messages left
+    /// unanswered are sent again. Messages of this loop are numbered under its own fresh session
+    /// id, so their ids never collide with those already recorded.
+    async fn resume(&mut self, from: Resume<'_>, cx: &TurnContext) -> Result<Opened> {
+        let rb = rebuild::rebuild(&from, self.system_prompt.as_deref(), cx).await?;
+        self.history = rb.history;
+        self.resumed = true;
+        if self.history.is_empty()
+            && let Some(p) = &self.system_prompt
+        {
+            self.history.push(ChatMessage::system(p.clone()));
+        }
+        Ok(Opened {
+            session_id: from
+                .session_id
+                .map(str::to_owned)
+                .unwrap_or_else(|| self.session_id.clone()),
+            resumed: true,
+            pending: rb.pending,
+            unanswered: rb.unanswered,
         })
     }
 
@@ -290,9 +312,9 @@ impl Provider for LocalLoop {
         cx.sink
             .record(
                 &message_id,
-                "local.model_response",
+                raw::LOCAL_MODEL_RESPONSE,
                 json!({
-                    "type": "local.model_response",
+                    "type": raw::LOCAL_MODEL_RESPONSE,
                     "message": resp.message,
                     "finish_reason": resp.finish_reason,
                     "usage": resp.usage,
@@ -311,8 +333,8 @@ impl Provider for LocalLoop {
             cx.sink
                 .record(
                     format!("{message_id}:usage"),
-                    "local.usage",
-                    json!({"type": "local.usage", "usage": u}),
+                    raw::LOCAL_USAGE,
+                    json!({"type": raw::LOCAL_USAGE, "usage": u}),
                     EventKind::Usage { usage: u.clone() },
                 )
                 .await?;
@@ -335,8 +357,8 @@ impl Provider for LocalLoop {
             cx.sink
                 .record(
                     format!("dup:{}", d.id),
-                    "local.duplicate_tool_call",
-                    json!({"type": "local.duplicate_tool_call", "id": d.id, "name": d.name, "input": input}),
+                    raw::LOCAL_DUPLICATE_TOOL_CALL,
+                    json!({"type": raw::LOCAL_DUPLICATE_TOOL_CALL, "id": d.id, "name": d.name, "input": input}),
                     EventKind::Directive {
                         role: "duplicate".into(),
                         text: directive,
@@ -367,13 +389,12 @@ impl Provider for LocalLoop {
 
     async fn record_tool_results(&mut self, uses: &[ToolUse], results: &[ToolResult]) -> Result<()> {
         for (u, r) in uses.iter().zip(results) {
-            self.history
-                .push(ChatMessage::tool(&u.id, r.content.clone(), r.is_error));
+            self.history.push(rebuild::tool_message(&u.id, r));
         }
         Ok(())
     }
 
-    fn transcript(&self) -> Option<Value> {
+    fn checkpoint(&self) -> Option<Value> {
         serde_json::to_value(&self.history).ok()
     }
 }

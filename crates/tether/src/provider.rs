@@ -5,7 +5,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::event::Event;
 use crate::handler::Handler;
 use crate::sink::EventSink;
 use crate::types::{SessionInfo, ToolResult, ToolSpec, ToolUse, TurnResult};
@@ -25,7 +26,7 @@ pub enum Input {
     Raw(Value),
 }
 
-/// What [`Provider::open`] learned.
+/// What [`Provider::open`] or [`Provider::resume`] learned.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Opened {
     /// The session's id (the provider's when it has one).
@@ -34,6 +35,53 @@ pub struct Opened {
     pub resumed: bool,
     /// Tool uses the reattached session still waits for.
     pub pending: Vec<ToolUse>,
+    /// A user message the record holds that the provider never answered (a crash came between
+    /// recording it and the answer): the engine sends it again, without recording it again, with
+    /// the session's next request.
+    pub unanswered: Option<String>,
+}
+
+/// What [`Provider::resume`] reopens a session from: the thread's record as the store holds it.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct Resume<'a> {
+    /// The provider's own session handle recorded in the thread (a Managed Agents session id, an
+    /// AgentCore runtime session id, an ACP session id), when one was.
+    pub session_id: Option<&'a str>,
+    /// The provider's state at the thread's last checkpoint ([`Provider::checkpoint`]), if any.
+    pub checkpoint: Option<&'a Value>,
+    /// The sequence number the checkpoint covers (0 without one): events after it are newer than
+    /// the checkpoint's state.
+    pub since: u64,
+    /// The thread's whole record, in sequence order (already seeded into the session's sink, so
+    /// re-emitting one of them is a no-op).
+    pub events: &'a [Event],
+}
+
+impl<'a> Resume<'a> {
+    /// A resume from a session handle, a checkpoint and a record (the engine builds these; this
+    /// is for tests and for engines of other kinds).
+    pub fn new(
+        session_id: Option<&'a str>,
+        checkpoint: Option<&'a Value>,
+        since: u64,
+        events: &'a [Event],
+    ) -> Self {
+        Resume {
+            session_id,
+            checkpoint,
+            since,
+            events,
+        }
+    }
+
+    /// The durable events newer than the checkpoint.
+    pub fn since_checkpoint(&self) -> impl Iterator<Item = &'a Event> + 'a {
+        let since = self.since;
+        self.events
+            .iter()
+            .filter(move |e| e.seq.is_some_and(|s| s > since))
+    }
 }
 
 /// What a provider sees of the session while it drives a turn.
@@ -82,7 +130,8 @@ impl TurnContext {
 /// Where the agent loop lives: the local loop, Claude Managed Agents, Bedrock AgentCore, or an
 /// ACP agent. The session engine drives every provider the same way:
 ///
-/// 1. [`open`](Provider::open) once (create, or reattach to an existing remote session);
+/// 1. [`open`](Provider::open) once (create, or reattach to an existing remote session), or, for a
+///    thread that already has a record, [`resume`](Provider::resume) from it;
 /// 2. [`turn`](Provider::turn) with the first [`Input`], then with tool results, until a turn ends
 ///    in `EndTurn` or `Terminated`;
 /// 3. on a transient error from `turn`, [`reconnect`](Provider::reconnect) (after backoff) and
@@ -130,9 +179,27 @@ pub trait Provider: Send + 'static {
         Ok(())
     }
 
-    /// The client-held history, when the provider keeps one (to reattach later).
-    fn transcript(&self) -> Option<Value> {
+    /// The provider's resumable state, saved by the engine as the thread's checkpoint after every
+    /// turn (with the sequence number it covers) and handed back to [`Provider::resume`]: the
+    /// local loop's history; a remote session's bookkeeping that its service does not keep.
+    /// `None` (the default): nothing beyond the session handle and the record.
+    fn checkpoint(&self) -> Option<Value> {
         None
+    }
+
+    /// Reopens the session of a thread from its record, after a restart, a crash or an eviction:
+    /// the local loop rebuilds its history; a remote loop reattaches to its session by the handle
+    /// the thread recorded and catches up. Tool uses the session still waits on go in
+    /// [`Opened::pending`] (the engine answers them from the memo, or runs them).
+    ///
+    /// The default refuses with [`Error::CannotResume`]: a provider that cannot reopen a session
+    /// says so with a typed error, and nothing is lost from the record.
+    async fn resume(&mut self, from: Resume<'_>, cx: &TurnContext) -> Result<Opened> {
+        let _ = (from, cx);
+        Err(Error::cannot_resume(
+            self.name(),
+            "this provider cannot reopen a session from its record",
+        ))
     }
 
     /// Tears the session down on the provider's side where that applies.

@@ -13,12 +13,16 @@ use tokio_util::task::TaskTracker;
 use crate::error::{Error, Result};
 use crate::event::{Event, EventKind};
 use crate::handler::{Handler, NoTools, ToolOutput};
+use crate::provider::Resume;
 use crate::provider::{Input, Opened, Provider, TurnContext};
+use crate::raw;
 use crate::retry::RetryPolicy;
 use crate::sink::EventSink;
 use crate::store::{EventStore, MemoryStore};
+use crate::thread::{CHECKPOINT, Checkpoint, Claim, ThreadId, ThreadStore};
 use crate::types::{
-    SessionInfo, SessionResult, Terminal, ToolResult, ToolSpec, ToolUse, TurnResult, Usage, stop_reason,
+    PendingToolUse, SessionInfo, SessionResult, Terminal, ToolResult, ToolSpec, ToolUse, TurnResult, Usage,
+    UserMessage, Waiting, stop_reason,
 };
 
 /// What the turn guard sees after each turn.
@@ -110,8 +114,16 @@ pub struct SessionBuilder {
     handler: Arc<dyn Handler>,
     store: Arc<dyn EventStore>,
     config: SessionConfig,
-    /// The session's stored events, when the caller loaded them already.
-    stored: Option<Vec<Event>>,
+    /// The thread to open, when the session is a thread's.
+    thread: Option<ThreadOpen>,
+}
+
+/// What [`SessionBuilder::thread`] asked for.
+struct ThreadOpen {
+    store: Arc<dyn ThreadStore>,
+    id: ThreadId,
+    agent: String,
+    title: String,
 }
 
 impl SessionBuilder {
@@ -163,16 +175,45 @@ impl SessionBuilder {
         self
     }
 
-    /// The session's stored events, when the caller has just loaded them from the store (to
-    /// rebuild a history, say): [`Self::open`] then takes its record's ids and sequence from
-    /// them instead of loading them again. They must be the events of the session the provider
-    /// opens, as [`EventStore::load`] returned them.
-    pub fn stored_events(mut self, events: Vec<Event>) -> Self {
-        self.stored = Some(events);
+    /// Makes the session a thread's: [`Self::open`] claims `thread` for `agent` in `store` (which
+    /// is also the session's event store), then opens a new provider session for a new thread
+    /// (recording the provider's session handle in the thread), or reloads the thread's record
+    /// and checkpoint and asks the provider to [`resume`](Provider::resume) from them.
+    ///
+    /// The session's id ([`SessionInfo::session_id`]) is then the thread's record key, and its
+    /// metadata names the thread (`thread`) and the agent (`agent`). Opening fails with
+    /// [`Error::ThreadTaken`] when the thread belongs to another agent, and with
+    /// [`Error::CannotResume`] when the provider cannot reopen the session (nothing is written
+    /// then).
+    pub fn thread(mut self, store: Arc<dyn ThreadStore>, thread: ThreadId, agent: impl Into<String>) -> Self {
+        self.store = store.clone();
+        self.thread = Some(ThreadOpen {
+            store,
+            id: thread,
+            agent: agent.into(),
+            title: String::new(),
+        });
         self
     }
 
-    /// Opens the session (creating or reattaching on the provider's side).
+    /// The title a new thread gets (typically its first user message, shortened); ignored
+    /// without [`Self::thread`].
+    pub fn title(mut self, title: impl Into<String>) -> Self {
+        if let Some(t) = &mut self.thread {
+            t.title = title.into();
+        }
+        self
+    }
+
+    /// Wraps the handler (an adapter adding its front-end tools or its approval channel to the
+    /// handler an application configured).
+    pub fn map_handler(mut self, f: impl FnOnce(Arc<dyn Handler>) -> Arc<dyn Handler>) -> Self {
+        self.handler = f(self.handler);
+        self
+    }
+
+    /// Opens the session (creating or reattaching on the provider's side; for a thread, see
+    /// [`Self::thread`]).
     pub async fn open(self) -> Result<Session> {
         let tools = declared_tools(self.handler.as_ref(), self.config.terminal_tool.as_ref());
         let mut info = SessionInfo::new("", self.provider.name());
@@ -187,21 +228,33 @@ impl SessionBuilder {
             max_turns: self.config.max_turns,
         };
         let mut provider = self.provider;
-        let opened = provider.open(&cx).await?;
-        info.session_id = opened.session_id.clone();
-        cx.sink.set_info(info);
-        let stored = match self.stored {
-            Some(events) => events,
-            None => cx.sink.store().load(&opened.session_id).await?,
+        let (opened, thread) = match self.thread {
+            None => {
+                let opened = provider.open(&cx).await?;
+                info.session_id = opened.session_id.clone();
+                cx.sink.set_info(info);
+                let stored = cx.sink.store().load(&opened.session_id).await?;
+                cx.sink.seed(&stored).await;
+                (opened, None)
+            }
+            Some(t) => (open_thread(provider.as_mut(), &cx, info, &t).await?, Some(t.id)),
         };
-        cx.sink.seed(&stored).await;
         Ok(Session {
             provider,
             cx,
             config: self.config,
-            pending: opened.pending.clone(),
-            held: Vec::new(),
+            paused: opened
+                .pending
+                .iter()
+                .map(|u| Paused {
+                    tool_use: u.clone(),
+                    waiting: Some(Waiting::Client),
+                })
+                .collect(),
+            approved: Arc::new(Mutex::new(std::collections::HashSet::new())),
+            unanswered: opened.unanswered.clone(),
             opened,
+            thread,
             unsaved: false,
             tasks: TaskTracker::new(),
             batch: Arc::new(Mutex::new(Vec::new())),
@@ -250,6 +303,74 @@ impl SessionBuilder {
         let _ = tokio::time::timeout(PROVIDER_GRACE, session.provider.close()).await;
         r
     }
+}
+
+/// A fresh record key for a new thread: `s_` and 64 random bits.
+fn new_record_key() -> String {
+    format!("s_{:016x}", rand::random::<u64>())
+}
+
+/// Claims a thread and opens or resumes its provider session (see [`SessionBuilder::thread`]).
+async fn open_thread(
+    provider: &mut dyn Provider,
+    cx: &TurnContext,
+    mut info: SessionInfo,
+    t: &ThreadOpen,
+) -> Result<Opened> {
+    let thread = match t
+        .store
+        .claim_thread(&t.id, &t.agent, &new_record_key(), &t.title)
+        .await?
+    {
+        Claim::Claimed { thread, .. } => thread,
+        Claim::Taken(other) => {
+            return Err(Error::ThreadTaken {
+                thread: other.id.to_string(),
+                agent: other.agent,
+            });
+        }
+    };
+    info.session_id = thread.record.clone();
+    info.metadata
+        .insert("thread".into(), Value::String(t.id.to_string()));
+    info.metadata
+        .insert("agent".into(), Value::String(t.agent.clone()));
+    cx.sink.set_info(info);
+    let store = cx.sink.store().clone();
+    let events = store.load(&thread.record).await?;
+    cx.sink.seed(&events).await;
+    if thread.provider_session.is_none() && events.is_empty() {
+        let opened = provider.open(cx).await?;
+        t.store
+            .set_provider_session(&t.id, provider.name(), &opened.session_id)
+            .await?;
+        return Ok(opened);
+    }
+    if !thread.provider.is_empty() && thread.provider != provider.name() {
+        return Err(Error::cannot_resume(
+            provider.name(),
+            format!(
+                "thread {} was recorded by the `{}` provider; a `{}` session cannot continue it (start a new thread)",
+                t.id,
+                thread.provider,
+                provider.name()
+            ),
+        ));
+    }
+    let checkpoint: Checkpoint = match store.state(&thread.record, CHECKPOINT).await? {
+        Some(v) => serde_json::from_value(v)
+            .map_err(|e| Error::Store(format!("the checkpoint of thread {} is unreadable: {e}", t.id)))?,
+        None => Checkpoint::default(),
+    };
+    let state = (!checkpoint.provider.is_null()).then_some(&checkpoint.provider);
+    let from = Resume::new(thread.provider_session.as_deref(), state, checkpoint.seq, &events);
+    let opened = provider.resume(from, cx).await?;
+    if thread.provider_session.as_deref() != Some(opened.session_id.as_str()) {
+        t.store
+            .set_provider_session(&t.id, provider.name(), &opened.session_id)
+            .await?;
+    }
+    Ok(opened)
 }
 
 /// How long a provider gets to interrupt (after a cancel or a timeout) and to close after a run's
@@ -312,10 +433,16 @@ pub struct Session {
     cx: TurnContext,
     config: SessionConfig,
     opened: Opened,
-    /// Tool uses a reattached session still waits for.
-    pending: Vec<ToolUse>,
-    /// A batch paused on front-end tools: every use with its result where one is known.
-    held: Vec<(ToolUse, Option<ToolResult>)>,
+    /// The thread the session is, when it is one.
+    thread: Option<ThreadId>,
+    /// A paused batch: every tool use with what it still waits for (`None`: answered, in the
+    /// memo). A resume runs the batch again: answered uses come from the memo, approved ones run.
+    paused: Vec<Paused>,
+    /// The memo keys of the paused tool uses the application approved (each runs once).
+    approved: Arc<Mutex<std::collections::HashSet<String>>>,
+    /// A user message the provider never answered (from a resume): sent again with the next
+    /// request.
+    unanswered: Option<String>,
     /// Whether the provider may have changed since its transcript was last saved.
     unsaved: bool,
     /// The session's tool tasks: a cancel waits on it for the tasks it aborted to end.
@@ -335,6 +462,14 @@ impl std::fmt::Debug for Session {
     }
 }
 
+/// One tool use of a paused batch.
+#[derive(Debug, Clone)]
+struct Paused {
+    tool_use: ToolUse,
+    /// What it still waits for; `None` once answered.
+    waiting: Option<Waiting>,
+}
+
 /// One tool use of the batch in flight.
 struct Slot {
     tool_use: ToolUse,
@@ -350,16 +485,25 @@ enum SlotState {
     Done(ToolResult),
 }
 
+fn slot_state(r: &Ran) -> SlotState {
+    match r {
+        Ok(r) => SlotState::Done(r.clone()),
+        Err(_) => SlotState::Pending,
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// What a request starts from.
 enum Start {
-    /// A provider input.
+    /// A provider input (a message is recorded as the user's first).
     Input(Input),
-    /// Tool uses a reattached session waits on: run them (answers the application wrote for
-    /// them by id count), then continue with their results.
+    /// User messages already recorded (or being sent again): the provider gets their text.
+    Recorded(String),
+    /// Tool uses a paused or reattached session waits on: run them (answers the application
+    /// wrote for them count), then continue with their results.
     Pending(Vec<ToolUse>),
 }
 
@@ -409,7 +553,7 @@ impl Session {
             handler: Arc::new(NoTools),
             store: Arc::new(MemoryStore::default()),
             config: SessionConfig::default(),
-            stored: None,
+            thread: None,
         }
     }
 
@@ -428,19 +572,48 @@ impl Session {
         &self.opened
     }
 
-    /// Tool uses waiting for results from outside (front-end tools), if the last request paused.
+    /// The thread the session is, when it was opened as one ([`SessionBuilder::thread`]).
+    pub fn thread(&self) -> Option<&ThreadId> {
+        self.thread.as_ref()
+    }
+
+    /// The provider's name.
+    pub fn provider_name(&self) -> &str {
+        self.provider.name()
+    }
+
+    /// Tool uses waiting for something from outside (a front-end tool's result, the user's
+    /// approval), if the last request paused or a resume found them.
     pub fn pending_tool_uses(&self) -> Vec<ToolUse> {
-        self.held
+        self.paused
             .iter()
-            .filter(|(_, r)| r.is_none())
-            .map(|(u, _)| u.clone())
-            .chain(self.pending.iter().cloned())
+            .filter(|p| p.waiting.is_some())
+            .map(|p| p.tool_use.clone())
             .collect()
     }
 
-    /// The provider's client-held history, if it keeps one.
-    pub fn transcript(&self) -> Option<Value> {
-        self.provider.transcript()
+    /// [`Self::pending_tool_uses`], each with what it waits for.
+    pub fn pending(&self) -> Vec<PendingToolUse> {
+        self.paused
+            .iter()
+            .filter_map(|p| {
+                p.waiting.clone().map(|waiting| PendingToolUse {
+                    tool_use: p.tool_use.clone(),
+                    waiting,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether a user message with this client id is in the session's record already (sent in
+    /// an earlier request: a client that sends its whole history sends it again).
+    pub async fn knows_message(&self, id: &str) -> bool {
+        self.cx.sink.has_seen(&user_event_id(id)).await
+    }
+
+    /// The provider's resumable state ([`Provider::checkpoint`]), if it keeps one.
+    pub fn checkpoint(&self) -> Option<Value> {
+        self.provider.checkpoint()
     }
 
     /// Runs one request: a prompt or follow-up message, to its end.
@@ -458,18 +631,70 @@ impl Session {
         text: impl Into<String>,
         cancel: CancellationToken,
     ) -> Result<SessionResult> {
+        self.send_messages(vec![UserMessage::new(text)], cancel).await
+    }
+
+    /// Runs one request from user messages that carry the client's ids (an AG-UI request's new
+    /// messages). Each is recorded once, as a [`raw::USER_MESSAGE`] event whose id is `user:` and
+    /// the client's id: a message already in the record (a client resending its history, a
+    /// redelivered request) is neither recorded nor sent again. The provider gets the new texts
+    /// (after a message a resume found unanswered, see [`Opened::unanswered`]) as one message;
+    /// with nothing new and nothing unanswered the request ends at once with stop reason `idle`.
+    ///
+    /// Fails with [`Error::Config`] while tool uses are pending: answer them, or give them up
+    /// with [`Session::abandon_pending_tools`], first.
+    pub async fn send_messages(
+        &mut self,
+        messages: Vec<UserMessage>,
+        cancel: CancellationToken,
+    ) -> Result<SessionResult> {
         if !self.pending_tool_uses().is_empty() {
             return Err(Error::Config(
                 "the session waits for tool results: call submit_tool_results (or resume) first".into(),
             ));
         }
-        self.request(Start::Input(Input::Message(text.into())), cancel, None)
+        let mut texts: Vec<String> = Vec::new();
+        if let Some(t) = self.unanswered.take() {
+            texts.push(t);
+        }
+        for m in messages {
+            let id = match &m.id {
+                Some(id) => id.clone(),
+                None => format!("msg_{:016x}", rand::random::<u64>()),
+            };
+            let recorded = self
+                .cx
+                .sink
+                .record(
+                    user_event_id(&id),
+                    raw::USER_MESSAGE,
+                    json!({"id": id, "text": m.text}),
+                    EventKind::Message {
+                        message_id: id,
+                        role: crate::event::Role::User,
+                        text: m.text.clone(),
+                        reasoning: None,
+                        tool_uses: Vec::new(),
+                    },
+                )
+                .await?;
+            if recorded {
+                texts.push(m.text);
+            }
+        }
+        if texts.is_empty() {
+            return Ok(self.idle_result().await);
+        }
+        self.request(Start::Recorded(texts.join("\n\n")), cancel, None)
             .await
     }
 
     /// Runs one request from any [`Input`]: a provider-specific raw input such as a Managed
     /// Agents `user.define_outcome` event, or a message. Same rules as [`Session::send`].
     pub async fn send_input(&mut self, input: Input, cancel: CancellationToken) -> Result<SessionResult> {
+        if let Input::Message(text) = input {
+            return self.send_messages(vec![UserMessage::new(text)], cancel).await;
+        }
         if !self.pending_tool_uses().is_empty() {
             return Err(Error::Config(
                 "the session waits for tool results: call submit_tool_results (or resume) first".into(),
@@ -478,67 +703,87 @@ impl Session {
         self.request(Start::Input(input), cancel, None).await
     }
 
+    /// Records an answer from outside for a pending tool use (a front-end tool's result, a
+    /// denial the user gave): memoized under the use's memo key and recorded once, exactly as a
+    /// result the engine produced, so a later resume (in this process or after a restart) takes
+    /// it. Returns `false` (recording nothing) when no pending use has the result's id. The
+    /// session stays paused until [`Session::resume`].
+    pub async fn answer_tool_use(&mut self, result: ToolResult) -> Result<bool> {
+        let Some(i) = self
+            .paused
+            .iter()
+            .position(|p| p.waiting.is_some() && p.tool_use.id == result.tool_use_id)
+        else {
+            return Ok(false);
+        };
+        let key = current_key(&self.cx.sink, &self.paused[i].tool_use).await;
+        let sid = self.info().session_id.clone();
+        store_result(&self.cx, &sid, &key, &result).await?;
+        self.paused[i].waiting = None;
+        Ok(true)
+    }
+
+    /// Approves the pending tool use with this id that waits for approval: the next
+    /// [`Session::resume`] runs it, once, provided it is still exactly that call (same id, tool
+    /// and arguments). Returns `false` when no such use waits.
+    pub async fn approve(&mut self, tool_use_id: &str) -> bool {
+        let Some(p) = self
+            .paused
+            .iter()
+            .find(|p| matches!(p.waiting, Some(Waiting::Approval { .. })) && p.tool_use.id == tool_use_id)
+        else {
+            return false;
+        };
+        let key = current_key(&self.cx.sink, &p.tool_use).await;
+        lock(&self.approved).insert(key);
+        true
+    }
+
     /// Resumes a paused request with results for its pending tool uses (front-end tools), or a
-    /// reattached session with results for what it waited on. Results for unknown ids are ignored;
-    /// uses still without a result keep the session paused.
+    /// reattached session with results for what it waited on: each result is recorded
+    /// ([`Session::answer_tool_use`]), then the session resumes ([`Session::resume`]). Results for
+    /// unknown ids are ignored; uses still without a result keep the session paused.
     pub async fn submit_tool_results(
         &mut self,
         results: Vec<ToolResult>,
         cancel: CancellationToken,
     ) -> Result<SessionResult> {
-        let mut batch: Vec<(ToolUse, Option<ToolResult>)> = std::mem::take(&mut self.held);
-        batch.extend(self.pending.drain(..).map(|u| (u, None)));
-        let sid = self.info().session_id.clone();
         for r in results {
-            if let Some(slot) = batch
-                .iter_mut()
-                .find(|(u, done)| done.is_none() && u.id == r.tool_use_id)
-            {
-                if let Err(e) = store_result(&self.cx, &sid, &slot.0.memo_key(), &r).await {
-                    self.held = batch;
-                    return Err(e);
-                }
-                slot.1 = Some(r);
-            }
+            self.answer_tool_use(r).await?;
         }
-        if batch.iter().any(|(_, r)| r.is_none()) {
-            self.held = batch;
-            return Ok(self.paused_result(Vec::new()).await);
-        }
-        let (uses, results): (Vec<ToolUse>, Vec<ToolResult>) = batch
-            .into_iter()
-            .map(|(u, r)| (u, r.unwrap_or_else(|| ToolResult::error("", ""))))
-            .unzip();
-        self.request(Start::Input(Input::ToolResults(uses, results)), cancel, None)
-            .await
+        self.resume(cancel).await
     }
 
-    /// Gives up on the pending tool uses (front-end tools nobody answered): each gets an error
-    /// result saying `reason`, recorded in the store and handed to the provider's history, so the
-    /// next [`Session::send`] can start a new request instead of failing.
+    /// Gives up on the pending tool uses (front-end tools nobody answered, approvals nobody gave):
+    /// each gets an error result saying `reason`, recorded in the store and handed to the
+    /// provider's history, so the next [`Session::send`] can start a new request instead of
+    /// failing.
     pub async fn abandon_pending_tools(&mut self, reason: &str) -> Result<()> {
-        let mut batch: Vec<(ToolUse, Option<ToolResult>)> = std::mem::take(&mut self.held);
-        batch.extend(self.pending.drain(..).map(|u| (u, None)));
+        let batch = std::mem::take(&mut self.paused);
         if batch.is_empty() {
             return Ok(());
         }
         let sid = self.info().session_id.clone();
         let mut uses = Vec::with_capacity(batch.len());
         let mut results = Vec::with_capacity(batch.len());
-        for (u, r) in batch {
-            let r = match r {
-                Some(r) => r,
-                None => {
-                    let r = ToolResult::error(&u.id, reason);
-                    store_result(&self.cx, &sid, &u.memo_key(), &r).await?;
-                    r
-                }
-            };
-            uses.push(u);
+        for p in batch {
+            let key = current_key(&self.cx.sink, &p.tool_use).await;
+            if p.waiting.is_some() {
+                store_result(&self.cx, &sid, &key, &ToolResult::error(&p.tool_use.id, reason)).await?;
+            }
+            let mut r = self
+                .cx
+                .sink
+                .store()
+                .tool_result(&sid, &key)
+                .await?
+                .unwrap_or_else(|| ToolResult::error(&p.tool_use.id, reason));
+            r.tool_use_id = p.tool_use.id.clone();
+            uses.push(p.tool_use);
             results.push(r);
         }
         self.record_tool_results(&uses, &results).await?;
-        self.checkpoint().await
+        self.checkpoint_now().await
     }
 
     /// Forgets the recorded result of `tool_use` (matched by id, name and arguments), so the next
@@ -559,7 +804,7 @@ impl Session {
             .sink
             .record(
                 format!("tool_forget:{key}"),
-                "tether.tool_result_forgotten",
+                raw::TOOL_RESULT_FORGOTTEN,
                 json!({"tool_use_id": tool_use.id, "name": tool_use.name, "key": key}),
                 EventKind::Other,
             )
@@ -567,34 +812,45 @@ impl Session {
         Ok(true)
     }
 
-    /// Resumes a reattached session: re-runs the tool uses it waits on through the handler and
-    /// continues. With nothing pending it returns at once with stop reason `idle`.
+    /// Resumes a paused or reattached session: runs the tool uses it waits on again (answers
+    /// recorded for them count, approved ones run, the rest stay pending) and continues. With
+    /// nothing pending it sends a user message a resume found unanswered
+    /// ([`Opened::unanswered`]), or returns at once with stop reason `idle`.
     ///
     /// Answers the application stored for a pending use by its id (an approval's denial, a
     /// front-end result) count as its result; uses already run (same id, name and arguments) are
     /// answered from the memo, cancelled and timed-out ones included (see
     /// [`Session::forget_tool_result`]).
     pub async fn resume(&mut self, cancel: CancellationToken) -> Result<SessionResult> {
-        if self.pending.is_empty() && self.held.is_empty() {
-            let sid = self.info().session_id.clone();
-            return Ok(SessionResult {
-                terminal: Terminal::EndTurn,
-                stop_reason: json!(stop_reason::IDLE),
-                session_id: sid,
-                text: String::new(),
-                texts: Vec::new(),
-                tool_uses: Vec::new(),
-                server_tool_uses: Vec::new(),
-                pending_tool_uses: Vec::new(),
-                final_output: None,
-                usage: Usage::default(),
-                turns: 0,
-                events: self.cx.sink.take_record().await,
-                transcript: self.provider.transcript(),
-            });
+        if self.paused.is_empty() {
+            return match self.unanswered.take() {
+                Some(text) => self.request(Start::Recorded(text), cancel, None).await,
+                None => Ok(self.idle_result().await),
+            };
         }
-        let uses: Vec<ToolUse> = std::mem::take(&mut self.pending);
+        let uses: Vec<ToolUse> = std::mem::take(&mut self.paused)
+            .into_iter()
+            .map(|p| p.tool_use)
+            .collect();
         self.request(Start::Pending(uses), cancel, None).await
+    }
+
+    async fn idle_result(&mut self) -> SessionResult {
+        SessionResult {
+            terminal: Terminal::EndTurn,
+            stop_reason: json!(stop_reason::IDLE),
+            session_id: self.info().session_id.clone(),
+            text: String::new(),
+            texts: Vec::new(),
+            tool_uses: Vec::new(),
+            server_tool_uses: Vec::new(),
+            pending_tool_uses: Vec::new(),
+            final_output: None,
+            usage: Usage::default(),
+            turns: 0,
+            events: self.cx.sink.take_record().await,
+            checkpoint: self.provider.checkpoint(),
+        }
     }
 
     /// Closes the provider's side of the session.
@@ -630,6 +886,7 @@ impl Session {
             e = stop => Err(e),
             r = self.drive(start) => Ok(r),
         };
+        let was_stopped = outcome.is_err();
         let r = match outcome {
             Ok(r) => r,
             Err(stopped) => {
@@ -650,7 +907,13 @@ impl Session {
             // The failed request's events are in the store; the next result must not carry them.
             let _ = self.cx.sink.take_record().await;
         }
-        self.checkpoint().await?;
+        // A request that failed in a provider call is not checkpointed: the provider's state may
+        // hold a half-done turn (a user message it never answered), which a resume from the last
+        // checkpoint and the record sees, and sends again, instead. A stop (cancel, timeout)
+        // answered the tool uses it stopped: that is saved.
+        if r.is_ok() || was_stopped {
+            self.checkpoint_now().await?;
+        }
         r
     }
 
@@ -711,20 +974,24 @@ impl Session {
             .collect();
     }
 
-    /// Saves the provider's transcript (state key `transcript`) so a crash loses at most the turn
-    /// in flight: called after every turn and at the end of every request. Nothing is written
-    /// when the provider was not called since the last save (a request that ends with the turn
-    /// just saved).
-    fn checkpoint(&mut self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
-        let transcript = match std::mem::take(&mut self.unsaved) {
-            true => self.provider.transcript(),
+    /// Saves the checkpoint (state key [`CHECKPOINT`]: the provider's state and the sequence
+    /// number it covers) so a crash loses at most the turn in flight: called after every turn and
+    /// at the end of every request. Nothing is written when the provider was not called since
+    /// the last save (a request that ends with the turn just saved), nor for a provider that
+    /// keeps no state.
+    fn checkpoint_now(&mut self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+        let state = match std::mem::take(&mut self.unsaved) {
+            true => self.provider.checkpoint(),
             false => None,
         };
         let sink = self.cx.sink.clone();
         async move {
-            if let Some(t) = transcript {
+            if let Some(provider) = state {
+                let seq = sink.last_seq().await;
                 let sid = sink.info().session_id.clone();
-                sink.store().put_state(&sid, "transcript", &t).await?;
+                let cp = serde_json::to_value(Checkpoint { seq, provider })
+                    .map_err(|e| Error::Store(format!("the checkpoint does not encode: {e}")))?;
+                sink.store().put_state(&sid, CHECKPOINT, &cp).await?;
             }
             Ok(())
         }
@@ -734,43 +1001,19 @@ impl Session {
         let mut acc = Acc::default();
         let first = match start {
             Start::Input(i) => i,
+            Start::Recorded(text) => Input::Message(text),
             Start::Pending(uses) => {
                 self.hand_over(&uses);
-                let (results, pending) = ToolRunner {
-                    cx: &self.cx,
-                    config: &self.config,
-                    tasks: &self.tasks,
-                    batch: &self.batch,
-                }
-                .run(&uses, true)
-                .await?;
+                let (results, pending) = self.runner().run(&uses, true).await?;
                 if !pending.is_empty() {
                     lock(&self.batch).clear();
-                    self.held = uses.into_iter().zip(results).collect();
-                    return Ok(self.paused_result(Vec::new()).await);
+                    self.pause(uses, &pending);
+                    return Ok(self.paused_result().await);
                 }
                 lock(&self.batch).clear();
                 Input::ToolResults(uses, results.into_iter().flatten().collect())
             }
         };
-        if let Input::Message(text) = &first {
-            // The user's side of the conversation belongs in the record too.
-            self.cx
-                .sink
-                .record(
-                    "",
-                    "tether.user_message",
-                    json!({"text": text}),
-                    EventKind::Message {
-                        message_id: String::new(),
-                        role: crate::event::Role::User,
-                        text: text.clone(),
-                        reasoning: None,
-                        tool_uses: Vec::new(),
-                    },
-                )
-                .await?;
-        }
         let mut input = first;
         let mut reprompts_left = self.config.max_reprompts;
         let terminal_name = self.config.terminal_tool.as_ref().map(|t| t.name.clone());
@@ -796,7 +1039,7 @@ impl Session {
             if tr.terminal == Terminal::RequiresAction {
                 self.hand_over(&tr.tool_uses);
             }
-            self.checkpoint().await?;
+            self.checkpoint_now().await?;
             if let Some(g) = &self.config.turn_guard {
                 let gi = GuardInfo {
                     turns: acc.turns,
@@ -822,14 +1065,7 @@ impl Session {
                         input = Input::Continue;
                         continue;
                     }
-                    let (results, pending) = ToolRunner {
-                        cx: &self.cx,
-                        config: &self.config,
-                        tasks: &self.tasks,
-                        batch: &self.batch,
-                    }
-                    .run(&uses, false)
-                    .await?;
+                    let (results, pending) = self.runner().run(&uses, false).await?;
                     if let Some(t) = uses.iter().find(|u| Some(&u.name) == terminal_name.as_ref()) {
                         acc.terminal_called = true;
                         acc.final_output = Some(t.input.clone());
@@ -854,13 +1090,14 @@ impl Session {
                     }
                     lock(&self.batch).clear();
                     if !pending.is_empty() {
-                        self.held = uses.into_iter().zip(results).collect();
+                        let waiting = pending.iter().map(|p| p.tool_use.clone()).collect();
+                        self.pause(uses, &pending);
                         return Ok(self
                             .finish(
                                 acc,
                                 Terminal::RequiresAction,
                                 json!(stop_reason::PENDING_TOOLS),
-                                pending,
+                                waiting,
                             )
                             .await);
                     }
@@ -879,7 +1116,7 @@ impl Session {
                                 .sink
                                 .record(
                                     "",
-                                    "tether.reprompt",
+                                    raw::REPROMPT,
                                     json!({"text": text}),
                                     EventKind::Directive {
                                         role: "reprompt".into(),
@@ -912,7 +1149,31 @@ impl Session {
         }
     }
 
-    /// Hands tool results to the provider (its transcript then needs saving).
+    fn runner(&self) -> ToolRunner<'_> {
+        ToolRunner {
+            cx: &self.cx,
+            config: &self.config,
+            tasks: &self.tasks,
+            batch: &self.batch,
+            approved: &self.approved,
+        }
+    }
+
+    /// Keeps a batch that some uses left waiting: the next resume runs it again.
+    fn pause(&mut self, uses: Vec<ToolUse>, pending: &[PendingToolUse]) {
+        self.paused = uses
+            .into_iter()
+            .map(|u| {
+                let waiting = pending
+                    .iter()
+                    .find(|p| p.tool_use.id == u.id)
+                    .map(|p| p.waiting.clone());
+                Paused { tool_use: u, waiting }
+            })
+            .collect();
+    }
+
+    /// Hands tool results to the provider (its checkpoint then needs saving).
     async fn record_tool_results(&mut self, uses: &[ToolUse], results: &[ToolResult]) -> Result<()> {
         self.unsaved = true;
         self.provider.record_tool_results(uses, results).await
@@ -943,7 +1204,7 @@ impl Session {
                     .sink
                     .record(
                         "",
-                        "tether.reconnect",
+                        raw::RECONNECT,
                         json!({"attempt": attempts, "delay_ms": delay_ms, "error": err.to_string()}),
                         EventKind::Retry {
                             attempt: attempts,
@@ -966,14 +1227,7 @@ impl Session {
                     acc.add_tool_use(u);
                 }
                 self.hand_over(&pending);
-                let (results, _pending) = ToolRunner {
-                    cx: &self.cx,
-                    config: &self.config,
-                    tasks: &self.tasks,
-                    batch: &self.batch,
-                }
-                .run(&pending, true)
-                .await?;
+                let (results, _pending) = self.runner().run(&pending, true).await?;
                 lock(&self.batch).clear();
                 let results = results
                     .into_iter()
@@ -1014,7 +1268,11 @@ struct ToolRunner<'a> {
     config: &'a SessionConfig,
     tasks: &'a TaskTracker,
     batch: &'a Mutex<Vec<Slot>>,
+    approved: &'a Mutex<std::collections::HashSet<String>>,
 }
+
+/// What running one tool use came to: its result, or what it waits for.
+type Ran = std::result::Result<ToolResult, Waiting>;
 
 /// What is done with one tool use of a batch.
 #[derive(Clone)]
@@ -1033,7 +1291,11 @@ impl ToolRunner<'_> {
     ///
     /// `by_id`: answers stored by the application under a use's bare id (for pending uses of a
     /// reattached session or a reconnect) count as its result.
-    async fn run(&self, uses: &[ToolUse], by_id: bool) -> Result<(Vec<Option<ToolResult>>, Vec<ToolUse>)> {
+    async fn run(
+        &self,
+        uses: &[ToolUse],
+        by_id: bool,
+    ) -> Result<(Vec<Option<ToolResult>>, Vec<PendingToolUse>)> {
         let sid = self.cx.sink.info().session_id.clone();
         let mut keys = Vec::with_capacity(uses.len());
         for u in uses {
@@ -1046,8 +1308,7 @@ impl ToolRunner<'_> {
                 slot.key = key.clone();
             }
         }
-        type Fut<'a> =
-            std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<ToolResult>>> + Send + 'a>>;
+        type Fut<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Ran>>> + Send + 'a>>;
         let sid = &sid;
         let futs: Vec<Fut<'_>> = uses
             .iter()
@@ -1061,52 +1322,56 @@ impl ToolRunner<'_> {
                         Plan::Refuse(text) => {
                             let r = ToolResult::error(&u.id, text.clone());
                             store_result(self.cx, sid, key, &r).await?;
-                            Some(r)
+                            Ok(r)
                         }
                         Plan::Run => {
                             self.set_state(i, SlotState::Running);
                             self.run_one(u, key, by_id, sid).await?
                         }
                     };
-                    self.set_state(
-                        i,
-                        match &r {
-                            Some(r) => SlotState::Done(r.clone()),
-                            None => SlotState::Pending,
-                        },
-                    );
-                    Ok(r)
+                    self.set_state(i, slot_state(&r));
+                    Ok(Some(r))
                 }) as Fut<'_>
             })
             .collect();
-        let outs: Vec<Result<Option<ToolResult>>> = futures_util::stream::iter(futs)
+        let outs: Vec<Result<Option<Ran>>> = futures_util::stream::iter(futs)
             .buffered(self.config.tool_concurrency.max(1))
             .collect()
             .await;
-        let mut results: Vec<Option<ToolResult>> = Vec::with_capacity(uses.len());
+        let mut ran: Vec<Option<Ran>> = Vec::with_capacity(uses.len());
         for o in outs {
-            results.push(o?);
+            ran.push(o?);
         }
         for (i, p) in plan.iter().enumerate() {
             if let Plan::SameAs(j) = p {
-                let r = results[*j].clone();
-                self.set_state(
-                    i,
-                    match &r {
-                        Some(r) => SlotState::Done(r.clone()),
-                        None => SlotState::Pending,
-                    },
-                );
-                results[i] = r;
+                let r = ran[*j].clone();
+                if let Some(r) = &r {
+                    self.set_state(i, slot_state(r));
+                }
+                ran[i] = r;
             }
         }
-        let pending = uses
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| r.is_none())
-            .map(|(u, _)| u.clone())
-            .collect();
+        let mut results = Vec::with_capacity(uses.len());
+        let mut pending = Vec::new();
+        for (u, r) in uses.iter().zip(ran) {
+            match r {
+                Some(Ok(r)) => results.push(Some(r)),
+                Some(Err(waiting)) => {
+                    results.push(None);
+                    pending.push(PendingToolUse {
+                        tool_use: u.clone(),
+                        waiting,
+                    });
+                }
+                None => results.push(None),
+            }
+        }
         Ok((results, pending))
+    }
+
+    /// Takes the approval of the call under `key`, if the application gave one (used once).
+    fn take_approval(&self, key: &str) -> bool {
+        lock(self.approved).remove(key)
     }
 
     fn set_state(&self, i: usize, state: SlotState) {
@@ -1115,7 +1380,7 @@ impl ToolRunner<'_> {
         }
     }
 
-    async fn run_one(&self, u: &ToolUse, key: &str, by_id: bool, sid: &str) -> Result<Option<ToolResult>> {
+    async fn run_one(&self, u: &ToolUse, key: &str, by_id: bool, sid: &str) -> Result<Ran> {
         let cx = self.cx;
         let store = cx.sink.store();
         if let Some(mut r) = store.tool_result(sid, key).await? {
@@ -1125,7 +1390,7 @@ impl ToolRunner<'_> {
             // result already in the record is not written again.
             r.tool_use_id = u.id.clone();
             record_result(&cx.sink, key, &r).await?;
-            return Ok(Some(r));
+            return Ok(Ok(r));
         }
         // An answer the application stored for this pending use by its id. An id shaped like a
         // memo key is never looked up bare: a model naming its call after another call's key
@@ -1135,12 +1400,16 @@ impl ToolRunner<'_> {
             && let Some(r) = store.tool_result(sid, &u.id).await?
         {
             record_result(&cx.sink, &u.id, &r).await?;
-            return Ok(Some(r));
+            return Ok(Ok(r));
         }
         let result = if Some(u.name.as_str()) == self.config.terminal_tool.as_ref().map(|t| t.name.as_str()) {
             ToolResult::ok(&u.id, "Done.")
         } else if let Some(refusal) = check_call(cx, u) {
             ToolResult::error(&u.id, refusal)
+        } else if let Some(summary) = cx.handler.needs_approval(u)
+            && !self.take_approval(key)
+        {
+            return Ok(Err(Waiting::Approval { summary }));
         } else {
             let handler = cx.handler.clone();
             let info = (*cx.sink.info()).clone();
@@ -1165,7 +1434,7 @@ impl ToolRunner<'_> {
                             ),
                         );
                         store_result(cx, sid, key, &r).await?;
-                        return Ok(Some(r));
+                        return Ok(Ok(r));
                     }
                 },
                 None => (&mut task.0).await,
@@ -1173,7 +1442,7 @@ impl ToolRunner<'_> {
             match joined {
                 Ok(ToolOutput::Ok(s)) => ToolResult::ok(&u.id, s),
                 Ok(ToolOutput::Error(s)) => ToolResult::error(&u.id, s),
-                Ok(ToolOutput::Pending) => return Ok(None),
+                Ok(ToolOutput::Pending) => return Ok(Err(Waiting::Client)),
                 Err(e) if e.is_panic() => {
                     let msg = panic_message(e.into_panic().as_ref());
                     ToolResult::error(&u.id, format!("tool `{}` panicked: {msg}", shown(&u.name)))
@@ -1182,7 +1451,7 @@ impl ToolRunner<'_> {
             }
         };
         store_result(cx, sid, key, &result).await?;
-        Ok(Some(result))
+        Ok(Ok(result))
     }
 }
 
@@ -1289,9 +1558,8 @@ async fn store_result(cx: &TurnContext, sid: &str, key: &str, r: &ToolResult) ->
 }
 
 impl Session {
-    async fn paused_result(&mut self, extra: Vec<ToolUse>) -> SessionResult {
-        let mut pending = self.pending_tool_uses();
-        pending.extend(extra);
+    async fn paused_result(&mut self) -> SessionResult {
+        let pending = self.pending_tool_uses();
         SessionResult {
             terminal: Terminal::RequiresAction,
             stop_reason: json!(stop_reason::PENDING_TOOLS),
@@ -1305,7 +1573,7 @@ impl Session {
             usage: Usage::default(),
             turns: 0,
             events: self.cx.sink.take_record().await,
-            transcript: self.provider.transcript(),
+            checkpoint: self.provider.checkpoint(),
         }
     }
 
@@ -1329,7 +1597,7 @@ impl Session {
             usage: acc.usage,
             turns: acc.turns,
             events: self.cx.sink.take_record().await,
-            transcript: self.provider.transcript(),
+            checkpoint: self.provider.checkpoint(),
         }
     }
 
@@ -1385,11 +1653,21 @@ fn declared_tools(handler: &dyn Handler, terminal: Option<&ToolSpec>) -> Vec<Too
     tools
 }
 
+/// The event id of a user message with the client's id `id`: `user:` and the id, or a digest of
+/// it when it is longer than 128 bytes or holds control characters (ids come from clients).
+fn user_event_id(id: &str) -> String {
+    if id.len() <= 128 && !id.chars().any(char::is_control) {
+        format!("user:{id}")
+    } else {
+        format!("user:~{}", crate::types::digest_hex(id.as_bytes()))
+    }
+}
+
 /// Records a tool result, once: its event id is `tool_result:` and the use's memo key.
 async fn record_result(sink: &EventSink, key: &str, r: &ToolResult) -> Result<bool> {
     sink.emit(Event::new(
         format!("tool_result:{key}"),
-        "tether.tool_result",
+        raw::TOOL_RESULT,
         serde_json::to_value(r).unwrap_or(Value::Null),
         EventKind::ToolResult { result: r.clone() },
     ))

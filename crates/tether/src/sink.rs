@@ -10,6 +10,7 @@ use tokio::sync::{Mutex, mpsc};
 use crate::error::Result;
 use crate::event::{Event, EventKind};
 use crate::handler::Handler;
+use crate::raw;
 use crate::store::EventStore;
 use crate::types::SessionInfo;
 
@@ -127,6 +128,11 @@ impl EventSink {
     pub async fn mark_seen<I: IntoIterator<Item = String>>(&self, ids: I) {
         let mut rec = self.inner.record.lock().await;
         rec.seen.extend(ids);
+    }
+
+    /// The sequence number of the last event recorded (0 when none is).
+    pub async fn last_seq(&self) -> u64 {
+        self.inner.record.lock().await.next_seq.saturating_sub(1)
     }
 
     /// Whether an event id is already in the record.
@@ -307,7 +313,7 @@ struct LiveGuard {
 }
 
 fn live_event(kind: EventKind) -> Event {
-    Event::new("", "tether.replay", Value::Null, kind)
+    Event::new("", raw::REPLAY, Value::Null, kind)
 }
 
 impl LiveGuard {
@@ -413,7 +419,7 @@ impl LiveGuard {
             } else if m.id != id {
                 out.push(Event::new(
                     "",
-                    "tether.restart",
+                    raw::RESTART,
                     Value::Null,
                     EventKind::MessageRestart { message_id: m.id },
                 ));
@@ -436,7 +442,7 @@ fn complete(p: &Shown, d: &Draft) -> bool {
 fn restart(message_id: &str, drafts: &[Draft]) -> Vec<Event> {
     let mut out = vec![Event::new(
         "",
-        "tether.restart",
+        raw::RESTART,
         Value::Null,
         EventKind::MessageRestart {
             message_id: message_id.to_owned(),
@@ -835,7 +841,7 @@ impl DeltaSink {
     pub async fn text(&self, delta: &str) {
         if self.sink.is_some() && !delta.is_empty() {
             self.live(
-                "local.text_delta",
+                raw::LOCAL_TEXT_DELTA,
                 EventKind::TextDelta {
                     message_id: self.message_id.clone(),
                     delta: delta.to_owned(),
@@ -849,7 +855,7 @@ impl DeltaSink {
     pub async fn reasoning(&self, delta: &str) {
         if self.sink.is_some() && !delta.is_empty() {
             self.live(
-                "local.reasoning_delta",
+                raw::LOCAL_REASONING_DELTA,
                 EventKind::ReasoningDelta {
                     message_id: self.message_id.clone(),
                     delta: delta.to_owned(),
@@ -862,7 +868,7 @@ impl DeltaSink {
     /// The opaque signature of a reasoning block.
     pub async fn reasoning_signature(&self, value: &str) {
         self.live(
-            "local.reasoning_signature",
+            raw::LOCAL_REASONING_SIGNATURE,
             EventKind::ReasoningSignature {
                 message_id: self.message_id.clone(),
                 value: value.to_owned(),
@@ -874,7 +880,7 @@ impl DeltaSink {
     /// A tool call began.
     pub async fn tool_call_start(&self, tool_use_id: &str, name: &str) {
         self.live(
-            "local.tool_call_start",
+            raw::LOCAL_TOOL_CALL_START,
             EventKind::ToolCallStart {
                 tool_use_id: tool_use_id.to_owned(),
                 name: name.to_owned(),
@@ -888,7 +894,7 @@ impl DeltaSink {
     pub async fn tool_call_args(&self, tool_use_id: &str, delta: &str) {
         if self.sink.is_some() && !delta.is_empty() {
             self.live(
-                "local.tool_call_args",
+                raw::LOCAL_TOOL_CALL_ARGS,
                 EventKind::ToolCallArgs {
                     tool_use_id: tool_use_id.to_owned(),
                     delta: delta.to_owned(),
@@ -901,7 +907,7 @@ impl DeltaSink {
     /// A tool call's arguments are complete.
     pub async fn tool_call_end(&self, tool_use_id: &str) {
         self.live(
-            "local.tool_call_end",
+            raw::LOCAL_TOOL_CALL_END,
             EventKind::ToolCallEnd {
                 tool_use_id: tool_use_id.to_owned(),
             },
@@ -1051,7 +1057,7 @@ mod tests {
                 Step::Retry => {
                     sink.record(
                         "",
-                        "local.retry",
+                        raw::LOCAL_RETRY,
                         Value::Null,
                         EventKind::Retry {
                             attempt: 1,
@@ -1067,7 +1073,7 @@ mod tests {
         let (text, calls) = record;
         sink.record(
             "m1",
-            "local.model_response",
+            raw::LOCAL_MODEL_RESPONSE,
             Value::Null,
             EventKind::Message {
                 message_id: "m1".into(),
@@ -1282,7 +1288,7 @@ mod tests {
         .await;
         sink.record(
             "",
-            "tether.reconnect",
+            raw::RECONNECT,
             json!({}),
             EventKind::Retry {
                 attempt: 1,
@@ -1332,7 +1338,7 @@ mod tests {
         }
         sink.record(
             "",
-            "local.retry",
+            raw::LOCAL_RETRY,
             Value::Null,
             EventKind::Retry {
                 attempt: 1,
@@ -1359,7 +1365,7 @@ mod tests {
         }
         sink.record(
             "m1",
-            "local.model_response",
+            raw::LOCAL_MODEL_RESPONSE,
             Value::Null,
             EventKind::Message {
                 message_id: "m1".into(),
@@ -1413,7 +1419,7 @@ mod tests {
         }
         sink.record(
             "",
-            "local.retry",
+            raw::LOCAL_RETRY,
             Value::Null,
             EventKind::Retry {
                 attempt: 1,
@@ -1428,7 +1434,7 @@ mod tests {
         }
         sink.record(
             "m1",
-            "local.model_response",
+            raw::LOCAL_MODEL_RESPONSE,
             Value::Null,
             EventKind::Message {
                 message_id: "m1".into(),
@@ -1550,18 +1556,18 @@ mod tests {
                     delay_ms: 0,
                     error: "x".into(),
                 };
-                sink.record("", "local.retry", Value::Null, retry.clone()).await.unwrap();
+                sink.record("", raw::LOCAL_RETRY, Value::Null, retry.clone()).await.unwrap();
                 // Maybe the next attempt is cut too, and a third one streams it whole.
                 if let Some(k) = second_cut {
                     for e in &again[..k % (again.len() + 1)] {
                         sink.emit_live(e.clone()).await;
                     }
-                    sink.record("", "local.retry", Value::Null, retry).await.unwrap();
+                    sink.record("", raw::LOCAL_RETRY, Value::Null, retry).await.unwrap();
                 }
                 for e in &again {
                     sink.emit_live(e.clone()).await;
                 }
-                sink.record("m1", "local.model_response", Value::Null, EventKind::Message {
+                sink.record("m1", raw::LOCAL_MODEL_RESPONSE, Value::Null, EventKind::Message {
                     message_id: "m1".into(),
                     role: Role::Assistant,
                     text: expected.text.clone(),

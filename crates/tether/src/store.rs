@@ -8,6 +8,7 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 use crate::event::Event;
+use crate::thread::{Claim, Thread, ThreadId, ThreadStore};
 use crate::types::ToolResult;
 
 /// Durable storage of sessions: events appended exactly once (keyed by event id), tool results
@@ -42,6 +43,7 @@ pub trait EventStore: Send + Sync + 'static {
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     inner: Mutex<HashMap<String, SessionData>>,
+    threads: Mutex<HashMap<ThreadId, Thread>>,
 }
 
 #[derive(Debug, Default)]
@@ -59,6 +61,91 @@ impl MemoryStore {
             .lock()
             .map_err(|_| Error::Store("memory store lock poisoned".into()))?;
         Ok(f(&mut g))
+    }
+
+    fn with_threads<T>(&self, f: impl FnOnce(&mut HashMap<ThreadId, Thread>) -> T) -> Result<T> {
+        let mut g = self
+            .threads
+            .lock()
+            .map_err(|_| Error::Store("memory store lock poisoned".into()))?;
+        Ok(f(&mut g))
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+#[async_trait]
+impl ThreadStore for MemoryStore {
+    async fn claim_thread(
+        &self,
+        thread: &ThreadId,
+        agent: &str,
+        new_record: &str,
+        title: &str,
+    ) -> Result<Claim> {
+        self.with_threads(|m| match m.get_mut(thread) {
+            Some(t) if t.agent != agent => Claim::Taken(t.clone()),
+            Some(t) => {
+                t.updated_ms = now_ms().max(t.updated_ms);
+                if t.title.is_empty() {
+                    t.title = title.to_owned();
+                }
+                Claim::Claimed {
+                    thread: t.clone(),
+                    created: false,
+                }
+            }
+            None => {
+                let now = now_ms();
+                let t = Thread {
+                    id: thread.clone(),
+                    agent: agent.to_owned(),
+                    provider: String::new(),
+                    record: new_record.to_owned(),
+                    provider_session: None,
+                    title: title.to_owned(),
+                    created_ms: now,
+                    updated_ms: now,
+                };
+                m.insert(thread.clone(), t.clone());
+                Claim::Claimed {
+                    thread: t,
+                    created: true,
+                }
+            }
+        })
+    }
+
+    async fn set_provider_session(&self, thread: &ThreadId, provider: &str, session: &str) -> Result<()> {
+        self.with_threads(|m| match m.get_mut(thread) {
+            Some(t) => {
+                t.provider = provider.to_owned();
+                t.provider_session = Some(session.to_owned());
+                Ok(())
+            }
+            None => Err(Error::Store(format!("no thread {thread} to record a session on"))),
+        })?
+    }
+
+    async fn thread(&self, thread: &ThreadId) -> Result<Option<Thread>> {
+        self.with_threads(|m| m.get(thread).cloned())
+    }
+
+    async fn threads(&self, agent: Option<&str>) -> Result<Vec<Thread>> {
+        self.with_threads(|m| {
+            let mut v: Vec<Thread> = m
+                .values()
+                .filter(|t| agent.is_none_or(|a| t.agent == a))
+                .cloned()
+                .collect();
+            v.sort_by(|a, b| b.updated_ms.cmp(&a.updated_ms).then_with(|| a.id.cmp(&b.id)));
+            v
+        })
     }
 }
 

@@ -128,6 +128,11 @@ impl ToolUse {
 }
 
 /// The first 16 bytes of the SHA-256 of `data`, as 32 lowercase hex digits.
+pub(crate) fn digest_hex(data: &[u8]) -> String {
+    hex32(data)
+}
+
+/// The first 16 bytes of the SHA-256 of `data`, as 32 lowercase hex digits.
 fn hex32(data: &[u8]) -> String {
     use sha2::Digest;
     use std::fmt::Write;
@@ -357,6 +362,61 @@ pub struct SessionResult {
     pub turns: u32,
     /// The exactly-once record of this request's events (deduplicated by event id).
     pub events: Vec<Event>,
-    /// The provider's client-held history, when it keeps one (the local loop does).
-    pub transcript: Option<Value>,
+    /// The provider's resumable state ([`crate::Provider::checkpoint`]: the local loop's history),
+    /// when it keeps one.
+    pub checkpoint: Option<Value>,
+}
+
+/// Why a tool use waits instead of running.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "waiting", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Waiting {
+    /// For the client to run it and send its result (a front-end tool:
+    /// [`crate::ToolOutput::Pending`]).
+    Client,
+    /// For the user to approve it ([`crate::Handler::needs_approval`]).
+    Approval {
+        /// What to ask, in one line.
+        summary: String,
+    },
+}
+
+/// A tool use the session waits on, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PendingToolUse {
+    /// The tool use.
+    pub tool_use: ToolUse,
+    /// What it waits for.
+    #[serde(flatten)]
+    pub waiting: Waiting,
+}
+
+/// A user message sent to a session: its text and, when the client has one, its id (an AG-UI
+/// message id), which makes recording it exactly-once across redeliveries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserMessage {
+    /// The client's id for the message, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// The text.
+    pub text: String,
+}
+
+impl UserMessage {
+    /// A message without a client id.
+    pub fn new(text: impl Into<String>) -> Self {
+        UserMessage {
+            id: None,
+            text: text.into(),
+        }
+    }
+
+    /// A message with the client's id.
+    pub fn with_id(id: impl Into<String>, text: impl Into<String>) -> Self {
+        UserMessage {
+            id: Some(id.into()),
+            text: text.into(),
+        }
+    }
 }

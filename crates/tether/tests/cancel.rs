@@ -233,6 +233,7 @@ impl Provider for Waiting {
             session_id: "w1".into(),
             resumed: true,
             pending: std::mem::take(&mut self.pending),
+            ..Default::default()
         })
     }
     async fn turn(&mut self, input: Input, _cx: &TurnContext) -> tether::Result<TurnResult> {

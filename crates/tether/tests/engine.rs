@@ -493,7 +493,7 @@ async fn a_session_reopened_on_the_same_store_continues_numbering_and_its_transc
         .run("one")
         .await
         .unwrap();
-    let transcript = r1.transcript.clone().unwrap();
+    let transcript = r1.checkpoint.clone().unwrap();
     let model = Arc::new(ScriptedModel::new(vec![Ok(ScriptedModel::text("second"))]));
     let lp = LocalLoop::with_model(model.clone())
         .session_id("s2")
@@ -514,37 +514,7 @@ async fn a_session_reopened_on_the_same_store_continues_numbering_and_its_transc
     assert_record_is_exactly_once(&all);
 }
 
-/// Events the caller already loaded seed the record in place of a load: numbering continues
-/// from them and their ids count as recorded (here the store itself is empty, so only the given
-/// events can say so).
-#[tokio::test]
-async fn stored_events_given_to_the_builder_seed_the_record_without_a_load() {
-    use tether::EventStore;
-    let first = Arc::new(MemoryStore::default());
-    let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("first"))]);
-    Session::builder(LocalLoop::new(model).session_id("s3"))
-        .store(first.clone())
-        .run("one")
-        .await
-        .unwrap();
-    let stored = first.load("s3").await.unwrap();
-    let last = stored.iter().filter_map(|e| e.seq).max().unwrap();
-
-    let empty = Arc::new(MemoryStore::default());
-    let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("second"))]);
-    let session = Session::builder(LocalLoop::new(model).session_id("s3"))
-        .store(empty.clone())
-        .stored_events(stored.clone())
-        .open()
-        .await
-        .unwrap();
-    assert!(session.sink().has_seen(&stored[0].id).await);
-    let mut session = session;
-    let r = session.send("two").await.unwrap();
-    assert_eq!(r.events[0].seq, Some(last + 1));
-}
-
-/// A store that counts transcript saves.
+/// A store that counts checkpoint saves.
 #[derive(Default)]
 struct CountingStore {
     inner: MemoryStore,
@@ -577,10 +547,10 @@ impl tether::EventStore for CountingStore {
     }
 }
 
-/// The transcript is saved after every turn, and at the end of a request only when the provider
+/// The checkpoint is saved after every turn, and at the end of a request only when the provider
 /// was called since (a one-turn request saves once, not twice), and the saved one is the last.
 #[tokio::test]
-async fn the_transcript_is_saved_once_per_change() {
+async fn the_checkpoint_is_saved_once_per_change() {
     use tether::EventStore;
     let store = Arc::new(CountingStore::default());
     let model = ScriptedModel::new(vec![
@@ -599,7 +569,14 @@ async fn the_transcript_is_saved_once_per_change() {
         2,
         "one save per turn, none repeated"
     );
-    assert_eq!(store.state("s4", "transcript").await.unwrap(), r.transcript);
+    let saved = store
+        .state("s4", tether::thread::CHECKPOINT)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(Some(&saved["provider"]), r.checkpoint.as_ref());
+    let last = r.events.iter().filter_map(|e| e.seq).max().unwrap();
+    assert_eq!(saved["seq"], last, "the checkpoint covers the whole record");
 }
 
 /// A model that streams forever, for cancellation and timeouts.
@@ -913,7 +890,7 @@ async fn the_terminal_tool_beside_other_tools_runs_them_and_ends_the_run() {
     assert_eq!(r.final_output, Some(json!({"answer": 42})));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(r.turns, 1);
-    let transcript: Vec<tether::ChatMessage> = serde_json::from_value(r.transcript.unwrap()).unwrap();
+    let transcript: Vec<tether::ChatMessage> = serde_json::from_value(r.checkpoint.unwrap()).unwrap();
     let answered: Vec<_> = transcript.iter().filter_map(|m| m.tool_call_id.clone()).collect();
     assert_eq!(answered, ["w1", "f", "w2"], "every call answered, in order");
     // Recorded as they finish (the tools run concurrently), each once.

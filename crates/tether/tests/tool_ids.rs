@@ -122,6 +122,7 @@ impl Provider for Script {
             session_id: "p1".into(),
             resumed: !self.pending.is_empty(),
             pending: std::mem::take(&mut self.pending),
+            ..Default::default()
         })
     }
     async fn turn(&mut self, input: Input, _cx: &TurnContext) -> tether::Result<TurnResult> {

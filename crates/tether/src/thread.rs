@@ -1,0 +1,201 @@
+//! Threads: durable conversations that outlive the process serving them.
+//!
+//! A thread is one conversation with one agent: its id (the client's, e.g. an AG-UI `threadId`),
+//! the agent it belongs to, the provider that runs it and that provider's own session handle
+//! (a Managed Agents session id, an AgentCore runtime session id, an ACP session id, the local
+//! loop's id), and its exactly-once record in an [`EventStore`] under the thread's record key.
+//! The engine keeps one checkpoint per thread (state key [`CHECKPOINT`]): the provider's
+//! resumable state and the sequence number it covers.
+//!
+//! [`ThreadStore`] is the seam: an [`EventStore`] that also keeps the threads. The engine opens a
+//! thread with [`crate::SessionBuilder::thread`]: it claims the thread for the agent, then either
+//! opens a new provider session (recording its handle in the thread) or reloads the record and
+//! checkpoint and asks the provider to [`resume`](crate::Provider::resume).
+//!
+//! A thread is one unit of exclusive execution: one request at a time drives it (the caller
+//! serialises requests per thread; a second server on the same store is refused by the store).
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+use crate::store::EventStore;
+
+/// The state key of a thread's checkpoint (a [`Checkpoint`] as JSON).
+pub const CHECKPOINT: &str = "tether.checkpoint";
+
+/// The longest thread id, in bytes.
+pub const MAX_THREAD_ID: usize = 256;
+
+/// A thread's id: 1 to [`MAX_THREAD_ID`] bytes, no control characters (it comes from a client,
+/// and it ends up in URLs, logs and error messages).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct ThreadId(String);
+
+impl ThreadId {
+    /// Checks and wraps a thread id; [`Error::InvalidThreadId`] says what is wrong.
+    pub fn new(id: impl Into<String>) -> Result<Self> {
+        let id = id.into();
+        let why = if id.is_empty() {
+            Some("it is empty")
+        } else if id.len() > MAX_THREAD_ID {
+            Some("it is longer than 256 bytes")
+        } else if id.chars().any(char::is_control) {
+            Some("it holds control characters")
+        } else {
+            None
+        };
+        match why {
+            Some(reason) => Err(Error::InvalidThreadId {
+                id: shown(&id),
+                reason: reason.into(),
+            }),
+            None => Ok(ThreadId(id)),
+        }
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for ThreadId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl TryFrom<String> for ThreadId {
+    type Error = Error;
+    fn try_from(s: String) -> Result<Self> {
+        ThreadId::new(s)
+    }
+}
+
+impl From<ThreadId> for String {
+    fn from(t: ThreadId) -> String {
+        t.0
+    }
+}
+
+impl AsRef<str> for ThreadId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A client-supplied string for a message: at most 64 characters, control characters escaped.
+fn shown(s: &str) -> String {
+    let mut out: String = s.chars().take(64).collect::<String>().escape_debug().to_string();
+    if s.chars().nth(64).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// A thread as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Thread {
+    /// The thread's id.
+    pub id: ThreadId,
+    /// The agent the thread belongs to (a name the application chose).
+    pub agent: String,
+    /// The provider that runs it ([`crate::Provider::name`]: `local`, `managed`, `agentcore`,
+    /// `acp`, ...); empty until a provider session was opened.
+    pub provider: String,
+    /// The key of the thread's record in the store (its events, memo and state).
+    pub record: String,
+    /// The provider's own session handle, once a provider session was opened.
+    pub provider_session: Option<String>,
+    /// A short title (the first user message, typically).
+    pub title: String,
+    /// Created, ms since the epoch.
+    pub created_ms: i64,
+    /// Last used, ms since the epoch.
+    pub updated_ms: i64,
+}
+
+/// What [`ThreadStore::claim_thread`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Claim {
+    /// The thread is the agent's: just created (`created`), or already its own (marked used now).
+    Claimed {
+        /// The stored thread.
+        thread: Thread,
+        /// Whether this call created it.
+        created: bool,
+    },
+    /// The thread belongs to another agent; nothing was written.
+    Taken(Thread),
+}
+
+/// A thread's checkpoint: the provider's resumable state ([`crate::Provider::checkpoint`]) and
+/// the sequence number of the last event it covers. Events after `seq` are what a resume replays.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    /// The last sequence number the state covers (0: none).
+    #[serde(default)]
+    pub seq: u64,
+    /// The provider's state (`null` when it keeps none).
+    #[serde(default)]
+    pub provider: Value,
+}
+
+/// The store seam for threads: an [`EventStore`] (the records) that also keeps the threads.
+///
+/// Implemented by [`crate::MemoryStore`] and `tether-sqlite`'s `SqliteStore`.
+#[async_trait]
+pub trait ThreadStore: EventStore {
+    /// Claims `thread` for `agent` in one step: a new thread is created with record key
+    /// `new_record` and `title`; an existing one of the same agent is marked used now (and gets
+    /// `title` if it had none); one of another agent is returned as [`Claim::Taken`], unchanged.
+    async fn claim_thread(
+        &self,
+        thread: &ThreadId,
+        agent: &str,
+        new_record: &str,
+        title: &str,
+    ) -> Result<Claim>;
+
+    /// Records the provider session a thread runs on (after the provider opened it).
+    async fn set_provider_session(&self, thread: &ThreadId, provider: &str, session: &str) -> Result<()>;
+
+    /// The thread with this id, if any.
+    async fn thread(&self, thread: &ThreadId) -> Result<Option<Thread>>;
+
+    /// The threads of an agent (every agent's with `None`), most recently used first.
+    async fn threads(&self, agent: Option<&str>) -> Result<Vec<Thread>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thread_ids_are_checked() {
+        assert!(ThreadId::new("t-1").is_ok());
+        assert!(ThreadId::new("x".repeat(256)).is_ok());
+        for bad in [String::new(), "x".repeat(257), "a\nb".into(), "\u{1b}[2J".into()] {
+            let e = ThreadId::new(bad.clone()).unwrap_err();
+            assert_eq!(e.code(), "invalid_thread_id", "{bad:?}");
+            assert!(!e.to_string().contains('\u{1b}'), "{e}");
+        }
+        let t: std::result::Result<ThreadId, _> = serde_json::from_value(serde_json::json!("a\u{0}b"));
+        assert!(t.is_err());
+    }
+
+    proptest::proptest! {
+        /// Any string is accepted exactly when it is a valid thread id, and never panics.
+        #[test]
+        fn any_string_is_checked(s in "\\PC{0,300}|[\\x00-\\x1f]{1,3}") {
+            let ok = ThreadId::new(s.clone()).is_ok();
+            let valid = !s.is_empty() && s.len() <= MAX_THREAD_ID && !s.chars().any(char::is_control);
+            proptest::prop_assert_eq!(ok, valid);
+        }
+    }
+}
