@@ -11,11 +11,12 @@ use tether::{
     ChatModel, Event, EventKind, EventStore, Role, Session, SessionConfig, SessionResult, ToolResult,
     ToolSpec, local::LocalLoop,
 };
+use tether::{Claim, ThreadId, ThreadStore};
 use tether_agui::{
     Agent, AssistantMessage, Content, EventMapper, FunctionCall, Interrupt, Message, RunContext, RunOutcome,
     TokenUsage, ToolCall,
 };
-use tether_sqlite::{Claim, SqliteStore};
+use tether_sqlite::SqliteStore;
 use tokio_util::sync::CancellationToken;
 
 use crate::approval;
@@ -120,12 +121,13 @@ impl ServeAgent {
             .take(80)
             .collect();
         let new_sid = format!("s_{:016x}", rand::random::<u64>());
+        let thread_id = ThreadId::new(thread.clone()).map_err(tether_err)?;
         let sid = match store
-            .claim_thread(&thread, &self.name, &new_sid, &title)
+            .claim_thread(&thread_id, &self.name, &new_sid, &title)
             .await
             .map_err(|e| agent_err("STORE", e))?
         {
-            Claim::Claimed(t) => t.session_id,
+            Claim::Claimed { thread: t, .. } => t.record,
             Claim::Taken(t) => {
                 return Err(agent_err(
                     "THREAD_AGENT_MISMATCH",

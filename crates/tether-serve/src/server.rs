@@ -402,12 +402,16 @@ async fn check_resume(
 ) -> Result<(), Response> {
     let store_err =
         |e: &dyn std::fmt::Display| json_error(StatusCode::INTERNAL_SERVER_ERROR, "STORE", e.to_string());
-    let outstanding = match shared.store.thread(thread).await {
+    let Ok(id) = tether::ThreadId::new(thread) else {
+        // The run says the thread id is invalid.
+        return Ok(());
+    };
+    let outstanding = match tether::ThreadStore::thread(&shared.store, &id).await {
         Ok(Some(rec)) if rec.agent != agent => {
             // The run says THREAD_AGENT_MISMATCH; nothing of this agent is outstanding there.
             return Ok(());
         }
-        Ok(Some(rec)) => crate::approval::load(shared.store_dyn.as_ref(), &rec.session_id)
+        Ok(Some(rec)) => crate::approval::load(shared.store_dyn.as_ref(), &rec.record)
             .await
             .map_err(|e| store_err(&e))?,
         Ok(None) => Default::default(),
@@ -821,9 +825,9 @@ struct ThreadsQuery {
     agent: Option<String>,
 }
 
-fn thread_json(t: &tether_sqlite::ThreadRecord) -> Value {
+fn thread_json(t: &tether::Thread) -> Value {
     json!({
-        "threadId": t.thread_id,
+        "threadId": t.id,
         "agent": t.agent,
         "title": t.title,
         "createdMs": t.created_ms,
@@ -832,7 +836,7 @@ fn thread_json(t: &tether_sqlite::ThreadRecord) -> Value {
 }
 
 async fn list_threads(State(st): State<AppState>, Query(q): Query<ThreadsQuery>) -> Response {
-    match st.shared.store.threads(q.agent.as_deref()).await {
+    match tether::ThreadStore::threads(&st.shared.store, q.agent.as_deref()).await {
         Ok(ts) => {
             axum::Json(json!({"threads": ts.iter().map(thread_json).collect::<Vec<_>>()})).into_response()
         }
@@ -840,11 +844,15 @@ async fn list_threads(State(st): State<AppState>, Query(q): Query<ThreadsQuery>)
     }
 }
 
-async fn load_thread(
-    st: &AppState,
-    thread: &str,
-) -> Result<(tether_sqlite::ThreadRecord, Vec<tether::Event>), Response> {
-    let rec = match st.shared.store.thread(thread).await {
+async fn load_thread(st: &AppState, thread: &str) -> Result<(tether::Thread, Vec<tether::Event>), Response> {
+    let Ok(id) = tether::ThreadId::new(thread) else {
+        return Err(json_error(
+            StatusCode::NOT_FOUND,
+            "THREAD_NOT_FOUND",
+            format!("no thread {} (see GET /v1/threads)", printable(thread)),
+        ));
+    };
+    let rec = match tether::ThreadStore::thread(&st.shared.store, &id).await {
         Ok(Some(r)) => r,
         Ok(None) => {
             return Err(json_error(
@@ -861,7 +869,7 @@ async fn load_thread(
             ));
         }
     };
-    match st.shared.store_dyn.load(&rec.session_id).await {
+    match st.shared.store_dyn.load(&rec.record).await {
         Ok(ev) => Ok((rec, ev)),
         Err(e) => Err(json_error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -875,7 +883,7 @@ async fn thread_events(State(st): State<AppState>, Path(thread): Path<String>) -
     match load_thread(&st, &thread).await {
         Ok((rec, events)) => axum::Json(json!({
             "thread": thread_json(&rec),
-            "sessionId": rec.session_id,
+            "sessionId": rec.record,
             "events": events,
         }))
         .into_response(),

@@ -3,8 +3,9 @@
 //! A durable [`EventStore`] on SQLite (bundled, WAL journal): a session's events are appended
 //! exactly once (unique on session and event id), tool results are memoized by tool-use id so a
 //! redelivered tool call returns the recorded result instead of running the tool again, named
-//! state values are kept per session, and AG-UI thread ids are mapped to provider sessions
-//! ([`ThreadRecord`]). Everything survives a crash of the process: each write is committed before
+//! state values are kept per session (the thread checkpoint among them), and threads
+//! (`tether::ThreadStore`: a thread's agent, provider, provider session and record) are kept
+//! for every provider. Everything survives a crash of the process: each write is committed before
 //! the call returns.
 //!
 //! One thread owns the connection and does every read and write. Calls that arrive while it is
@@ -41,9 +42,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tether::{Event, EventStore, ToolResult};
+use tether::{Claim, Event, EventStore, Thread, ThreadId, ThreadStore, ToolResult};
 
 mod lock;
 
@@ -96,6 +96,33 @@ const MIGRATIONS: &[&str] = &[
     // refuses, naming them, a file that already holds such pairs.
     "DROP INDEX events_by_seq;
      CREATE UNIQUE INDEX events_by_seq ON events (session_id, seq);",
+    // v4: threads are the core's (tether::thread), for every provider: each records its provider
+    // and that provider's session handle. Threads written before ran `tether serve`'s local loop,
+    // whose records this brings to the core's format so they stay readable and resumable:
+    // - serve recorded each user message twice, as `serve.user_message` (event id `user:<id>`,
+    //   the one the thread's history was rebuilt from) and as the engine's `tether.user_message`;
+    //   the first becomes the thread's one `tether.user_message`, the engine's copy is renamed
+    //   `serve.engine_user_message` (kept, read by nothing);
+    // - serve's checkpoint (`serve.checkpoint`: {transcript, seq}) becomes the thread's
+    //   (`tether.checkpoint`: {seq, provider}); the engine's `transcript` state, which the thread
+    //   checkpoint replaces, goes (both are caches of the record);
+    // - serve's outstanding approval interrupts move to the AG-UI adapter's key.
+    "ALTER TABLE threads ADD COLUMN provider TEXT NOT NULL DEFAULT '';
+     ALTER TABLE threads ADD COLUMN provider_session TEXT;
+     UPDATE threads SET provider = 'local';
+     UPDATE events SET body = json_set(body, '$.type', 'serve.engine_user_message')
+      WHERE json_extract(body, '$.type') = 'tether.user_message'
+        AND session_id IN (SELECT session_id FROM events
+                           WHERE json_extract(body, '$.type') = 'serve.user_message');
+     UPDATE events SET body = json_set(body, '$.type', 'tether.user_message')
+      WHERE json_extract(body, '$.type') = 'serve.user_message';
+     INSERT OR REPLACE INTO state (session_id, key, value)
+      SELECT session_id, 'tether.checkpoint',
+             json_object('seq', coalesce(json_extract(value, '$.seq'), 0),
+                         'provider', json(json_extract(value, '$.transcript')))
+        FROM state WHERE key = 'serve.checkpoint';
+     DELETE FROM state WHERE key IN ('serve.checkpoint', 'transcript');
+     UPDATE state SET key = 'agui.interrupts' WHERE key = 'serve.interrupts';",
 ];
 
 /// What must hold before the migration to `version` runs.
@@ -311,33 +338,6 @@ impl From<StoreError> for tether::Error {
     fn from(e: StoreError) -> Self {
         tether::Error::Store(e.to_string())
     }
-}
-
-/// One AG-UI thread and the provider session it maps to.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ThreadRecord {
-    /// The AG-UI `threadId`.
-    pub thread_id: String,
-    /// The agent that serves the thread.
-    pub agent: String,
-    /// The provider session (the [`EventStore`] session id) holding its events.
-    pub session_id: String,
-    /// A short title (the first user message, typically).
-    pub title: String,
-    /// Created, ms since the epoch.
-    pub created_ms: i64,
-    /// Last used, ms since the epoch.
-    pub updated_ms: i64,
-}
-
-/// What [`SqliteStore::claim_thread`] found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Claim {
-    /// The thread is the agent's (just created, or already its own); the stored record.
-    Claimed(ThreadRecord),
-    /// The thread belongs to another agent; nothing was written.
-    Taken(ThreadRecord),
 }
 
 /// A durable [`EventStore`] on one SQLite file. Cheap to clone (clones share the connection and
@@ -614,109 +614,6 @@ impl SqliteStore {
         })
         .await
     }
-
-    /// Maps a thread to a session, or updates its agent, session and title (the creation time is
-    /// kept). Returns the stored record.
-    pub async fn put_thread(
-        &self,
-        thread_id: &str,
-        agent: &str,
-        session_id: &str,
-        title: &str,
-    ) -> Result<ThreadRecord, StoreError> {
-        let (t, a, s, ti) = (
-            thread_id.to_owned(),
-            agent.to_owned(),
-            session_id.to_owned(),
-            title.to_owned(),
-        );
-        self.blocking(move |c, p| {
-            let now = now_ms();
-            c.prepare_cached(
-                "INSERT INTO threads (thread_id, agent, session_id, title, created_ms, updated_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?5)
-                 ON CONFLICT (thread_id) DO UPDATE SET agent = ?2, session_id = ?3,
-                   title = CASE WHEN ?4 = '' THEN title ELSE ?4 END, updated_ms = ?5",
-            )
-            .and_then(|mut st| st.execute(params![t, a, s, ti, now]))
-            .map_err(|e| sql(p, e))?;
-            written_thread(c, p, &t)
-        })
-        .await
-    }
-
-    /// Claims a thread for `agent` in one call: a new thread is mapped to `new_session_id`
-    /// with `title`; an existing one of the same agent keeps its session (and its title, unless
-    /// it has none) and is marked as used now; one of another agent is left alone and returned
-    /// as [`Claim::Taken`].
-    ///
-    /// One call where [`Self::thread`] then [`Self::put_thread`] would take two: a server claims
-    /// a thread at the start of every run.
-    pub async fn claim_thread(
-        &self,
-        thread_id: &str,
-        agent: &str,
-        new_session_id: &str,
-        title: &str,
-    ) -> Result<Claim, StoreError> {
-        let (t, a, s, ti) = (
-            thread_id.to_owned(),
-            agent.to_owned(),
-            new_session_id.to_owned(),
-            title.to_owned(),
-        );
-        self.blocking(move |c, p| {
-            let sid = match get_thread(c, p, &t)? {
-                Some(existing) if existing.agent != a => return Ok(Claim::Taken(existing)),
-                Some(existing) => existing.session_id,
-                None => s,
-            };
-            c.prepare_cached(
-                "INSERT INTO threads (thread_id, agent, session_id, title, created_ms, updated_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?5)
-                 ON CONFLICT (thread_id) DO UPDATE SET
-                   title = CASE WHEN title = '' THEN ?4 ELSE title END, updated_ms = ?5",
-            )
-            .and_then(|mut st| st.execute(params![t, a, sid, ti, now_ms()]))
-            .map_err(|e| sql(p, e))?;
-            written_thread(c, p, &t).map(Claim::Claimed)
-        })
-        .await
-    }
-
-    /// Marks a thread as used now.
-    pub async fn touch_thread(&self, thread_id: &str) -> Result<(), StoreError> {
-        let t = thread_id.to_owned();
-        self.blocking(move |c, p| {
-            c.prepare_cached("UPDATE threads SET updated_ms = ?2 WHERE thread_id = ?1")
-                .and_then(|mut st| st.execute(params![t, now_ms()]))
-                .map_err(|e| sql(p, e))?;
-            Ok(())
-        })
-        .await
-    }
-
-    /// The thread with this id, if mapped.
-    pub async fn thread(&self, thread_id: &str) -> Result<Option<ThreadRecord>, StoreError> {
-        let t = thread_id.to_owned();
-        self.blocking(move |c, p| get_thread(c, p, &t)).await
-    }
-
-    /// The threads of an agent (every agent's with `None`), most recently used first.
-    pub async fn threads(&self, agent: Option<&str>) -> Result<Vec<ThreadRecord>, StoreError> {
-        let a = agent.map(str::to_owned);
-        self.blocking(move |c, p| {
-            let mut st = c
-                .prepare_cached(
-                    "SELECT thread_id, agent, session_id, title, created_ms, updated_ms FROM threads
-                     WHERE ?1 IS NULL OR agent = ?1 ORDER BY updated_ms DESC, thread_id",
-                )
-                .map_err(|e| sql(p, e))?;
-            let rows = st.query_map(params![a], thread_row).map_err(|e| sql(p, e))?;
-            rows.collect::<Result<Vec<_>, _>>().map_err(|e| sql(p, e))
-        })
-        .await
-    }
 }
 
 /// Connection settings, before any migration: busy timeout, statement cache, WAL, sync level.
@@ -809,23 +706,57 @@ fn migrate(conn: &mut Connection, path: &str, target: u32) -> Result<u32, StoreE
     Ok(target)
 }
 
-fn thread_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ThreadRecord> {
-    Ok(ThreadRecord {
-        thread_id: r.get(0)?,
+/// The columns a thread is read from, in [`thread_row`]'s order.
+const THREAD_COLUMNS: &str =
+    "thread_id, agent, session_id, title, created_ms, updated_ms, provider, provider_session";
+
+/// A thread's row as stored (its id is checked when it becomes a [`Thread`]).
+struct ThreadRow {
+    id: String,
+    agent: String,
+    record: String,
+    title: String,
+    created_ms: i64,
+    updated_ms: i64,
+    provider: String,
+    provider_session: Option<String>,
+}
+
+fn thread_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ThreadRow> {
+    Ok(ThreadRow {
+        id: r.get(0)?,
         agent: r.get(1)?,
-        session_id: r.get(2)?,
+        record: r.get(2)?,
         title: r.get(3)?,
         created_ms: r.get(4)?,
         updated_ms: r.get(5)?,
+        provider: r.get(6)?,
+        provider_session: r.get(7)?,
     })
 }
 
-fn get_thread(c: &Connection, p: &str, thread_id: &str) -> Result<Option<ThreadRecord>, StoreError> {
-    c.prepare_cached("SELECT thread_id, agent, session_id, title, created_ms, updated_ms FROM threads WHERE thread_id = ?1")
-    .and_then(|mut st| st.query_row(
-        params![thread_id],
-        thread_row,
+impl ThreadRow {
+    /// The thread, or `None` for a row whose id is not a valid [`ThreadId`] (written before ids
+    /// were checked).
+    fn thread(self) -> Option<Thread> {
+        Some(Thread {
+            id: ThreadId::new(self.id).ok()?,
+            agent: self.agent,
+            provider: self.provider,
+            record: self.record,
+            provider_session: self.provider_session,
+            title: self.title,
+            created_ms: self.created_ms,
+            updated_ms: self.updated_ms,
+        })
+    }
+}
+
+fn get_thread(c: &Connection, p: &str, thread_id: &str) -> Result<Option<ThreadRow>, StoreError> {
+    c.prepare_cached(&format!(
+        "SELECT {THREAD_COLUMNS} FROM threads WHERE thread_id = ?1"
     ))
+    .and_then(|mut st| st.query_row(params![thread_id], thread_row))
     .optional()
     .map_err(|e| sql(p, e))
 }
@@ -870,11 +801,13 @@ impl Drop for Savepoint<'_> {
 }
 
 /// The thread just written (read back as stored).
-fn written_thread(c: &Connection, p: &str, thread_id: &str) -> Result<ThreadRecord, StoreError> {
-    get_thread(c, p, thread_id)?.ok_or_else(|| StoreError::Corrupt {
-        path: p.into(),
-        detail: format!("thread {thread_id} vanished after being written"),
-    })
+fn written_thread(c: &Connection, p: &str, thread_id: &str) -> Result<Thread, StoreError> {
+    get_thread(c, p, thread_id)?
+        .and_then(ThreadRow::thread)
+        .ok_or_else(|| StoreError::Corrupt {
+            path: p.into(),
+            detail: format!("thread {thread_id} vanished after being written"),
+        })
 }
 
 fn sql(path: &str, source: rusqlite::Error) -> StoreError {
@@ -1023,6 +956,107 @@ impl EventStore for SqliteStore {
                     .query_map([], |r| r.get::<_, String>(0))
                     .map_err(|e| sql(p, e))?;
                 rows.collect::<Result<Vec<_>, _>>().map_err(|e| sql(p, e))
+            })
+            .await?)
+    }
+}
+
+#[async_trait]
+impl ThreadStore for SqliteStore {
+    /// One call (one transaction) where a read then a write would take two: a server claims a
+    /// thread at the start of every run.
+    async fn claim_thread(
+        &self,
+        thread: &ThreadId,
+        agent: &str,
+        new_record: &str,
+        title: &str,
+    ) -> tether::Result<Claim> {
+        let (t, a, s, ti) = (
+            thread.to_string(),
+            agent.to_owned(),
+            new_record.to_owned(),
+            title.to_owned(),
+        );
+        Ok(self
+            .blocking(move |c, p| {
+                let existing = get_thread(c, p, &t)?;
+                let created = existing.is_none();
+                let record = match existing {
+                    Some(row) if row.agent != a => {
+                        return match row.thread() {
+                            Some(other) => Ok(Claim::Taken(other)),
+                            None => Err(corrupt(p, format!("thread {t} has an invalid id"))),
+                        };
+                    }
+                    Some(row) => row.record,
+                    None => s,
+                };
+                c.prepare_cached(
+                    "INSERT INTO threads (thread_id, agent, session_id, title, created_ms, updated_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?5)
+                     ON CONFLICT (thread_id) DO UPDATE SET
+                       title = CASE WHEN title = '' THEN ?4 ELSE title END,
+                       updated_ms = max(updated_ms, ?5)",
+                )
+                .and_then(|mut st| st.execute(params![t, a, record, ti, now_ms()]))
+                .map_err(|e| sql(p, e))?;
+                written_thread(c, p, &t).map(|thread| Claim::Claimed { thread, created })
+            })
+            .await?)
+    }
+
+    async fn set_provider_session(
+        &self,
+        thread: &ThreadId,
+        provider: &str,
+        session: &str,
+    ) -> tether::Result<()> {
+        let (t, pr, s) = (thread.to_string(), provider.to_owned(), session.to_owned());
+        Ok(self
+            .blocking(move |c, p| {
+                let n = c
+                    .prepare_cached(
+                        "UPDATE threads SET provider = ?2, provider_session = ?3 WHERE thread_id = ?1",
+                    )
+                    .and_then(|mut st| st.execute(params![t, pr, s]))
+                    .map_err(|e| sql(p, e))?;
+                if n == 0 {
+                    return Err(corrupt(p, format!("no thread {t} to record a session on")));
+                }
+                Ok(())
+            })
+            .await?)
+    }
+
+    async fn thread(&self, thread: &ThreadId) -> tether::Result<Option<Thread>> {
+        let t = thread.to_string();
+        Ok(self
+            .blocking(move |c, p| Ok(get_thread(c, p, &t)?.and_then(ThreadRow::thread)))
+            .await?)
+    }
+
+    async fn threads(&self, agent: Option<&str>) -> tether::Result<Vec<Thread>> {
+        let a = agent.map(str::to_owned);
+        Ok(self
+            .blocking(move |c, p| {
+                let mut st = c
+                    .prepare_cached(&format!(
+                        "SELECT {THREAD_COLUMNS} FROM threads
+                         WHERE ?1 IS NULL OR agent = ?1 ORDER BY updated_ms DESC, thread_id"
+                    ))
+                    .map_err(|e| sql(p, e))?;
+                let rows = st.query_map(params![a], thread_row).map_err(|e| sql(p, e))?;
+                let mut out = Vec::new();
+                for row in rows {
+                    let row = row.map_err(|e| sql(p, e))?;
+                    let id = row.id.clone();
+                    match row.thread() {
+                        Some(t) => out.push(t),
+                        None => tracing::warn!(thread = %id.escape_debug(), "skipping a thread whose id is not valid"),
+                    }
+                }
+                Ok(out)
             })
             .await?)
     }

@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::json;
 use tether::{
-    Event, EventKind, EventStore, MemoryStore, ScriptedModel, Session, ToolResult, ToolSet, ToolSpec,
-    local::LocalLoop,
+    Claim, Event, EventKind, EventStore, MemoryStore, ScriptedModel, Session, Thread, ThreadId, ThreadStore,
+    ToolResult, ToolSet, ToolSpec, local::LocalLoop,
 };
 use tether_sqlite::{SCHEMA_VERSION, SqliteStore, StoreError};
 
@@ -134,75 +134,86 @@ async fn state_overwrites_and_survives_a_restart() {
     );
 }
 
+fn tid(s: &str) -> ThreadId {
+    ThreadId::new(s).unwrap()
+}
+
+async fn claimed(s: &SqliteStore, thread: &str, agent: &str, record: &str, title: &str) -> (Thread, bool) {
+    match s.claim_thread(&tid(thread), agent, record, title).await.unwrap() {
+        Claim::Claimed { thread, created } => (thread, created),
+        other => panic!("expected a claim of {thread}: {other:?}"),
+    }
+}
+
 #[tokio::test]
-async fn threads_map_to_sessions_and_survive_a_restart() {
+async fn threads_keep_their_agent_provider_and_session_across_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.db");
     {
         let s = SqliteStore::open(&path).unwrap();
-        let t = s.put_thread("t1", "default", "local_1", "hello").await.unwrap();
+        let (t, created) = claimed(&s, "t1", "default", "s_1", "hello").await;
+        assert!(created);
         assert_eq!(
-            (t.agent.as_str(), t.session_id.as_str(), t.title.as_str()),
-            ("default", "local_1", "hello")
+            (
+                t.agent.as_str(),
+                t.record.as_str(),
+                t.title.as_str(),
+                t.provider.as_str()
+            ),
+            ("default", "s_1", "hello", "")
         );
-        s.put_thread("t2", "coder", "local_2", "").await.unwrap();
-        // An update keeps the title when none is given, and the creation time.
-        let again = s.put_thread("t1", "default", "local_1", "").await.unwrap();
-        assert_eq!(again.title, "hello");
-        assert_eq!(again.created_ms, t.created_ms);
+        assert_eq!(t.provider_session, None);
+        s.set_provider_session(&tid("t1"), "acp", "sess-9").await.unwrap();
+        claimed(&s, "t2", "coder", "s_2", "").await;
+        assert!(
+            s.set_provider_session(&tid("nope"), "acp", "x").await.is_err(),
+            "no thread, nothing recorded"
+        );
     }
     let s = SqliteStore::open(&path).unwrap();
-    assert_eq!(s.thread("t1").await.unwrap().unwrap().session_id, "local_1");
-    assert_eq!(s.thread("nope").await.unwrap(), None);
+    let t1 = s.thread(&tid("t1")).await.unwrap().unwrap();
+    assert_eq!(
+        (t1.provider.as_str(), t1.provider_session.as_deref()),
+        ("acp", Some("sess-9"))
+    );
+    assert_eq!(s.thread(&tid("nope")).await.unwrap(), None);
     let coder: Vec<String> = s
         .threads(Some("coder"))
         .await
         .unwrap()
         .into_iter()
-        .map(|t| t.thread_id)
+        .map(|t| t.id.to_string())
         .collect();
     assert_eq!(coder, ["t2"]);
     assert_eq!(s.threads(None).await.unwrap().len(), 2);
-    s.touch_thread("t1").await.unwrap();
 }
 
 #[tokio::test]
 async fn a_claim_creates_keeps_or_refuses_a_thread_in_one_call() {
-    use tether_sqlite::Claim;
     let dir = tempfile::tempdir().unwrap();
     let s = SqliteStore::open(dir.path().join("c.db")).unwrap();
-    let Claim::Claimed(new) = s.claim_thread("t1", "main", "s_1", "first words").await.unwrap() else {
-        panic!("a new thread is claimed")
-    };
+    let (new, created) = claimed(&s, "t1", "main", "s_1", "first words").await;
+    assert!(created);
+    assert_eq!((new.record.as_str(), new.title.as_str()), ("s_1", "first words"));
+    // The agent's own thread keeps its record and title whatever the call proposes.
+    let (again, created) = claimed(&s, "t1", "main", "s_other", "later words").await;
+    assert!(!created);
     assert_eq!(
-        (new.session_id.as_str(), new.title.as_str()),
-        ("s_1", "first words")
-    );
-    // The agent's own thread keeps its session and title whatever the call proposes.
-    let Claim::Claimed(again) = s
-        .claim_thread("t1", "main", "s_other", "later words")
-        .await
-        .unwrap()
-    else {
-        panic!("the agent's own thread is claimed again")
-    };
-    assert_eq!(
-        (again.session_id.as_str(), again.title.as_str()),
+        (again.record.as_str(), again.title.as_str()),
         ("s_1", "first words")
     );
     assert_eq!(again.created_ms, new.created_ms);
+    assert!(again.updated_ms >= new.updated_ms);
     // Another agent's thread is refused and left as it was.
-    match s.claim_thread("t1", "coder", "s_2", "x").await.unwrap() {
-        Claim::Taken(t) => assert_eq!((t.agent.as_str(), t.session_id.as_str()), ("main", "s_1")),
+    match s.claim_thread(&tid("t1"), "coder", "s_2", "x").await.unwrap() {
+        Claim::Taken(t) => assert_eq!((t.agent.as_str(), t.record.as_str()), ("main", "s_1")),
         other => panic!("{other:?}"),
     }
-    assert_eq!(s.thread("t1").await.unwrap().unwrap().agent, "main");
-    // A thread stored without a title takes the first one offered.
-    s.put_thread("t2", "main", "s_3", "").await.unwrap();
-    let Claim::Claimed(t2) = s.claim_thread("t2", "main", "s_x", "now titled").await.unwrap() else {
-        panic!()
-    };
-    assert_eq!((t2.session_id.as_str(), t2.title.as_str()), ("s_3", "now titled"));
+    assert_eq!(s.thread(&tid("t1")).await.unwrap().unwrap().agent, "main");
+    // A thread claimed without a title takes the first one offered.
+    claimed(&s, "t2", "main", "s_3", "").await;
+    let (t2, _) = claimed(&s, "t2", "main", "s_x", "now titled").await;
+    assert_eq!((t2.record.as_str(), t2.title.as_str()), ("s_3", "now titled"));
 }
 
 #[tokio::test]
@@ -223,7 +234,7 @@ async fn an_older_schema_is_migrated_in_place_keeping_its_data() {
         s.tool_result("s", "c").await.unwrap(),
         Some(ToolResult::ok("c", "r"))
     );
-    s.put_thread("t", "a", "s", "").await.unwrap();
+    claimed(&s, "t", "a", "s", "").await;
 }
 
 #[tokio::test]
@@ -304,7 +315,12 @@ async fn a_redelivered_tool_use_after_a_restart_is_not_run_again() {
     // redelivers the same call (same tool-use id, name and arguments: the same tool use; the
     // loop's duplicate guard is per request, and this is a new one).
     let store = SqliteStore::open(&path).unwrap();
-    let transcript = store.state("sess", "transcript").await.unwrap().unwrap();
+    let transcript = store
+        .state("sess", tether::thread::CHECKPOINT)
+        .await
+        .unwrap()
+        .unwrap()["provider"]
+        .clone();
     let model = ScriptedModel::new(vec![
         Ok(ScriptedModel::tool_calls(&[("call_1", "bump", "{}")])),
         Ok(ScriptedModel::text("done again")),
@@ -356,6 +372,8 @@ mod props {
         Append(u8, u8),
         Memo(u8, u8, bool),
         State(u8, u8, i64),
+        Claim(u8, u8),
+        SetSession(u8, u8),
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -363,6 +381,8 @@ mod props {
             (0u8..3, 0u8..6).prop_map(|(s, e)| Op::Append(s, e)),
             (0u8..3, 0u8..4, any::<bool>()).prop_map(|(s, t, e)| Op::Memo(s, t, e)),
             (0u8..3, 0u8..2, any::<i64>()).prop_map(|(s, k, v)| Op::State(s, k, v)),
+            (0u8..3, 0u8..2).prop_map(|(t, a)| Op::Claim(t, a)),
+            (0u8..3, 0u8..3).prop_map(|(t, s)| Op::SetSession(t, s)),
         ]
     }
 
@@ -403,7 +423,29 @@ mod props {
                             mem.put_state(&sid, &format!("k{k}"), &json!(v)).await.unwrap();
                             sql.put_state(&sid, &format!("k{k}"), &json!(v)).await.unwrap();
                         }
+                        Op::Claim(t, a) => {
+                            let (t, a, rec) = (tid(&format!("t{t}")), format!("a{a}"), format!("r{i}"));
+                            let m = mem.claim_thread(&t, &a, &rec, "title").await.unwrap();
+                            let q = sql.claim_thread(&t, &a, &rec, "title").await.unwrap();
+                            let shape = |c: &Claim| match c {
+                                Claim::Claimed { thread, created } => (true, *created, thread.agent.clone(), thread.record.clone()),
+                                Claim::Taken(thread) => (false, false, thread.agent.clone(), thread.record.clone()),
+                                _ => unreachable!(),
+                            };
+                            assert_eq!(shape(&m), shape(&q));
+                        }
+                        Op::SetSession(t, s) => {
+                            let t = tid(&format!("t{t}"));
+                            let m = mem.set_provider_session(&t, "p", &format!("x{s}")).await.is_ok();
+                            let q = sql.set_provider_session(&t, "p", &format!("x{s}")).await.is_ok();
+                            assert_eq!(m, q);
+                        }
                     }
+                }
+                for t in 0..3 {
+                    let t = tid(&format!("t{t}"));
+                    let strip = |x: Option<Thread>| x.map(|x| (x.agent, x.record, x.provider, x.provider_session, x.title));
+                    assert_eq!(strip(mem.thread(&t).await.unwrap()), strip(sql.thread(&t).await.unwrap()));
                 }
                 assert_eq!(mem.sessions().await.unwrap(), sql.sessions().await.unwrap());
                 for s in 0..3 {
@@ -457,4 +499,149 @@ async fn concurrent_calls_are_committed_in_groups_and_all_survive_a_reopen() {
     }
     assert_eq!(n, 400);
     assert!(s.tool_result("s7", "t7").await.unwrap().is_some());
+}
+
+/// A database `tether serve` wrote before threads moved into the core (schema 3): each user
+/// message recorded twice (`serve.user_message`, and the engine's `tether.user_message` copy),
+/// serve's own checkpoint. Migrated to schema 4, its threads stay readable and resume where they
+/// were, each user message once.
+#[tokio::test]
+async fn a_thread_tether_serve_wrote_before_version_4_is_migrated_and_resumes() {
+    use tether::{ChatMessage, Role, raw};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.db");
+    let user = |id: &str, seq: u64, event_id: &str, ty: &str, text: &str| {
+        let mut e = Event::new(
+            event_id,
+            ty,
+            json!({"id": id, "text": text}),
+            EventKind::Message {
+                message_id: id.into(),
+                role: Role::User,
+                text: text.into(),
+                reasoning: None,
+                tool_uses: vec![],
+            },
+        );
+        e.seq = Some(seq);
+        e
+    };
+    let answer = |seq: u64, id: &str, text: &str| {
+        let mut e = Event::new(
+            id,
+            "local.model_response",
+            json!({"type": "local.model_response", "message": ChatMessage::assistant(text)}),
+            EventKind::Message {
+                message_id: id.into(),
+                role: Role::Assistant,
+                text: text.into(),
+                reasoning: None,
+                tool_uses: vec![],
+            },
+        );
+        e.seq = Some(seq);
+        e
+    };
+    let history = vec![
+        ChatMessage::system("be brief"),
+        ChatMessage::user("hello"),
+        ChatMessage::assistant("hi there"),
+    ];
+    {
+        let v3 = SqliteStore::open_at_version(&path, 3).unwrap();
+        // A thread checkpointed by serve after its first exchange.
+        for e in [
+            user("u1", 1, "user:u1", "serve.user_message", "hello"),
+            user("", 2, "s_1:2", "tether.user_message", "hello"),
+            answer(3, "s_1.ab-m2", "hi there"),
+        ] {
+            v3.append("s_1", &e).await.unwrap();
+        }
+        v3.put_state(
+            "s_1",
+            "serve.checkpoint",
+            &json!({"transcript": history, "seq": 3}),
+        )
+        .await
+        .unwrap();
+        v3.put_state("s_1", "transcript", &json!(history)).await.unwrap();
+        // A thread killed before serve saved any checkpoint.
+        for e in [
+            user("v1", 1, "user:v1", "serve.user_message", "first"),
+            user("", 2, "s_2:2", "tether.user_message", "first"),
+            answer(3, "s_2.cd-m1", "answered"),
+        ] {
+            v3.append("s_2", &e).await.unwrap();
+        }
+    }
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch(
+            "INSERT INTO threads (thread_id, agent, session_id, title, created_ms, updated_ms) VALUES
+               ('t-old', 'main', 's_1', 'hello', 1, 1), ('t-old2', 'main', 's_2', 'first', 1, 2);",
+        )
+        .unwrap();
+    }
+    let store = Arc::new(SqliteStore::open(&path).unwrap());
+    assert_eq!(store.schema_version().unwrap(), SCHEMA_VERSION);
+    let t = store.thread(&tid("t-old")).await.unwrap().unwrap();
+    assert_eq!((t.provider.as_str(), t.record.as_str()), ("local", "s_1"));
+    let events = store.load("s_1").await.unwrap();
+    let types: Vec<&str> = events.iter().map(|e| e.raw_type.as_str()).collect();
+    assert_eq!(
+        types,
+        [
+            raw::USER_MESSAGE,
+            "serve.engine_user_message",
+            raw::LOCAL_MODEL_RESPONSE
+        ],
+        "serve's user message is the one user message; the engine's copy is kept under another name"
+    );
+    let cp = store
+        .state("s_1", tether::thread::CHECKPOINT)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cp["seq"], 3);
+    assert_eq!(
+        cp["provider"],
+        json!(history),
+        "serve's checkpoint became the thread's"
+    );
+    assert_eq!(store.state("s_1", "serve.checkpoint").await.unwrap(), None);
+
+    for (thread, expected) in [
+        (
+            "t-old",
+            vec![(Role::User, "hello"), (Role::Assistant, "hi there")],
+        ),
+        (
+            "t-old2",
+            vec![(Role::User, "first"), (Role::Assistant, "answered")],
+        ),
+    ] {
+        let model = Arc::new(ScriptedModel::new(vec![Ok(ScriptedModel::text("more"))]));
+        let m: Arc<dyn tether::ChatModel> = model.clone();
+        let mut s = Session::builder(LocalLoop::with_model(m).system_prompt("be brief"))
+            .thread(store.clone(), tid(thread), "main")
+            .open()
+            .await
+            .unwrap();
+        assert!(s.knows_message(if thread == "t-old" { "u1" } else { "v1" }).await);
+        s.send_messages(
+            vec![tether::UserMessage::with_id("next", "and then?")],
+            tether::CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+        let sent: Vec<(Role, String)> = model.requests()[0]
+            .messages
+            .iter()
+            .filter(|m| m.role != Role::System)
+            .map(|m| (m.role, m.content.clone().unwrap_or_default()))
+            .collect();
+        let mut want: Vec<(Role, String)> = expected.iter().map(|(r, t)| (*r, (*t).to_owned())).collect();
+        want.push((Role::User, "and then?".into()));
+        assert_eq!(sent, want, "{thread}: the history once, then the new message");
+    }
 }

@@ -98,7 +98,6 @@ fn shown(s: &str) -> String {
 
 /// A thread as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
 pub struct Thread {
     /// The thread's id.
     pub id: ThreadId,
