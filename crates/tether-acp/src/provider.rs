@@ -22,8 +22,8 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use tether::{
-    Event, EventKind, EventSink, Handler, Input, Opened, Provider, Role, SessionInfo, Terminal, ToolResult,
-    ToolUse, TurnContext, TurnResult,
+    Event, EventKind, EventSink, Handler, Input, Opened, Provider, Resume, Role, SessionInfo, Terminal,
+    ToolResult, ToolUse, TurnContext, TurnResult,
 };
 
 use crate::bridge::{HandlerBridge, support_of};
@@ -37,8 +37,8 @@ use crate::options::ClientOptions;
 use crate::schema::{
     CompleteElicitationNotification, ContentBlock, CreateElicitationRequest, CreateElicitationResponse,
     LoadSessionRequest, McpServer, NewSessionRequest, ReadTextFileRequest, ReadTextFileResponse, RequestId,
-    RequestPermissionOutcome, RequestPermissionRequest, SessionId, SessionUpdate, StopReason, TextContent,
-    ToolCallContent, ToolCallStatus, WriteTextFileRequest, WriteTextFileResponse,
+    RequestPermissionOutcome, RequestPermissionRequest, ResumeSessionRequest, SessionId, SessionUpdate,
+    StopReason, TextContent, ToolCallContent, ToolCallStatus, WriteTextFileRequest, WriteTextFileResponse,
 };
 
 const RAW_TYPE: &str = "acp.session_update";
@@ -58,6 +58,9 @@ struct RouterState {
     turn: Option<TurnState>,
     /// Updates that arrived outside a turn; recorded at the start of the next one.
     backlog: Vec<SessionUpdateEvent>,
+    /// A `session/load` is replaying the session's history: its updates are already in the
+    /// record (it is what a resume reloads), so they are not recorded again.
+    replaying: bool,
 }
 
 /// The ACP-side handler of an [`AcpAgent`]: routes updates to the running turn's sink and
@@ -254,6 +257,9 @@ impl Router {
     async fn record(&self, ev: &SessionUpdateEvent) {
         let (sink, events) = {
             let mut st = lock(&self.state);
+            if st.replaying {
+                return;
+            }
             let Some(turn) = st.turn.as_mut() else {
                 st.backlog.push(ev.clone());
                 return;
@@ -351,6 +357,9 @@ pub struct AcpAgent {
     session: Option<SessionId>,
     router: Arc<Router>,
     turns: u64,
+    /// Numbers this process's messages apart from those of the processes that ran the session
+    /// before (a resumed thread's record already holds their ids).
+    nonce: String,
 }
 
 impl std::fmt::Debug for AcpAgent {
@@ -399,6 +408,7 @@ impl AcpAgent {
             session: None,
             router: Arc::new(Router::default()),
             turns: 0,
+            nonce: format!("{:08x}", rand::random::<u32>()),
         }
     }
 
@@ -439,6 +449,23 @@ impl AcpAgent {
         to_tether(e, &self.program())
     }
 
+    /// Spawns and initializes the agent (once), routing its requests to the session's handler.
+    async fn connect(&mut self, cx: &TurnContext) -> tether::Result<AcpClient> {
+        {
+            let mut st = lock(&self.router.state);
+            st.handler = Some(cx.handler.clone());
+            st.support = support_of(cx.handler.capabilities());
+        }
+        if self.client.is_none() {
+            let client = AcpClient::spawn(self.command.clone(), self.router.clone(), self.options.clone())
+                .await
+                .map_err(|e| self.err(e))?;
+            client.initialize().await.map_err(|e| self.err(e))?;
+            self.client = Some(client);
+        }
+        self.client.clone().ok_or(tether::Error::Closed)
+    }
+
     fn prompt_of(input: Input) -> Result<Option<Vec<ContentBlock>>, tether::Error> {
         match input {
             Input::Message(text) => Ok(Some(vec![ContentBlock::Text(TextContent::new(text))])),
@@ -464,21 +491,7 @@ impl Provider for AcpAgent {
     }
 
     async fn open(&mut self, cx: &TurnContext) -> tether::Result<Opened> {
-        {
-            let mut st = lock(&self.router.state);
-            st.handler = Some(cx.handler.clone());
-            st.support = support_of(cx.handler.capabilities());
-        }
-        if self.client.is_none() {
-            let client = AcpClient::spawn(self.command.clone(), self.router.clone(), self.options.clone())
-                .await
-                .map_err(|e| self.err(e))?;
-            client.initialize().await.map_err(|e| self.err(e))?;
-            self.client = Some(client);
-        }
-        let Some(client) = self.client.clone() else {
-            return Err(tether::Error::Closed);
-        };
+        let client = self.connect(cx).await?;
         let (id, resumed) = match &self.load {
             Some(id) => {
                 let req = LoadSessionRequest::new(id.clone(), self.cwd.clone())
@@ -504,6 +517,53 @@ impl Provider for AcpAgent {
         })
     }
 
+    /// Reloads the thread's ACP session in a new agent process: `session/load` when the agent
+    /// advertises `loadSession` (its replay of the history is not recorded again: the record has
+    /// it), else `session/resume` when it advertises `sessionCapabilities.resume`; otherwise
+    /// [`tether::Error::CannotResume`] ("this agent cannot resume a session"), the agent process
+    /// is shut down and nothing is written.
+    async fn resume(&mut self, from: Resume<'_>, cx: &TurnContext) -> tether::Result<Opened> {
+        let Some(id) = from.session_id.filter(|s| !s.is_empty()).map(str::to_owned) else {
+            return Err(tether::Error::cannot_resume(
+                "acp",
+                "no ACP session was recorded for this thread (the agent never opened one)",
+            ));
+        };
+        let client = self.connect(cx).await?;
+        let caps = client.agent_capabilities().unwrap_or_default();
+        if caps.load_session {
+            let req = LoadSessionRequest::new(id.clone(), self.cwd.clone())
+                .additional_directories(self.additional_directories.clone())
+                .mcp_servers(self.mcp_servers.clone());
+            lock(&self.router.state).replaying = true;
+            let r = client.load_session(req).await;
+            lock(&self.router.state).replaying = false;
+            r.map_err(|e| self.err(e))?;
+        } else if caps.session_capabilities.resume.is_some() {
+            let req = ResumeSessionRequest::new(id.clone(), self.cwd.clone())
+                .additional_directories(self.additional_directories.clone())
+                .mcp_servers(self.mcp_servers.clone());
+            client.resume_session(req).await.map_err(|e| self.err(e))?;
+        } else {
+            self.close().await?;
+            return Err(tether::Error::cannot_resume(
+                "acp",
+                format!(
+                    "this agent cannot resume a session: `{}` advertises neither loadSession nor \
+                     sessionCapabilities.resume, so session {id} ended with the process that ran it. \
+                     The thread's record is kept; start a new thread to go on",
+                    self.program()
+                ),
+            ));
+        }
+        self.session = Some(SessionId::new(id.as_str()));
+        Ok(Opened {
+            session_id: id,
+            resumed: true,
+            ..Opened::default()
+        })
+    }
+
     async fn turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {
         let (Some(client), Some(session)) = (self.client.clone(), self.session.clone()) else {
             return Err(tether::Error::Config("the ACP agent is not open".into()));
@@ -519,7 +579,7 @@ impl Provider for AcpAgent {
                 sink: cx.sink.clone(),
                 text: String::new(),
                 reasoning: String::new(),
-                message_id: format!("{session}:turn-{}", self.turns),
+                message_id: format!("{session}:{}:turn-{}", self.nonce, self.turns),
                 tool_uses: Vec::new(),
             });
             std::mem::take(&mut st.backlog)
@@ -538,7 +598,7 @@ impl Provider for AcpAgent {
             if let Some((text, reasoning)) = said
                 && (!text.is_empty() || !reasoning.is_empty())
             {
-                let id = format!("{session}:between-{}", self.turns);
+                let id = format!("{session}:{}:between-{}", self.nonce, self.turns);
                 cx.sink.emit(assistant_message(id, text, reasoning)).await?;
             }
         }
