@@ -6,13 +6,17 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 use tether::{
-    Error, Event, EventKind, Input, Opened, Provider, RetryPolicy, Role, Terminal, ToolResult, ToolUse,
-    TransportKind, TurnContext, TurnResult, retry::parse_retry_after,
+    Error, Event, EventKind, Input, Opened, Provider, Resume, RetryPolicy, Role, Terminal, ToolResult,
+    ToolUse, TransportKind, TurnContext, TurnResult, retry::parse_retry_after,
 };
 
 use crate::converse::Fold;
 use crate::eventstream::{Frame, FrameDecoder};
 use crate::sigv4::{AwsCredentials, SERVICE, resolve_region, sign_request};
+
+/// The raw type of the assistant message recorded at the end of each turn (its raw payload is
+/// the Converse assistant message, which a harness resume sends back with the tool results).
+pub const MESSAGE: &str = "agentcore.message";
 
 /// The session-id header.
 pub const SESSION_HEADER: &str = "X-Amzn-Bedrock-AgentCore-Runtime-Session-Id";
@@ -714,6 +718,37 @@ impl Provider for AgentCore {
         })
     }
 
+    /// Resumes the thread's runtime session by the id it recorded. AgentCore keeps the
+    /// conversation on its side; what the thread must know is whether its last turn asked for
+    /// tools: the record's last assistant message, when it made local tool calls, leaves them
+    /// pending (the engine answers them from the memo, or runs them) and is what a harness resume
+    /// sends back with their results.
+    async fn resume(&mut self, from: Resume<'_>, _cx: &TurnContext) -> tether::Result<Opened> {
+        let Some(sid) = from.session_id.filter(|s| !s.is_empty()) else {
+            return Err(Error::cannot_resume(
+                "agentcore",
+                "no AgentCore runtime session was recorded for this thread",
+            ));
+        };
+        validate_session_id(sid)?;
+        self.session_id = sid.to_owned();
+        self.resumed = true;
+        let last = from.events.iter().rev().find(|e| e.raw_type == MESSAGE);
+        let pending = match last.map(|e| &e.kind) {
+            Some(EventKind::Message { tool_uses, .. }) if !tool_uses.is_empty() => {
+                self.pending_assistant = last.map(|e| e.raw.clone());
+                tool_uses.clone()
+            }
+            _ => Vec::new(),
+        };
+        Ok(Opened {
+            session_id: self.session_id.clone(),
+            resumed: true,
+            pending,
+            ..Opened::default()
+        })
+    }
+
     async fn turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {
         // Cleared only when the turn returns: a dropped future leaves it set for `interrupt`.
         self.in_flight = true;
@@ -832,7 +867,7 @@ impl AgentCore {
         cx.sink
             .emit(Event::new(
                 message_id.clone(),
-                "agentcore.message",
+                MESSAGE,
                 fold.assistant_message(),
                 EventKind::Message {
                     message_id,

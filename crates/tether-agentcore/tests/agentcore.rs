@@ -530,3 +530,73 @@ async fn a_stream_that_never_ends_is_cut_at_the_response_cap() {
         .expect_err("capped");
     assert!(matches!(err, Error::ResponseTooLarge { .. }), "{err:?}");
 }
+
+/// A harness thread whose process died while a local tool ran: a new process resumes it on the
+/// recorded runtime session id, runs the tool once and sends its result back with the assistant
+/// message the record holds (the same resume request as in one process).
+#[tokio::test]
+async fn a_thread_resumes_its_runtime_session_after_its_process_died_mid_tool() {
+    use tether::{EventStore, Handler, MemoryStore, SessionInfo, ThreadId, ThreadStore, ToolOutput, ToolUse};
+    let fake = FakeAgentCore::start(vec![
+        Reply::Frames(golden_frames("tool_turn.json")),
+        Reply::Frames(golden_frames("final_turn.json")),
+    ])
+    .await;
+    let sleeper = RecordingSleeper::default();
+    let cfg = || {
+        let mut c = config(&fake, harness(), &sleeper);
+        c.overrides.insert("maxIterations".into(), json!(5));
+        c
+    };
+    let store = Arc::new(MemoryStore::default());
+    let thread = ThreadId::new("ac-1").unwrap();
+    struct Hangs;
+    #[async_trait::async_trait]
+    impl Handler for Hangs {
+        fn tools(&self) -> Vec<ToolSpec> {
+            vec![ToolSpec::new("lookup", "Look up", json!({"type":"object"}))]
+        }
+        async fn call_tool(&self, _c: &ToolUse, _i: &SessionInfo) -> ToolOutput {
+            std::future::pending().await
+        }
+    }
+    let mut s = Session::builder(AgentCore::new(cfg()).unwrap())
+        .handler(Hangs)
+        .thread(store.clone(), thread.clone(), "core")
+        .open()
+        .await
+        .unwrap();
+    let sent = tokio::time::timeout(Duration::from_millis(500), s.send("What is x?")).await;
+    assert!(sent.is_err(), "the tool hangs");
+    std::mem::forget(s);
+    let t = store.thread(&thread).await.unwrap().unwrap();
+    let sid = t.provider_session.clone().unwrap();
+
+    let calls = Arc::new(AtomicU32::new(0));
+    let mut s = Session::builder(AgentCore::new(cfg()).unwrap())
+        .handler(tools(calls.clone()))
+        .thread(store.clone(), thread.clone(), "core")
+        .open()
+        .await
+        .unwrap();
+    assert_eq!(s.opened().session_id, sid);
+    assert_eq!(s.pending_tool_uses().len(), 1);
+    let r = s.resume(tether::CancellationToken::new()).await.unwrap();
+    assert_eq!(r.text, "x is 42.");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    let reqs = fake.requests();
+    assert_eq!(reqs.len(), 2);
+    assert_eq!(
+        reqs[1].body,
+        golden("resume_request.json"),
+        "the same resume as in one process"
+    );
+    assert_eq!(
+        Some(sid.as_str()),
+        reqs[1].header("x-amzn-bedrock-agentcore-runtime-session-id")
+    );
+    let all = store.load(&t.record).await.unwrap();
+    for (i, e) in all.iter().enumerate() {
+        assert_eq!(e.seq, Some(i as u64 + 1), "gap at {}", e.id);
+    }
+}

@@ -43,8 +43,8 @@ use futures_util::{Stream, StreamExt};
 use reqwest::Method;
 use serde_json::{Value, json};
 use tether::{
-    Error, Event, EventKind, Input, Opened, PermissionRequest, Provider, Role, Terminal, ToolResult, ToolUse,
-    TransportKind, TurnContext, TurnResult, Usage,
+    Error, Event, EventKind, Input, Opened, PermissionRequest, Provider, Resume, Role, Terminal, ToolResult,
+    ToolUse, TransportKind, TurnContext, TurnResult, Usage,
 };
 
 use crate::http::{ApiClient, ClientConfig, stream_error, transport_error};
@@ -821,6 +821,32 @@ impl Provider for ManagedAgents {
             session_id: sid,
             resumed: false,
             pending: Vec::new(),
+            ..Opened::default()
+        })
+    }
+
+    /// Reattaches to the thread's session by the id it recorded and catches up: the stream is
+    /// opened first, then the whole history is listed (paging by cursor) and the events the
+    /// record lacks (what the session did while no process was attached) are recorded. Custom
+    /// tool uses without a result are pending (the engine answers them from the memo, or runs
+    /// them); confirmations the session waits on go to the handler now.
+    async fn resume(&mut self, from: Resume<'_>, cx: &TurnContext) -> tether::Result<Opened> {
+        let Some(sid) = from.session_id.filter(|s| !s.is_empty()).map(str::to_owned) else {
+            return Err(Error::cannot_resume(
+                "managed",
+                "no Managed Agents session was recorded for this thread",
+            ));
+        };
+        self.session_id = Some(sid.clone());
+        self.open_stream().await?;
+        let pending = self.reconcile(cx, true).await?;
+        // What the history held belongs to earlier requests; nothing counts as this one's turn.
+        self.stashed = None;
+        self.acc = TurnAcc::default();
+        Ok(Opened {
+            session_id: sid,
+            resumed: true,
+            pending,
             ..Opened::default()
         })
     }

@@ -488,3 +488,86 @@ async fn close_archives_the_session_when_asked() {
         .count();
     assert_eq!(archives, 1);
 }
+
+/// A Managed Agents thread whose process died while a custom tool ran: a new process resumes
+/// the thread by its recorded session id, records what it missed, runs the tool once, and the
+/// thread goes on with a follow-up. Every event once, no gap.
+#[tokio::test]
+async fn a_thread_resumes_after_its_process_died_mid_tool() {
+    use tether::{EventStore, MemoryStore, ThreadId, ThreadStore};
+    let turns = vec![
+        vec![
+            json!({"type": "agent.custom_tool_use", "name": "lookup", "input": {"q": "x"}}),
+            json!({"type": "session.status_idle", "stop_reason": {"type": "requires_action"}}),
+        ],
+        vec![
+            json!({"type": "agent.message", "content": [{"type": "text", "text": "x is 42"}]}),
+            json!({"type": "session.status_idle", "stop_reason": {"type": "end_turn"}}),
+        ],
+        vec![
+            json!({"type": "agent.message", "content": [{"type": "text", "text": "still 42"}]}),
+            json!({"type": "session.status_idle", "stop_reason": {"type": "end_turn"}}),
+        ],
+    ];
+    let fake = FakeManaged::start(turns, ManagedFaults::default()).await;
+    let store = Arc::new(MemoryStore::default());
+    let thread = ThreadId::new("m-1").unwrap();
+
+    /// The first process's tool never returns: the process "dies" while it runs.
+    struct Hangs;
+    #[async_trait]
+    impl Handler for Hangs {
+        fn tools(&self) -> Vec<ToolSpec> {
+            vec![lookup()]
+        }
+        async fn call_tool(&self, _call: &ToolUse, _info: &SessionInfo) -> ToolOutput {
+            std::future::pending().await
+        }
+    }
+    let mut s = Session::builder(provider(&fake))
+        .handler(Hangs)
+        .thread(store.clone(), thread.clone(), "remote")
+        .open()
+        .await
+        .expect("open");
+    let sent = tokio::time::timeout(std::time::Duration::from_millis(500), s.send("What is x?")).await;
+    assert!(sent.is_err(), "the tool hangs");
+    std::mem::forget(s); // killed: nothing more is written, nothing is closed
+
+    let t = store.thread(&thread).await.unwrap().unwrap();
+    assert_eq!(t.provider, "managed");
+    let sid = t.provider_session.clone().expect("the session id is recorded");
+    let calls = Arc::new(AtomicU32::new(0));
+    let mut s = Session::builder(provider(&fake))
+        .handler(counting_tools(calls.clone()))
+        .thread(store.clone(), thread.clone(), "remote")
+        .open()
+        .await
+        .expect("resume");
+    assert!(s.opened().resumed);
+    assert_eq!(s.opened().session_id, sid, "reattached, not a new session");
+    assert_eq!(s.pending_tool_uses().len(), 1);
+    let r = s
+        .resume(tokio_util::sync::CancellationToken::new())
+        .await
+        .expect("resume");
+    assert_eq!(r.text, "x is 42");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the tool ran once");
+    assert_eq!(posted_results(&fake).len(), 1, "its result was posted once");
+    let r = s.send("And now?").await.expect("follow-up");
+    assert_eq!(r.text, "still 42");
+    let all = store.load(&t.record).await.unwrap();
+    let mut ids = HashSet::new();
+    for (i, e) in all.iter().enumerate() {
+        assert!(ids.insert(e.id.clone()), "duplicate event id {}", e.id);
+        assert_eq!(e.seq, Some(i as u64 + 1), "gap or disorder at {}", e.id);
+    }
+    for ev in fake.log(&sid) {
+        let id = ev["id"].as_str().unwrap_or_default();
+        assert!(
+            ids.contains(id),
+            "event {id} ({}) missing from the record",
+            ev["type"]
+        );
+    }
+}
