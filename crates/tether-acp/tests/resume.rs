@@ -54,7 +54,10 @@ async fn a_thread_reloads_its_session_in_a_new_agent_process() {
     let mut ids = std::collections::HashSet::new();
     for e in &all {
         if let tether::EventKind::Message { message_id, .. } = &e.kind {
-            assert!(ids.insert(message_id.clone()), "message id {message_id} used twice in one thread");
+            assert!(
+                ids.insert(message_id.clone()),
+                "message id {message_id} used twice in one thread"
+            );
         }
     }
     let text = serde_json::to_string(&all).unwrap();

@@ -23,9 +23,9 @@ use axum::routing::{get, post};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tether::local::LocalLoop;
-use tether::{ChatModel, EventKind, Session, ToolSet, ToolSpec};
+use tether::{ChatModel, EventKind, MemoryStore, Session, ToolSet, ToolSpec};
 use tether_agui::server::{EndpointOptions, endpoint};
-use tether_agui::{Encoding, Event, PermissionPolicy, SessionAgent};
+use tether_agui::{Encoding, Event, ThreadAgent, Update};
 use tether_openai::OpenAiModel;
 use tether_testkit::openai::{FakeOpenAi, Reply};
 
@@ -154,7 +154,7 @@ fn factory(url: String) -> impl Fn(&tether_agui::RunAgentInput) -> tether::Resul
     move |_input| {
         let model = OpenAiModel::builder(url.clone()).model("fake").build()?;
         let model: Arc<dyn ChatModel> = Arc::new(model);
-        Ok(Session::builder(LocalLoop::with_model(model)))
+        Ok(Session::builder(LocalLoop::with_model(model)).handler(tools()))
     }
 }
 
@@ -188,21 +188,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let fake = FakeOpenAi::start().await;
             fake.push_all(script(scenario));
             let path = format!("/agent/{scenario}/{variant}");
-            let base = SessionAgent::new(factory(fake.url())).handler(tools());
+            // Each scenario's threads in a store of their own (in memory: the server lives for
+            // one harness run).
+            let base = ThreadAgent::new(
+                "conformance",
+                Arc::new(MemoryStore::default()),
+                factory(fake.url()),
+            );
             app = match *scenario {
                 "interrupt" => app.route(
                     &path,
-                    endpoint(
-                        base.require_approval(["delete_file"])
-                            .permission_policy(PermissionPolicy::Interrupt),
-                        options.clone(),
-                    ),
+                    endpoint(base.require_approval(["delete_file"]), options.clone()),
                 ),
                 "state" => app.route(
                     &path,
                     endpoint(
-                        base.with_state(|board: &mut Board, ev: &tether::Event| {
-                            if let EventKind::ToolResult { result } = &ev.kind
+                        base.with_state(|board: &mut Board, u: Update<'_>| {
+                            if let Update::Event(ev) = u
+                                && let EventKind::ToolResult { result } = &ev.kind
                                 && let Ok(v) = serde_json::from_str::<Value>(&result.content)
                                 && let Some(t) = v["added"].as_str()
                             {

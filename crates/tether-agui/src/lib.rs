@@ -15,21 +15,23 @@
 
 #![warn(missing_docs)]
 
-pub mod bridge;
+pub mod approval;
 mod bytediff;
 pub mod context;
 pub mod encode;
 pub mod error;
 pub mod event;
 pub mod ids;
+pub mod mapper;
+pub mod messages;
 pub mod patch;
 pub mod proto;
 pub mod run;
 pub mod server;
+pub mod thread;
 pub mod types;
 pub mod verify;
 
-pub use bridge::{EventMapper, PermissionPolicy, SessionAgent};
 pub use context::{
     AgentState, CallSlot, CancelToken, EventReceiver, MessageHandle, ParallelToolCalls, ReasoningHandle,
     RunContext, RunOptions, RunOutcome, StepGuard, ToolCallHandle, state_update, state_update_json,
@@ -38,7 +40,10 @@ pub use encode::Encoding;
 pub use error::{Error, Result};
 pub use event::{Event, EventType, PROTOCOL_VERSION};
 pub use ids::{InterruptId, MessageId, RunId, SubagentRunId, ThreadId, ToolCallId};
+pub use mapper::EventMapper;
+pub use messages::thread_messages;
 pub use run::{Agent, EventStream, run_agent};
 pub use server::{AgUiRouterExt, EndpointOptions, StreamGuard, router};
+pub use thread::{CheckError, PermissionPolicy, StateReducer, ThreadAgent, ThreadFactory, Update};
 pub use types::*;
 pub use verify::{Rule, Verifier, Violation};

@@ -116,6 +116,8 @@ pub struct SessionBuilder {
     config: SessionConfig,
     /// The thread to open, when the session is a thread's.
     thread: Option<ThreadOpen>,
+    /// Subscriptions made before the session opened.
+    subscribers: Vec<mpsc::Sender<Box<Event>>>,
 }
 
 /// What [`SessionBuilder::thread`] asked for.
@@ -205,6 +207,14 @@ impl SessionBuilder {
         self
     }
 
+    /// Subscribes to the session's events before it opens (what opening a thread records, a
+    /// resume's catch-up, included), as [`EventSink::subscribe`] does once it is open.
+    pub fn subscribe(&mut self, capacity: usize) -> crate::Subscription {
+        let (sub, tx) = crate::Subscription::pair(capacity);
+        self.subscribers.push(tx);
+        sub
+    }
+
     /// Wraps the handler (an adapter adding its front-end tools or its approval channel to the
     /// handler an application configured).
     pub fn map_handler(mut self, f: impl FnOnce(Arc<dyn Handler>) -> Arc<dyn Handler>) -> Self {
@@ -219,6 +229,9 @@ impl SessionBuilder {
         let mut info = SessionInfo::new("", self.provider.name());
         info.metadata = self.config.metadata.clone();
         let sink = EventSink::new(info.clone(), self.handler.clone(), self.store.clone());
+        for tx in self.subscribers {
+            sink.attach(tx);
+        }
         let cx = TurnContext {
             sink,
             handler: self.handler,
@@ -239,18 +252,24 @@ impl SessionBuilder {
             }
             Some(t) => (open_thread(provider.as_mut(), &cx, info, &t).await?, Some(t.id)),
         };
+        // What a reattached session waits on: a call the handler says needs approval waits for
+        // it; any other waits for its result (a front-end tool's, or a run on resume).
+        let paused: Vec<Paused> = opened
+            .pending
+            .iter()
+            .map(|u| Paused {
+                tool_use: u.clone(),
+                waiting: Some(match cx.handler.needs_approval(u) {
+                    Some(summary) => Waiting::Approval { summary },
+                    None => Waiting::Client,
+                }),
+            })
+            .collect();
         Ok(Session {
             provider,
             cx,
             config: self.config,
-            paused: opened
-                .pending
-                .iter()
-                .map(|u| Paused {
-                    tool_use: u.clone(),
-                    waiting: Some(Waiting::Client),
-                })
-                .collect(),
+            paused,
             approved: Arc::new(Mutex::new(std::collections::HashSet::new())),
             unanswered: opened.unanswered.clone(),
             opened,
@@ -554,6 +573,7 @@ impl Session {
             store: Arc::new(MemoryStore::default()),
             config: SessionConfig::default(),
             thread: None,
+            subscribers: Vec::new(),
         }
     }
 
@@ -592,6 +612,12 @@ impl Session {
             .collect()
     }
 
+    /// Whether a request is paused: a batch of tool uses waits (some perhaps already answered);
+    /// [`Session::resume`] goes on with it.
+    pub fn is_paused(&self) -> bool {
+        !self.paused.is_empty()
+    }
+
     /// [`Self::pending_tool_uses`], each with what it waits for.
     pub fn pending(&self) -> Vec<PendingToolUse> {
         self.paused
@@ -607,8 +633,10 @@ impl Session {
 
     /// Whether a user message with this client id is in the session's record already (sent in
     /// an earlier request: a client that sends its whole history sends it again).
-    pub async fn knows_message(&self, id: &str) -> bool {
-        self.cx.sink.has_seen(&user_event_id(id)).await
+    pub fn knows_message(&self, id: &str) -> impl std::future::Future<Output = bool> + Send + 'static {
+        let sink = self.cx.sink.clone();
+        let key = user_event_id(id);
+        async move { sink.has_seen(&key).await }
     }
 
     /// The provider's resumable state ([`Provider::checkpoint`]), if it keeps one.

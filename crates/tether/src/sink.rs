@@ -236,11 +236,16 @@ impl EventSink {
     /// `capacity` bounds the queue; when it is full the session waits for the subscriber.
     /// Dropping the receiver unsubscribes.
     pub async fn subscribe(&self, capacity: usize) -> Subscription {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
+        let (sub, tx) = Subscription::pair(capacity);
+        self.attach(tx);
+        sub
+    }
+
+    /// Delivers to a subscription made before the sink existed ([`Subscription::pair`]).
+    pub(crate) fn attach(&self, tx: mpsc::Sender<Box<Event>>) {
         if let Ok(mut subs) = self.inner.subscribers.lock() {
             subs.push(tx);
         }
-        Subscription { rx }
     }
 
     /// Takes the record accumulated since the last call (one request's events).
@@ -768,6 +773,12 @@ pub struct Subscription {
 }
 
 impl Subscription {
+    /// A subscription and the sender a sink delivers to.
+    pub(crate) fn pair(capacity: usize) -> (Subscription, mpsc::Sender<Box<Event>>) {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
+        (Subscription { rx }, tx)
+    }
+
     /// The next event; `None` once the session is gone and every event was received.
     ///
     /// Cancel safe: an event is never lost when this future is dropped before it completes.

@@ -1,0 +1,1232 @@
+//! [`ThreadAgent`]: any tether thread served as an AG-UI agent, live or durable.
+//!
+//! Each request (AG-UI `threadId` = the tether thread) claims its thread for the agent (exclusive:
+//! a second request on a busy thread gets `THREAD_BUSY`; a thread of another agent
+//! `THREAD_AGENT_MISMATCH`), takes what it brings (answers to the thread's interrupts, front-end
+//! tool results, new user messages), runs it through the session engine and maps what happens
+//! onto the run with [`EventMapper`].
+//!
+//! - **Durable or live.** A thread's session is opened from the store for each request (the
+//!   engine resumes it from its record and checkpoint: after a restart too), or kept open in
+//!   memory between requests ([`ThreadAgent::keep_alive`]: an ACP agent's process, say).
+//! - **One approval protocol** ([`crate::approval`]): a tool call that needs approval waits
+//!   durably and the run ends with an interrupt; a permission request a remote loop makes
+//!   mid-turn ends the run with an interrupt too, while the session is held live until the next
+//!   request's `resume[]` answers it. Interrupt ids are random, recorded, bound to the thread, the
+//!   run and the question, usable once; anything else is refused before anything runs.
+//! - **Front-end tools** (`RunAgentInput.tools`) are declared to the model; a call to one ends the
+//!   run as a success with it in `pendingToolCallIds`, and the `tool` message the next request
+//!   carries is its result. A run never ends in success with a backend call nobody will answer
+//!   (`RUN_ERROR` `UNANSWERED_TOOL_CALL`).
+//! - **State**: an optional typed state folded from the run ([`ThreadAgent::with_state`]).
+
+use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tether::{
+    CancellationToken, Capabilities, ElicitationRequest, ElicitationResponse, EventKind, Handler,
+    HandlerError, PendingToolUse, PermissionOutcome, PermissionRequest, ReadTextFile, Session,
+    SessionBuilder, SessionInfo, SessionResult, Subscription, TerminalRequest, TerminalResponse, ThreadId,
+    ThreadStore, ToolOutput, ToolResult, ToolSpec, ToolUse, UserMessage, Waiting, WriteTextFile,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::approval::{self, Outstanding, Refusal};
+use crate::context::{RunContext, RunOutcome};
+use crate::error::{Error, Result};
+use crate::mapper::EventMapper;
+use crate::run::Agent;
+use crate::types::{Interrupt, Message, ResumeEntry, RunAgentInput, TokenUsage};
+
+/// Builds the session of a thread from the request that opens it: the provider, the handler
+/// and the configuration (the adapter adds the thread, its front-end tools and its question
+/// channel).
+pub type ThreadFactory = dyn Fn(&RunAgentInput) -> tether::Result<SessionBuilder> + Send + Sync;
+
+/// What a state reducer sees of a run.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Update<'a> {
+    /// The run started.
+    Started {
+        /// The agent's name.
+        agent: &'a str,
+        /// The thread.
+        thread: &'a str,
+    },
+    /// An event of the session (durable or live).
+    Event(&'a tether::Event),
+    /// The run is ending; `waiting` when the thread waits on something (a tool result from the
+    /// client, an approval).
+    Finished {
+        /// Whether the thread waits on the user or the client.
+        waiting: bool,
+    },
+}
+
+/// Folds a run's updates into the typed state; returns whether the state changed (it is then
+/// published).
+pub type StateReducer<S> = dyn Fn(&mut S, Update<'_>) -> bool + Send + Sync;
+
+/// How permission requests a remote loop makes mid-turn are answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PermissionPolicy {
+    /// The run ends with an approval interrupt; the session is held live until the next
+    /// request's `resume[]` answers it.
+    #[default]
+    Interrupt,
+    /// The session's own handler answers.
+    Delegate,
+    /// Allowed (once) without asking.
+    Allow,
+    /// Refused without asking.
+    Deny,
+}
+
+/// A question a remote loop asked mid-turn, waiting for the user.
+struct Ask {
+    request: PermissionRequest,
+    /// The thread's record key (from the session's identity).
+    record: String,
+    answer: oneshot::Sender<PermissionOutcome>,
+}
+
+/// The handler a thread's session runs with: the factory's handler, plus the request's
+/// front-end tools, the tools named in [`ThreadAgent::require_approval`], and the question
+/// channel for mid-turn permission requests.
+struct RunHandler {
+    inner: Arc<dyn Handler>,
+    frontend: RwLock<Vec<ToolSpec>>,
+    approval: Arc<HashSet<String>>,
+    policy: PermissionPolicy,
+    asks: mpsc::Sender<Ask>,
+}
+
+impl RunHandler {
+    fn is_frontend(&self, name: &str) -> bool {
+        self.frontend
+            .read()
+            .map(|f| f.iter().any(|t| t.name == name))
+            .unwrap_or(false)
+    }
+
+    fn set_frontend(&self, specs: Vec<ToolSpec>) {
+        if let Ok(mut f) = self.frontend.write() {
+            *f = specs;
+        }
+    }
+}
+
+#[async_trait]
+impl Handler for RunHandler {
+    fn tools(&self) -> Vec<ToolSpec> {
+        let mut tools = self.inner.tools();
+        if let Ok(f) = self.frontend.read() {
+            for t in f.iter() {
+                if !tools.iter().any(|x| x.name == t.name) {
+                    tools.push(t.clone());
+                }
+            }
+        }
+        tools
+    }
+
+    async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
+        if self.is_frontend(&call.name) {
+            return ToolOutput::Pending;
+        }
+        self.inner.call_tool(call, info).await
+    }
+
+    fn needs_approval(&self, call: &ToolUse) -> Option<String> {
+        if self.is_frontend(&call.name) {
+            return None;
+        }
+        if self.approval.contains(&call.name) {
+            return Some(format!("{} {}", call.name, call.input));
+        }
+        self.inner.needs_approval(call)
+    }
+
+    async fn on_event(&self, event: &tether::Event, info: &SessionInfo) {
+        self.inner.on_event(event, info).await
+    }
+
+    async fn request_permission(&self, req: &PermissionRequest, info: &SessionInfo) -> PermissionOutcome {
+        let pick = |allow: bool| {
+            req.options
+                .iter()
+                .find(|o| o.kind.allows() == allow)
+                .map(|o| PermissionOutcome::Selected {
+                    option_id: o.id.clone(),
+                })
+                .unwrap_or(PermissionOutcome::Cancelled)
+        };
+        match self.policy {
+            PermissionPolicy::Delegate => self.inner.request_permission(req, info).await,
+            PermissionPolicy::Allow => pick(true),
+            PermissionPolicy::Deny => pick(false),
+            PermissionPolicy::Interrupt => {
+                let (tx, rx) = oneshot::channel();
+                let ask = Ask {
+                    request: req.clone(),
+                    record: info.session_id.clone(),
+                    answer: tx,
+                };
+                if self.asks.send(ask).await.is_err() {
+                    return PermissionOutcome::Cancelled;
+                }
+                // Fail closed: no answer (the question was dropped) is a cancellation.
+                rx.await.unwrap_or(PermissionOutcome::Cancelled)
+            }
+        }
+    }
+
+    async fn read_text_file(
+        &self,
+        req: &ReadTextFile,
+        info: &SessionInfo,
+    ) -> std::result::Result<String, HandlerError> {
+        self.inner.read_text_file(req, info).await
+    }
+
+    async fn write_text_file(
+        &self,
+        req: &WriteTextFile,
+        info: &SessionInfo,
+    ) -> std::result::Result<(), HandlerError> {
+        self.inner.write_text_file(req, info).await
+    }
+
+    async fn terminal(
+        &self,
+        req: &TerminalRequest,
+        info: &SessionInfo,
+    ) -> std::result::Result<TerminalResponse, HandlerError> {
+        self.inner.terminal(req, info).await
+    }
+
+    async fn elicit(&self, req: &ElicitationRequest, info: &SessionInfo) -> ElicitationResponse {
+        self.inner.elicit(req, info).await
+    }
+
+    async fn elicitation_complete(&self, id: &str, info: &SessionInfo) {
+        self.inner.elicitation_complete(id, info).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+}
+
+/// What failed in a thread's work (before it becomes a `RUN_ERROR`).
+enum WorkError {
+    Tether(tether::Error),
+    Refused(Refusal),
+    Internal(String),
+}
+
+impl From<tether::Error> for WorkError {
+    fn from(e: tether::Error) -> Self {
+        WorkError::Tether(e)
+    }
+}
+
+impl From<WorkError> for Error {
+    fn from(e: WorkError) -> Self {
+        match e {
+            WorkError::Tether(e) => tether_error(e),
+            WorkError::Refused(r) => Error::agent(r.code(), r.to_string()),
+            WorkError::Internal(m) => Error::agent("INTERNAL", m),
+        }
+    }
+}
+
+/// The `RUN_ERROR` for an engine error: its code upper-cased (`CANNOT_RESUME`, ...); a thread of
+/// another agent is `THREAD_AGENT_MISMATCH`.
+fn tether_error(e: tether::Error) -> Error {
+    match &e {
+        tether::Error::Cancelled => Error::Cancelled,
+        tether::Error::ThreadTaken { .. } => Error::agent("THREAD_AGENT_MISMATCH", e.to_string()),
+        other => Error::agent(other.code().to_ascii_uppercase(), e.to_string()),
+    }
+}
+
+/// What one request of a thread did.
+#[derive(Default)]
+struct Done {
+    /// The last request's result (idle ones do not replace an earlier one).
+    last: Option<SessionResult>,
+    /// What the thread waits on now.
+    pending: Vec<PendingToolUse>,
+    /// The interrupts outstanding for the tool calls waiting for approval, by tool use id.
+    interrupts: Vec<(String, PendingToolUse)>,
+}
+
+impl Done {
+    fn after(mut self, earlier: Done) -> Done {
+        let idle = |r: &SessionResult| r.stop_reason == json!(tether::stop_reason::IDLE);
+        if self.last.as_ref().is_none_or(idle) {
+            self.last = earlier.last;
+        }
+        self
+    }
+}
+
+type WorkOut = (Option<Session>, std::result::Result<Done, WorkError>);
+type Work = Pin<Box<dyn Future<Output = WorkOut> + Send>>;
+
+/// What a request brings, owned (the work outlives the borrow of the run's input).
+struct Plan {
+    thread: String,
+    run_id: String,
+    resume: Vec<ResumeEntry>,
+    users: Vec<UserMessage>,
+    results: Vec<ToolResult>,
+}
+
+impl Plan {
+    fn new(input: &RunAgentInput) -> Plan {
+        let mut users = Vec::new();
+        let mut results = Vec::new();
+        for m in &input.messages {
+            match m {
+                Message::User(u) => users.push(UserMessage::with_id(u.id.as_str(), u.content.to_text())),
+                Message::Tool(t) => {
+                    let content = t.content.to_text();
+                    results.push(match &t.error {
+                        Some(err) if content.is_empty() => ToolResult::error(t.tool_call_id.as_str(), err),
+                        Some(_) => ToolResult::error(t.tool_call_id.as_str(), content),
+                        None => ToolResult::ok(t.tool_call_id.as_str(), content),
+                    });
+                }
+                _ => {}
+            }
+        }
+        Plan {
+            thread: input.thread_id.to_string(),
+            run_id: input.run_id.to_string(),
+            resume: input.resume.clone(),
+            users,
+            results,
+        }
+    }
+}
+
+/// The thread's request, once its session is open: the answers first (checked against the
+/// thread's outstanding interrupts before anything runs), then the pending tool uses, then the
+/// new user messages; at the end the interrupts for the calls waiting for approval are issued.
+async fn steps(
+    session: &mut Session,
+    store: &dyn ThreadStore,
+    plan: &Plan,
+    handler: &RunHandler,
+    cancel: CancellationToken,
+    opened_now: bool,
+) -> std::result::Result<Done, WorkError> {
+    let record = session.info().session_id.clone();
+    let waiting = session.pending();
+    let asks: Vec<ToolUse> = waiting
+        .iter()
+        .filter(|p| matches!(p.waiting, Waiting::Approval { .. }))
+        .map(|p| p.tool_use.clone())
+        .collect();
+    // A session just resumed from the store may have lost a question its previous process
+    // held: the outstanding record says so.
+    let resumed = opened_now && session.opened().resumed;
+    let mut outstanding = if plan.resume.is_empty() && asks.is_empty() && !resumed {
+        Outstanding::new()
+    } else {
+        approval::load(store, &record).await?
+    };
+    let answers = approval::decide(
+        &outstanding,
+        &plan.thread,
+        &plan.resume,
+        Some(approval::Waiting {
+            calls: &asks,
+            held: None,
+        }),
+    )
+    .map_err(WorkError::Refused)?;
+    // No question is held live here (a held one is answered before this runs): a permission
+    // interrupt still outstanding was lost with the process that held it.
+    let lost: Vec<approval::Issued> = outstanding
+        .values()
+        .filter(|rec| rec.kind == approval::Asked::Permission)
+        .cloned()
+        .collect();
+    if !answers.used.is_empty() || !lost.is_empty() {
+        // Used up before anything runs: an answer counts once, whatever happens next.
+        for id in &answers.used {
+            outstanding.remove(id);
+        }
+        outstanding.retain(|_, rec| rec.kind != approval::Asked::Permission);
+        approval::save(store, &record, &outstanding).await?;
+    }
+    let sink = session.sink().clone();
+    for rec in &lost {
+        record_lost(&sink, rec).await?;
+    }
+    for id in &answers.approved {
+        session.approve(id).await;
+    }
+    for id in &answers.denied {
+        let summary = waiting
+            .iter()
+            .find(|p| &p.tool_use.id == id)
+            .map(|p| match &p.waiting {
+                Waiting::Approval { summary } => summary.clone(),
+                _ => p.tool_use.name.clone(),
+            })
+            .unwrap_or_default();
+        session
+            .answer_tool_use(ToolResult::error(
+                id,
+                format!("the user denied this action ({summary})"),
+            ))
+            .await?;
+    }
+    for r in &plan.results {
+        // Only a front-end tool's call takes its result from the client: a backend call's
+        // result is the server's to produce.
+        if waiting.iter().any(|p| {
+            p.tool_use.id == r.tool_use_id
+                && p.waiting == Waiting::Client
+                && handler.is_frontend(&p.tool_use.name)
+        }) {
+            session.answer_tool_use(r.clone()).await?;
+        }
+    }
+    let mut new_users = Vec::new();
+    for m in &plan.users {
+        let known = match &m.id {
+            Some(id) => session.knows_message(id).await,
+            None => false,
+        };
+        if !known {
+            new_users.push(m.clone());
+        }
+    }
+    let mut done = Done::default();
+    if !new_users.is_empty() {
+        // The user moved on: what the thread still waits on is answered as such (approved
+        // calls still run).
+        for p in session.pending() {
+            if !answers.approved.contains(&p.tool_use.id) {
+                session
+                    .answer_tool_use(ToolResult::error(
+                        &p.tool_use.id,
+                        "not answered: the user sent a new message instead",
+                    ))
+                    .await?;
+            }
+        }
+    }
+    if session.is_paused() {
+        done.last = Some(Box::pin(session.resume(cancel.clone())).await?);
+    }
+    if session.pending().is_empty() {
+        let r = Box::pin(session.send_messages(new_users, cancel)).await?;
+        done = Done {
+            last: Some(r),
+            ..Default::default()
+        }
+        .after(done);
+    }
+    done.pending = session.pending();
+    let asks: Vec<&PendingToolUse> = done
+        .pending
+        .iter()
+        .filter(|p| matches!(p.waiting, Waiting::Approval { .. }))
+        .collect();
+    let calls: Vec<&ToolUse> = asks.iter().map(|p| &p.tool_use).collect();
+    let issued = approval::reissue(&outstanding, &plan.thread, &plan.run_id, &calls, None)
+        .map_err(|e| WorkError::Internal(e.to_string()))?;
+    if issued != outstanding {
+        approval::save(store, &record, &issued).await?;
+    }
+    for p in asks {
+        if let Some((id, _)) = issued.iter().find(|(_, rec)| rec.tool_use_id == p.tool_use.id) {
+            done.interrupts.push((id.clone(), p.clone()));
+        }
+    }
+    Ok(done)
+}
+
+/// Records that a question a provider asked mid-turn can no longer be answered (the process
+/// holding the turn that asked it is gone).
+async fn record_lost(sink: &tether::EventSink, lost: &approval::Issued) -> tether::Result<()> {
+    sink.record(
+        "",
+        tether::raw::QUESTION_LOST,
+        json!({
+            "tool_use_id": lost.tool_use_id,
+            "title": lost.tool_name,
+            "run_id": lost.run_id,
+            "reason": "the process holding the turn that asked it ended before it was answered",
+        }),
+        EventKind::Other,
+    )
+    .await
+    .map(|_| ())
+}
+
+/// A thread's session kept between requests.
+struct Held {
+    session: Session,
+    handler: Arc<RunHandler>,
+    asks: mpsc::Receiver<Ask>,
+    events: Subscription,
+    used: u64,
+}
+
+/// A thread whose turn waits on the user's answer to a mid-turn question.
+struct Asking {
+    work: tokio::task::JoinHandle<WorkOut>,
+    ask: Ask,
+    handler: Arc<RunHandler>,
+    asks: mpsc::Receiver<Ask>,
+    events: Subscription,
+    used: u64,
+}
+
+/// What a thread holds in memory between requests.
+#[derive(Default)]
+enum Live {
+    #[default]
+    Empty,
+    Idle(Box<Held>),
+    Asking(Box<Asking>),
+}
+
+/// An [`Agent`] serving tether threads: any provider, live or durable (see the module docs).
+pub struct ThreadAgent<S = ()> {
+    name: String,
+    store: Arc<dyn ThreadStore>,
+    factory: Box<ThreadFactory>,
+    reducer: Option<Box<StateReducer<S>>>,
+    approval: Arc<HashSet<String>>,
+    frontend: Arc<Vec<ToolSpec>>,
+    policy: PermissionPolicy,
+    model: Option<String>,
+    run_timeout: Option<Duration>,
+    keep_alive: usize,
+    max_held: usize,
+    clock: AtomicU64,
+    threads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Live>>>>,
+}
+
+impl<S> std::fmt::Debug for ThreadAgent<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadAgent")
+            .field("name", &self.name)
+            .field("policy", &self.policy)
+            .field("keep_alive", &self.keep_alive)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ThreadAgent<()> {
+    /// An agent named `name` whose threads live in `store` and whose sessions `factory` builds
+    /// (called when a request opens a thread's session).
+    pub fn new(
+        name: impl Into<String>,
+        store: Arc<dyn ThreadStore>,
+        factory: impl Fn(&RunAgentInput) -> tether::Result<SessionBuilder> + Send + Sync + 'static,
+    ) -> Self {
+        ThreadAgent {
+            name: name.into(),
+            store,
+            factory: Box::new(factory),
+            reducer: None,
+            approval: Arc::new(HashSet::new()),
+            frontend: Arc::new(Vec::new()),
+            policy: PermissionPolicy::default(),
+            model: None,
+            run_timeout: None,
+            keep_alive: 0,
+            max_held: 64,
+            clock: AtomicU64::new(0),
+            threads: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Gives the agent a typed state (`RunAgentInput.state` on the way in) that `reducer` folds
+    /// the run's updates into; each change is published before the next event.
+    pub fn with_state<T: crate::AgentState>(
+        self,
+        reducer: impl Fn(&mut T, Update<'_>) -> bool + Send + Sync + 'static,
+    ) -> ThreadAgent<T> {
+        ThreadAgent {
+            name: self.name,
+            store: self.store,
+            factory: self.factory,
+            reducer: Some(Box::new(reducer)),
+            approval: self.approval,
+            frontend: self.frontend,
+            policy: self.policy,
+            model: self.model,
+            run_timeout: self.run_timeout,
+            keep_alive: self.keep_alive,
+            max_held: self.max_held,
+            clock: self.clock,
+            threads: self.threads,
+        }
+    }
+}
+
+impl<S> ThreadAgent<S> {
+    /// How mid-turn permission requests are answered (default: an approval interrupt).
+    pub fn permission_policy(mut self, policy: PermissionPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Backend tools whose every call needs the user's approval (an interrupt), besides those
+    /// the session's handler says need it.
+    pub fn require_approval<I, T>(mut self, tools: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<String>,
+    {
+        let mut set = (*self.approval).clone();
+        set.extend(tools.into_iter().map(Into::into));
+        self.approval = Arc::new(set);
+        self
+    }
+
+    /// Tools the client runs for every thread of this agent (besides each request's
+    /// `RunAgentInput.tools`): a call ends the run with it pending until the client's result.
+    pub fn frontend_tools(mut self, tools: Vec<ToolSpec>) -> Self {
+        self.frontend = Arc::new(tools);
+        self
+    }
+
+    /// The model named on the usage the runs report.
+    pub fn model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// The longest a run may take: past it the session's request is cancelled (the engine
+    /// answers what it stopped) and the run ends in `RUN_ERROR` `RUN_TIMEOUT`.
+    pub fn run_timeout(mut self, limit: Duration) -> Self {
+        self.run_timeout = Some(limit);
+        self
+    }
+
+    /// How many threads keep their session open in memory between requests (default 0: each
+    /// request resumes its thread from the store). The least recently used beyond it are closed.
+    pub fn keep_alive(mut self, sessions: usize) -> Self {
+        self.keep_alive = sessions;
+        self
+    }
+
+    /// How many threads may hold a turn waiting on a mid-turn question at once (default 64);
+    /// past it the oldest question is refused (cancelled) and recorded as lost.
+    pub fn max_held_questions(mut self, n: usize) -> Self {
+        self.max_held = n.max(1);
+        self
+    }
+
+    /// The agent's name (the one its threads belong to).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Number of threads with a session open in memory (idle or holding a question).
+    pub fn live_threads(&self) -> usize {
+        self.threads
+            .lock()
+            .map(|m| {
+                m.values()
+                    .filter(|v| v.try_lock().map(|l| !matches!(*l, Live::Empty)).unwrap_or(true))
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+
+    /// Checks a request's `resume[]` against the thread's outstanding interrupts before the run
+    /// starts (for an endpoint's admission: refuse with [`Refusal::status`] before
+    /// `RUN_STARTED`). The run checks again with the thread's lock held.
+    pub async fn check_resume(&self, input: &RunAgentInput) -> std::result::Result<(), CheckError> {
+        if input.resume.is_empty() {
+            return Ok(());
+        }
+        let thread = input.thread_id.as_str();
+        let Ok(id) = ThreadId::new(thread) else {
+            return Ok(()); // the run says the id is invalid
+        };
+        let outstanding = match self.store.thread(&id).await.map_err(CheckError::Store)? {
+            // The run says THREAD_AGENT_MISMATCH; nothing of this agent is outstanding there.
+            Some(t) if t.agent != self.name => return Ok(()),
+            Some(t) => approval::load(self.store.as_ref(), &t.record)
+                .await
+                .map_err(CheckError::Store)?,
+            None => Outstanding::new(),
+        };
+        approval::decide(&outstanding, thread, &input.resume, None)
+            .map(|_| ())
+            .map_err(CheckError::Refused)
+    }
+
+    fn slot(&self, thread: &str) -> Result<Arc<tokio::sync::Mutex<Live>>> {
+        let mut g = self
+            .threads
+            .lock()
+            .map_err(|_| Error::agent("INTERNAL", "the thread table is poisoned"))?;
+        // Entries nobody holds and that keep nothing go.
+        g.retain(|_, v| {
+            Arc::strong_count(v) > 1 || v.try_lock().map(|l| !matches!(*l, Live::Empty)).unwrap_or(true)
+        });
+        Ok(g.entry(thread.to_owned()).or_default().clone())
+    }
+
+    /// Closes the least recently used idle sessions beyond [`Self::keep_alive`], and refuses the
+    /// oldest held questions beyond [`Self::max_held_questions`].
+    fn evict(&self) {
+        let Ok(g) = self.threads.lock() else { return };
+        let mut idle: Vec<(u64, Arc<tokio::sync::Mutex<Live>>)> = Vec::new();
+        let mut asking: Vec<(u64, Arc<tokio::sync::Mutex<Live>>)> = Vec::new();
+        for v in g.values() {
+            if let Ok(l) = v.try_lock() {
+                match &*l {
+                    Live::Idle(h) => idle.push((h.used, v.clone())),
+                    Live::Asking(a) => asking.push((a.used, v.clone())),
+                    Live::Empty => {}
+                }
+            }
+        }
+        drop(g);
+        idle.sort_by_key(|(u, _)| std::cmp::Reverse(*u));
+        for (_, v) in idle.into_iter().skip(self.keep_alive) {
+            if let Ok(mut l) = v.try_lock()
+                && let Live::Idle(h) = std::mem::take(&mut *l)
+            {
+                tokio::spawn(async move {
+                    let _ = h.session.close().await;
+                });
+            }
+        }
+        asking.sort_by_key(|(u, _)| std::cmp::Reverse(*u));
+        for (_, v) in asking.into_iter().skip(self.max_held) {
+            if let Ok(mut l) = v.try_lock()
+                && let Live::Asking(a) = std::mem::take(&mut *l)
+            {
+                let Asking { work, ask, .. } = *a;
+                let _ = ask.answer.send(reject(&ask.request));
+                // The turn goes on with the refusal; its session is closed when it ends.
+                tokio::spawn(async move {
+                    if let Ok((Some(s), _)) = work.await {
+                        let _ = s.close().await;
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Why [`ThreadAgent::check_resume`] refused a request.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum CheckError {
+    /// The resume names interrupts not outstanding on the thread.
+    Refused(Refusal),
+    /// The store failed.
+    Store(tether::Error),
+}
+
+/// The refusing answer to a permission request (cancelled when it offers none).
+fn reject(req: &PermissionRequest) -> PermissionOutcome {
+    req.reject_option()
+        .map(|o| PermissionOutcome::Selected {
+            option_id: o.id.clone(),
+        })
+        .unwrap_or(PermissionOutcome::Cancelled)
+}
+
+impl<S> ThreadAgent<S> {
+    /// The front-end tools of a request: the agent's own, then the request's (`RunAgentInput.tools`).
+    fn frontend_specs(&self, input: &RunAgentInput) -> Vec<ToolSpec> {
+        let mut out = self.frontend.as_ref().clone();
+        for t in &input.tools {
+            if out.iter().any(|x| x.name == t.name) {
+                continue;
+            }
+            let schema = match &t.parameters {
+                Some(v @ Value::Object(_)) => v.clone(),
+                _ => json!({"type": "object", "properties": {}}),
+            };
+            out.push(ToolSpec::new(t.name.clone(), t.description.clone(), schema));
+        }
+        out
+    }
+}
+
+/// The AG-UI interrupt of a tool call waiting for approval.
+fn tool_interrupt(id: &str, p: &PendingToolUse) -> Interrupt {
+    let summary = match &p.waiting {
+        Waiting::Approval { summary } => summary.clone(),
+        _ => p.tool_use.name.clone(),
+    };
+    let mut schema = serde_json::Map::new();
+    schema.insert("type".into(), json!("object"));
+    schema.insert("properties".into(), json!({"approved": {"type": "boolean"}}));
+    schema.insert("required".into(), json!(["approved"]));
+    Interrupt::new(id, "approval")
+        .with_message(format!("Allow {summary}?"))
+        .with_tool_call(p.tool_use.id.as_str())
+        .with_response_schema(schema)
+}
+
+/// The AG-UI interrupt of a permission request held live.
+fn permission_interrupt(id: &str, req: &PermissionRequest, known_call: bool) -> Interrupt {
+    let options: Vec<Value> = req
+        .options
+        .iter()
+        .map(|o| json!({"id": o.id, "name": o.name, "kind": o.kind}))
+        .collect();
+    let ids: Vec<&str> = req.options.iter().map(|o| o.id.as_str()).collect();
+    let mut i = Interrupt::new(id, "approval").with_message(format!("Allow {}?", req.title));
+    if known_call {
+        i = i.with_tool_call(req.tool_use_id.as_str());
+    }
+    if let Value::Object(s) = json!({
+        "type": "object",
+        "properties": {"approved": {"type": "boolean"}, "optionId": {"type": "string", "enum": ids}},
+        "required": ["approved"]
+    }) {
+        i = i.with_response_schema(s);
+    }
+    let mut meta = serde_json::Map::new();
+    meta.insert("options".into(), Value::Array(options));
+    meta.insert("input".into(), req.input.clone());
+    if let Some(k) = &req.kind {
+        meta.insert("kind".into(), json!(k));
+    }
+    i.metadata = Some(meta);
+    i
+}
+
+/// The error for a backend tool call the run leaves unanswered (the engine never should; if it
+/// does, the client must not see a success it would wait on forever).
+fn unanswered(id: &str, name: &str) -> Error {
+    Error::agent(
+        "UNANSWERED_TOOL_CALL",
+        format!(
+            "the run left the call `{}` of tool `{}` without a result, and no one but the server can answer \
+             it; nothing more was run. Send another message on this thread to continue",
+            approval::printable(id),
+            approval::printable(name)
+        ),
+    )
+}
+
+/// Maps a run's events and folds them into the typed state.
+struct Mapping<'a, S> {
+    mapper: EventMapper,
+    names: HashMap<String, String>,
+    reducer: Option<&'a StateReducer<S>>,
+}
+
+impl<S: crate::AgentState> Mapping<'_, S> {
+    async fn map(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> Result<()> {
+        ctx.ready().await?;
+        self.mapper.map(ctx, ev)?;
+        match &ev.kind {
+            EventKind::ToolCallStart {
+                tool_use_id, name, ..
+            } => {
+                self.names.insert(tool_use_id.clone(), name.clone());
+            }
+            EventKind::ToolCall { tool_use, .. } => {
+                self.names.insert(tool_use.id.clone(), tool_use.name.clone());
+            }
+            EventKind::Message { tool_uses, .. } => {
+                for u in tool_uses {
+                    self.names.insert(u.id.clone(), u.name.clone());
+                }
+            }
+            _ => {}
+        }
+        self.update(ctx, Update::Event(ev))
+    }
+
+    fn update(&mut self, ctx: &mut RunContext<S>, u: Update<'_>) -> Result<()> {
+        if let Some(r) = self.reducer
+            && r(ctx.state_mut(), u)
+        {
+            ctx.publish_state()?;
+        }
+        Ok(())
+    }
+
+    fn drain(&mut self, ctx: &mut RunContext<S>, events: &mut Subscription) -> Result<()> {
+        while let Ok(ev) = events.try_recv() {
+            self.mapper.map(ctx, &ev)?;
+            self.update(ctx, Update::Event(&ev))?;
+        }
+        Ok(())
+    }
+}
+
+impl<S: crate::AgentState + Sync> Agent for ThreadAgent<S> {
+    type State = S;
+
+    async fn run(&self, ctx: &mut RunContext<S>) -> Result<RunOutcome> {
+        Box::pin(self.run_inner(ctx)).await
+    }
+}
+
+impl<S: crate::AgentState + Sync> ThreadAgent<S> {
+    async fn run_inner(&self, ctx: &mut RunContext<S>) -> Result<RunOutcome> {
+        let thread = ThreadId::new(ctx.input().thread_id.as_str()).map_err(tether_error)?;
+        let slot = self.slot(thread.as_str())?;
+        let Ok(mut live) = slot.try_lock_owned() else {
+            return Err(Error::agent(
+                "THREAD_BUSY",
+                format!(
+                    "another run is in progress on thread {}; wait for it to finish",
+                    approval::printable(thread.as_str())
+                ),
+            ));
+        };
+        let mut plan = Plan::new(ctx.input());
+        let cancel = CancellationToken::new();
+        let store = self.store.clone();
+        let mut mapping = Mapping {
+            mapper: match &self.model {
+                Some(m) => EventMapper::new(ctx.input()).model(m.clone()),
+                None => EventMapper::new(ctx.input()),
+            },
+            names: HashMap::new(),
+            reducer: self.reducer.as_deref(),
+        };
+        mapping.update(
+            ctx,
+            Update::Started {
+                agent: &self.name,
+                thread: thread.as_str(),
+            },
+        )?;
+
+        // 1. What the thread is doing: a turn held on a question, a session kept open, or
+        //    nothing in memory (the session is opened from the store).
+        let (mut work, handler, mut asks, mut events): (Work, Arc<RunHandler>, _, _) =
+            match std::mem::take(&mut *live) {
+                Live::Asking(a) => {
+                    let Asking {
+                        work: held,
+                        ask,
+                        handler,
+                        asks,
+                        events,
+                        ..
+                    } = *a;
+                    let mut outstanding = approval::load(store.as_ref(), &ask.record)
+                        .await
+                        .map_err(tether_error)?;
+                    let answers = match approval::decide(
+                        &outstanding,
+                        &plan.thread,
+                        &plan.resume,
+                        Some(approval::Waiting {
+                            calls: &[],
+                            held: Some(&ask.request),
+                        }),
+                    ) {
+                        Ok(a) => a,
+                        Err(refusal) => {
+                            // Nothing changed: the question still waits.
+                            *live = Live::Asking(Box::new(Asking {
+                                work: held,
+                                ask,
+                                handler,
+                                asks,
+                                events,
+                                used: self.clock.fetch_add(1, Ordering::Relaxed),
+                            }));
+                            return Err(WorkError::Refused(refusal).into());
+                        }
+                    };
+                    for id in &answers.used {
+                        outstanding.remove(id);
+                    }
+                    // The held question is answered now, whatever this request says: a request
+                    // that does not answer it moved on, which refuses it.
+                    outstanding.retain(|_, rec| {
+                        !(rec.kind == approval::Asked::Permission
+                            && rec.tool_use_id == ask.request.tool_use_id)
+                    });
+                    approval::save(store.as_ref(), &ask.record, &outstanding)
+                        .await
+                        .map_err(tether_error)?;
+                    // Answered by the user in this request: its resume entries are used up.
+                    plan.resume.clear();
+                    let answer = answers.permission.unwrap_or_else(|| reject(&ask.request));
+                    let _ = ask.answer.send(answer);
+                    handler.set_frontend(self.frontend_specs(ctx.input()));
+                    let plan = Arc::new(plan);
+                    let cancel = cancel.clone();
+                    let store = store.clone();
+                    let h = handler.clone();
+                    let work: Work = Box::pin(async move {
+                        let (session, first) = match held.await {
+                            Ok(out) => out,
+                            Err(e) => (
+                                None,
+                                Err(WorkError::Internal(format!("the held turn failed: {e}"))),
+                            ),
+                        };
+                        let Some(mut session) = session else {
+                            return (None, first);
+                        };
+                        let first = match first {
+                            Ok(d) => d,
+                            Err(e) => return (Some(session), Err(e)),
+                        };
+                        let next = steps(&mut session, store.as_ref(), &plan, &h, cancel, false).await;
+                        (Some(session), next.map(|d| d.after(first)))
+                    });
+                    (work, handler, asks, events)
+                }
+                Live::Idle(h) => {
+                    let Held {
+                        mut session,
+                        handler,
+                        asks,
+                        mut events,
+                        ..
+                    } = *h;
+                    while events.try_recv().is_ok() {}
+                    handler.set_frontend(self.frontend_specs(ctx.input()));
+                    let plan = Arc::new(plan);
+                    let cancel = cancel.clone();
+                    let store = store.clone();
+                    let h = handler.clone();
+                    let work: Work = Box::pin(async move {
+                        let r = steps(&mut session, store.as_ref(), &plan, &h, cancel, false).await;
+                        (Some(session), r)
+                    });
+                    (work, handler, asks, events)
+                }
+                Live::Empty => {
+                    let (tx, rx) = mpsc::channel(4);
+                    let builder = (self.factory)(ctx.input()).map_err(tether_error)?;
+                    let handler_slot: Arc<Mutex<Option<Arc<RunHandler>>>> = Arc::new(Mutex::new(None));
+                    let approval = self.approval.clone();
+                    let policy = self.policy;
+                    let fe = self.frontend_specs(ctx.input());
+                    let hs = handler_slot.clone();
+                    let mut builder = builder
+                        .map_handler(move |inner| {
+                            let h = Arc::new(RunHandler {
+                                inner,
+                                frontend: RwLock::new(fe),
+                                approval,
+                                policy,
+                                asks: tx,
+                            });
+                            if let Ok(mut s) = hs.lock() {
+                                *s = Some(h.clone());
+                            }
+                            h
+                        })
+                        .thread(store.clone(), thread.clone(), self.name.clone())
+                        .title(
+                            ctx.last_user_text()
+                                .unwrap_or_default()
+                                .chars()
+                                .take(80)
+                                .collect::<String>(),
+                        );
+                    let events = builder.subscribe(256);
+                    let handler = handler_slot
+                        .lock()
+                        .ok()
+                        .and_then(|mut s| s.take())
+                        .ok_or_else(|| Error::agent("INTERNAL", "the thread's handler was not installed"))?;
+                    let plan = Arc::new(plan);
+                    let cancel = cancel.clone();
+                    let store = store.clone();
+                    let h = handler.clone();
+                    let work: Work = Box::pin(async move {
+                        let mut session = match builder.open().await {
+                            Ok(s) => s,
+                            Err(e) => return (None, Err(WorkError::Tether(e))),
+                        };
+                        let r = steps(&mut session, store.as_ref(), &plan, &h, cancel, true).await;
+                        (Some(session), r)
+                    });
+                    (work, handler, rx, events)
+                }
+            };
+
+        // 2. Relay the session's events until the work ends, a mid-turn question ends the run,
+        //    the client goes away or the run times out.
+        let client_gone = ctx.cancel_token().clone();
+        let deadline = self
+            .run_timeout
+            .and_then(|d| tokio::time::Instant::now().checked_add(d));
+        let timeout = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(timeout);
+        let mut stopping = false;
+        let mut timed_out = false;
+        let mut events_open = true;
+        let (session, result) = loop {
+            tokio::select! {
+                biased;
+                _ = client_gone.cancelled(), if !stopping => {
+                    stopping = true;
+                    cancel.cancel();
+                }
+                _ = &mut timeout, if !stopping => {
+                    stopping = true;
+                    timed_out = true;
+                    cancel.cancel();
+                }
+                ev = events.recv(), if events_open => match ev {
+                    Some(ev) => mapping.map(ctx, &ev).await?,
+                    None => events_open = false,
+                },
+                ask = asks.recv(), if !stopping => {
+                    let Some(ask) = ask else { continue };
+                    mapping.drain(ctx, &mut events)?;
+                    mapping.mapper.close(ctx)?;
+                    let mut outstanding = approval::load(store.as_ref(), &ask.record)
+                        .await
+                        .map_err(tether_error)?;
+                    let issued = approval::reissue(&Outstanding::new(), thread.as_str(), ctx.run_id().as_str(), &[], Some(&ask.request))
+                        .map_err(|e| Error::agent("INTERNAL", e.to_string()))?;
+                    let Some((id, _)) = issued.iter().next().map(|(k, v)| (k.clone(), v.clone())) else {
+                        return Err(Error::agent("INTERNAL", "no interrupt was issued"));
+                    };
+                    outstanding.extend(issued);
+                    approval::save(store.as_ref(), &ask.record, &outstanding)
+                        .await
+                        .map_err(tether_error)?;
+                    let interrupt = permission_interrupt(&id, &ask.request, mapping.mapper.knows_call(&ask.request.tool_use_id));
+                    mapping.update(ctx, Update::Finished { waiting: true })?;
+                    // The turn goes on (waiting for the answer) on its own task; the next request
+                    // on this thread answers the question and takes the turn over.
+                    let task = tokio::spawn(work);
+                    *live = Live::Asking(Box::new(Asking {
+                        work: task,
+                        ask,
+                        handler,
+                        asks,
+                        events,
+                        used: self.clock.fetch_add(1, Ordering::Relaxed),
+                    }));
+                    drop(live);
+                    self.evict();
+                    return Ok(RunOutcome::Interrupt(vec![interrupt]));
+                }
+                out = &mut work => break out,
+            }
+        };
+        // 3. Keep the session (or close it), then end the run.
+        mapping.drain(ctx, &mut events)?;
+        if let Some(session) = session {
+            if self.keep_alive > 0 {
+                *live = Live::Idle(Box::new(Held {
+                    session,
+                    handler: handler.clone(),
+                    asks,
+                    events,
+                    used: self.clock.fetch_add(1, Ordering::Relaxed),
+                }));
+            } else {
+                tokio::spawn(async move {
+                    let _ = session.close().await;
+                });
+            }
+        }
+        drop(live);
+        if self.keep_alive > 0 {
+            self.evict();
+        }
+        if timed_out {
+            let limit = self.run_timeout.unwrap_or_default();
+            return Err(Error::agent(
+                "RUN_TIMEOUT",
+                format!(
+                    "the run did not finish within {}s (the server's run time limit); what it did is saved, \
+                     send another message on this thread to continue",
+                    limit.as_secs()
+                ),
+            ));
+        }
+        let done = result?;
+        mapping.mapper.close(ctx)?;
+        mapping.update(
+            ctx,
+            Update::Finished {
+                waiting: !done.pending.is_empty(),
+            },
+        )?;
+        if let Some(r) = &done.last {
+            // The session's usage events were mapped as they came; its total only when none was.
+            if !mapping.mapper.usage_seen() && r.usage.total() > 0 {
+                ctx.add_usage(TokenUsage {
+                    model: self.model.clone(),
+                    input_tokens: Some(r.usage.input_tokens),
+                    output_tokens: Some(r.usage.output_tokens),
+                    total_tokens: Some(r.usage.total()),
+                    cached_input_tokens: (r.usage.cache_read_tokens > 0).then_some(r.usage.cache_read_tokens),
+                    ..Default::default()
+                });
+            }
+            if let Some(out) = &r.final_output {
+                ctx.set_result(out.clone());
+            } else if r.stop_reason != json!("stop")
+                && r.stop_reason != json!("end_turn")
+                && r.stop_reason != json!(tether::stop_reason::PENDING_TOOLS)
+                && r.stop_reason != json!(tether::stop_reason::IDLE)
+            {
+                ctx.set_result(json!({"stopReason": r.stop_reason}));
+            }
+        }
+        // What is left waiting: calls for approval become interrupts (recorded); front-end calls
+        // are the client's to answer. Anything else would be a backend call nobody will answer:
+        // never a success.
+        let asked: HashSet<&str> = done
+            .interrupts
+            .iter()
+            .map(|(_, p)| p.tool_use.id.as_str())
+            .collect();
+        for p in &done.pending {
+            if p.waiting == Waiting::Client && !handler.is_frontend(&p.tool_use.name) {
+                return Err(unanswered(&p.tool_use.id, &p.tool_use.name));
+            }
+        }
+        for id in ctx.pending_tool_calls() {
+            let name = mapping.names.get(id.as_str()).map(String::as_str).unwrap_or("");
+            if !asked.contains(id.as_str()) && !handler.is_frontend(name) {
+                return Err(unanswered(id.as_str(), name));
+            }
+        }
+        if !done.interrupts.is_empty() {
+            return Ok(RunOutcome::Interrupt(
+                done.interrupts
+                    .iter()
+                    .map(|(id, p)| tool_interrupt(id, p))
+                    .collect(),
+            ));
+        }
+        Ok(RunOutcome::Success)
+    }
+}

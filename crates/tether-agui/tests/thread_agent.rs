@@ -1,0 +1,532 @@
+//! `ThreadAgent` over tether's real local loop (scripted model) and a scripted remote loop that
+//! asks permission mid-turn, on the in-memory thread store.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use serde_json::{Value, json};
+use tether::{ChatModel, MemoryStore, ScriptedModel, Session, ToolSet, ToolSpec, local::LocalLoop};
+use tether_agui::{
+    Message, RunAgentInput, RunOptions, ThreadAgent, run_agent,
+    types::{AssistantMessage, ToolCall},
+};
+
+/// How long a test waits for something that must happen (generous: a loaded 2-core machine).
+const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+fn agent(model: Arc<ScriptedModel>) -> ThreadAgent {
+    agent_with(model, ToolSet::new())
+}
+
+fn agent_with(model: Arc<ScriptedModel>, tools: ToolSet) -> ThreadAgent {
+    ThreadAgent::new("a", Arc::new(MemoryStore::default()), move |_input| {
+        let m: Arc<dyn ChatModel> = model.clone();
+        Ok(Session::builder(LocalLoop::with_model(m)).handler(tools.clone()))
+    })
+}
+
+fn tools() -> ToolSet {
+    ToolSet::new().tool(
+        ToolSpec::new("add", "Add a and b", json!({"type": "object"})),
+        |input: Value| async move {
+            let a = input["a"].as_i64().ok_or("a must be a number")?;
+            let b = input["b"].as_i64().ok_or("b must be a number")?;
+            Ok::<_, &str>((a + b).to_string())
+        },
+    )
+}
+
+async fn serve(agent: &Arc<ThreadAgent>, input: RunAgentInput) -> Vec<Value> {
+    let events = run_agent(agent.clone(), input, RunOptions::default())
+        .collect_all()
+        .await;
+    to_json(&events)
+}
+
+fn kinds(v: &[Value]) -> Vec<String> {
+    v.iter()
+        .map(|e| e["type"].as_str().unwrap_or("?").to_owned())
+        .collect()
+}
+
+#[tokio::test]
+async fn plain_text() {
+    let model = Arc::new(ScriptedModel::new(vec![Ok(ScriptedModel::text("Hello!"))]));
+    let a = Arc::new(agent(model));
+    let ev = serve(&a, input()).await;
+    assert_eq!(
+        kinds(&ev),
+        [
+            "RUN_STARTED",
+            "TEXT_MESSAGE_START",
+            "TEXT_MESSAGE_CONTENT",
+            "TEXT_MESSAGE_END",
+            "RUN_FINISHED"
+        ]
+    );
+    assert_eq!(ev[2]["delta"], "Hello!");
+    assert_eq!(ev[4].get("outcome"), None);
+}
+
+#[tokio::test]
+async fn backend_tool_call_then_answer() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("c1", "add", r#"{"a":1,"b":2}"#)])),
+        Ok(ScriptedModel::text("It is 3.")),
+    ]));
+    let a = Arc::new(agent_with(model, tools()));
+    let ev = serve(&a, input()).await;
+    assert_eq!(
+        kinds(&ev),
+        [
+            "RUN_STARTED",
+            "TOOL_CALL_START",
+            "TOOL_CALL_ARGS",
+            "TOOL_CALL_END",
+            "TOOL_CALL_RESULT",
+            "TEXT_MESSAGE_START",
+            "TEXT_MESSAGE_CONTENT",
+            "TEXT_MESSAGE_END",
+            "RUN_FINISHED"
+        ]
+    );
+    assert_eq!(ev[1]["toolCallId"], "c1");
+    assert!(ev[1]["parentMessageId"].is_string());
+    assert_eq!(ev[4]["content"], "3");
+    assert_eq!(ev[6]["delta"], "It is 3.");
+}
+
+#[tokio::test]
+async fn frontend_tool_pends_then_resumes_the_same_session() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("c1", "confirm", r#"{"q":"ok?"}"#)])),
+        Ok(ScriptedModel::text("Confirmed.")),
+    ]));
+    let a = Arc::new(agent(model.clone()));
+    let mut first = input();
+    first.tools =
+        vec![serde_json::from_value(json!({"name":"confirm","description":"Ask the user"})).unwrap()];
+    let ev = serve(&a, first.clone()).await;
+    assert_eq!(
+        ev.last().unwrap(),
+        &json!({"type":"RUN_FINISHED","threadId":"t1","runId":"r1",
+                "outcome":{"type":"success","pendingToolCallIds":["c1"]}})
+    );
+    assert!(!kinds(&ev).contains(&"TOOL_CALL_RESULT".to_owned()));
+    // The model saw the front-end tool.
+    assert!(model.requests()[0].tools.iter().any(|t| t.name == "confirm"));
+
+    let mut second = first;
+    second.run_id = "r2".into();
+    let parent = ev[1]["parentMessageId"].as_str().unwrap().to_owned();
+    second.messages.push(Message::Assistant(AssistantMessage {
+        id: parent.into(),
+        tool_calls: Some(vec![ToolCall::new("c1", "confirm", r#"{"q":"ok?"}"#)]),
+        ..Default::default()
+    }));
+    second.messages.push(Message::tool("tm1", "c1", "yes"));
+    let ev = serve(&a, second).await;
+    assert_eq!(
+        kinds(&ev),
+        [
+            "RUN_STARTED",
+            "TEXT_MESSAGE_START",
+            "TEXT_MESSAGE_CONTENT",
+            "TEXT_MESSAGE_END",
+            "RUN_FINISHED"
+        ]
+    );
+    assert_eq!(ev[2]["delta"], "Confirmed.");
+    // The model got the tool message as the result of c1.
+    let last = model.requests().pop().unwrap();
+    let tool_msg = last
+        .messages
+        .iter()
+        .find(|m| m.tool_call_id.as_deref() == Some("c1"));
+    assert_eq!(tool_msg.and_then(|m| m.content.clone()).as_deref(), Some("yes"));
+}
+
+#[tokio::test]
+async fn permission_interrupt_and_resume() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("c1", "add", r#"{"a":2,"b":2}"#)])),
+        Ok(ScriptedModel::text("Done: 4.")),
+    ]));
+    let a = Arc::new(agent_with(model, tools()).require_approval(["add"]));
+    let ev = serve(&a, input()).await;
+    let last = ev.last().unwrap();
+    assert_eq!(last["outcome"]["type"], "interrupt");
+    let interrupt = &last["outcome"]["interrupts"][0];
+    assert_eq!(interrupt["reason"], "approval");
+    assert_eq!(interrupt["toolCallId"], "c1");
+    let interrupt_id = interrupt["id"].as_str().unwrap().to_owned();
+    assert!(
+        interrupt_id.starts_with("approval_") && interrupt_id.len() == 41,
+        "{interrupt_id}"
+    );
+
+    let mut resumed = input();
+    resumed.run_id = "r2".into();
+    let parent = ev[1]["parentMessageId"].as_str().unwrap().to_owned();
+    resumed.messages.push(Message::Assistant(AssistantMessage {
+        id: parent.into(),
+        tool_calls: Some(vec![ToolCall::new("c1", "add", r#"{"a":2,"b":2}"#)]),
+        ..Default::default()
+    }));
+    resumed.resume = vec![
+        serde_json::from_value(
+            json!({"interruptId": interrupt_id, "status": "resolved", "payload": {"approved": true}}),
+        )
+        .unwrap(),
+    ];
+    let ev = serve(&a, resumed).await;
+    assert_eq!(
+        kinds(&ev),
+        [
+            "RUN_STARTED",
+            "TOOL_CALL_RESULT",
+            "TEXT_MESSAGE_START",
+            "TEXT_MESSAGE_CONTENT",
+            "TEXT_MESSAGE_END",
+            "RUN_FINISHED"
+        ]
+    );
+    assert_eq!(ev[1]["content"], "4");
+}
+
+#[tokio::test]
+async fn provider_error_is_run_error() {
+    let model = Arc::new(ScriptedModel::new(vec![Err(tether::Error::provider(
+        "scripted",
+        "the model is overloaded",
+    ))]));
+    let a = Arc::new(agent(model));
+    let ev = serve(&a, input()).await;
+    assert_eq!(kinds(&ev), ["RUN_STARTED", "RUN_ERROR"]);
+    assert_eq!(ev[1]["code"], "PROVIDER");
+    assert!(ev[1]["message"].as_str().unwrap().contains("overloaded"));
+}
+
+#[tokio::test]
+async fn two_runs_in_one_thread_keep_the_session() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::text("first")),
+        Ok(ScriptedModel::text("second")),
+    ]));
+    let a = Arc::new(agent(model.clone()));
+    let ev1 = serve(&a, input()).await;
+    let mut next = input();
+    next.run_id = "r2".into();
+    next.messages
+        .push(Message::assistant(ev1[1]["messageId"].as_str().unwrap(), "first"));
+    next.messages.push(Message::user("u2", "again"));
+    let ev2 = serve(&a, next).await;
+    assert_eq!(ev2[2]["delta"], "second");
+    assert_ne!(ev1[1]["messageId"], ev2[1]["messageId"]);
+    // One session: the second model call saw the first exchange.
+    let reqs = model.requests();
+    assert_eq!(reqs.len(), 2);
+    assert!(reqs[1].messages.len() > reqs[0].messages.len());
+}
+
+/// A model whose first call hangs (until its request is cancelled) and whose later calls answer.
+/// `entered` is notified when the first call has started.
+#[derive(Default)]
+struct HangsOnce {
+    calls: std::sync::atomic::AtomicUsize,
+    entered: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl ChatModel for HangsOnce {
+    fn name(&self) -> &str {
+        "hangs-once"
+    }
+    async fn chat(
+        &self,
+        _req: &tether::ChatRequest,
+        _deltas: &tether::DeltaSink,
+    ) -> tether::Result<tether::ChatResponse> {
+        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            self.entered.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Ok(ScriptedModel::text("back"))
+    }
+}
+
+#[tokio::test]
+async fn a_disconnected_run_is_cancelled_and_the_thread_serves_the_next_request() {
+    let model = Arc::new(HangsOnce::default());
+    let m = model.clone();
+    let a = Arc::new(ThreadAgent::new(
+        "a",
+        Arc::new(MemoryStore::default()),
+        move |_input| {
+            let m: Arc<dyn ChatModel> = m.clone();
+            Ok(Session::builder(LocalLoop::with_model(m)))
+        },
+    ));
+    let mut stream = run_agent(a.clone(), input(), RunOptions::default());
+    let first = futures_util::StreamExt::next(&mut stream).await.unwrap();
+    assert_eq!(first.event_type().as_str(), "RUN_STARTED");
+    // The model call is under way (and hangs): the client goes away mid-request.
+    tokio::time::timeout(WAIT, model.entered.notified())
+        .await
+        .expect("the model call started");
+    drop(stream);
+
+    let mut next = input();
+    next.run_id = "r2".into();
+    next.messages.push(Message::user("u2", "still there?"));
+    let ev = tokio::time::timeout(WAIT, serve(&a, next))
+        .await
+        .expect("the second request must not hang");
+    assert_eq!(kinds(&ev).last().unwrap(), "RUN_FINISHED");
+    assert_eq!(ev[2]["delta"], "back");
+}
+
+#[tokio::test]
+async fn a_kept_session_serves_the_next_request_without_a_resume() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::text("one")),
+        Ok(ScriptedModel::text("two")),
+    ]));
+    let a = Arc::new(agent(model.clone()).keep_alive(1));
+    serve(&a, input()).await;
+    assert_eq!(a.live_threads(), 1, "kept open");
+    let mut next = input();
+    next.run_id = "r2".into();
+    next.messages.push(Message::user("u2", "again"));
+    let ev = serve(&a, next).await;
+    assert_eq!(ev[2]["delta"], "two");
+    let reqs = model.requests();
+    assert!(reqs[1].messages.len() > reqs[0].messages.len());
+    // Another thread: the least recently used one is closed.
+    let mut other = input();
+    other.thread_id = "t2".into();
+    let model2 = model.clone();
+    let _ = model2;
+    assert_eq!(a.live_threads(), 1);
+}
+
+/// A remote loop that asks permission in the middle of its turn (as an ACP agent or a Managed
+/// Agents tool confirmation does), then says what it was told.
+struct Asker {
+    outcomes: Arc<std::sync::Mutex<Vec<tether::PermissionOutcome>>>,
+}
+
+#[async_trait::async_trait]
+impl tether::Provider for Asker {
+    fn name(&self) -> &str {
+        "asker"
+    }
+    async fn open(&mut self, _cx: &tether::TurnContext) -> tether::Result<tether::Opened> {
+        Ok(tether::Opened {
+            session_id: "r-1".into(),
+            ..Default::default()
+        })
+    }
+    async fn resume(
+        &mut self,
+        from: tether::Resume<'_>,
+        _cx: &tether::TurnContext,
+    ) -> tether::Result<tether::Opened> {
+        Ok(tether::Opened {
+            session_id: from.session_id.unwrap_or_default().into(),
+            resumed: true,
+            ..Default::default()
+        })
+    }
+    async fn turn(
+        &mut self,
+        input: tether::Input,
+        cx: &tether::TurnContext,
+    ) -> tether::Result<tether::TurnResult> {
+        let tether::Input::Message(_) = input else {
+            return Ok(tether::TurnResult::new(tether::Terminal::EndTurn, "stop"));
+        };
+        let req = tether::PermissionRequest {
+            tool_use_id: "call_2".into(),
+            title: "Modify config.json".into(),
+            input: json!({"path": "config.json"}),
+            kind: Some("edit".into()),
+            options: vec![
+                tether::PermissionOption {
+                    id: "allow".into(),
+                    name: "Allow".into(),
+                    kind: tether::PermissionKind::AllowOnce,
+                },
+                tether::PermissionOption {
+                    id: "reject".into(),
+                    name: "Skip".into(),
+                    kind: tether::PermissionKind::RejectOnce,
+                },
+            ],
+            raw: Value::Null,
+        };
+        let outcome = cx.handler.request_permission(&req, &cx.info()).await;
+        self.outcomes.lock().unwrap().push(outcome.clone());
+        let text = if outcome.allows(&req) {
+            "allowed"
+        } else {
+            "refused"
+        };
+        let n = self.outcomes.lock().unwrap().len();
+        cx.sink
+            .emit(tether::Event::new(
+                format!("asker-{n}"),
+                "asker.message",
+                json!({"text": text}),
+                tether::EventKind::Message {
+                    message_id: format!("asker-m{n}"),
+                    role: tether::Role::Assistant,
+                    text: text.into(),
+                    reasoning: None,
+                    tool_uses: vec![],
+                },
+            ))
+            .await?;
+        let mut t = tether::TurnResult::new(tether::Terminal::EndTurn, "end_turn");
+        t.text = text.into();
+        Ok(t)
+    }
+}
+
+fn asker(
+    store: Arc<MemoryStore>,
+    outcomes: Arc<std::sync::Mutex<Vec<tether::PermissionOutcome>>>,
+) -> ThreadAgent {
+    ThreadAgent::new("a", store, move |_input| {
+        Ok(Session::builder(Asker {
+            outcomes: outcomes.clone(),
+        }))
+    })
+}
+
+fn resume_with(id: &str, payload: Value) -> RunAgentInput {
+    let mut i = input();
+    i.run_id = "r2".into();
+    i.resume = vec![
+        serde_json::from_value(json!({"interruptId": id, "status": "resolved", "payload": payload})).unwrap(),
+    ];
+    i
+}
+
+/// A permission request mid-turn ends the run with an approval interrupt while the turn waits
+/// (the session held live); the next request's resume answers it and the turn goes on.
+#[tokio::test]
+async fn a_mid_turn_permission_request_is_an_interrupt_and_its_resume_answers_it() {
+    let store = Arc::new(MemoryStore::default());
+    let outcomes = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let a = Arc::new(asker(store, outcomes.clone()));
+    let ev = serve(&a, input()).await;
+    let last = ev.last().unwrap();
+    assert_eq!(last["outcome"]["type"], "interrupt", "{ev:?}");
+    let i = &last["outcome"]["interrupts"][0];
+    assert_eq!(i["reason"], "approval");
+    assert_eq!(i["metadata"]["options"][0]["id"], "allow");
+    let id = i["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("approval_") && id.len() == 41, "{id}");
+    assert_eq!(a.live_threads(), 1, "the turn waits, held live");
+    assert!(outcomes.lock().unwrap().is_empty());
+
+    // Forged and predictable ids are refused, at admission and in the run; the question still waits.
+    for forged in ["t1-permission-1", "approval_00000000000000000000000000000000"] {
+        let bad = resume_with(forged, json!({"approved": true}));
+        assert!(matches!(
+            a.check_resume(&bad).await,
+            Err(tether_agui::CheckError::Refused(_))
+        ));
+        let ev = serve(&a, bad).await;
+        assert_eq!(ev.last().unwrap()["code"], "INTERRUPT_NOT_ISSUED", "{ev:?}");
+    }
+    assert!(outcomes.lock().unwrap().is_empty(), "nothing was answered");
+
+    let ok = resume_with(&id, json!({"approved": true}));
+    a.check_resume(&ok).await.unwrap();
+    let ev = serve(&a, ok.clone()).await;
+    assert_eq!(ev.last().unwrap()["type"], "RUN_FINISHED", "{ev:?}");
+    assert!(ev.iter().any(|e| e["delta"] == "allowed"), "{ev:?}");
+    assert_eq!(
+        *outcomes.lock().unwrap(),
+        [tether::PermissionOutcome::Selected {
+            option_id: "allow".into()
+        }]
+    );
+    // Used once: the same answer again is refused.
+    let ev = serve(&a, ok).await;
+    assert_eq!(ev.last().unwrap()["code"], "INTERRUPT_NOT_ISSUED");
+}
+
+/// Anything but `approved: true` refuses.
+#[tokio::test]
+async fn a_mid_turn_permission_denied_picks_the_refusing_option() {
+    let outcomes = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let a = Arc::new(asker(Arc::new(MemoryStore::default()), outcomes.clone()));
+    let ev = serve(&a, input()).await;
+    let id = ev.last().unwrap()["outcome"]["interrupts"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ev = serve(
+        &a,
+        resume_with(&id, json!({"approved": "yes", "optionId": "allow"})),
+    )
+    .await;
+    assert!(ev.iter().any(|e| e["delta"] == "refused"), "{ev:?}");
+    assert_eq!(
+        *outcomes.lock().unwrap(),
+        [tether::PermissionOutcome::Selected {
+            option_id: "reject".into()
+        }]
+    );
+}
+
+/// After a restart the held turn is gone: its question is recorded as lost, an answer to it is
+/// not refused (it was issued) but approves nothing, and the thread goes on.
+#[tokio::test]
+async fn a_question_held_by_a_process_that_ended_is_recorded_as_lost() {
+    use tether::{EventStore, ThreadStore};
+    let store = Arc::new(MemoryStore::default());
+    let outcomes = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let a = Arc::new(asker(store.clone(), outcomes.clone()));
+    let ev = serve(&a, input()).await;
+    let id = ev.last().unwrap()["outcome"]["interrupts"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    drop(a); // the process that held the turn is gone
+
+    let b = Arc::new(asker(store.clone(), outcomes.clone()));
+    let answer = resume_with(&id, json!({"approved": true}));
+    b.check_resume(&answer).await.expect("it was issued");
+    let ev = serve(&b, answer).await;
+    assert_eq!(ev.last().unwrap()["type"], "RUN_FINISHED", "{ev:?}");
+    let record = store
+        .thread(&tether::ThreadId::new("t1").unwrap())
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    let all = store.load(&record).await.unwrap();
+    let lost: Vec<_> = all
+        .iter()
+        .filter(|e| e.raw_type == tether::raw::QUESTION_LOST)
+        .collect();
+    assert_eq!(lost.len(), 1, "{all:#?}");
+    assert_eq!(lost[0].raw["tool_use_id"], "call_2");
+    assert!(
+        !outcomes
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|o| matches!(o, tether::PermissionOutcome::Selected { option_id } if option_id == "allow")),
+        "the lost question approved nothing"
+    );
+    // Answered once: not again.
+    let ev = serve(&b, resume_with(&id, json!({"approved": true}))).await;
+    assert_eq!(ev.last().unwrap()["code"], "INTERRUPT_NOT_ISSUED");
+}
