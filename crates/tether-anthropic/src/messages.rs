@@ -604,6 +604,9 @@ impl ChatModel for MessagesModel {
     }
 }
 
+/// Hooks for the crate's `fuzzing` module (the `chat` body without the HTTP); not part of the API.
+pub(crate) mod fuzzing;
+
 #[cfg(test)]
 mod tests {
     use super::*;
