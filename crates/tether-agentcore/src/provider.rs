@@ -822,6 +822,9 @@ impl AgentCore {
     }
 }
 
+/// Hooks for the crate's `fuzzing` module (a runtime body without the HTTP); not part of the API.
+pub(crate) mod fuzzing;
+
 #[cfg(test)]
 mod tests {
     use super::*;
