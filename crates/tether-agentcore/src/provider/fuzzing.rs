@@ -23,3 +23,22 @@ pub(crate) fn events_of_json(body: &[u8]) -> Vec<(String, Value)> {
     runtime_json(&v)
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Found by the `agentcore_runtime` fuzz target: a read ending inside a UTF-8 character
+    /// turned it into two U+FFFD, and one ending between CR and LF lost the frame.
+    #[test]
+    fn a_frame_is_the_same_wherever_the_reads_end() {
+        let body = "data: w\u{f6}rld \u{1f600}\r\n\r\ndata: {\"a\":1}\r\ndata: 2\n\n".as_bytes();
+        let whole = sse_payloads(&[body]);
+        assert_eq!(whole, ["w\u{f6}rld \u{1f600}", "{\"a\":1}\n2"]);
+        for i in 0..=body.len() {
+            for j in i..=body.len() {
+                let reads = [&body[..i], &body[i..j], &body[j..]];
+                assert_eq!(sse_payloads(&reads), whole, "cut at {i} and {j}");
+            }
+        }
+    }
+}
