@@ -292,3 +292,79 @@ pub fn replay(manifest_dir: &str, target: &str, check: impl Fn(&[u8]) + std::pan
         failed.join("\n")
     );
 }
+
+/// A workspace root for [`check_workspace_call`], made once per process under the temp
+/// directory: a few files, and a symlink `escape` to a sibling directory outside the root whose
+/// one file holds [`SECRET`].
+pub fn workspace_root() -> &'static std::path::Path {
+    static ROOT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let base = std::env::temp_dir().join(format!("tether-fuzz-ws-{}", std::process::id()));
+        let root = base.join("root");
+        let outside = base.join("outside");
+        let _ = std::fs::create_dir_all(root.join("sub"));
+        let _ = std::fs::create_dir_all(&outside);
+        let _ = std::fs::write(root.join("a.txt"), "alpha\nbeta\ngamma\n");
+        let _ = std::fs::write(root.join("sub/b.txt"), "one line, no newline");
+        let _ = std::fs::write(outside.join("secret.txt"), SECRET);
+        #[cfg(unix)]
+        {
+            let _ = std::os::unix::fs::symlink(&outside, root.join("escape"));
+            let _ = std::os::unix::fs::symlink(outside.join("secret.txt"), root.join("secret-link"));
+        }
+        root.canonicalize().unwrap_or(root)
+    })
+}
+
+/// What a file outside the workspace root holds; no workspace tool may ever return it.
+pub const SECRET: &str = "TETHER-FUZZ-SECRET-6d2f";
+
+/// The workspace tools' argument extraction: the first byte picks a tool (or an unknown name),
+/// the rest is the model's argument text. The call is decoded as the engine decodes it and, when
+/// it decodes, run by a [`crate::workspace::Workspace`] that may read but not write or run
+/// commands. Never a panic; a refusal or error is a typed tool error; nothing outside the root
+/// (reached through `..`, an absolute path or a symlink) is ever returned.
+pub fn check_workspace_call(data: &[u8]) {
+    use crate::workspace::{Policy, Workspace};
+    const TOOLS: [&str; 7] = [
+        "read_file",
+        "list_dir",
+        "search_files",
+        "write_file",
+        "edit_file",
+        "run_command",
+        "no_such_tool",
+    ];
+    let Some((&pick, rest)) = data.split_first() else {
+        return;
+    };
+    let name = TOOLS[pick as usize % TOOLS.len()];
+    let u = ToolUse::from_arguments("call_1", name, &String::from_utf8_lossy(rest));
+    if u.input_error.is_some() {
+        return;
+    }
+    let ws = Workspace::new(workspace_root())
+        .expect("the fuzz workspace root exists")
+        .policy(Policy::read_only());
+    let info = SessionInfo::new("fuzz", "fuzz");
+    let out = block_on(async {
+        tokio::time::timeout(std::time::Duration::from_secs(20), ws.call_tool(&u, &info)).await
+    })
+    .unwrap_or_else(|_| panic!("`{name}` with {} did not answer within 20 s", u.input));
+    let text = match &out {
+        ToolOutput::Ok(s) => s,
+        ToolOutput::Error(s) => s,
+        other => panic!("a workspace tool answered neither Ok nor Error: {other:?}"),
+    };
+    assert!(
+        !text.contains(SECRET),
+        "`{name}` with {} returned a file outside the root",
+        u.input
+    );
+    if matches!(name, "write_file" | "edit_file" | "run_command" | "no_such_tool") {
+        assert!(
+            matches!(out, ToolOutput::Error(_)),
+            "`{name}` succeeded under a policy denying it: {text}"
+        );
+    }
+}

@@ -12,3 +12,8 @@ fn tool_args() {
         tether::fuzzing::check_tool_arguments(&String::from_utf8_lossy(d))
     });
 }
+
+#[test]
+fn workspace_tools() {
+    replay(DIR, "workspace_tools", tether::fuzzing::check_workspace_call);
+}
