@@ -285,6 +285,12 @@ impl Assembly {
             "content_block_start" => {
                 let index = data["index"].as_u64().unwrap_or(self.blocks.len() as u64);
                 let block = data["content_block"].clone();
+                if !block.is_object() {
+                    // Deltas write into the block as an object; anything else would panic there.
+                    return Err(Error::Malformed(format!(
+                        "content_block_start for block {index} carries no content block object: {block}"
+                    )));
+                }
                 if block["type"] == "tool_use" {
                     let id = block["id"].as_str().unwrap_or_default();
                     let name = block["name"].as_str().unwrap_or_default();
