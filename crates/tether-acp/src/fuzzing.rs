@@ -57,7 +57,9 @@ pub fn check_frame_lines(data: &[u8]) {
     }
 }
 
-/// The one session the scripted agent opens, and its root.
+/// The frame limit the client runs with (small, so inputs reach it).
+const MAX_FRAME: usize = 2048;
+/// The one session the scripted agent opens.
 const SESSION: &str = "fuzz-session";
 /// The id of the request the harness sends after the input: once it is answered, every request
 /// before it has been (the handler answers at once, in order).
@@ -106,7 +108,12 @@ impl ClientHandler for Probe {
         HandlerSupport::all()
     }
 
-    async fn session_update_with_message(&self, event: &SessionUpdateEvent, _m: &RawMessage<'_>) {
+    async fn session_update_with_message(&self, event: &SessionUpdateEvent, m: &RawMessage<'_>) {
+        assert!(
+            m.json().len() <= MAX_FRAME,
+            "a {}-byte frame was delivered past the {MAX_FRAME}-byte limit",
+            m.json().len()
+        );
         if let Ok(mut u) = self.updates.lock() {
             u.push(format!("{event:?}"));
         }
@@ -169,7 +176,7 @@ async fn converse(reads: &[&[u8]]) -> Transcript {
     let (agent_r, mut agent_w) = tokio::io::split(agent_io);
     let probe = Arc::new(Probe::default());
     let opts = ClientOptions::default()
-        .with_max_frame_bytes(2048)
+        .with_max_frame_bytes(MAX_FRAME)
         .with_request_timeout(Duration::from_secs(30))
         .with_initialize_timeout(Duration::from_secs(30));
     let client = AcpClient::connect(client_r, client_w, probe.clone(), opts).await;
@@ -301,9 +308,11 @@ pub fn check_connection(data: &[u8]) {
     }
 }
 
-/// A request the agent cancels (`$/cancel_request`) races with its handler: answered with its
-/// result or with `-32800`, both correct. The ids either transcript answered `-32800` are dropped
-/// from both, and then the handler calls are not compared (the handler may or may not have run).
+/// Two races of the protocol itself, where either answer is right: a request the agent cancels
+/// (`$/cancel_request`) is answered with its result or `-32800`, depending on whether its handler
+/// finished first; a request reusing the id of an earlier one is refused (`request id already in
+/// use`) only while that one is still running. The ids either transcript answered so are dropped
+/// from both, and then the handler calls are not compared.
 fn without_cancelled(mut a: Transcript, b: &Transcript) -> (Transcript, Transcript) {
     let mut b = Transcript {
         updates: b.updates.clone(),
@@ -319,7 +328,7 @@ fn without_cancelled(mut a: Transcript, b: &Transcript) -> (Transcript, Transcri
     let cancelled: Vec<String> = [&a, &b]
         .iter()
         .flat_map(|t| t.answers.iter().flatten())
-        .filter(|l| l.contains("\"code\":-32800"))
+        .filter(|l| l.contains("\"code\":-32800") || l.contains("request id already in use"))
         .map(id_of)
         .collect();
     if !cancelled.is_empty() {
