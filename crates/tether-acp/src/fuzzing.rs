@@ -136,10 +136,10 @@ impl ClientHandler for Probe {
         request: TerminalRequest,
         _id: &RequestId,
     ) -> Result<TerminalResponse, HandlerError> {
-        if let TerminalRequest::Create(c) = &request {
-            if let Some(cwd) = &c.cwd {
-                Self::confined(cwd, "terminal/create");
-            }
+        if let TerminalRequest::Create(c) = &request
+            && let Some(cwd) = &c.cwd
+        {
+            Self::confined(cwd, "terminal/create");
         }
         self.call(format!("terminal {}", request.method()));
         Err(HandlerError::internal("no terminals here"))

@@ -8,7 +8,7 @@ const DIR: &str = env!("CARGO_MANIFEST_DIR");
 
 #[test]
 fn acp_frames() {
-    replay(DIR, "acp_frames", |d| tether_acp::fuzzing::check_frame_lines(d));
+    replay(DIR, "acp_frames", tether_acp::fuzzing::check_frame_lines);
 }
 
 #[test]

@@ -338,8 +338,7 @@ fn upstream() -> &'static Upstream {
                 let _ = s.set_nodelay(true);
                 let mut req = Vec::new();
                 let mut buf = [0u8; 4096];
-                loop {
-                    let Ok(n) = s.read(&mut buf) else { break };
+                while let Ok(n) = s.read(&mut buf) {
                     if n == 0 {
                         break;
                     }

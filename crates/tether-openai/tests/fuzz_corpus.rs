@@ -8,7 +8,7 @@ const DIR: &str = env!("CARGO_MANIFEST_DIR");
 
 #[test]
 fn openai_sse() {
-    replay(DIR, "openai_sse", |d| tether_openai::fuzzing::check_sse_stream(d));
+    replay(DIR, "openai_sse", tether_openai::fuzzing::check_sse_stream);
 }
 
 #[test]
