@@ -319,6 +319,23 @@ pub fn workspace_root() -> &'static std::path::Path {
 /// What a file outside the workspace root holds; no workspace tool may ever return it.
 pub const SECRET: &str = "TETHER-FUZZ-SECRET-6d2f";
 
+/// How many times `text` holds [`SECRET`], counted by hash rather than by a string search:
+/// libFuzzer learns the strings a target compares against, and put the secret into a path
+/// argument that the tool's error then echoed (a false alarm, found exactly so). It cannot invert
+/// a hash, so it no longer learns the secret at all.
+fn secrets_in(text: &str) -> usize {
+    fn fnv(b: &[u8]) -> u64 {
+        b.iter().fold(0xcbf2_9ce4_8422_2325, |h, &x| {
+            (h ^ x as u64).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+    let want = fnv(SECRET.as_bytes());
+    text.as_bytes()
+        .windows(SECRET.len())
+        .filter(|w| fnv(w) == want)
+        .count()
+}
+
 /// The workspace tools' argument extraction: the first byte picks a tool (or an unknown name),
 /// the rest is the model's argument text. The call is decoded as the engine decodes it and, when
 /// it decodes, run by a [`crate::workspace::Workspace`] that may read but not write or run
@@ -356,8 +373,9 @@ pub fn check_workspace_call(data: &[u8]) {
         ToolOutput::Error(s) => s,
         other => panic!("a workspace tool answered neither Ok nor Error: {other:?}"),
     };
+    // The secret may come back only as often as the arguments named it (echoed in an error).
     assert!(
-        !text.contains(SECRET),
+        secrets_in(text) <= secrets_in(&String::from_utf8_lossy(rest)),
         "`{name}` with {} returned a file outside the root",
         u.input
     );
