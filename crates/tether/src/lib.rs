@@ -19,6 +19,9 @@
 pub mod chat;
 pub mod error;
 pub mod event;
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handler;
 pub mod local;
 pub mod provider;
