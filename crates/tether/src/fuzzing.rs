@@ -180,8 +180,8 @@ impl Live {
 
 /// Checks [`ToolUse::from_arguments`], the one place a model's argument text becomes a tool
 /// input, and that the local loop runs a call only on an input it decoded:
-/// - empty (or blank) text is `{}`; JSON text is its value; anything else keeps `{}` and records
-///   the parse error; the raw text is always kept;
+/// - empty (or blank) text is `{}`; a JSON object is its value; anything else (text that does
+///   not parse, JSON that is not an object) keeps `{}` and records why; the raw text is kept;
 /// - a tool use survives the JSON round trip the store puts it through;
 /// - in a session, a call whose arguments did not decode never reaches the handler (the model is
 ///   told why instead), and one that did reaches it with exactly that input, once.
@@ -193,9 +193,17 @@ pub fn check_tool_arguments(args: &str) {
             assert_eq!(u.input, serde_json::json!({}));
             assert_eq!(u.input_error, None);
         }
-        Ok(v) => {
+        Ok(v) if v.is_object() => {
             assert_eq!(u.input, v);
             assert_eq!(u.input_error, None);
+        }
+        Ok(_) => {
+            // Valid JSON that is not an object: refused like text that does not parse.
+            assert_eq!(u.input, serde_json::json!({}));
+            assert!(
+                u.input_error.is_some(),
+                "{args:?} is not an object but has no input_error"
+            );
         }
         Err(_) => {
             assert_eq!(u.input, serde_json::json!({}));

@@ -1237,7 +1237,7 @@ fn check_call(cx: &TurnContext, u: &ToolUse) -> Option<String> {
     }
     u.input_error.as_ref().map(|err| {
         format!(
-            "the arguments for `{}` are not valid JSON ({err}); call it again with a JSON object",
+            "the arguments for `{}` are not usable ({err}); call it again with a JSON object",
             u.name
         )
     })
