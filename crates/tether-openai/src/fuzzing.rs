@@ -150,11 +150,11 @@ fn check_live_matches(live: &Live, resp: &ChatResponse) {
     shown.sort();
     kept.sort();
     assert_eq!(shown, kept, "the calls shown live are not the calls kept");
+    // A call always has an id (one is invented when the stream names none). Its name may be
+    // empty: the engine answers such a call with an error result (the model is told), rather
+    // than the accumulator failing the whole response.
     for c in &resp.message.tool_calls {
-        assert!(
-            !c.id.is_empty() && !c.name.is_empty(),
-            "a call without id or name: {c:?}"
-        );
+        assert!(!c.id.is_empty(), "a call without an id: {c:?}");
     }
     if resp.message.content.is_none() {
         assert!(!resp.message.tool_calls.is_empty(), "no content and no calls");
