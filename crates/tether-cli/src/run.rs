@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::json;
 use tether::local::LocalLoop;
 use tether::sandbox::Sandbox;
 use tether::workspace::{Approval, ApprovalRequest, Approver, Policy, Workspace};
-use tether::{Error, Event, EventKind, Provider, Session, SessionResult};
+use tether::{Error, Provider, Session, SessionResult};
 
-use crate::term::{Inert, inert, inert_json};
+use crate::print::{Printer, result_line, short};
+use crate::term::{Inert, inert};
 
 /// Options of `tether run`.
 #[derive(clap::Args, Debug)]
@@ -64,7 +64,7 @@ pub struct RunArgs {
     /// A directory confined commands may also write beneath (repeatable), e.g. a build cache.
     #[arg(long, value_name = "DIR")]
     pub writable: Vec<PathBuf>,
-    /// Where the loop lives (openai, anthropic, managed, agentcore) and what each needs.
+    /// Where the loop lives (openai, anthropic, managed, agentcore, acp) and what each needs.
     #[command(flatten)]
     pub provider: crate::providers::ProviderArgs,
 }
@@ -201,92 +201,13 @@ fn explain(e: &Error, base_url: &str, model: &str) -> String {
     }
 }
 
-/// One line of at most `n` characters of `s` (then `…`), escaped.
-fn short(s: &str, n: usize) -> String {
-    let cut = match s.char_indices().nth(n) {
-        Some((i, _)) => &s[..i],
-        None => s,
-    };
-    let mut line = inert(cut, Inert::Line).into_owned();
-    if cut.len() < s.len() {
-        line.push('…');
-    }
-    line
-}
-
-/// Shown when a retried model call said something else than what was printed of it.
-const RESTARTED: &str = "[retried: the answer starts over]";
-
-fn print_event(e: &Event, json_mode: bool, at_line_start: &mut bool) {
-    if json_mode {
-        if let Ok(s) = serde_json::to_string(&json!({"event": e})) {
-            println!("{}", inert_json(&s));
-        }
-        return;
-    }
-    let mut out = std::io::stdout();
-    match &e.kind {
-        EventKind::TextDelta { delta, .. } => {
-            let _ = write!(out, "{}", inert(delta, Inert::Prose));
-            let _ = out.flush();
-            *at_line_start = delta.ends_with('\n');
-        }
-        EventKind::MessageRestart { .. } => {
-            if !*at_line_start {
-                let _ = writeln!(out);
-            }
-            let _ = writeln!(out, "{RESTARTED}");
-            let _ = out.flush();
-            *at_line_start = true;
-        }
-        EventKind::ToolCall { tool_use, .. } => {
-            if !*at_line_start {
-                let _ = writeln!(out);
-            }
-            let _ = writeln!(
-                out,
-                "⚙ {} {}",
-                short(&tool_use.name, 80),
-                short(&tool_use.input.to_string(), 120)
-            );
-            *at_line_start = true;
-        }
-        EventKind::ToolResult { result } => {
-            let mark = if result.is_error { "✗" } else { "✓" };
-            let _ = writeln!(out, "{mark} {}", short(&result.content, 160));
-            *at_line_start = true;
-        }
-        EventKind::Retry {
-            attempt,
-            delay_ms,
-            error,
-        } => {
-            eprintln!("\n(retry {attempt} in {delay_ms} ms: {})", short(error, 300));
-        }
-        EventKind::Message { tool_uses, .. } => {
-            for u in tool_uses {
-                if !*at_line_start {
-                    let _ = writeln!(out);
-                }
-                let _ = writeln!(
-                    out,
-                    "⚙ {} {}",
-                    short(&u.name, 80),
-                    short(&u.input.to_string(), 120)
-                );
-                *at_line_start = true;
-            }
-        }
-        _ => {}
-    }
-}
-
 /// Runs `tether run`.
 pub async fn run(args: RunArgs) -> ExitCode {
     let loop_options = crate::providers::LoopOptions {
         model: args.model.clone(),
         system: args.system.clone(),
         no_stream: args.no_stream,
+        cwd: args.cwd.clone(),
     };
     let remote = match crate::providers::build_remote(&args.provider, &loop_options) {
         Ok(r) => r,
@@ -383,59 +304,11 @@ async fn run_with(
     let mut events = session.sink().subscribe(1024).await;
     let json_mode = args.json;
     let printer = tokio::spawn(async move {
-        let mut at_line_start = true;
-        // Streamed tool calls are shown once, when their arguments are complete.
-        let mut streaming: std::collections::HashMap<String, (String, String)> = Default::default();
-        let mut shown = std::collections::HashSet::new();
+        let mut printer = Printer::new(json_mode);
         while let Some(e) = events.recv().await {
-            if json_mode {
-                print_event(&e, true, &mut at_line_start);
-                continue;
-            }
-            match &e.kind {
-                // Calls the restarted message was streaming are void; it streams them again.
-                EventKind::MessageRestart { .. } => {
-                    streaming.clear();
-                    print_event(&e, false, &mut at_line_start);
-                }
-                EventKind::ToolCallStart {
-                    tool_use_id, name, ..
-                } => {
-                    streaming.insert(tool_use_id.clone(), (name.clone(), String::new()));
-                }
-                EventKind::ToolCallArgs { tool_use_id, delta } => {
-                    if let Some((_, a)) = streaming.get_mut(tool_use_id) {
-                        a.push_str(delta);
-                    }
-                }
-                EventKind::ToolCallEnd { tool_use_id } => {
-                    if let Some((name, args)) = streaming.remove(tool_use_id) {
-                        shown.insert(tool_use_id.clone());
-                        let input = tether::ToolUse::from_arguments(tool_use_id, &name, &args);
-                        let mut call = e.clone();
-                        call.kind = EventKind::ToolCall {
-                            tool_use: input,
-                            message_id: None,
-                        };
-                        print_event(&call, false, &mut at_line_start);
-                    }
-                }
-                EventKind::Message { tool_uses, .. } => {
-                    let fresh: Vec<_> = tool_uses
-                        .iter()
-                        .filter(|u| !shown.contains(&u.id))
-                        .cloned()
-                        .collect();
-                    let mut e2 = e.clone();
-                    if let EventKind::Message { tool_uses, .. } = &mut e2.kind {
-                        *tool_uses = fresh;
-                    }
-                    print_event(&e2, false, &mut at_line_start);
-                }
-                _ => print_event(&e, false, &mut at_line_start),
-            }
+            printer.event(&e);
         }
-        at_line_start
+        printer.at_line_start()
     });
     // Cancelling (rather than dropping) at the deadline lets the provider interrupt the remote
     // loop (Managed Agents `user.interrupt`, AgentCore `StopRuntimeSession`).
@@ -467,12 +340,7 @@ async fn run_with(
 
 fn report(r: &SessionResult, json_mode: bool, at_line_start: bool) -> ExitCode {
     if json_mode {
-        let mut v = serde_json::to_value(r).unwrap_or_default();
-        if let Some(o) = v.as_object_mut() {
-            o.remove("events");
-            o.remove("transcript");
-        }
-        println!("{}", inert_json(&json!({"result": v}).to_string()));
+        println!("{}", result_line(r));
     } else {
         if !at_line_start {
             println!();
@@ -532,11 +400,5 @@ mod tests {
                 .unwrap()
                 .ends_with("(no answer: refused)\n")
         );
-    }
-
-    #[test]
-    fn previews_are_one_escaped_line() {
-        assert_eq!(short("a\nb\x1b[2Jc", 160), "a\\nb\\x1b[2Jc");
-        assert_eq!(short("ééééé", 3), "ééé…");
     }
 }
