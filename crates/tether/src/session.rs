@@ -1145,9 +1145,11 @@ impl ToolRunner<'_> {
             let handler = cx.handler.clone();
             let info = (*cx.sink.info()).clone();
             let call = u.clone();
+            // The call can report progress into the session (`ToolEvents::current`).
+            let events = crate::source::ToolEvents::new(cx.sink.clone(), &u.id);
             let mut task = AbortOnDrop(
                 self.tasks
-                    .spawn(async move { handler.call_tool(&call, &info).await }),
+                    .spawn(events.scope(async move { handler.call_tool(&call, &info).await })),
             );
             let joined = match self.config.tool_timeout {
                 Some(d) => match tokio::time::timeout(d, &mut task.0).await {
