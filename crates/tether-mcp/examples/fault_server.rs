@@ -2,7 +2,7 @@
 //! demand. Its tools:
 //!
 //! - `noop`: answers `ok` (the benchmark's tool).
-//! - `echo {text}`: answers the text (also the name two servers share in the collision tests).
+//! - `echo {text}`: answers `$FAULT_TAG` and the text (also the name two servers share in the collision tests).
 //! - `count`: appends a line to `$FAULT_COUNT_FILE` and answers how many lines it holds (a side
 //!   effect a resume must not repeat).
 //! - `crash`: the process exits in the middle of the call.
@@ -88,7 +88,8 @@ impl ServerHandler for Fault {
         match name.as_str() {
             "noop" => text("ok"),
             "echo" => text(format!(
-                "{prefix}{}",
+                "{}{}",
+                std::env::var("FAULT_TAG").unwrap_or_default(),
                 args.get("text").and_then(Value::as_str).unwrap_or("")
             )),
             "count" => {
@@ -125,7 +126,9 @@ impl ServerHandler for Fault {
             }
             "grow" => {
                 self.grown.store(true, Ordering::SeqCst);
-                let _ = context.peer.notify_tool_list_changed().await;
+                if let Err(e) = context.peer.notify_tool_list_changed().await {
+                    eprintln!("fault_server: list_changed not sent: {e}");
+                }
                 text("grown")
             }
             "slow" => {

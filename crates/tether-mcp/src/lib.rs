@@ -264,6 +264,8 @@ struct Inner {
     conn: Mutex<Option<Arc<Conn>>>,
     tools: Mutex<Vec<ToolSpec>>,
     tools_tx: watch::Sender<u64>,
+    /// Tool-list refreshes asked for by `list_changed` and not done yet.
+    refreshing: watch::Sender<u32>,
     calls: Mutex<HashMap<u64, InFlight>>,
     next_call: AtomicU64,
     generation: AtomicU64,
@@ -315,6 +317,7 @@ impl McpServer {
             conn: Mutex::new(None),
             tools: Mutex::new(Vec::new()),
             tools_tx,
+            refreshing: watch::channel(0u32).0,
             calls: Mutex::new(HashMap::new()),
             next_call: AtomicU64::new(1),
             generation: AtomicU64::new(0),
@@ -335,8 +338,8 @@ impl McpServer {
         &self.inner.cfg
     }
 
-    /// A receiver that changes each time the tool list is replaced (initial listing, a
-    /// `list_changed` refresh, a restart).
+    /// A receiver that changes each time the tool list is replaced (a `list_changed` refresh)
+    /// and each time the connection is (re)established.
     pub fn tools_changed(&self) -> watch::Receiver<u64> {
         self.inner.tools_tx.subscribe()
     }
@@ -431,6 +434,10 @@ async fn start(inner: &Arc<Inner>) -> Result<(), McpError> {
                     let _ = done_tx.send(());
                 });
             }
+            let transport = Observed {
+                inner: transport,
+                refreshing: inner.refreshing.clone(),
+            };
             let served = tokio::time::timeout(cfg.startup_timeout, client.serve(transport)).await;
             (served, Some(done_rx))
         }
@@ -460,7 +467,10 @@ async fn start(inner: &Arc<Inner>) -> Result<(), McpError> {
             if let Some(a) = auth {
                 config = config.auth_header(a);
             }
-            let transport = rmcp::transport::StreamableHttpClientTransport::from_config(config);
+            let transport = Observed {
+                inner: rmcp::transport::StreamableHttpClientTransport::from_config(config),
+                refreshing: inner.refreshing.clone(),
+            };
             let served = tokio::time::timeout(cfg.startup_timeout, client.serve(transport)).await;
             (served, None)
         }
@@ -506,6 +516,8 @@ async fn start(inner: &Arc<Inner>) -> Result<(), McpError> {
         h.down = None;
         h.failures = 0;
     }
+    // Up: whoever waits on `tools_changed` sees it running.
+    inner.tools_tx.send_modify(|n| *n += 1);
     // The supervisor: when the connection ends (the child exited, the stream broke, a hang was
     // detected), the server is marked down and restarted with backoff.
     let weak = Arc::downgrade(inner);
@@ -515,6 +527,48 @@ async fn start(inner: &Arc<Inner>) -> Result<(), McpError> {
         on_down(&inner, generation, format!("the connection ended ({reason:?})"));
     });
     Ok(())
+}
+
+/// A transport that counts `notifications/tools/list_changed` as they are read, in order with
+/// the responses: a call whose response follows such a notification then waits for the refresh
+/// (`settle`), whereas rmcp runs notification handlers as tasks that may start after it.
+struct Observed<T> {
+    inner: T,
+    refreshing: watch::Sender<u32>,
+}
+
+impl<T: rmcp::transport::Transport<RoleClient> + 'static> rmcp::transport::Transport<RoleClient>
+    for Observed<T>
+{
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+    ) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    fn receive(
+        &mut self,
+    ) -> impl std::future::Future<Output = Option<rmcp::service::RxJsonRpcMessage<RoleClient>>> + Send {
+        async move {
+            let m = self.inner.receive().await;
+            if let Some(rmcp::model::JsonRpcMessage::Notification(n)) = &m
+                && matches!(
+                    n.notification,
+                    rmcp::model::ServerNotification::ToolListChangedNotification(_)
+                )
+            {
+                self.refreshing.send_modify(|n| *n += 1);
+            }
+            m
+        }
+    }
+
+    fn close(&mut self) -> impl std::future::Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
 }
 
 /// Marks the connection of `generation` down and schedules a restart.
@@ -680,6 +734,9 @@ impl McpServer {
         guard.cancel = Some((conn.peer.clone(), handle.id.clone(), "the call was cancelled"));
         let timeout = inner.cfg.call_timeout;
         let outcome = tokio::time::timeout(timeout, handle.await_response()).await;
+        if outcome.is_ok() {
+            settle(inner).await;
+        }
         match outcome {
             Err(_) => {
                 guard.cancel = guard
@@ -764,6 +821,16 @@ impl McpServer {
         }
     }
 }
+
+/// Waits (bounded) for tool-list refreshes the server asked for during a call: a tool the call
+/// added is then declared on the next turn.
+async fn settle(inner: &Inner) {
+    let mut rx = inner.refreshing.subscribe();
+    let _ = tokio::time::timeout(SETTLE_GRACE, rx.wait_for(|n| *n == 0)).await;
+}
+
+/// How long a call's result waits for a tool-list refresh the server asked for during it.
+const SETTLE_GRACE: Duration = Duration::from_secs(10);
 
 fn token_key(v: &rmcp::model::NumberOrString) -> String {
     serde_json::to_string(v).unwrap_or_default()
@@ -993,19 +1060,24 @@ impl ClientHandler for Client {
         }
     }
 
-    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+    async fn on_tool_list_changed(&self, context: NotificationContext<RoleClient>) {
         let Some(inner) = self.inner.upgrade() else { return };
-        let Some(conn) = lock(&inner.conn).clone() else {
-            return;
-        };
-        if conn.generation != self.generation {
+        // Counted when read (`Observed`); uncounted once the list is replaced. A call that ends
+        // meanwhile waits for it (`settle`), so the next turn declares the new list.
+        let done = |inner: &Inner| inner.refreshing.send_modify(|n| *n = n.saturating_sub(1));
+        if inner.generation.load(Ordering::SeqCst) != self.generation {
+            // An old connection's news.
+            done(&inner);
             return;
         }
+        // The connection's own peer: during start-up it is not yet `inner.conn`.
+        let peer = context.peer;
         // Not awaited here: the listing's answer arrives on the loop that runs this handler.
         tokio::spawn(async move {
-            if let Err(e) = refresh(&inner, &conn.peer).await {
+            if let Err(e) = refresh(&inner, &peer).await {
                 tracing::warn!(server = %inner.cfg.name, "refreshing the tool list failed: {e}");
             }
+            done(&inner);
         });
     }
 }

@@ -920,6 +920,8 @@ impl Session {
 
     async fn turn_with_reconnect(&mut self, input: Input, acc: &mut Acc) -> Result<TurnResult> {
         self.unsaved = true;
+        // A tool source's list may change between turns (an MCP server's `list_changed`).
+        self.cx.tools = declared_tools(self.cx.handler.as_ref(), self.config.terminal_tool.as_ref());
         let mut input = Some(input);
         let mut attempts = 0u32;
         loop {
