@@ -317,7 +317,8 @@ async fn with_mcp(
         .await
         .map_err(|e| e.to_string())?;
     let handler =
-        tether::source::WithTools::new(workspace, sources).map_err(|e| format!("MCP servers: {e}"))?;
+        tether::source::WithTools::new(crate::elicit::TerminalPrompts(Arc::new(workspace)), sources)
+            .map_err(|e| format!("MCP servers: {e}"))?;
     Ok((Arc::new(handler), servers))
 }
 

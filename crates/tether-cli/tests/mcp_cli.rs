@@ -222,3 +222,33 @@ async fn an_approval_refused_at_the_prompt_is_not_called() {
     );
     assert!(!content.contains("is 3"), "the tool must not have run: {content}");
 }
+
+/// A server's elicitation is asked at the terminal, field by field; the answer reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_elicitation_is_answered_at_the_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let fake = FakeOpenAi::start().await;
+    fake.push_all([
+        Reply::tool_calls(&[("el1", "trigger-elicitation-request", "{}")]),
+        Reply::text("thanks"),
+    ]);
+    let url = fake.url();
+    let js = everything_js();
+    let mcp = format!("everything=node '{}' stdio", js.display());
+    let mut child = tether(dir.path(), &["run", "--base-url", &url, "--mcp", &mcp, "go"]);
+    // y to answer, the required name, then Enter for every other field (defaults, or left out).
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"y\nAda Lovelace\n").unwrap();
+    stdin.write_all(&b"\n".repeat(20)).unwrap();
+    drop(stdin);
+    let (code, out, err) = tokio::task::spawn_blocking(move || finish(child)).await.unwrap();
+    assert_eq!(code, Some(0), "stdout: {out}\nstderr: {err}");
+    assert!(err.contains("the tool asks: Please provide inputs"), "{err}");
+    let tools = tool_messages(&fake);
+    assert_eq!(tools.len(), 1);
+    let content = tools[0]["content"].as_str().unwrap();
+    assert!(
+        content.contains("Name: Ada Lovelace") && content.contains("\"action\": \"accept\""),
+        "{content}"
+    );
+}

@@ -622,11 +622,22 @@ fn on_down(inner: &Arc<Inner>, generation: u64, why: String) {
 /// Lists every page of tools and replaces the cache.
 async fn refresh(inner: &Inner, peer: &Peer<RoleClient>) -> Result<(), String> {
     let tools = peer.list_all_tools().await.map_err(|e| e.to_string())?;
+    let mut seen = std::collections::HashSet::new();
     let specs: Vec<ToolSpec> = tools
         .iter()
         .filter_map(|t| {
             let v = serde_json::to_value(t).ok()?;
             let name = v.get("name")?.as_str()?.to_owned();
+            // The names models accept (OpenAI's and Anthropic's rule); others would make every
+            // request of the session fail. Left out, said in the log; a repeated name too.
+            if !valid_tool_name(&name) {
+                tracing::warn!(server = %inner.cfg.name, "tool {name:?} left out: a tool name must be 1 to 64 letters, digits, `_` or `-`");
+                return None;
+            }
+            if !seen.insert(name.clone()) {
+                tracing::warn!(server = %inner.cfg.name, "tool {name:?} is listed twice; the first is kept");
+                return None;
+            }
             let description = v
                 .get("description")
                 .and_then(Value::as_str)
@@ -643,6 +654,15 @@ async fn refresh(inner: &Inner, peer: &Peer<RoleClient>) -> Result<(), String> {
     *lock(&inner.tools) = specs;
     inner.tools_tx.send_modify(|n| *n += 1);
     Ok(())
+}
+
+/// Whether models accept `name` as a tool name.
+fn valid_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// Unregisters a call when dropped, and sends `notifications/cancelled` if it was still armed
@@ -1146,6 +1166,15 @@ mod tests {
         assert_eq!(backoff(0), BACKOFF_FIRST);
         assert!(backoff(3) > backoff(2));
         assert_eq!(backoff(50), BACKOFF_MAX);
+    }
+
+    #[test]
+    fn tool_names_models_refuse_are_left_out() {
+        assert!(valid_tool_name("get-sum_2"));
+        assert!(!valid_tool_name(""));
+        assert!(!valid_tool_name("a.b"));
+        assert!(!valid_tool_name("a b"));
+        assert!(!valid_tool_name(&"x".repeat(65)));
     }
 
     #[test]
