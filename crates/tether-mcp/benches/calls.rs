@@ -1,13 +1,16 @@
 //! Tool calls per second through a tether session to a local stdio MCP server (a no-op tool),
 //! against the same server called directly with rmcp, interleaved in one run.
 //!
-//! `cargo bench -p tether-mcp --bench calls` (`-- <calls per round> <rounds>`, default 2000 5).
+//! `cargo bench -p tether-mcp --bench calls` (`-- <calls per round> <rounds>`, default 2000 5;
+//! `--current-thread` runs both sides on a current-thread runtime).
 //! The server is this binary started with `--server` (rmcp's server side, one `noop` tool).
 //!
 //! - direct: an rmcp client calls `noop` N times, one after another.
-//! - session: a local-loop session whose (in-process, scripted) model asks for one `noop` call
-//!   per turn, N turns: each call goes through the engine (memo lookup, the record, events), the
-//!   `WithTools` routing and `McpServer` (in-flight registry, timeout, result as text).
+//! - session: local-loop sessions of 20 turns whose (in-process, scripted) model asks for one
+//!   `noop` call per turn, until N calls: each call goes through the engine (memo lookup, the
+//!   record, events), the `WithTools` routing and `McpServer` (in-flight registry, timeout,
+//!   result as text). The server stays connected across sessions, as in `tether serve`.
+//! - the same sessions with an in-process no-op tool: the engine's own cost per call.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -85,7 +88,37 @@ async fn direct(n: usize) -> f64 {
     rate
 }
 
-async fn session(n: usize) -> f64 {
+/// Calls per session: one call a turn, so the transcript each turn carries stays short (a
+/// session's history grows with its turns; 1,000 turns in one session measure the history).
+const PER_SESSION: usize = 20;
+
+async fn sessions(n: usize, handler: Arc<dyn tether::Handler>) -> f64 {
+    let t = Instant::now();
+    let mut done = 0;
+    while done < n {
+        let k = PER_SESSION.min(n - done);
+        let mut script: Vec<tether::Result<tether::ChatResponse>> = (0..k)
+            .map(|i| {
+                let id = format!("c{i}");
+                let a = format!("{{\"i\":{}}}", done + i);
+                Ok(ScriptedModel::tool_calls(&[(id.as_str(), "noop", a.as_str())]))
+            })
+            .collect();
+        script.push(Ok(ScriptedModel::text("done")));
+        let r = Session::builder(LocalLoop::new(ScriptedModel::new(script)))
+            .handler_arc(handler.clone())
+            .max_turns(k as u32 + 2)
+            .run("go")
+            .await
+            .expect("the session runs");
+        assert_eq!(r.text, "done");
+        assert_eq!(r.tool_uses.len(), k);
+        done += k;
+    }
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+async fn mcp_handler() -> (Arc<dyn tether::Handler>, McpServer) {
     let (command, args) = server_cmd();
     let server = McpServer::connect(ServerConfig::new(
         "bench",
@@ -99,28 +132,35 @@ async fn session(n: usize) -> f64 {
     .await
     .expect("connect");
     let sources = ToolSources::new()
-        .add(server, SourceOptions::new("bench"))
+        .add(server.clone(), SourceOptions::new("bench"))
         .unwrap();
-    let mut script: Vec<tether::Result<tether::ChatResponse>> = (0..n)
-        .map(|i| {
-            let id = format!("c{i}");
-            let a = format!("{{\"i\":{i}}}");
-            Ok(ScriptedModel::tool_calls(&[(id.as_str(), "noop", a.as_str())]))
-        })
-        .collect();
-    script.push(Ok(ScriptedModel::text("done")));
-    let model = ScriptedModel::new(script);
+    (Arc::new(WithTools::new(tether::NoTools, sources).unwrap()), server)
+}
+
+/// The source alone (no session): `McpServer::call` in a loop, as the engine would call it.
+async fn source_alone(n: usize, server: &McpServer) -> f64 {
+    use tether::source::{CallContext, ToolSource};
     let t = Instant::now();
-    let r = Session::builder(LocalLoop::new(model))
-        .handler(WithTools::new(tether::NoTools, sources).unwrap())
-        .max_turns(n as u32 + 2)
-        .run("go")
-        .await
-        .expect("the session runs");
-    let rate = n as f64 / t.elapsed().as_secs_f64();
-    assert_eq!(r.text, "done");
-    assert_eq!(r.tool_uses.len(), n);
-    rate
+    for i in 0..n {
+        let cx = CallContext {
+            info: tether::SessionInfo::new("s", "bench"),
+            handler: Arc::new(tether::NoTools),
+            events: None,
+        };
+        let out = server
+            .call(&tether::ToolUse::new(format!("c{i}"), "noop", json!({"i": i})), cx)
+            .await;
+        assert_eq!(out, tether::ToolOutput::Ok("ok".into()));
+    }
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+/// The same sessions with an in-process no-op tool: what the engine itself costs per call.
+fn local_handler() -> Arc<dyn tether::Handler> {
+    Arc::new(tether::ToolSet::new().tool(
+        tether::ToolSpec::new("noop", "Does nothing", json!({"type": "object"})),
+        |_| async { Ok::<_, String>("ok".to_owned()) },
+    ))
 }
 
 fn main() {
@@ -139,17 +179,25 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
     let n: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(2000);
     let rounds: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    // `--current-thread`: every task on one thread (no cross-thread wake-ups on either side).
+    let rt = if std::env::args().any(|a| a == "--current-thread") {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
+    };
+    let (mcp, server) = rt.block_on(mcp_handler());
+    let local = local_handler();
     let mut ratios = Vec::new();
     for round in 0..rounds {
         let d = rt.block_on(direct(n));
-        let s = rt.block_on(session(n));
+        let s = rt.block_on(sessions(n, mcp.clone()));
+        let b = rt.block_on(sessions(n, local.clone()));
+        let a = rt.block_on(source_alone(n, &server));
         let ratio = s / d;
         ratios.push(ratio);
-        println!("round {round}: direct {d:.0} calls/s, session {s:.0} calls/s, ratio {ratio:.2}");
+        println!(
+            "round {round}: direct {d:.0} calls/s, session {s:.0} calls/s (ratio {ratio:.2}); the same sessions with an in-process no-op tool {b:.0} calls/s; McpServer::call alone {a:.0} calls/s"
+        );
     }
     ratios.sort_by(|a, b| a.total_cmp(b));
     println!(
