@@ -2,7 +2,8 @@
 //! against the same server called directly with rmcp, interleaved in one run.
 //!
 //! `cargo bench -p tether-mcp --bench calls` (`-- <calls per round> <rounds>`, default 2000 5;
-//! `--current-thread` runs both sides on a current-thread runtime).
+//! `--current-thread` runs both sides on a current-thread runtime; `--batch=8` makes 8 calls at
+//! a time on both sides: 8 calls a turn, 8 concurrent direct calls).
 //! The server is this binary started with `--server` (rmcp's server side, one `noop` tool).
 //!
 //! - direct: an rmcp client calls `noop` N times, one after another.
@@ -66,22 +67,27 @@ fn server_cmd() -> (String, Vec<String>) {
     (exe.display().to_string(), vec!["--server".into()])
 }
 
-async fn direct(n: usize) -> f64 {
+async fn direct(n: usize, batch: usize) -> f64 {
     let (cmd, args) = server_cmd();
     let mut c = tokio::process::Command::new(cmd);
     c.args(args);
     let transport = rmcp::transport::TokioChildProcess::new(c).expect("spawn");
     let client = ().serve(transport).await.expect("handshake");
     let t = Instant::now();
-    for i in 0..n {
-        let mut args = serde_json::Map::new();
-        args.insert("i".into(), json!(i));
-        let r = client
-            .peer()
-            .call_tool(CallToolRequestParams::new("noop").with_arguments(args))
-            .await
-            .expect("call");
-        assert!(!r.content.is_empty());
+    let mut i = 0;
+    while i < n {
+        let k = batch.min(n - i);
+        let calls = (i..i + k).map(|j| {
+            let mut args = serde_json::Map::new();
+            args.insert("i".into(), json!(j));
+            client
+                .peer()
+                .call_tool(CallToolRequestParams::new("noop").with_arguments(args))
+        });
+        for r in futures_util::future::join_all(calls).await {
+            assert!(!r.expect("call").content.is_empty());
+        }
+        i += k;
     }
     let rate = n as f64 / t.elapsed().as_secs_f64();
     let _ = client.cancel().await;
@@ -92,22 +98,31 @@ async fn direct(n: usize) -> f64 {
 /// session's history grows with its turns; 1,000 turns in one session measure the history).
 const PER_SESSION: usize = 20;
 
-async fn sessions(n: usize, handler: Arc<dyn tether::Handler>) -> f64 {
+async fn sessions(n: usize, batch: usize, handler: Arc<dyn tether::Handler>) -> f64 {
     let t = Instant::now();
     let mut done = 0;
     while done < n {
-        let k = PER_SESSION.min(n - done);
-        let mut script: Vec<tether::Result<tether::ChatResponse>> = (0..k)
-            .map(|i| {
-                let id = format!("c{i}");
-                let a = format!("{{\"i\":{}}}", done + i);
-                Ok(ScriptedModel::tool_calls(&[(id.as_str(), "noop", a.as_str())]))
+        let k = (PER_SESSION * batch).min(n - done);
+        let turns: Vec<Vec<(String, String)>> = (0..k)
+            .map(|i| (format!("c{i}"), format!("{{\"i\":{}}}", done + i)))
+            .collect::<Vec<_>>()
+            .chunks(batch)
+            .map(<[_]>::to_vec)
+            .collect();
+        let mut script: Vec<tether::Result<tether::ChatResponse>> = turns
+            .iter()
+            .map(|calls| {
+                let calls: Vec<(&str, &str, &str)> = calls
+                    .iter()
+                    .map(|(id, a)| (id.as_str(), "noop", a.as_str()))
+                    .collect();
+                Ok(ScriptedModel::tool_calls(&calls))
             })
             .collect();
         script.push(Ok(ScriptedModel::text("done")));
         let r = Session::builder(LocalLoop::new(ScriptedModel::new(script)))
             .handler_arc(handler.clone())
-            .max_turns(k as u32 + 2)
+            .max_turns(turns.len() as u32 + 2)
             .run("go")
             .await
             .expect("the session runs");
@@ -134,7 +149,10 @@ async fn mcp_handler() -> (Arc<dyn tether::Handler>, McpServer) {
     let sources = ToolSources::new()
         .add(server.clone(), SourceOptions::new("bench"))
         .unwrap();
-    (Arc::new(WithTools::new(tether::NoTools, sources).unwrap()), server)
+    (
+        Arc::new(WithTools::new(tether::NoTools, sources).unwrap()),
+        server,
+    )
 }
 
 /// The source alone (no session): `McpServer::call` in a loop, as the engine would call it.
@@ -148,7 +166,10 @@ async fn source_alone(n: usize, server: &McpServer) -> f64 {
             events: None,
         };
         let out = server
-            .call(&tether::ToolUse::new(format!("c{i}"), "noop", json!({"i": i})), cx)
+            .call(
+                &tether::ToolUse::new(format!("c{i}"), "noop", json!({"i": i})),
+                cx,
+            )
             .await;
         assert_eq!(out, tether::ToolOutput::Ok("ok".into()));
     }
@@ -177,21 +198,32 @@ fn main() {
         return;
     }
     let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    // `--batch=B`: B calls at a time on both sides (B calls a turn; B concurrent direct calls).
+    let batch: usize = std::env::args()
+        .find_map(|a| a.strip_prefix("--batch=").and_then(|b| b.parse().ok()))
+        .unwrap_or(1usize)
+        .max(1);
     let n: usize = args.first().and_then(|a| a.parse().ok()).unwrap_or(2000);
     let rounds: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5);
     // `--current-thread`: every task on one thread (no cross-thread wake-ups on either side).
     let rt = if std::env::args().any(|a| a == "--current-thread") {
-        tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
     } else {
-        tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap()
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap()
     };
     let (mcp, server) = rt.block_on(mcp_handler());
     let local = local_handler();
     let mut ratios = Vec::new();
     for round in 0..rounds {
-        let d = rt.block_on(direct(n));
-        let s = rt.block_on(sessions(n, mcp.clone()));
-        let b = rt.block_on(sessions(n, local.clone()));
+        let d = rt.block_on(direct(n, batch));
+        let s = rt.block_on(sessions(n, batch, mcp.clone()));
+        let b = rt.block_on(sessions(n, batch, local.clone()));
         let a = rt.block_on(source_alone(n, &server));
         let ratio = s / d;
         ratios.push(ratio);
