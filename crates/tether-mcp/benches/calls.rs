@@ -72,7 +72,10 @@ async fn direct(n: usize, batch: usize) -> f64 {
     let mut c = tokio::process::Command::new(cmd);
     c.args(args);
     let transport = rmcp::transport::TokioChildProcess::new(c).expect("spawn");
-    let client = ().serve(transport).await.expect("handshake");
+    // The protocol version tether speaks, so both sides run the same protocol.
+    let mut info = rmcp::model::ClientConfig::default();
+    info.protocol_version = rmcp::model::ProtocolVersion::V_2025_11_25;
+    let client = info.serve(transport).await.expect("handshake");
     let t = Instant::now();
     let mut i = 0;
     while i < n {
@@ -218,6 +221,24 @@ fn main() {
             .unwrap()
     };
     let (mcp, server) = rt.block_on(mcp_handler());
+    // `--only=direct` / `--only=source`: one side alone (for a profiler).
+    match std::env::args()
+        .find_map(|a| a.strip_prefix("--only=").map(str::to_owned))
+        .as_deref()
+    {
+        Some("direct") => {
+            println!("direct {:.0} calls/s", rt.block_on(direct(n, batch)));
+            return;
+        }
+        Some("source") => {
+            println!(
+                "McpServer::call alone {:.0} calls/s",
+                rt.block_on(source_alone(n, &server))
+            );
+            return;
+        }
+        _ => {}
+    }
     let local = local_handler();
     let mut ratios = Vec::new();
     for round in 0..rounds {
