@@ -5,6 +5,8 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod acp_cmd;
+mod elicit;
+mod print;
 mod providers;
 mod run;
 mod term;

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::json;
 use tether::local::LocalLoop;
 use tether::sandbox::Sandbox;
 use tether::workspace::{Approval, ApprovalRequest, Approver, Policy, Workspace};
-use tether::{Error, Event, EventKind, Provider, Session, SessionResult};
+use tether::{Error, Provider, Session, SessionResult};
 
-use crate::term::{Inert, inert, inert_json};
+use crate::print::{Printer, result_line, short};
+use crate::term::{Inert, inert};
 
 /// Options of `tether run`.
 #[derive(clap::Args, Debug)]
@@ -64,7 +64,16 @@ pub struct RunArgs {
     /// A directory confined commands may also write beneath (repeatable), e.g. a build cache.
     #[arg(long, value_name = "DIR")]
     pub writable: Vec<PathBuf>,
-    /// Where the loop lives (openai, anthropic, managed, agentcore) and what each needs.
+    /// An MCP server over stdio whose tools the agent gets, as NAME=COMMAND (repeatable), e.g.
+    /// `--mcp fs='npx -y @modelcontextprotocol/server-filesystem .'`.
+    #[arg(long = "mcp", value_name = "NAME=COMMAND")]
+    pub mcp: Vec<String>,
+    /// A JSON file of MCP servers in the `mcpServers` format of Claude Desktop, Claude Code and
+    /// Cursor (stdio `command`/`args`/`env` or HTTP `url`/`headers`, plus tether's `prefix`,
+    /// `allow`, `deny`, `approval`, `timeout_secs`, `sampling`).
+    #[arg(long = "mcp-config", value_name = "FILE")]
+    pub mcp_config: Option<PathBuf>,
+    /// Where the loop lives (openai, anthropic, managed, agentcore, acp) and what each needs.
     #[command(flatten)]
     pub provider: crate::providers::ProviderArgs,
 }
@@ -201,92 +210,13 @@ fn explain(e: &Error, base_url: &str, model: &str) -> String {
     }
 }
 
-/// One line of at most `n` characters of `s` (then `…`), escaped.
-fn short(s: &str, n: usize) -> String {
-    let cut = match s.char_indices().nth(n) {
-        Some((i, _)) => &s[..i],
-        None => s,
-    };
-    let mut line = inert(cut, Inert::Line).into_owned();
-    if cut.len() < s.len() {
-        line.push('…');
-    }
-    line
-}
-
-/// Shown when a retried model call said something else than what was printed of it.
-const RESTARTED: &str = "[retried: the answer starts over]";
-
-fn print_event(e: &Event, json_mode: bool, at_line_start: &mut bool) {
-    if json_mode {
-        if let Ok(s) = serde_json::to_string(&json!({"event": e})) {
-            println!("{}", inert_json(&s));
-        }
-        return;
-    }
-    let mut out = std::io::stdout();
-    match &e.kind {
-        EventKind::TextDelta { delta, .. } => {
-            let _ = write!(out, "{}", inert(delta, Inert::Prose));
-            let _ = out.flush();
-            *at_line_start = delta.ends_with('\n');
-        }
-        EventKind::MessageRestart { .. } => {
-            if !*at_line_start {
-                let _ = writeln!(out);
-            }
-            let _ = writeln!(out, "{RESTARTED}");
-            let _ = out.flush();
-            *at_line_start = true;
-        }
-        EventKind::ToolCall { tool_use, .. } => {
-            if !*at_line_start {
-                let _ = writeln!(out);
-            }
-            let _ = writeln!(
-                out,
-                "⚙ {} {}",
-                short(&tool_use.name, 80),
-                short(&tool_use.input.to_string(), 120)
-            );
-            *at_line_start = true;
-        }
-        EventKind::ToolResult { result } => {
-            let mark = if result.is_error { "✗" } else { "✓" };
-            let _ = writeln!(out, "{mark} {}", short(&result.content, 160));
-            *at_line_start = true;
-        }
-        EventKind::Retry {
-            attempt,
-            delay_ms,
-            error,
-        } => {
-            eprintln!("\n(retry {attempt} in {delay_ms} ms: {})", short(error, 300));
-        }
-        EventKind::Message { tool_uses, .. } => {
-            for u in tool_uses {
-                if !*at_line_start {
-                    let _ = writeln!(out);
-                }
-                let _ = writeln!(
-                    out,
-                    "⚙ {} {}",
-                    short(&u.name, 80),
-                    short(&u.input.to_string(), 120)
-                );
-                *at_line_start = true;
-            }
-        }
-        _ => {}
-    }
-}
-
 /// Runs `tether run`.
 pub async fn run(args: RunArgs) -> ExitCode {
     let loop_options = crate::providers::LoopOptions {
         model: args.model.clone(),
         system: args.system.clone(),
         no_stream: args.no_stream,
+        cwd: args.cwd.clone(),
     };
     let remote = match crate::providers::build_remote(&args.provider, &loop_options) {
         Ok(r) => r,
@@ -336,12 +266,23 @@ pub async fn run(args: RunArgs) -> ExitCode {
         (args.prompt.clone(), Answers::Stdin)
     };
     let workspace = if args.yes {
-        workspace.policy(Policy::allow_all())
+        // MCP tools marked for approval are asked too: --yes answers them.
+        workspace
+            .policy(Policy::allow_all())
+            .approver(tether::workspace::ApproveAll)
     } else {
         workspace.approver(TerminalApprover { answers })
     };
+    let sampling = match &remote {
+        Some(_) => None,
+        None => sampling_model(&args, &base_url, &model_name),
+    };
+    let (handler, _servers) = match with_mcp(workspace, &args, &root, sampling).await {
+        Ok(h) => h,
+        Err(m) => return fail(m),
+    };
     if let Some(p) = remote {
-        return run_with(p, workspace, &args, &prompt, &base_url, &model_name).await;
+        return run_with(p, handler, &args, &prompt, &base_url, &model_name).await;
     }
     let mut builder = tether_openai::OpenAiModel::builder(&base_url)
         .model(model_name.clone())
@@ -358,12 +299,53 @@ pub async fn run(args: RunArgs) -> ExitCode {
         provider = provider.system_prompt(s.clone());
     }
     let provider: Box<dyn Provider> = Box::new(provider);
-    run_with(provider, workspace, &args, &prompt, &base_url, &model_name).await
+    run_with(provider, handler, &args, &prompt, &base_url, &model_name).await
+}
+
+/// The model that answers MCP servers' sampling requests (those allowed to sample): the run's
+/// own endpoint and model.
+fn sampling_model(args: &RunArgs, base_url: &str, model_name: &str) -> Option<tether_mcp::Sampling> {
+    let mut b = tether_openai::OpenAiModel::builder(base_url).model(model_name.to_owned());
+    if let Some(k) = args.api_key.clone().filter(|k| !k.is_empty()) {
+        b = b.api_key(k);
+    }
+    let model = b.build().ok()?;
+    Some(tether_mcp::Sampling {
+        model: Arc::new(model),
+        model_name: model_name.to_owned(),
+    })
+}
+
+/// The workspace with the MCP servers of `--mcp` and `--mcp-config` added (started now; one that
+/// does not start, or a tool name two of them share without a prefix, is an error).
+async fn with_mcp(
+    workspace: Workspace,
+    args: &RunArgs,
+    root: &std::path::Path,
+    sampling: Option<tether_mcp::Sampling>,
+) -> Result<(Arc<dyn tether::Handler>, Vec<tether_mcp::McpServer>), String> {
+    let mut entries = Vec::new();
+    if let Some(f) = &args.mcp_config {
+        entries.extend(tether_mcp::config::read_file(f).map_err(|e| e.to_string())?);
+    }
+    for m in &args.mcp {
+        entries.push(tether_mcp::config::parse_flag(m).map_err(|e| e.to_string())?);
+    }
+    if entries.is_empty() {
+        return Ok((Arc::new(workspace), Vec::new()));
+    }
+    let (sources, servers) = tether_mcp::config::connect_all(&entries, &[root.to_path_buf()], sampling)
+        .await
+        .map_err(|e| e.to_string())?;
+    let handler =
+        tether::source::WithTools::new(crate::elicit::TerminalPrompts(Arc::new(workspace)), sources)
+            .map_err(|e| format!("MCP servers: {e}"))?;
+    Ok((Arc::new(handler), servers))
 }
 
 async fn run_with(
     provider: Box<dyn Provider>,
-    workspace: Workspace,
+    handler: Arc<dyn tether::Handler>,
     args: &RunArgs,
     prompt: &str,
     base_url: &str,
@@ -371,7 +353,7 @@ async fn run_with(
 ) -> ExitCode {
     let timeout = Duration::from_secs(args.timeout.max(1));
     let session = Session::builder_boxed(provider)
-        .handler_arc(Arc::new(workspace))
+        .handler_arc(handler)
         .max_turns(args.max_turns)
         .timeout(timeout)
         .open();
@@ -383,59 +365,11 @@ async fn run_with(
     let mut events = session.sink().subscribe(1024).await;
     let json_mode = args.json;
     let printer = tokio::spawn(async move {
-        let mut at_line_start = true;
-        // Streamed tool calls are shown once, when their arguments are complete.
-        let mut streaming: std::collections::HashMap<String, (String, String)> = Default::default();
-        let mut shown = std::collections::HashSet::new();
+        let mut printer = Printer::new(json_mode);
         while let Some(e) = events.recv().await {
-            if json_mode {
-                print_event(&e, true, &mut at_line_start);
-                continue;
-            }
-            match &e.kind {
-                // Calls the restarted message was streaming are void; it streams them again.
-                EventKind::MessageRestart { .. } => {
-                    streaming.clear();
-                    print_event(&e, false, &mut at_line_start);
-                }
-                EventKind::ToolCallStart {
-                    tool_use_id, name, ..
-                } => {
-                    streaming.insert(tool_use_id.clone(), (name.clone(), String::new()));
-                }
-                EventKind::ToolCallArgs { tool_use_id, delta } => {
-                    if let Some((_, a)) = streaming.get_mut(tool_use_id) {
-                        a.push_str(delta);
-                    }
-                }
-                EventKind::ToolCallEnd { tool_use_id } => {
-                    if let Some((name, args)) = streaming.remove(tool_use_id) {
-                        shown.insert(tool_use_id.clone());
-                        let input = tether::ToolUse::from_arguments(tool_use_id, &name, &args);
-                        let mut call = e.clone();
-                        call.kind = EventKind::ToolCall {
-                            tool_use: input,
-                            message_id: None,
-                        };
-                        print_event(&call, false, &mut at_line_start);
-                    }
-                }
-                EventKind::Message { tool_uses, .. } => {
-                    let fresh: Vec<_> = tool_uses
-                        .iter()
-                        .filter(|u| !shown.contains(&u.id))
-                        .cloned()
-                        .collect();
-                    let mut e2 = e.clone();
-                    if let EventKind::Message { tool_uses, .. } = &mut e2.kind {
-                        *tool_uses = fresh;
-                    }
-                    print_event(&e2, false, &mut at_line_start);
-                }
-                _ => print_event(&e, false, &mut at_line_start),
-            }
+            printer.event(&e);
         }
-        at_line_start
+        printer.at_line_start()
     });
     // Cancelling (rather than dropping) at the deadline lets the provider interrupt the remote
     // loop (Managed Agents `user.interrupt`, AgentCore `StopRuntimeSession`).
@@ -467,12 +401,7 @@ async fn run_with(
 
 fn report(r: &SessionResult, json_mode: bool, at_line_start: bool) -> ExitCode {
     if json_mode {
-        let mut v = serde_json::to_value(r).unwrap_or_default();
-        if let Some(o) = v.as_object_mut() {
-            o.remove("events");
-            o.remove("transcript");
-        }
-        println!("{}", inert_json(&json!({"result": v}).to_string()));
+        println!("{}", result_line(r));
     } else {
         if !at_line_start {
             println!();
@@ -532,11 +461,5 @@ mod tests {
                 .unwrap()
                 .ends_with("(no answer: refused)\n")
         );
-    }
-
-    #[test]
-    fn previews_are_one_escaped_line() {
-        assert_eq!(short("a\nb\x1b[2Jc", 160), "a\\nb\\x1b[2Jc");
-        assert_eq!(short("ééééé", 3), "ééé…");
     }
 }

@@ -121,22 +121,21 @@ pub enum Error {
     /// The event store failed.
     #[error("event store: {0}")]
     Store(String),
+    /// The provider cannot reopen an existing session (an ACP agent that does not advertise
+    /// `loadSession`, say): nothing was sent to it, and nothing recorded was changed.
+    #[error("{provider} cannot resume a session: {reason}")]
+    CannotResume {
+        /// The provider's name.
+        provider: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
     /// The session is closed and takes no more input.
     #[error("the session is closed")]
     Closed,
     /// An I/O error outside any protocol.
     #[error("I/O: {0}")]
     Io(String),
-    /// The provider cannot reopen this session from its record: it keeps no resumable state
-    /// (an ACP agent that does not advertise `loadSession`), or the record is not one it wrote.
-    /// Nothing was lost: the record is as it was; a new thread starts a new session.
-    #[error("{provider} cannot resume this session: {reason}")]
-    CannotResume {
-        /// The provider's name.
-        provider: String,
-        /// Why, for people.
-        reason: String,
-    },
     /// The thread belongs to another agent: a thread is one agent's conversation.
     #[error("thread {thread} belongs to agent `{agent}`; start a new thread for this agent")]
     ThreadTaken {
@@ -231,9 +230,9 @@ impl Error {
             Error::Guard(_) => "guard",
             Error::Provider { .. } => "provider",
             Error::Store(_) => "store",
+            Error::CannotResume { .. } => "cannot_resume",
             Error::Closed => "closed",
             Error::Io(_) => "io",
-            Error::CannotResume { .. } => "cannot_resume",
             Error::ThreadTaken { .. } => "thread_taken",
             Error::InvalidThreadId { .. } => "invalid_thread_id",
         }
