@@ -57,10 +57,32 @@ if [ -z "$port" ]; then
 fi
 
 cd "$here" || fail "no harness directory"
-node run-scenarios.mjs "http://127.0.0.1:$port"
+out="$(node run-scenarios.mjs "http://127.0.0.1:$port")"
 rc=$?
+echo "$out" | sed '$d'
 if [ $rc -ne 0 ]; then
   echo "--- server log ---" >&2
   tail -n 50 "$log" >&2
 fi
-exit $rc
+counts() { echo "$1" | grep -Eo '^[0-9]+ passed, [0-9]+ failed' | tail -1; }
+c1="$(counts "$out")"
+
+# tether serve hosting an ACP agent (the ACP SDK's example agent) and an Anthropic agent (the
+# testkit fake), judged by the same client: serve-providers.mjs.
+(cd "$root" && cargo build -q -p tether-serve --bin tether-serve --example fake_anthropic) || fail "cargo build (tether-serve) failed"
+[ -f "$root/conformance/acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js" ] ||
+  bash "$root/conformance/acp/setup.sh" || fail "conformance/acp/setup.sh failed"
+export TETHER_SERVE_BIN="$target_dir/debug/tether-serve" FAKE_ANTHROPIC_BIN="$target_dir/debug/examples/fake_anthropic"
+out2="$(timeout 600 node serve-providers.mjs)"
+rc2=$?
+echo "$out2" | sed '$d'
+c2="$(counts "$out2")"
+p=$(( ${c1%% *} + ${c2%% *} ))
+f1="${c1#*, }"; f2="${c2#*, }"
+f=$(( ${f1%% *} + ${f2%% *} ))
+[ -z "$c1" ] && f=$((f + 1))
+[ -z "$c2" ] && f=$((f + 1))
+[ $rc -ne 0 ] && [ "${f1%% *}" = 0 ] && f=$((f + 1))
+[ $rc2 -ne 0 ] && [ "${f2%% *}" = 0 ] && f=$((f + 1))
+echo "$p passed, $f failed"
+[ "$f" -eq 0 ]

@@ -26,7 +26,7 @@ use serde_json::json;
 use tether::sandbox::Sandbox;
 use tether::workspace::{Approval, ApprovalRequest, ApproveAll, Approver, Policy, Workspace};
 use tether::{Error, Session, SessionHandle, SessionResult, Subscription};
-use tether_acp::{AcpAgent, AgentCommand, ClientOptions};
+use tether_acp::AgentCommand;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::print::{Printer, result_line, short};
@@ -287,12 +287,12 @@ pub async fn run(args: AcpArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let Some(command) = AgentCommand::from_argv(&args.agent) else {
+    if AgentCommand::from_argv(&args.agent).is_none() {
         eprintln!(
             "tether acp: give the agent command after `--`, e.g. `tether acp -- gemini --experimental-acp`"
         );
         return ExitCode::from(2);
-    };
+    }
     let program = args.agent.first().cloned().unwrap_or_default();
     let mut interrupts = match Interrupts::install() {
         Ok(i) => i,
@@ -325,17 +325,28 @@ pub async fn run(args: AcpArgs) -> ExitCode {
         })
     };
     // A turn lasts as long as the agent works on it; Ctrl-C is how it is stopped.
-    let options = ClientOptions::default().with_prompt_timeout(None);
-    let mut agent = AcpAgent::new(command.current_dir(&cwd), cwd.clone()).options(options);
-    if let Some(id) = args.session_id.clone().filter(|s| !s.trim().is_empty()) {
-        agent = agent.load_session(id);
-    }
+    let agent = match (tether_serve::providers::ProviderSpec::Acp {
+        command: args.agent.clone(),
+        cwd: cwd.clone(),
+        session_id: args.session_id.clone(),
+        prompt_timeout: None,
+    })
+    .build()
+    {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("tether acp: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let mut screen = Screen {
         printer: Printer::new(args.json),
         json: args.json,
         asked: VecDeque::new(),
     };
-    let opening = Session::builder(agent).handler_arc(Arc::new(workspace)).open();
+    let opening = Session::builder_boxed(agent)
+        .handler_arc(Arc::new(workspace))
+        .open();
     let session = tokio::select! {
         s = opening => s,
         _ = interrupts.recv() => {

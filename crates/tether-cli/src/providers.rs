@@ -17,11 +17,10 @@
 
 use std::path::PathBuf;
 
-use tether::local::LocalLoop;
 use tether::{Error, Provider};
-use tether_acp::{AcpAgent, AgentCommand, ClientOptions};
-use tether_agentcore::{AgentCore, AgentCoreConfig, AwsCredentials, Target};
-use tether_anthropic::{ClientConfig, ManagedAgents, ManagedConfig, MessagesModel};
+use tether_agentcore::{AgentCoreConfig, AwsCredentials, Target};
+use tether_anthropic::ClientConfig;
+use tether_serve::providers::{ManagedStart, ProviderSpec};
 
 /// Which provider runs the loop.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -129,7 +128,7 @@ fn some(v: &Option<String>) -> Option<String> {
 }
 
 /// The default model of `--provider anthropic`.
-pub const DEFAULT_ANTHROPIC_MODEL: &str = "claude-sonnet-4-5";
+pub const DEFAULT_ANTHROPIC_MODEL: &str = tether_serve::providers::DEFAULT_ANTHROPIC_MODEL;
 
 /// The options of `tether run` that apply to every provider's loop.
 #[derive(Debug, Clone, Default)]
@@ -176,14 +175,14 @@ pub fn build_remote(args: &ProviderArgs, opts: &LoopOptions) -> Result<Option<Bo
             let name = some(&opts.model)
                 .or_else(|| some(&args.anthropic_model))
                 .unwrap_or_else(|| DEFAULT_ANTHROPIC_MODEL.into());
-            let model = MessagesModel::new(cfg, name.clone())
-                .map_err(|e| e.to_string())?
-                .stream(!opts.no_stream);
-            let mut provider = LocalLoop::new(model).model_name(name);
-            if let Some(s) = some(&opts.system) {
-                provider = provider.system_prompt(s);
+            ProviderSpec::Anthropic {
+                client: cfg,
+                model: name,
+                system: some(&opts.system),
+                stream: !opts.no_stream,
             }
-            Ok(Some(Box::new(provider)))
+            .build()
+            .map(Some)
         }
         ProviderKind::Managed => {
             ignored("managed");
@@ -193,8 +192,11 @@ pub fn build_remote(args: &ProviderArgs, opts: &LoopOptions) -> Result<Option<Bo
                 some(&args.agent_id),
                 some(&args.environment_id),
             ) {
-                (Some(sid), _, _) => ManagedConfig::reattach(client, sid),
-                (None, Some(agent), Some(env)) => ManagedConfig::new(client, agent, env),
+                (Some(session_id), _, _) => ManagedStart::Reattach { session_id },
+                (None, Some(agent_id), Some(environment_id)) => ManagedStart::New {
+                    agent_id,
+                    environment_id,
+                },
                 _ => {
                     return Err("--provider managed needs --agent-id and --environment-id \
                                 (or TETHER_MANAGED_AGENT_ID and TETHER_MANAGED_ENVIRONMENT_ID) to start a \
@@ -202,8 +204,7 @@ pub fn build_remote(args: &ProviderArgs, opts: &LoopOptions) -> Result<Option<Bo
                         .into());
                 }
             };
-            let p = ManagedAgents::new(cfg).map_err(|e| e.to_string())?;
-            Ok(Some(Box::new(p)))
+            ProviderSpec::Managed { client, start: cfg }.build().map(Some)
         }
         ProviderKind::Agentcore => {
             ignored("agentcore");
@@ -235,16 +236,15 @@ pub fn build_remote(args: &ProviderArgs, opts: &LoopOptions) -> Result<Option<Bo
             let mut cfg = AgentCoreConfig::new(target, region, creds);
             cfg.endpoint = some(&args.agentcore_endpoint);
             cfg.session_id = some(&args.session_id);
-            let p = AgentCore::new(cfg).map_err(|e| e.to_string())?;
-            Ok(Some(Box::new(p)))
+            ProviderSpec::AgentCore(Box::new(cfg)).build().map(Some)
         }
         ProviderKind::Acp => {
             ignored("acp");
-            let Some(command) = AgentCommand::from_argv(&args.agent) else {
+            if tether_acp::AgentCommand::from_argv(&args.agent).is_none() {
                 return Err("--provider acp needs the agent command after `--`, e.g. \
                             `tether run --provider acp \"What is here?\" -- gemini --experimental-acp`"
                     .into());
-            };
+            }
             let cwd = match &opts.cwd {
                 Some(d) => d.clone(),
                 None => {
@@ -252,12 +252,14 @@ pub fn build_remote(args: &ProviderArgs, opts: &LoopOptions) -> Result<Option<Bo
                 }
             };
             // The session's time limit (--timeout) bounds the turn, not the client.
-            let options = ClientOptions::default().with_prompt_timeout(None);
-            let mut agent = AcpAgent::new(command.current_dir(&cwd), cwd).options(options);
-            if let Some(sid) = some(&args.session_id) {
-                agent = agent.load_session(sid);
+            ProviderSpec::Acp {
+                command: args.agent.clone(),
+                cwd,
+                session_id: some(&args.session_id),
+                prompt_timeout: None,
             }
-            Ok(Some(Box::new(agent)))
+            .build()
+            .map(Some)
         }
     }
 }

@@ -105,7 +105,11 @@ impl Agent for ServeAgent {
 
 impl ServeAgent {
     async fn run_inner(&self, ctx: &mut RunContext<Value>) -> AgResult<RunOutcome> {
-        let input = ctx.input().clone();
+        // On the heap: the input's JSON values are 72 bytes each once serde_json's
+        // `preserve_order` is on (agent-client-protocol-schema turns it on for every crate that
+        // links tether-acp, as this one now does), and the run future stays small (see
+        // `a_runs_future_stays_small`).
+        let input = Box::new(ctx.input().clone());
         let thread = input.thread_id.to_string();
         let Some(_guard) = self.shared.thread_lock(&thread) else {
             return Err(agent_err(

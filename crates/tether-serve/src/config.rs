@@ -60,6 +60,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use crate::providers::{ManagedStart, ProviderSpec};
 use serde_json::Value;
 
 /// Why a configuration could not be loaded.
@@ -187,18 +189,49 @@ pub enum AccessConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
-    /// The provider: `openai` (an OpenAI-compatible chat-completions endpoint).
+    /// Where the agent's loop lives: `openai` (the local loop over an OpenAI-compatible
+    /// chat-completions endpoint, the default), `anthropic` (the local loop over the Anthropic
+    /// Messages API), `managed` (Claude Managed Agents), `agentcore` (Amazon Bedrock AgentCore)
+    /// or `acp` (an ACP agent subprocess, `command`).
     #[serde(default = "default_provider")]
     pub provider: String,
-    /// The endpoint's base URL, with `/v1` (default: `$OPENAI_BASE_URL`).
+    /// The endpoint's base URL: openai, with `/v1` (default: `$OPENAI_BASE_URL`); anthropic and
+    /// managed, the API origin (default `https://api.anthropic.com`); agentcore, the data-plane
+    /// origin (default: the region's).
     #[serde(default)]
     pub base_url: Option<String>,
-    /// The environment variable holding the API key (default `OPENAI_API_KEY`).
+    /// The environment variable holding the API key (default `OPENAI_API_KEY`; anthropic and
+    /// managed: `ANTHROPIC_API_KEY`). The key itself never goes in the file.
     #[serde(default)]
     pub api_key_env: Option<String>,
-    /// The model name (default: `$TETHER_MODEL`, else [`DEFAULT_MODEL`], as `tether run`).
+    /// The model name (default: `$TETHER_MODEL`, else [`DEFAULT_MODEL`], as `tether run`;
+    /// anthropic: `claude-sonnet-4-5`). Remote loops (managed, agentcore, acp) choose their own.
     #[serde(default)]
     pub model: Option<String>,
+    /// managed: the Managed Agents agent id (a thread's first request starts a session of it).
+    #[serde(default)]
+    pub agent_id: Option<String>,
+    /// managed: the environment id.
+    #[serde(default)]
+    pub environment_id: Option<String>,
+    /// agentcore: the runtime ARN (InvokeAgentRuntime); or `harness_arn`.
+    #[serde(default)]
+    pub runtime_arn: Option<String>,
+    /// agentcore: the harness ARN (InvokeHarness); or `runtime_arn`.
+    #[serde(default)]
+    pub harness_arn: Option<String>,
+    /// agentcore: the endpoint name (qualifier; default DEFAULT).
+    #[serde(default)]
+    pub qualifier: Option<String>,
+    /// agentcore: the AWS region (default: `AWS_REGION`, then `AWS_DEFAULT_REGION`, then
+    /// us-east-1). Credentials are the standard AWS environment variables.
+    #[serde(default)]
+    pub region: Option<String>,
+    /// acp: the agent command and its arguments (`["gemini", "--experimental-acp"]`), started in
+    /// the agent's workspace root, whose files and terminals it is served under the workspace
+    /// policy; its permission requests are approval interrupts in the browser.
+    #[serde(default)]
+    pub command: Vec<String>,
     /// Whether to stream model responses (default true).
     #[serde(default = "default_true")]
     pub stream: bool,
@@ -237,6 +270,87 @@ pub struct AgentConfig {
     pub(crate) mcp_running: McpRunning,
 }
 
+impl AgentConfig {
+    /// The provider of a non-`openai` agent, its options resolved (credentials read from the
+    /// environment variables the configuration names); `None` for `openai` (the server builds
+    /// that local loop itself). Errors name what to set.
+    pub fn provider_spec(&self, agent: &str) -> Result<Option<ProviderSpec>, String> {
+        let some = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
+        let anthropic = || -> Result<tether_anthropic::ClientConfig, String> {
+            let env = some(&self.api_key_env).unwrap_or_else(|| "ANTHROPIC_API_KEY".into());
+            let key = std::env::var(&env)
+                .ok()
+                .filter(|k| !k.trim().is_empty())
+                .ok_or_else(|| {
+                    format!(
+                        "agent `{agent}`: provider `{}` needs an Anthropic API key in the environment \
+                         variable `{env}` (api_key_env)",
+                        self.provider
+                    )
+                })?;
+            let origin =
+                some(&self.base_url).unwrap_or_else(|| tether_anthropic::http::DEFAULT_BASE_URL.into());
+            Ok(tether_anthropic::ClientConfig::new(key).base_url(origin))
+        };
+        Ok(Some(match self.provider.as_str() {
+            "openai" => return Ok(None),
+            "anthropic" => ProviderSpec::Anthropic {
+                client: anthropic()?,
+                model: some(&self.model).unwrap_or_else(|| crate::providers::DEFAULT_ANTHROPIC_MODEL.into()),
+                system: some(&self.system_prompt),
+                stream: self.stream,
+            },
+            "managed" => {
+                let (Some(agent_id), Some(environment_id)) =
+                    (some(&self.agent_id), some(&self.environment_id))
+                else {
+                    return Err(format!(
+                        "agent `{agent}`: provider `managed` needs `agent_id` and `environment_id`"
+                    ));
+                };
+                ProviderSpec::Managed {
+                    client: anthropic()?,
+                    start: ManagedStart::New {
+                        agent_id,
+                        environment_id,
+                    },
+                }
+            }
+            "agentcore" => {
+                use tether_agentcore::{AgentCoreConfig, AwsCredentials, Target};
+                let qualifier = some(&self.qualifier);
+                let target = match (some(&self.harness_arn), some(&self.runtime_arn)) {
+                    (Some(arn), None) => Target::Harness { arn, qualifier },
+                    (None, Some(arn)) => Target::Runtime { arn, qualifier },
+                    _ => {
+                        return Err(format!(
+                            "agent `{agent}`: provider `agentcore` needs one of `runtime_arn` and `harness_arn`"
+                        ));
+                    }
+                };
+                let creds = AwsCredentials::from_env().map_err(|e| format!("agent `{agent}`: {e}"))?;
+                let region = tether_agentcore::sigv4::resolve_region(self.region.as_deref());
+                let mut cfg = AgentCoreConfig::new(target, region, creds);
+                cfg.endpoint = some(&self.base_url);
+                ProviderSpec::AgentCore(Box::new(cfg))
+            }
+            "acp" => {
+                let Some(w) = &self.workspace else {
+                    return Err(format!("agent `{agent}`: provider `acp` needs a workspace"));
+                };
+                ProviderSpec::Acp {
+                    command: self.command.clone(),
+                    cwd: w.root.clone(),
+                    session_id: None,
+                    // The server's run_timeout bounds the run; the client does not cut a turn.
+                    prompt_timeout: None,
+                }
+            }
+            other => return Err(format!("agent `{agent}`: unknown provider `{other}`")),
+        }))
+    }
+}
+
 /// The MCP servers an agent runs with, once started (shared by every clone of its config).
 #[derive(Clone, Default)]
 pub(crate) struct McpRunning(pub(crate) std::sync::Arc<std::sync::OnceLock<tether::source::ToolSources>>);
@@ -246,6 +360,9 @@ impl std::fmt::Debug for McpRunning {
         f.debug_tuple("McpRunning").field(&self.0.get()).finish()
     }
 }
+
+/// The providers `tether serve` hosts (`provider = "…"`).
+pub const PROVIDERS: [&str; 5] = ["openai", "anthropic", "managed", "agentcore", "acp"];
 
 fn default_provider() -> String {
     "openai".into()
@@ -385,9 +502,29 @@ impl Config {
                     "agent name `{name}`: use letters, digits, `-` and `_` only (it becomes a URL path segment)"
                 )));
             }
-            if a.provider != "openai" {
+            if !PROVIDERS.contains(&a.provider.as_str()) {
                 return Err(invalid(format!(
-                    "agent `{name}`: provider `{}` is not supported by `tether serve`; use `openai` (any OpenAI-compatible endpoint)",
+                    "agent `{name}`: provider `{}` is not supported by `tether serve`; use one of {}",
+                    a.provider,
+                    PROVIDERS.join(", ")
+                )));
+            }
+            if a.provider == "acp" {
+                if a.command.first().is_none_or(|p| p.trim().is_empty()) {
+                    return Err(invalid(format!(
+                        "agent `{name}`: provider `acp` needs `command`, the agent's argv, e.g. \
+                         command = [\"gemini\", \"--experimental-acp\"]"
+                    )));
+                }
+                if a.workspace.is_none() {
+                    return Err(invalid(format!(
+                        "agent `{name}`: provider `acp` needs a `[agents.{name}.workspace]`: the agent runs \
+                         in its root and its file and terminal requests are served under its policy"
+                    )));
+                }
+            } else if !a.command.is_empty() {
+                return Err(invalid(format!(
+                    "agent `{name}`: `command` is only for provider `acp` (this agent's is `{}`)",
                     a.provider
                 )));
             }
@@ -548,6 +685,13 @@ impl Config {
                 base_url: None,
                 api_key_env: None,
                 model: None,
+                agent_id: None,
+                environment_id: None,
+                runtime_arn: None,
+                harness_arn: None,
+                qualifier: None,
+                region: None,
+                command: Vec::new(),
                 stream: true,
                 description: format!("The workspace tools over {}", cwd.display()),
                 system_prompt: Some(

@@ -168,6 +168,13 @@ impl ServeHandler {
         })
     }
 
+    /// Leaves approvals to the session engine: [`Handler::needs_approval`] names the calls that
+    /// need one (the engine holds them until `Session::approve`), and `call_tool` runs what it
+    /// is given. For the agents `tether_agui::ThreadAgent` serves.
+    pub(crate) fn engine_gated(self) -> EngineGated {
+        EngineGated(self)
+    }
+
     /// Whether `name` is run by the browser.
     pub(crate) fn is_frontend(&self, name: &str) -> bool {
         self.frontend.iter().any(|t| t.name == name)
@@ -294,6 +301,14 @@ impl ServeHandler {
     }
 }
 
+/// The refusal of an agent's direct request for a kind of access the policy asks about.
+fn refused_ask(what: &str) -> tether::HandlerError {
+    tether::HandlerError::Refused(format!(
+        "the workspace policy asks the user before {what}, and a direct request cannot wait for the \
+         browser; ask for permission first"
+    ))
+}
+
 pub(crate) fn schema_or_empty(v: Option<Value>) -> Value {
     match v {
         Some(v @ Value::Object(_)) => v,
@@ -320,10 +335,17 @@ impl Handler for ServeHandler {
     }
 
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
-        if self.is_frontend(&call.name) {
+        if self.approval_need(call).is_some() && !self.approved.contains(&call.id) {
             return ToolOutput::Pending;
         }
-        if self.approval_need(call).is_some() && !self.approved.contains(&call.id) {
+        self.run(call, info).await
+    }
+}
+
+impl ServeHandler {
+    /// Runs a call the gate let through (approved, or needing no approval).
+    async fn run(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
+        if self.is_frontend(&call.name) {
             return ToolOutput::Pending;
         }
         if let Some((c, cwd)) = self.commands.iter().find(|(c, _)| c.name == call.name) {
@@ -344,6 +366,89 @@ impl Handler for ServeHandler {
         match &self.workspace {
             Some(w) => w.call_tool(call, info).await,
             None => ToolOutput::Error(format!("no tool named `{}`", call.name)),
+        }
+    }
+}
+
+/// A [`ServeHandler`] whose approvals the session engine gates ([`ServeHandler::engine_gated`]),
+/// serving a remote loop's file and terminal requests from the workspace too.
+pub(crate) struct EngineGated(ServeHandler);
+
+#[async_trait]
+impl Handler for EngineGated {
+    fn tools(&self) -> Vec<ToolSpec> {
+        self.0.tools()
+    }
+
+    async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
+        self.0.run(call, info).await
+    }
+
+    fn needs_approval(&self, call: &ToolUse) -> Option<String> {
+        if self.0.is_frontend(&call.name) {
+            return None;
+        }
+        self.0.approval_need(call).map(|n| n.summary)
+    }
+
+    // A remote loop's file and terminal requests (an ACP agent's `fs/*`, `terminal/*`) are
+    // served by the workspace, under its policy; without a workspace they are refused. A kind of
+    // access the policy says to ask about is refused (fail closed): no browser can be asked in
+    // the middle of such a request, so the agent must ask first (`session/request_permission`,
+    // shown as an approval interrupt) or use its own tools.
+
+    async fn read_text_file(
+        &self,
+        req: &tether::ReadTextFile,
+        info: &SessionInfo,
+    ) -> Result<String, tether::HandlerError> {
+        if self.0.ask_reads {
+            return Err(refused_ask("reads"));
+        }
+        match &self.0.workspace {
+            Some(w) => w.read_text_file(req, info).await,
+            None => Err(tether::HandlerError::Unsupported(
+                "reading files (no workspace)".into(),
+            )),
+        }
+    }
+
+    async fn write_text_file(
+        &self,
+        req: &tether::WriteTextFile,
+        info: &SessionInfo,
+    ) -> Result<(), tether::HandlerError> {
+        if self.0.ask_writes {
+            return Err(refused_ask("writes"));
+        }
+        match &self.0.workspace {
+            Some(w) => w.write_text_file(req, info).await,
+            None => Err(tether::HandlerError::Unsupported(
+                "writing files (no workspace)".into(),
+            )),
+        }
+    }
+
+    async fn terminal(
+        &self,
+        req: &tether::TerminalRequest,
+        info: &SessionInfo,
+    ) -> Result<tether::TerminalResponse, tether::HandlerError> {
+        if self.0.ask_commands {
+            return Err(refused_ask("commands"));
+        }
+        match &self.0.workspace {
+            Some(w) => w.terminal(req, info).await,
+            None => Err(tether::HandlerError::Unsupported(
+                "terminals (no workspace)".into(),
+            )),
+        }
+    }
+
+    fn capabilities(&self) -> tether::Capabilities {
+        match &self.0.workspace {
+            Some(w) => w.capabilities(),
+            None => tether::Capabilities::default(),
         }
     }
 }

@@ -21,6 +21,7 @@ mod approval;
 pub mod config;
 mod handler;
 mod model;
+pub mod providers;
 mod rebuild;
 mod server;
 mod ui;

@@ -31,7 +31,7 @@ use axum::routing::get;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tether_agui::server::Admit;
-use tether_agui::{AgUiRouterExt, EndpointOptions, RunAgentInput, StreamGuard};
+use tether_agui::{AgUiRouterExt, EndpointOptions, RunAgentInput, StreamGuard, ThreadAgent};
 use tether_sqlite::SqliteStore;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -232,6 +232,24 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     let mut app: Router<AppState> = Router::new();
     let mut infos = Vec::new();
     for (name, cfg) in &opts.config.agents {
+        let agent_err = |message: String| ServeError::Agent {
+            agent: name.clone(),
+            message,
+        };
+        if let Some(spec) = cfg.provider_spec(name).map_err(agent_err)? {
+            let (agent, info) = thread_agent(name, cfg, spec, &shared).map_err(agent_err)?;
+            infos.push(info);
+            let options = EndpointOptions {
+                admit: Some(admission(
+                    Resumes::Thread(agent.clone()),
+                    runs.clone(),
+                    shutdown.clone(),
+                )),
+                ..endpoint.clone()
+            };
+            app = app.route_agui_with(&format!("/v1/agents/{name}/run"), agent, options);
+            continue;
+        }
         let base_url = cfg
             .base_url
             .clone()
@@ -282,8 +300,10 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
         };
         let options = EndpointOptions {
             admit: Some(admission(
-                name.clone(),
-                shared.clone(),
+                Resumes::Serve {
+                    agent: name.clone(),
+                    shared: shared.clone(),
+                },
                 runs.clone(),
                 shutdown.clone(),
             )),
@@ -358,7 +378,7 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
 /// its body holds no run slot): not while shutting down (503), within the concurrent-run limit
 /// (429; the slot lives as long as the run's stream), and a resume only for interrupts
 /// outstanding on the thread (409, see [`crate::approval`]).
-fn admission(agent: String, shared: Arc<Shared>, runs: Arc<Semaphore>, shutdown: CancellationToken) -> Admit {
+fn admission(resumes: Resumes, runs: Arc<Semaphore>, shutdown: CancellationToken) -> Admit {
     Admit::new(move |input: &RunAgentInput| {
         if shutdown.is_cancelled() {
             return refuse(json_error(
@@ -381,18 +401,133 @@ fn admission(agent: String, shared: Arc<Shared>, runs: Arc<Semaphore>, shutdown:
         if input.resume.is_empty() {
             return Box::pin(std::future::ready(Ok(Some(guard))));
         }
-        let thread = input.thread_id.to_string();
-        let resume = input.resume.clone();
-        let shared = shared.clone();
-        let agent = agent.clone();
-        Box::pin(async move {
-            let verdict = check_resume(&shared, &agent, &thread, &resume).await;
-            match verdict {
-                Ok(()) => Ok(Some(guard)),
-                Err(r) => Err(r),
+        match &resumes {
+            Resumes::Serve { agent, shared } => {
+                let thread = input.thread_id.to_string();
+                let resume = input.resume.clone();
+                let shared = shared.clone();
+                let agent = agent.clone();
+                Box::pin(async move {
+                    let verdict = check_resume(&shared, &agent, &thread, &resume).await;
+                    match verdict {
+                        Ok(()) => Ok(Some(guard)),
+                        Err(r) => Err(r),
+                    }
+                })
             }
-        })
+            Resumes::Thread(agent) => {
+                let agent = agent.clone();
+                let input = input.clone();
+                Box::pin(async move {
+                    match agent.check_resume(&input).await {
+                        Ok(()) => Ok(Some(guard)),
+                        Err(tether_agui::CheckError::Refused(r)) => {
+                            Err(json_error(r.status(), r.code(), r.to_string()))
+                        }
+                        Err(tether_agui::CheckError::Store(e)) => Err(json_error(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "STORE",
+                            e.to_string(),
+                        )),
+                        Err(e) => Err(json_error(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "INTERNAL",
+                            format!("{e:?}"),
+                        )),
+                    }
+                })
+            }
+        }
     })
+}
+
+/// Whose interrupts a resume is checked against at admission.
+enum Resumes {
+    /// An `openai` agent's ([`crate::approval`], kept by [`ServeAgent`]).
+    Serve {
+        /// The agent's name.
+        agent: String,
+        /// The server's store.
+        shared: Arc<Shared>,
+    },
+    /// An agent served by [`ThreadAgent`] (every other provider).
+    Thread(Arc<ThreadAgent>),
+}
+
+/// How many threads of an ACP agent keep their agent process between requests (the rest
+/// reload their session with `session/load` on their next request).
+const ACP_LIVE_THREADS: usize = 16;
+
+/// An agent whose loop is not the server's own `openai` local loop, served by [`ThreadAgent`]:
+/// each request opens the thread's session from the store (the provider resumes it: the
+/// Anthropic local loop from its checkpoint, Managed Agents and AgentCore by their session id,
+/// an ACP agent with `session/load`), the approval interrupts are the adapter's, and an ACP
+/// agent's permission requests end the run with an interrupt while its process waits.
+fn thread_agent(
+    name: &str,
+    cfg: &crate::config::AgentConfig,
+    spec: crate::providers::ProviderSpec,
+    shared: &Arc<Shared>,
+) -> Result<(Arc<ThreadAgent>, AgentInfo), String> {
+    use crate::handler::{ServeHandler, schema_or_empty};
+    // Checked once here, so a bad workspace is a start-up error rather than every run's.
+    let handler = ServeHandler::new(cfg, Vec::new(), Default::default())?;
+    let mut tools: Vec<String> = tether::Handler::tools(&handler)
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    if let Some(t) = &cfg.terminal_tool {
+        tools.push(t.name.clone());
+    }
+    let model = match &spec {
+        crate::providers::ProviderSpec::Anthropic { model, .. } => model.clone(),
+        other => other.kind().to_owned(),
+    };
+    let info = AgentInfo {
+        name: name.to_owned(),
+        description: cfg.description.clone(),
+        model: model.clone(),
+        tools,
+    };
+    let frontend: Vec<tether::ToolSpec> = cfg
+        .frontend_tools
+        .iter()
+        .map(|t| tether::ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone())))
+        .collect();
+    let config = tether::SessionConfig {
+        max_turns: cfg.max_turns.max(1),
+        // Bounded by the config check (at most a week), so the sum cannot overflow.
+        tool_timeout: Some(Duration::from_secs(
+            cfg.tool_timeout_secs.clamp(1, crate::config::MAX_DURATION_SECS) + 5,
+        )),
+        terminal_tool: cfg
+            .terminal_tool
+            .as_ref()
+            .map(|t| tether::ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone()))),
+        ..tether::SessionConfig::default()
+    };
+    let keep_alive = if matches!(spec, crate::providers::ProviderSpec::Acp { .. }) {
+        ACP_LIVE_THREADS
+    } else {
+        0
+    };
+    let agent_cfg = cfg.clone();
+    let factory = move |_input: &RunAgentInput| -> tether::Result<tether::SessionBuilder> {
+        let provider = spec.build().map_err(tether::Error::Config)?;
+        let handler = ServeHandler::new(&agent_cfg, Vec::new(), Default::default())
+            .map_err(tether::Error::Config)?
+            .engine_gated();
+        Ok(tether::Session::builder_boxed(provider)
+            .handler(handler)
+            .config(config.clone()))
+    };
+    let store: Arc<dyn tether::ThreadStore> = Arc::new(shared.store.clone());
+    let agent = ThreadAgent::new(name, store, factory)
+        .frontend_tools(frontend)
+        .model(model)
+        .run_timeout(shared.run_timeout)
+        .keep_alive(keep_alive);
+    Ok((Arc::new(agent), info))
 }
 
 fn refuse(

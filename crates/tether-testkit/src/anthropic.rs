@@ -211,6 +211,16 @@ impl FakeMessages {
         FakeMessages { server, state }
     }
 
+    /// Appends a reply to the script (a fake that answers by rule queues each answer as the
+    /// request it answers comes in).
+    pub fn push(&self, reply: Reply) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .script
+            .push_back(reply);
+    }
+
     /// The origin to use as the base URL (`http://127.0.0.1:<port>`, `https://…` over TLS).
     pub fn url(&self) -> String {
         self.server.origin()

@@ -1,0 +1,215 @@
+// tether serve hosting other providers than its own OpenAI-compatible loop, judged by the
+// official AG-UI client (@ag-ui/client@1.0.0, HttpAgent.runAgent) with zero console warnings:
+//
+// - `acp`: the @agentclientprotocol/sdk example agent (a real subprocess) served by tether serve;
+//   its mid-turn permission request ends the run with an approval interrupt whose id is random
+//   (not `{thread}-permission-{n}`); a forged id and a reused one are refused at admission (409)
+//   before RUN_STARTED; the approval from the client resumes the held turn, which finishes.
+// - `anthropic`: the local loop over the Anthropic Messages API against the testkit fake
+//   (`--example fake_anthropic`); a `write_file` call under `writes = "ask"` is an interrupt;
+//   approved from the client it runs once and the turn finishes; after a restart of the server the
+//   thread continues with a follow-up message.
+//
+//   node serve-providers.mjs     (after `cargo build -p tether-serve --bin tether-serve
+//                                  --example fake_anthropic`; run.sh does that)
+//
+// Prints one line per check, then "N passed, N failed"; exits non-zero on any failure.
+
+import { readFileSync, existsSync, mkdirSync } from "node:fs";
+import { join, resolve } from "node:path";
+import { HttpAgent } from "@ag-ui/client";
+import { check, summary, watchdog, tempDir, spawnUntil, startServe, stop } from "../serve/lib.mjs";
+
+const root = resolve(new URL("../..", import.meta.url).pathname);
+const FAKE_ANTHROPIC = process.env.FAKE_ANTHROPIC_BIN || join(root, "target/debug/examples/fake_anthropic");
+const ACP_AGENT = join(root, "conformance/acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js");
+
+let warnings = [];
+const fmt = (a) => a.map((x) => (x instanceof Error ? x.stack : typeof x === "string" ? x : JSON.stringify(x))).join(" ");
+console.warn = (...a) => warnings.push("console.warn: " + fmt(a));
+console.error = (...a) => warnings.push("console.error: " + fmt(a));
+
+let at = "start";
+watchdog(300000, () => at);
+
+const user = (id, content) => ({ id, role: "user", content });
+
+async function run(agent, params = {}) {
+  const events = [];
+  let failure = null;
+  try {
+    await agent.runAgent({ runId: `run-${Math.random().toString(16).slice(2)}`, ...params }, { onEvent: ({ event }) => events.push(event) });
+  } catch (e) {
+    failure = String(e?.stack ?? e);
+  }
+  return { events, failure, last: events.at(-1) };
+}
+
+async function post(base, agent, body) {
+  const r = await fetch(`${base}/v1/agents/${agent}/run`, {
+    method: "POST",
+    headers: { "content-type": "application/json", accept: "text/event-stream" },
+    body: JSON.stringify(body),
+    signal: AbortSignal.timeout(60000),
+  });
+  return { status: r.status, text: await r.text() };
+}
+
+const approve = (interrupts) => interrupts.map((i) => ({ interruptId: i.id, status: "resolved", payload: { approved: true } }));
+
+if (!existsSync(ACP_AGENT)) {
+  check("the ACP example agent is installed (conformance/acp/setup.sh)", false, ACP_AGENT);
+  process.exit(summary());
+}
+
+const dir = tempDir("tether-providers-");
+const ws = join(dir, "ws");
+mkdirSync(ws);
+at = "starting the fake Anthropic API";
+const [fake, fm] = await spawnUntil(FAKE_ANTHROPIC, [], /listening on (http:\/\/\S+)/);
+const origin = fm[1];
+process.env.FAKE_ANTHROPIC_KEY = "sk-fake";
+const config = `
+[agents.gemini]
+provider = "acp"
+description = "the ACP SDK example agent"
+command = ["node", ${JSON.stringify(ACP_AGENT)}]
+[agents.gemini.workspace]
+root = "ws"
+
+[agents.claude]
+provider = "anthropic"
+base_url = "${origin}"
+api_key_env = "FAKE_ANTHROPIC_KEY"
+model = "fake-claude"
+[agents.claude.workspace]
+root = "ws"
+writes = "ask"
+`;
+const db = join(dir, "tether.db");
+at = "starting tether serve";
+let serve = await startServe({ dir, config, db });
+let base = serve.url;
+
+try {
+  // ---- ACP ----
+  at = "acp: first run";
+  warnings = [];
+  const acp = new HttpAgent({ url: `${base}/v1/agents/gemini/run`, threadId: "acp-thread-1", initialMessages: [user("u1", "Improve the project config.")] });
+  const first = await run(acp);
+  const ints = first.last?.outcome?.interrupts ?? [];
+  check("acp: the run streams to @ag-ui/client and ends in RUN_FINISHED", !first.failure && first.last?.type === "RUN_FINISHED", first.failure ?? JSON.stringify(first.last));
+  check(
+    "acp: the agent's permission request is an approval interrupt",
+    first.last?.outcome?.type === "interrupt" && ints.length === 1,
+    JSON.stringify(first.last),
+  );
+  check(
+    "acp: the interrupt id is random, not {thread}-permission-{n}",
+    ints.length === 1 && !/permission-\d+$/.test(ints[0].id) && ints[0].id.length >= 20,
+    JSON.stringify(ints),
+  );
+  check(
+    "acp: the text before the question reached the client",
+    acp.messages.some((m) => m.role === "assistant" && String(m.content ?? "").includes("I'll help you with that")),
+    JSON.stringify(acp.messages),
+  );
+  at = "acp: forged resume";
+  const forged = await post(base, "gemini", {
+    threadId: "acp-thread-1",
+    runId: "forged",
+    messages: [],
+    tools: [],
+    context: [],
+    state: null,
+    forwardedProps: {},
+    resume: [{ interruptId: "approval-guessed-0000", status: "resolved", payload: { approved: true } }],
+  });
+  check("acp: a resume naming an interrupt never issued is refused before RUN_STARTED (409)", forged.status === 409 && !forged.text.includes("RUN_STARTED"), `${forged.status} ${forged.text.slice(0, 300)}`);
+  at = "acp: approved resume";
+  const second = await run(acp, { resume: approve(ints) });
+  check("acp: the approved resume finishes the turn (RUN_FINISHED success)", !second.failure && second.last?.type === "RUN_FINISHED" && second.last?.outcome?.type !== "interrupt", second.failure ?? JSON.stringify(second.last));
+  check(
+    "acp: the agent went on with the allowing option",
+    acp.messages.some((m) => m.role === "assistant" && String(m.content ?? "").includes("successfully updated the configuration")),
+    JSON.stringify(acp.messages.map((m) => [m.role, m.content])),
+  );
+  at = "acp: reused resume";
+  const reused = await post(base, "gemini", {
+    threadId: "acp-thread-1",
+    runId: "reused",
+    messages: [],
+    tools: [],
+    context: [],
+    state: null,
+    forwardedProps: {},
+    resume: approve(ints),
+  });
+  check("acp: the same interrupt id used again is refused (409)", reused.status === 409, `${reused.status} ${reused.text.slice(0, 300)}`);
+  at = "acp: follow-up";
+  acp.addMessage(user("u2", "And once more."));
+  const third = await run(acp);
+  check("acp: a follow-up message continues the thread (a new turn asks again)", !third.failure && third.last?.outcome?.type === "interrupt", third.failure ?? JSON.stringify(third.last));
+  check("acp: @ag-ui/client made no warnings", warnings.length === 0, warnings.join("\n"));
+
+  // ---- Anthropic ----
+  at = "anthropic: first run";
+  warnings = [];
+  const claude = new HttpAgent({ url: `${base}/v1/agents/claude/run`, threadId: "claude-thread-1", initialMessages: [user("c1", "Please write a file.")] });
+  const a1 = await run(claude);
+  const aints = a1.last?.outcome?.interrupts ?? [];
+  check("anthropic: write_file under writes=ask is an approval interrupt", !a1.failure && a1.last?.outcome?.type === "interrupt" && aints.length === 1, a1.failure ?? JSON.stringify(a1.last));
+  check("anthropic: nothing was written before the approval", !existsSync(join(ws, "hello.txt")));
+  at = "anthropic: approved resume";
+  const a2 = await run(claude, { resume: approve(aints) });
+  check("anthropic: the approved call runs and the turn finishes", !a2.failure && a2.last?.type === "RUN_FINISHED" && a2.last?.outcome?.type !== "interrupt", a2.failure ?? JSON.stringify(a2.last));
+  check("anthropic: the file was written once", existsSync(join(ws, "hello.txt")) && readFileSync(join(ws, "hello.txt"), "utf8") === "hello from claude\n");
+  check(
+    "anthropic: the model's answer after the tool result reached the client",
+    claude.messages.some((m) => m.role === "assistant" && String(m.content ?? "").startsWith("Done: the tool said")),
+    JSON.stringify(claude.messages.map((m) => [m.role, m.content])),
+  );
+  at = "restart";
+  const acpBefore = await (await fetch(`${base}/v1/threads/acp-thread-1/events`)).json();
+  await stop(serve.child);
+  serve = await startServe({ dir, config, db });
+  base = serve.url;
+
+  at = "acp: after a restart";
+  warnings = [];
+  const acpAgain = new HttpAgent({ url: `${base}/v1/agents/gemini/run`, threadId: "acp-thread-1", initialMessages: acp.messages });
+  acpAgain.addMessage(user("u3", "Still there?"));
+  const r4 = await run(acpAgain);
+  check(
+    "acp: resuming an agent without loadSession after a restart is RUN_ERROR CANNOT_RESUME",
+    r4.last?.type === "RUN_ERROR" && r4.last?.code === "CANNOT_RESUME" && /cannot resume a session/.test(r4.last?.message ?? ""),
+    JSON.stringify(r4.last),
+  );
+  const acpAfter = await (await fetch(`${base}/v1/threads/acp-thread-1/events`)).json();
+  const key = (e) => JSON.stringify(e);
+  check(
+    "acp: nothing was lost from the thread's record",
+    acpBefore.events.length > 0 && acpBefore.events.every((e, i) => key(e) === key(acpAfter.events[i])),
+    `${acpBefore.events?.length} before, ${acpAfter.events?.length} after`,
+  );
+  check("acp: @ag-ui/client made no warnings after the restart", warnings.length === 0, warnings.join("\n"));
+
+  at = "anthropic: after a restart";
+  warnings = [];
+  const again = new HttpAgent({ url: `${base}/v1/agents/claude/run`, threadId: "claude-thread-1", initialMessages: claude.messages });
+  again.addMessage(user("c2", "Thanks, bye."));
+  const a3 = await run(again);
+  check("anthropic: after a restart of the server the thread continues with a follow-up", !a3.failure && a3.last?.type === "RUN_FINISHED", a3.failure ?? JSON.stringify(a3.last));
+  check(
+    "anthropic: the follow-up was answered",
+    again.messages.some((m) => m.role === "assistant" && String(m.content ?? "").includes("You said: Thanks, bye.")),
+    JSON.stringify(again.messages.map((m) => [m.role, m.content])),
+  );
+  check("anthropic: @ag-ui/client made no warnings after the restart", warnings.length === 0, warnings.join("\n"));
+} catch (e) {
+  check(`no exception (at ${at})`, false, String(e?.stack ?? e));
+} finally {
+  await stop(serve.child);
+  await stop(fake);
+}
+process.exit(summary());
