@@ -9,6 +9,11 @@
 //   (`--example fake_anthropic`); a `write_file` call under `writes = "ask"` is an interrupt;
 //   approved from the client it runs once and the turn finishes; after a restart of the server the
 //   thread continues with a follow-up message.
+// - `managed`: Claude Managed Agents against the testkit fake (`--example fake_managed`): the
+//   remote loop's `write_file` custom tool use is an approval interrupt (an altered id is refused),
+//   approved it runs once; after a restart the thread reattaches to its remote session.
+// - After the restart, the ACP example agent (no `loadSession`) gives RUN_ERROR CANNOT_RESUME
+//   and its thread's record is intact; every thread's record has no gap and no duplicate.
 //
 //   node serve-providers.mjs     (after `cargo build -p tether-serve --bin tether-serve
 //                                  --example fake_anthropic`; run.sh does that)
@@ -22,6 +27,7 @@ import { check, summary, watchdog, tempDir, spawnUntil, startServe, stop } from 
 
 const root = resolve(new URL("../..", import.meta.url).pathname);
 const FAKE_ANTHROPIC = process.env.FAKE_ANTHROPIC_BIN || join(root, "target/debug/examples/fake_anthropic");
+const FAKE_MANAGED = process.env.FAKE_MANAGED_BIN || join(root, "target/debug/examples/fake_managed");
 const ACP_AGENT = join(root, "conformance/acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js");
 
 let warnings = [];
@@ -55,6 +61,13 @@ async function post(base, agent, body) {
   return { status: r.status, text: await r.text() };
 }
 
+// A thread's record: sequence numbers 1..n without a gap, every event id once.
+function wholeRecord(events) {
+  if (!Array.isArray(events) || events.length === 0) return false;
+  const ids = new Set(events.map((e) => e.id));
+  return ids.size === events.length && events.every((e, i) => e.seq === i + 1);
+}
+
 const approve = (interrupts) => interrupts.map((i) => ({ interruptId: i.id, status: "resolved", payload: { approved: true } }));
 
 if (!existsSync(ACP_AGENT)) {
@@ -68,6 +81,8 @@ mkdirSync(ws);
 at = "starting the fake Anthropic API";
 const [fake, fm] = await spawnUntil(FAKE_ANTHROPIC, [], /listening on (http:\/\/\S+)/);
 const origin = fm[1];
+at = "starting the fake Managed Agents API";
+const [fakeManaged, mm] = await spawnUntil(FAKE_MANAGED, [], /listening on (http:\/\/\S+)/);
 process.env.FAKE_ANTHROPIC_KEY = "sk-fake";
 const config = `
 [agents.gemini]
@@ -83,6 +98,16 @@ base_url = "${origin}"
 api_key_env = "FAKE_ANTHROPIC_KEY"
 model = "fake-claude"
 [agents.claude.workspace]
+root = "ws"
+writes = "ask"
+
+[agents.managed]
+provider = "managed"
+base_url = "${mm[1]}"
+api_key_env = "FAKE_ANTHROPIC_KEY"
+agent_id = "agent_fake"
+environment_id = "env_fake"
+[agents.managed.workspace]
 root = "ws"
 writes = "ask"
 `;
@@ -169,6 +194,31 @@ try {
     claude.messages.some((m) => m.role === "assistant" && String(m.content ?? "").startsWith("Done: the tool said")),
     JSON.stringify(claude.messages.map((m) => [m.role, m.content])),
   );
+  // ---- Managed Agents ----
+  at = "managed: first run";
+  warnings = [];
+  const managed = new HttpAgent({ url: `${base}/v1/agents/managed/run`, threadId: "managed-thread-1", initialMessages: [user("m1", "Write managed.txt.")] });
+  const m1 = await run(managed);
+  const mints = m1.last?.outcome?.interrupts ?? [];
+  check("managed: the remote loop's write_file under writes=ask is an approval interrupt", !m1.failure && m1.last?.outcome?.type === "interrupt" && mints.length === 1, m1.failure ?? JSON.stringify(m1.last));
+  check("managed: nothing was written before the approval", !existsSync(join(ws, "managed.txt")));
+  at = "managed: denied-by-forgery resume";
+  const mforged = await post(base, "managed", {
+    threadId: "managed-thread-1", runId: "forged", messages: [], tools: [], context: [], state: null, forwardedProps: {},
+    resume: [{ interruptId: mints[0]?.id + "x", status: "resolved", payload: { approved: true } }],
+  });
+  check("managed: an altered interrupt id is refused before RUN_STARTED (409)", mforged.status === 409, `${mforged.status} ${mforged.text.slice(0, 300)}`);
+  at = "managed: approved resume";
+  const m2 = await run(managed, { resume: approve(mints) });
+  check("managed: the approved call runs and the remote turn finishes", !m2.failure && m2.last?.type === "RUN_FINISHED" && m2.last?.outcome?.type !== "interrupt", m2.failure ?? JSON.stringify(m2.last));
+  check("managed: the file was written once", existsSync(join(ws, "managed.txt")) && readFileSync(join(ws, "managed.txt"), "utf8") === "hello from managed agents\n");
+  check(
+    "managed: the agent's answer after the tool result reached the client",
+    managed.messages.some((m) => m.role === "assistant" && String(m.content ?? "").includes("Wrote managed.txt.")),
+    JSON.stringify(managed.messages.map((m) => [m.role, m.content])),
+  );
+  check("managed: @ag-ui/client made no warnings", warnings.length === 0, warnings.join("\n"));
+
   at = "restart";
   const acpBefore = await (await fetch(`${base}/v1/threads/acp-thread-1/events`)).json();
   await stop(serve.child);
@@ -192,7 +242,23 @@ try {
     acpBefore.events.length > 0 && acpBefore.events.every((e, i) => key(e) === key(acpAfter.events[i])),
     `${acpBefore.events?.length} before, ${acpAfter.events?.length} after`,
   );
+  check("acp: the thread's record has no gap and no duplicate", wholeRecord(acpAfter.events), JSON.stringify(acpAfter.events?.map((e) => [e.seq, e.id])));
   check("acp: @ag-ui/client made no warnings after the restart", warnings.length === 0, warnings.join("\n"));
+
+  at = "managed: after a restart";
+  warnings = [];
+  const mAgain = new HttpAgent({ url: `${base}/v1/agents/managed/run`, threadId: "managed-thread-1", initialMessages: managed.messages });
+  mAgain.addMessage(user("m2", "Anything else?"));
+  const m3 = await run(mAgain);
+  check("managed: after a restart of the server the thread reattaches and continues", !m3.failure && m3.last?.type === "RUN_FINISHED", m3.failure ?? JSON.stringify(m3.last));
+  check(
+    "managed: the follow-up was answered by the same remote session",
+    mAgain.messages.some((m) => m.role === "assistant" && String(m.content ?? "").includes("Follow-up answer 1.")),
+    JSON.stringify(mAgain.messages.map((m) => [m.role, m.content])),
+  );
+  const mev = await (await fetch(`${base}/v1/threads/managed-thread-1/events`)).json();
+  check("managed: the thread's record has no gap and no duplicate", wholeRecord(mev.events), JSON.stringify(mev.events.map((e) => [e.seq, e.id])));
+  check("managed: @ag-ui/client made no warnings after the restart", warnings.length === 0, warnings.join("\n"));
 
   at = "anthropic: after a restart";
   warnings = [];
@@ -205,11 +271,14 @@ try {
     again.messages.some((m) => m.role === "assistant" && String(m.content ?? "").includes("You said: Thanks, bye.")),
     JSON.stringify(again.messages.map((m) => [m.role, m.content])),
   );
+  const aev = await (await fetch(`${base}/v1/threads/claude-thread-1/events`)).json();
+  check("anthropic: the thread's record has no gap and no duplicate", wholeRecord(aev.events), JSON.stringify(aev.events?.map((e) => [e.seq, e.id])));
   check("anthropic: @ag-ui/client made no warnings after the restart", warnings.length === 0, warnings.join("\n"));
 } catch (e) {
   check(`no exception (at ${at})`, false, String(e?.stack ?? e));
 } finally {
   await stop(serve.child);
   await stop(fake);
+  await stop(fakeManaged);
 }
 process.exit(summary());
