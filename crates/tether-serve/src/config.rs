@@ -839,6 +839,64 @@ name = "confirm"
         );
     }
 
+    /// The README's quick start for `tether serve` shows one file serving an OpenAI-compatible
+    /// agent, an Anthropic agent and Gemini CLI side by side: it must be a valid config.
+    #[test]
+    fn the_readme_multi_provider_config_is_valid() {
+        let readme = include_str!("../../../README.md");
+        let start = readme
+            .find("One `tether.toml` serves agents of every kind")
+            .expect("the README shows a multi-provider tether.toml");
+        let rest = &readme[start..];
+        let body = rest
+            .split("```toml\n")
+            .nth(1)
+            .and_then(|b| b.split("```").next())
+            .expect("a toml block");
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config::parse(body, "README.md", dir.path()).expect("the README's config parses");
+        let kinds: Vec<&str> = cfg.agents.values().map(|a| a.provider.as_str()).collect();
+        assert_eq!(kinds, ["anthropic", "acp", "openai"]);
+        assert_eq!(cfg.agents["gemini"].command, ["gemini", "--experimental-acp"]);
+    }
+
+    #[test]
+    fn provider_options_are_checked() {
+        let base = Path::new(".");
+        let e = Config::parse(
+            "[agents.a]\nprovider = \"acp\"\n[agents.a.workspace]\nroot = \".\"",
+            "t.toml",
+            base,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("needs `command`"), "{e}");
+        let e = Config::parse(
+            "[agents.a]\nprovider = \"acp\"\ncommand = [\"x\"]",
+            "t.toml",
+            base,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("needs a `[agents.a.workspace]`"), "{e}");
+        let e = Config::parse("[agents.a]\ncommand = [\"x\"]", "t.toml", base)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("only for provider `acp`"), "{e}");
+        // A key named by the config but not set is a start-up error naming the variable.
+        let c = Config::parse(
+            "[agents.a]\nprovider = \"anthropic\"\napi_key_env = \"TETHER_TEST_UNSET_KEY_VAR\"",
+            "t.toml",
+            base,
+        )
+        .unwrap();
+        let e = c.agents["a"].provider_spec("a").unwrap_err();
+        assert!(e.contains("TETHER_TEST_UNSET_KEY_VAR"), "{e}");
+        let c = Config::parse("[agents.a]\nprovider = \"managed\"", "t.toml", base).unwrap();
+        let e = c.agents["a"].provider_spec("a").unwrap_err();
+        assert!(e.contains("agent_id"), "{e}");
+    }
+
     #[test]
     fn mistakes_get_actionable_errors() {
         let base = Path::new(".");
