@@ -67,12 +67,12 @@ fi
 counts() { echo "$1" | grep -Eo '^[0-9]+ passed, [0-9]+ failed' | tail -1; }
 c1="$(counts "$out")"
 
-# tether serve hosting an ACP agent (the ACP SDK's example agent), an Anthropic agent and a Managed Agents agent (the
+# tether serve hosting an ACP agent (the ACP SDK's example agent), an Anthropic, a Managed Agents and an AgentCore agent (the
 # testkit fakes), judged by the same client: serve-providers.mjs.
-(cd "$root" && cargo build -q -p tether-serve --bin tether-serve --example fake_anthropic --example fake_managed) || fail "cargo build (tether-serve) failed"
+(cd "$root" && cargo build -q -p tether-serve --bin tether-serve --example fake_anthropic --example fake_managed --example fake_agentcore) || fail "cargo build (tether-serve) failed"
 [ -f "$root/conformance/acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js" ] ||
   bash "$root/conformance/acp/setup.sh" || fail "conformance/acp/setup.sh failed"
-export TETHER_SERVE_BIN="$target_dir/debug/tether-serve" FAKE_ANTHROPIC_BIN="$target_dir/debug/examples/fake_anthropic" FAKE_MANAGED_BIN="$target_dir/debug/examples/fake_managed"
+export TETHER_SERVE_BIN="$target_dir/debug/tether-serve" FAKE_ANTHROPIC_BIN="$target_dir/debug/examples/fake_anthropic" FAKE_MANAGED_BIN="$target_dir/debug/examples/fake_managed" FAKE_AGENTCORE_BIN="$target_dir/debug/examples/fake_agentcore"
 out2="$(timeout 600 node serve-providers.mjs)"
 rc2=$?
 echo "$out2" | sed '$d'

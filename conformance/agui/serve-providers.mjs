@@ -12,6 +12,9 @@
 // - `managed`: Claude Managed Agents against the testkit fake (`--example fake_managed`): the
 //   remote loop's `write_file` custom tool use is an approval interrupt (an altered id is refused),
 //   approved it runs once; after a restart the thread reattaches to its remote session.
+// - `agentcore`: Bedrock AgentCore's runtime against the testkit fake (`--example
+//   fake_agentcore`): the same approval, run once, and a follow-up after a restart in the same
+//   runtime session.
 // - After the restart, the ACP example agent (no `loadSession`) gives RUN_ERROR CANNOT_RESUME
 //   and its thread's record is intact; every thread's record has no gap and no duplicate.
 //
@@ -28,6 +31,7 @@ import { check, summary, watchdog, tempDir, spawnUntil, startServe, stop } from 
 const root = resolve(new URL("../..", import.meta.url).pathname);
 const FAKE_ANTHROPIC = process.env.FAKE_ANTHROPIC_BIN || join(root, "target/debug/examples/fake_anthropic");
 const FAKE_MANAGED = process.env.FAKE_MANAGED_BIN || join(root, "target/debug/examples/fake_managed");
+const FAKE_AGENTCORE = process.env.FAKE_AGENTCORE_BIN || join(root, "target/debug/examples/fake_agentcore");
 const ACP_AGENT = join(root, "conformance/acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js");
 
 let warnings = [];
@@ -83,6 +87,12 @@ const [fake, fm] = await spawnUntil(FAKE_ANTHROPIC, [], /listening on (http:\/\/
 const origin = fm[1];
 at = "starting the fake Managed Agents API";
 const [fakeManaged, mm] = await spawnUntil(FAKE_MANAGED, [], /listening on (http:\/\/\S+)/);
+at = "starting the fake AgentCore data plane";
+const [fakeCore, cm] = await spawnUntil(FAKE_AGENTCORE, [], /listening on (http:\/\/\S+)/);
+// The fake checks that requests are SigV4-signed, not by whom.
+process.env.AWS_ACCESS_KEY_ID = "AKIDFAKE";
+process.env.AWS_SECRET_ACCESS_KEY = "fake-secret";
+process.env.AWS_SESSION_TOKEN = "";
 process.env.FAKE_ANTHROPIC_KEY = "sk-fake";
 const config = `
 [agents.gemini]
@@ -108,6 +118,15 @@ api_key_env = "FAKE_ANTHROPIC_KEY"
 agent_id = "agent_fake"
 environment_id = "env_fake"
 [agents.managed.workspace]
+root = "ws"
+writes = "ask"
+
+[agents.core]
+provider = "agentcore"
+base_url = "${cm[1]}"
+runtime_arn = "arn:aws:bedrock-agentcore:us-east-1:123456789012:runtime/agent-fake"
+region = "us-east-1"
+[agents.core.workspace]
 root = "ws"
 writes = "ask"
 `;
@@ -219,6 +238,25 @@ try {
   );
   check("managed: @ag-ui/client made no warnings", warnings.length === 0, warnings.join("\n"));
 
+  // ---- AgentCore ----
+  at = "agentcore: first run";
+  warnings = [];
+  const core = new HttpAgent({ url: `${base}/v1/agents/core/run`, threadId: "core-thread-1", initialMessages: [user("k1", "Write agentcore.txt.")] });
+  const k1 = await run(core);
+  const kints = k1.last?.outcome?.interrupts ?? [];
+  check("agentcore: the runtime's write_file under writes=ask is an approval interrupt", !k1.failure && k1.last?.outcome?.type === "interrupt" && kints.length === 1, k1.failure ?? JSON.stringify(k1.last));
+  check("agentcore: nothing was written before the approval", !existsSync(join(ws, "agentcore.txt")));
+  at = "agentcore: approved resume";
+  const k2 = await run(core, { resume: approve(kints) });
+  check("agentcore: the approved call runs and the runtime's turn finishes", !k2.failure && k2.last?.type === "RUN_FINISHED" && k2.last?.outcome?.type !== "interrupt", k2.failure ?? JSON.stringify(k2.last));
+  check("agentcore: the file was written once", existsSync(join(ws, "agentcore.txt")) && readFileSync(join(ws, "agentcore.txt"), "utf8") === "hello from agentcore\n");
+  check(
+    "agentcore: the runtime's answer after the tool result reached the client",
+    core.messages.some((m) => m.role === "assistant" && String(m.content ?? "").includes("Wrote agentcore.txt.")),
+    JSON.stringify(core.messages.map((m) => [m.role, m.content])),
+  );
+  check("agentcore: @ag-ui/client made no warnings", warnings.length === 0, warnings.join("\n"));
+
   at = "restart";
   const acpBefore = await (await fetch(`${base}/v1/threads/acp-thread-1/events`)).json();
   await stop(serve.child);
@@ -260,6 +298,21 @@ try {
   check("managed: the thread's record has no gap and no duplicate", wholeRecord(mev.events), JSON.stringify(mev.events.map((e) => [e.seq, e.id])));
   check("managed: @ag-ui/client made no warnings after the restart", warnings.length === 0, warnings.join("\n"));
 
+  at = "agentcore: after a restart";
+  warnings = [];
+  const kAgain = new HttpAgent({ url: `${base}/v1/agents/core/run`, threadId: "core-thread-1", initialMessages: core.messages });
+  kAgain.addMessage(user("k2", "Anything else?"));
+  const k3 = await run(kAgain);
+  check("agentcore: after a restart of the server the thread resumes its runtime session and continues", !k3.failure && k3.last?.type === "RUN_FINISHED", k3.failure ?? JSON.stringify(k3.last));
+  check(
+    "agentcore: the follow-up was answered",
+    kAgain.messages.some((m) => m.role === "assistant" && String(m.content ?? "").includes("Follow-up answer 1.")),
+    JSON.stringify(kAgain.messages.map((m) => [m.role, m.content])),
+  );
+  const kev = await (await fetch(`${base}/v1/threads/core-thread-1/events`)).json();
+  check("agentcore: the thread's record has no gap and no duplicate", wholeRecord(kev.events), JSON.stringify(kev.events?.map((e) => [e.seq, e.id])));
+  check("agentcore: @ag-ui/client made no warnings after the restart", warnings.length === 0, warnings.join("\n"));
+
   at = "anthropic: after a restart";
   warnings = [];
   const again = new HttpAgent({ url: `${base}/v1/agents/claude/run`, threadId: "claude-thread-1", initialMessages: claude.messages });
@@ -280,5 +333,6 @@ try {
   await stop(serve.child);
   await stop(fake);
   await stop(fakeManaged);
+  await stop(fakeCore);
 }
 process.exit(summary());
