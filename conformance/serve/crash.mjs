@@ -1,4 +1,6 @@
-// Crash safety: runs that each call a side-effecting tool, with tether serve killed (SIGKILL) at
+// Crash safety (CRASH_PROVIDER=openai, the default; =managed: a Managed Agents agent against the
+// testkit fake; =acp: the ACP SDK's example agent, see acpCrash): runs that each call a
+// side-effecting tool, with tether serve killed (SIGKILL) at
 // a random point of each run, restarted, and the thread resumed. Then every thread's event
 // record must have no gap and no duplicate, and every tool use must have run exactly once,
 // except where a kill fell between the tool's effect and its record: that is the documented
@@ -26,6 +28,10 @@ import { join } from "node:path";
 import { check, runAgui, startFake, startServe, stop, summary, tempDir, watchdog } from "./lib.mjs";
 
 const RUNS = Number(process.env.CRASH_RUNS || 20);
+// Which provider's loop the agent runs: `openai` (tether serve's own local loop over the fake
+// model, the default) or `managed` (Claude Managed Agents, the testkit fake as a process,
+// `--example fake_managed crash`: every session calls append_line once, then confirms).
+const PROVIDER = process.env.CRASH_PROVIDER || "openai";
 const INJECT_DOUBLE = process.argv.includes("--inject-double-run") || process.env.CRASH_INJECT === "double";
 // Passed explicitly: tether serve may generate a token when given none.
 const TOKEN = "crash-test-token";
@@ -37,11 +43,33 @@ const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 // running the call twice in one server life leaves in the file (the injected double run).
 // `[hold]` in the line: the first invocation of that tool use, after its effect, waits (at most
 // 30 s) until the script has killed the server and releases it: its result is never recorded.
-const toolConfig = (fakeUrl, dir) => `
+const ACP_AGENT = new URL("../acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js", import.meta.url).pathname;
+const agentConfig = (fakeUrl, dir) =>
+  PROVIDER === "acp"
+    ? `
+[agents.crash]
+provider = "acp"
+command = ["node", ${JSON.stringify(ACP_AGENT)}]
+[agents.crash.workspace]
+root = "${dir}"
+`
+    : PROVIDER === "managed"
+    ? `
+[agents.crash]
+provider = "managed"
+base_url = "${fakeUrl}"
+api_key_env = "CRASH_FAKE_KEY"
+agent_id = "agent_crash"
+environment_id = "env_crash"
+max_turns = 4
+`
+    : `
 [agents.crash]
 base_url = "${fakeUrl}"
 model = "fake"
 max_turns = 4
+`;
+const toolConfig = (fakeUrl, dir) => `${agentConfig(fakeUrl, dir)}
 [[agents.crash.commands]]
 name = "append_line"
 description = "Append a line to the file"
@@ -108,6 +136,11 @@ async function events(base, thread) {
   return (await r.json()).events;
 }
 function done(evs) {
+  if (PROVIDER === "managed") {
+    // The remote turn's confirmation, after the tool's result.
+    const r = evs.findIndex((e) => e.kind.kind === "tool_result");
+    return r >= 0 && evs.slice(r).some((e) => e.kind.kind === "message" && JSON.stringify(e.kind).includes("Appended the line"));
+  }
   const responses = evs.filter((e) => e.type === "local.model_response");
   const last = responses[responses.length - 1];
   return !!last && (last.kind.tool_uses || []).length === 0 && evs.some((e) => e.kind.kind === "tool_result");
@@ -257,10 +290,87 @@ async function selfTest(fake) {
   }
 }
 
-const fake = await startFake("crash");
+/**
+ * The ACP variant: the SDK's example agent does not advertise `loadSession`, so a thread whose
+ * server was killed mid-turn cannot go on in a new agent process. Each run is killed at a random
+ * point of its turn (the agent takes seconds to reach its permission question), the server
+ * restarted, and the thread asked again: its run must end either in the typed RUN_ERROR
+ * CANNOT_RESUME (the thread had an agent session) or as a fresh turn (the kill came before the
+ * thread was opened), and every thread's record must have no gap and no duplicate, nothing lost
+ * of what was recorded before the kill.
+ */
+async function acpCrash() {
+  const dir = tempDir("tether-crash-acp-");
+  servers = new Servers(dir, toolConfig("", dir));
+  await servers.start();
+  const before = new Map();
+  const seen = { typed: 0, fresh: 0 };
+  for (let i = 0; i < RUNS; i++) {
+    const thread = `acp-t${i}`;
+    const body = input(thread, `a${i}-0`, `u${i}`, `question ${i}`);
+    step = `acp run ${i}: first request`;
+    const pending = runAgui(servers.url, "crash", body, TOKEN).catch(() => null);
+    await sleep(Math.floor(Math.random() * 2500));
+    step = `acp run ${i}: SIGKILL`;
+    await servers.kill();
+    await pending;
+    step = `acp run ${i}: restart`;
+    await servers.start();
+    before.set(thread, await events(servers.url, thread));
+    step = `acp run ${i}: asking again`;
+    const evs = await runAgui(servers.url, "crash", { ...body, runId: `a${i}-1` }, TOKEN).catch((e) => [{ type: "FAILED", message: String(e) }]);
+    const last = evs.at(-1) ?? {};
+    const typed = last.type === "RUN_ERROR" && last.code === "CANNOT_RESUME";
+    const fresh = last.type === "RUN_FINISHED" && before.get(thread).length === 0;
+    check(`acp thread ${i}: after the kill, CANNOT_RESUME or a fresh turn`, typed || fresh, JSON.stringify(last));
+    if (typed) seen.typed++;
+    if (fresh) seen.fresh++;
+  }
+  console.log(`info: ${RUNS} SIGKILLs mid-turn; ${seen.typed} threads resumed with CANNOT_RESUME, ${seen.fresh} killed before their thread opened`);
+  check("acp: some kills fell after the agent session was opened", seen.typed > 0, JSON.stringify(seen));
+  step = "acp: the final check";
+  await servers.kill();
+  await servers.start();
+  for (let i = 0; i < RUNS; i++) {
+    const thread = `acp-t${i}`;
+    const evs = await events(servers.url, thread);
+    const seqs = evs.map((e) => e.seq);
+    const prior = before.get(thread);
+    check(`acp thread ${i}: record has no gap (${seqs.length} events)`, seqs.every((s, k) => s === k + 1), JSON.stringify(seqs));
+    check(`acp thread ${i}: record has no duplicate`, new Set(evs.map((e) => e.id)).size === evs.length);
+    check(
+      `acp thread ${i}: nothing recorded before the kill was lost`,
+      prior.every((e, k) => JSON.stringify(e) === JSON.stringify(evs[k])),
+      `${prior.length} before, ${evs.length} after`,
+    );
+  }
+  await stop(servers.serve.child, "SIGKILL");
+  servers = null;
+}
+
+let fake;
+if (PROVIDER === "acp") {
+  // The ACP SDK's example agent (no loadSession): nothing to fake.
+  fake = { child: null, url: "" };
+} else if (PROVIDER === "managed") {
+  const { spawnUntil } = await import("./lib.mjs");
+  const bin = process.env.FAKE_MANAGED_BIN || new URL("../../target/debug/examples/fake_managed", import.meta.url).pathname;
+  const [child, m] = await spawnUntil(bin, ["crash"], /listening on (http:\/\/\S+)/);
+  fake = { child, url: m[1] };
+  process.env.CRASH_FAKE_KEY = "sk-fake";
+} else {
+  fake = await startFake("crash");
+}
 let servers = null;
 try {
-  await selfTest(fake);
+  // The classifier's self-test drives the tool's markers through the model's arguments, which
+  // the fake model takes from the user's message: the openai run does it; the managed fake's
+  // tool input is fixed, so its run relies on the same (already self-tested) classifier.
+  if (PROVIDER === "openai") await selfTest(fake);
+  if (PROVIDER === "acp") {
+    await acpCrash();
+    process.exit(summary());
+  }
 
   const dir = tempDir("tether-crash-");
   servers = new Servers(dir, toolConfig(fake.url, dir));
@@ -319,6 +429,6 @@ try {
 } finally {
   step = "stopping the server and the fake";
   if (servers?.serve) await stop(servers.serve.child, "SIGKILL");
-  await stop(fake.child, "SIGKILL");
+  if (fake.child) await stop(fake.child, "SIGKILL");
 }
 process.exit(summary());

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# tether serve conformance: the crash-safety script, the browser test (Debian chromium driven by
+# tether serve conformance: the crash-safety script (for the OpenAI-compatible local loop, for a
+# Managed Agents agent against the testkit fake, and for the ACP SDK's example agent), the browser
+# test (Debian chromium driven by
 # playwright-core: the UI opened at the URL tether serve prints, its token taken from there), the
 # cross-origin test (pages of another origin and a DNS-rebinding page, in chromium, refused), plus
 # a check that the committed UI assets are what `npm ci && npm run build` produces. Installs what
@@ -32,7 +34,7 @@ if [[ ! -x /usr/bin/chromium ]]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
     || echo "could not install chromium"
 fi
-cargo build -q -p tether-serve --bin tether-serve --example fake_openai || { echo "0 passed, 1 failed"; exit 1; }
+cargo build -q -p tether-serve --bin tether-serve --example fake_openai --example fake_managed || { echo "0 passed, 1 failed"; exit 1; }
 (cd "$here" && npm ci --no-audit --no-fund --silent) || { echo "0 passed, 1 failed"; exit 1; }
 
 ui_reproducible() {
@@ -46,6 +48,10 @@ ui_reproducible() {
 }
 
 step crash timeout 600 node "$here/crash.mjs"
+step crash-managed env CRASH_PROVIDER=managed timeout 600 node "$here/crash.mjs"
+[[ -f "$root/conformance/acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js" ]] ||
+  bash "$root/conformance/acp/setup.sh" >/dev/null || echo "conformance/acp/setup.sh failed"
+step crash-acp env CRASH_PROVIDER=acp timeout 600 node "$here/crash.mjs"
 step browser timeout 600 node "$here/browser.mjs"
 step cross-origin timeout 600 node "$here/cross_origin.mjs"
 step ui-build ui_reproducible
