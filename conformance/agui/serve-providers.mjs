@@ -325,6 +325,16 @@ try {
     JSON.stringify(again.messages.map((m) => [m.role, m.content])),
   );
   const aev = await (await fetch(`${base}/v1/threads/claude-thread-1/events`)).json();
+  const amsg = await (await fetch(`${base}/v1/threads/claude-thread-1/messages`)).json();
+  const shown = (amsg.messages ?? []).map((m) => [m.role, m.content ?? null]);
+  check(
+    "anthropic: the reopened thread (GET /v1/threads/{id}/messages) shows the user's messages and the answers",
+    shown.some(([r, c]) => r === "user" && c === "Please write a file.") &&
+      shown.some(([r, c]) => r === "user" && c === "Thanks, bye.") &&
+      shown.some(([r, c]) => r === "assistant" && String(c).includes("You said: Thanks, bye.")) &&
+      (amsg.messages ?? []).some((m) => m.role === "tool"),
+    JSON.stringify(shown),
+  );
   check("anthropic: the thread's record has no gap and no duplicate", wholeRecord(aev.events), JSON.stringify(aev.events?.map((e) => [e.seq, e.id])));
   check("anthropic: @ag-ui/client made no warnings after the restart", warnings.length === 0, warnings.join("\n"));
 } catch (e) {

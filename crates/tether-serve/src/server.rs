@@ -156,6 +156,9 @@ impl Server {
 struct AppState {
     shared: Arc<Shared>,
     agents: Arc<Vec<AgentInfo>>,
+    /// The agents served by [`ThreadAgent`] (their records are the session engine's own, read
+    /// back with `tether_agui::thread_messages`).
+    thread_agents: Arc<std::collections::HashSet<String>>,
     boundary: Arc<Boundary>,
 }
 
@@ -231,6 +234,7 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     };
     let mut app: Router<AppState> = Router::new();
     let mut infos = Vec::new();
+    let mut thread_agents = std::collections::HashSet::new();
     for (name, cfg) in &opts.config.agents {
         let agent_err = |message: String| ServeError::Agent {
             agent: name.clone(),
@@ -239,6 +243,7 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
         if let Some(spec) = cfg.provider_spec(name).map_err(agent_err)? {
             let (agent, info) = thread_agent(name, cfg, spec, &shared).map_err(agent_err)?;
             infos.push(info);
+            thread_agents.insert(name.clone());
             let options = EndpointOptions {
                 admit: Some(admission(
                     Resumes::Thread(agent.clone()),
@@ -314,6 +319,7 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     let state = AppState {
         shared,
         agents: Arc::new(infos),
+        thread_agents: Arc::new(thread_agents),
         boundary: Arc::new(Boundary {
             loopback_only: loopback,
             allowed_origins: opts.config.server.allowed_origins.clone().into_boxed_slice(),
@@ -1039,7 +1045,11 @@ async fn thread_messages_route(State(st): State<AppState>, Path(thread): Path<St
     match load_thread(&st, &thread).await {
         Ok((rec, events)) => axum::Json(json!({
             "thread": thread_json(&rec),
-            "messages": thread_messages(&events),
+            "messages": if st.thread_agents.contains(&rec.agent) {
+                tether_agui::thread_messages(&events)
+            } else {
+                thread_messages(&events)
+            },
         }))
         .into_response(),
         Err(r) => r,
