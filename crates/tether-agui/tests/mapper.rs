@@ -1,5 +1,5 @@
 //! `EventMapper`: tether session events to the AG-UI events of one run, as `tether serve` and
-//! `SessionAgent` both use it. The mapped stream must pass the verifier and keep every text.
+//! `ThreadAgent` both use it. The mapped stream must pass the verifier and keep every text.
 
 use std::sync::Arc;
 
@@ -158,7 +158,7 @@ enum Step {
 }
 
 /// Plays the steps through a real `EventSink` (which shows a retried message once) and maps
-/// what a subscriber receives, as `SessionAgent` and `tether serve` do.
+/// what a subscriber receives, as `ThreadAgent` and `tether serve` do.
 async fn through_the_sink(steps: &[Step], input: RunAgentInput) -> (Vec<Value>, Vec<Value>) {
     let sink = tether::EventSink::detached();
     let mut sub = sink.subscribe(4096).await;
