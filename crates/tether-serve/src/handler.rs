@@ -452,3 +452,50 @@ impl Handler for EngineGated {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gated(dir: &std::path::Path, writes: &str) -> EngineGated {
+        let text = format!(
+            "[agents.a]\nprovider = \"acp\"\ncommand = [\"agent\"]\n[agents.a.workspace]\nroot = \"{}\"\nwrites = \"{writes}\"\n",
+            dir.display()
+        );
+        let cfg = crate::config::Config::parse(&text, "t.toml", dir).unwrap();
+        ServeHandler::new(&cfg.agents["a"], Vec::new(), Default::default())
+            .unwrap()
+            .engine_gated()
+    }
+
+    /// An ACP agent's direct `fs/write_text_file` under `writes = "ask"` cannot be asked about
+    /// (no browser waits in the middle of that request): it is refused, nothing is written. The
+    /// same request under `allow` is served by the workspace; reads are served under `allow`.
+    #[tokio::test]
+    async fn an_agents_direct_write_under_ask_is_refused_fail_closed() {
+        let dir = tempfile::tempdir().unwrap();
+        let info = SessionInfo::new("s", "acp");
+        let write = tether::WriteTextFile {
+            path: dir.path().join("x.txt"),
+            content: "hi".into(),
+        };
+        let h = gated(dir.path(), "ask");
+        let e = h.write_text_file(&write, &info).await.unwrap_err();
+        assert!(matches!(e, tether::HandlerError::Refused(_)), "{e}");
+        assert!(!dir.path().join("x.txt").exists(), "nothing written");
+        // The same write as a tool call is an approval the engine asks for.
+        let call = ToolUse::new("c1", "write_file", json!({"path": "x.txt", "content": "hi"}));
+        assert!(h.needs_approval(&call).is_some());
+
+        let h = gated(dir.path(), "allow");
+        h.write_text_file(&write, &info).await.unwrap();
+        assert_eq!(std::fs::read_to_string(dir.path().join("x.txt")).unwrap(), "hi");
+        let read = tether::ReadTextFile {
+            path: dir.path().join("x.txt"),
+            line: None,
+            limit: None,
+        };
+        assert_eq!(h.read_text_file(&read, &info).await.unwrap(), "hi");
+        assert!(h.needs_approval(&call).is_none());
+    }
+}
