@@ -840,6 +840,12 @@ struct Mapping<'a, S> {
 impl<S: crate::AgentState> Mapping<'_, S> {
     async fn map(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> Result<()> {
         ctx.ready().await?;
+        self.map_now(ctx, ev)
+    }
+
+    /// Maps one event (the client's buffer has room, or the run is ending), noting the names of
+    /// the tool calls it shows: the run's end tells front-end calls from unanswered ones by them.
+    fn map_now(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> Result<()> {
         self.mapper.map(ctx, ev)?;
         match &ev.kind {
             EventKind::ToolCallStart {
@@ -871,8 +877,7 @@ impl<S: crate::AgentState> Mapping<'_, S> {
 
     fn drain(&mut self, ctx: &mut RunContext<S>, events: &mut Subscription) -> Result<()> {
         while let Ok(ev) = events.try_recv() {
-            self.mapper.map(ctx, &ev)?;
-            self.update(ctx, Update::Event(&ev))?;
+            self.map_now(ctx, &ev)?;
         }
         Ok(())
     }
