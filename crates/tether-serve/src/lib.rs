@@ -9,9 +9,11 @@
 //! `GET /v1/threads/{thread}/messages`, `GET /healthz`, and the UI at `/`.
 //!
 //! Threads (AG-UI `threadId`) map to sessions in the database and resume across requests and
-//! restarts: each request rebuilds the session from its checkpoint and the events recorded after
-//! it, answers pending tool uses from the tool-result memo, and re-sends a user message that a
-//! crash left unanswered. A tool that needs the user's approval ends the run with an AG-UI
+//! restarts. An `openai` agent's request rebuilds the session from its checkpoint and the events
+//! recorded after it, answers pending tool uses from the tool-result memo, and re-sends a user
+//! message that a crash left unanswered. Every other provider (`anthropic`, `managed`,
+//! `agentcore`, `acp`; built by [`providers`]) is served by `tether_agui::ThreadAgent`, whose
+//! sessions the engine resumes through the `Provider` seam. A tool that needs the user's approval ends the run with an AG-UI
 //! interrupt; the next request's `resume[]` carries the answer.
 
 #![warn(missing_docs)]
