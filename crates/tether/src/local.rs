@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse};
 use crate::error::{Error, Result};
-use crate::event::{EventKind, Role};
+use crate::event::{Event, EventKind, Role};
 use crate::provider::{Input, Opened, Provider, TurnContext};
 use crate::retry::RetryPolicy;
 use crate::sink::DeltaSink;
@@ -189,6 +189,27 @@ impl LocalLoop {
             } else {
                 format!("{message_id}-r{retries}")
             };
+            if cx.sink.observed() {
+                // The model call's start, for a tracer (a mark: not recorded, not delivered).
+                let model = if req.model.is_empty() {
+                    self.model.default_model()
+                } else {
+                    req.model.as_str()
+                };
+                let mut raw = json!({
+                    "type": "local.model_call",
+                    "message_id": message_id,
+                    "attempt": retries + 1,
+                    "model": model,
+                    "provider": self.model.name(),
+                    "endpoint": self.model.endpoint(),
+                });
+                if cx.sink.full_payloads() {
+                    raw["request"] = json!({"messages": req.messages, "tools": req.tools});
+                }
+                cx.sink
+                    .observe(&Event::new("", "local.model_call", raw, EventKind::Other));
+            }
             let deltas = DeltaSink::new(cx.sink.clone(), mid);
             match self.model.chat(&req, &deltas).await {
                 Ok(r) => return Ok(r),
