@@ -264,6 +264,9 @@ struct State {
 /// A span that ends when dropped: with `error.type` `interrupted` unless it was ended first.
 struct Guarded {
     span: tracing::Span,
+    /// The dispatcher the span belongs to: it is closed under it, because the registry closes a
+    /// parent whose last child closes through the *current* dispatcher.
+    dispatch: Dispatch,
     open: bool,
 }
 
@@ -294,6 +297,8 @@ impl Drop for Guarded {
                 "the session was dropped before this operation ended",
             );
         }
+        let span = std::mem::replace(&mut self.span, tracing::Span::none());
+        tracing::dispatcher::with_default(&self.dispatch, move || drop(span));
     }
 }
 
@@ -388,7 +393,11 @@ impl SessionTracer {
             }
             None => tracing::info_span!(target: "tether_otel", "gen_ai", otel.name = name, otel.kind = kind),
         });
-        Guarded { span, open: true }
+        Guarded {
+            span,
+            dispatch: self.shared.dispatch.clone(),
+            open: true,
+        }
     }
 
     fn handle(&self, e: &Event, sink: &EventSink) {
