@@ -29,17 +29,21 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // The log on stderr (errors, and telemetry's one export warning), and OpenTelemetry export
+    // when OTEL_EXPORTER_OTLP_ENDPOINT is set (off, at no cost, otherwise).
+    let telemetry = tether_otel::init(
+        tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error,tether_otel=warn")),
+    );
     let cli = Cli::parse();
-    match cli.command {
+    let code = match cli.command {
         Command::Run(args) => run::run(args).await,
         Command::Acp(args) => acp_cmd::run(args).await,
         Command::Serve(args) => tether_serve::serve(args).await,
+    };
+    if let Some(t) = telemetry {
+        // Exports what is batched; bounded (5 s), so a collector that is down cannot hold us.
+        t.shutdown();
     }
+    code
 }

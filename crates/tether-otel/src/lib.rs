@@ -62,6 +62,65 @@ use tracing_subscriber::registry::LookupSpan;
 
 pub use observer::{STATE_KEY, SessionTracer, TARGET, Tracer};
 
+static GLOBAL: std::sync::OnceLock<Tracer> = std::sync::OnceLock::new();
+
+/// Makes `tracer` the process's tracer: the one `tether run` and `tether serve` trace sessions
+/// with. Only the first call counts; returns whether this one did.
+pub fn set_global_tracer(tracer: Tracer) -> bool {
+    GLOBAL.set(tracer).is_ok()
+}
+
+/// The process's tracer, when telemetry is on ([`set_global_tracer`]).
+pub fn global_tracer() -> Option<&'static Tracer> {
+    GLOBAL.get()
+}
+
+/// `builder` with an observer from the process's tracer when telemetry is on; unchanged (and
+/// the session untraced, at no cost) when it is off.
+pub fn observe_global(builder: tether::SessionBuilder) -> tether::SessionBuilder {
+    match GLOBAL.get() {
+        Some(t) => builder.observer(t.observer()),
+        None => builder,
+    }
+}
+
+/// Attaches the process's tracer, when telemetry is on, to an open session's sink, naming the
+/// agent `agent` (see [`Tracer::attach`]); does nothing when it is off. Returns whether it
+/// attached.
+pub async fn attach_global(sink: &tether::EventSink, agent: &str) -> bool {
+    match GLOBAL.get() {
+        Some(t) => t.clone().agent_name(agent).attach(sink).await,
+        None => false,
+    }
+}
+
+/// For a binary: installs the global `tracing` subscriber — a log on stderr filtered by
+/// `log_filter`, and, when the environment configures OTLP export ([`Telemetry::from_env`]),
+/// the bridge to it — and the global tracer. Returns the telemetry, to
+/// [`Telemetry::shutdown`] before exiting. A bad configuration is reported as one warning on
+/// stderr, and the program runs untraced.
+pub fn init(log_filter: tracing_subscriber::EnvFilter) -> Option<Telemetry> {
+    use tracing_subscriber::prelude::*;
+    let (telemetry, problem) = match Telemetry::from_env() {
+        Ok(t) => (t, None),
+        Err(e) => (None, Some(e)),
+    };
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(log_filter);
+    let _ = tracing_subscriber::registry()
+        .with(log)
+        .with(telemetry.as_ref().map(|t| t.layer()))
+        .try_init();
+    if let Some(e) = problem {
+        eprintln!("warning: OpenTelemetry export is off: {e}");
+    }
+    if let Some(t) = &telemetry {
+        set_global_tracer(t.tracer());
+    }
+    telemetry
+}
+
 /// The environment variable that opts into content capture (`true`): messages, tool arguments
 /// and results on the spans. The name most GenAI instrumentations read.
 pub const CAPTURE_CONTENT_ENV: &str = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT";
