@@ -259,6 +259,8 @@ struct State {
     run: Option<Run>,
     chat: Option<Chat>,
     tools: HashMap<String, Tool>,
+    /// When each approval in progress was asked, by tool use id.
+    approvals: HashMap<String, Instant>,
 }
 
 /// A span that ends when dropped: with `error.type` `interrupted` unless it was ended first.
@@ -419,6 +421,33 @@ impl SessionTracer {
             "span.model_request_start" => {
                 if st.chat.is_none() {
                     self.open_chat(&mut st, true, "client", None, None, None, sink);
+                }
+                return;
+            }
+            "tether.permission_request" | "tether.permission_outcome" => {
+                // An approval asked during a tool call (an ACP agent's permission request): the
+                // wait shows on the tool's span, between these two events.
+                let id = str_of(&e.raw, "tool_use_id").unwrap_or_default().to_owned();
+                let mut attrs = vec![KeyValue::new(sc::TOOL_CALL_ID, id.clone())];
+                let name = if e.raw_type == "tether.permission_request" {
+                    st.approvals.insert(id.clone(), Instant::now());
+                    "tether.approval_requested"
+                } else {
+                    if let Some(o) = str_of(&e.raw, "outcome") {
+                        attrs.push(KeyValue::new("tether.approval.outcome", o.to_owned()));
+                    }
+                    if let Some(t) = st.approvals.remove(&id) {
+                        attrs.push(KeyValue::new(
+                            "tether.approval.wait_ms",
+                            i64::try_from(t.elapsed().as_millis()).unwrap_or(i64::MAX),
+                        ));
+                    }
+                    "tether.approval_answered"
+                };
+                match (st.tools.get(&id), &st.run) {
+                    (Some(t), _) => t.g.span.add_event(name, attrs),
+                    (None, Some(r)) => r.g.span.add_event(name, attrs),
+                    _ => {}
                 }
                 return;
             }

@@ -19,18 +19,27 @@ struct Serve {
 }
 
 async fn start_serve(dir: &std::path::Path, otlp: &str) -> Serve {
-    let bin = tokio::task::spawn_blocking(bins::tether_serve).await.expect("build");
+    let bin = tokio::task::spawn_blocking(bins::tether_serve)
+        .await
+        .expect("build");
     let mut cmd = tokio::process::Command::new(bin);
     bins::clean_env(&mut cmd);
-    cmd.args(["--config", "tether.toml", "--bind", "127.0.0.1:0", "--db", "tether.db"])
-        .current_dir(dir)
-        .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)
-        // Spans leave within 20 ms of ending, so those before the kill are out when it comes.
-        .env("OTEL_BSP_SCHEDULE_DELAY", "20")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    cmd.args([
+        "--config",
+        "tether.toml",
+        "--bind",
+        "127.0.0.1:0",
+        "--db",
+        "tether.db",
+    ])
+    .current_dir(dir)
+    .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)
+    // Spans leave within 20 ms of ending, so those before the kill are out when it comes.
+    .env("OTEL_BSP_SCHEDULE_DELAY", "20")
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .kill_on_drop(true);
     let mut child = cmd.spawn().expect("tether-serve starts");
     let stderr = child.stderr.take().expect("stderr");
     let mut lines = BufReader::new(stderr).lines();
@@ -102,7 +111,9 @@ command = 'if [ -f started ]; then echo ready; else touch started; sleep 120; fi
     let running = tokio::spawn(async move { post_run(&url, &body("t1", "r1")).await });
     // The model call has ended (its span is exported) and the tool is running.
     let before = rx
-        .wait_spans("the chat span before the crash", |s| s.iter().any(|s| s.name == "chat m"))
+        .wait_spans("the chat span before the crash", |s| {
+            s.iter().any(|s| s.name == "chat m")
+        })
         .await;
     let marker = ws.join("started");
     for _ in 0..600 {
@@ -115,11 +126,7 @@ command = 'if [ -f started ]; then echo ready; else touch started; sleep 120; fi
     first.child.start_kill().expect("SIGKILL");
     let _ = first.child.wait().await;
     let _ = running.await;
-    let chat_before: Span = before
-        .iter()
-        .find(|s| s.name == "chat m")
-        .cloned()
-        .expect("chat");
+    let chat_before: Span = before.iter().find(|s| s.name == "chat m").cloned().expect("chat");
     // The killed run's request span never ended, so it was never exported: its chat span names
     // it as parent.
     assert!(
@@ -128,11 +135,14 @@ command = 'if [ -f started ]; then echo ready; else touch started; sleep 120; fi
     );
 
     let second = start_serve(dir.path(), &rx.url).await;
-    let events = post_run(&second.url, &body("t1", "r2")).await.expect("resumed run");
+    let events = post_run(&second.url, &body("t1", "r2"))
+        .await
+        .expect("resumed run");
     assert!(events.contains("RUN_FINISHED"), "{events}");
     let after = rx
         .wait_spans("the resumed run's request span", |s| {
-            s.iter().any(|s| s.name == "invoke_agent main" && s.trace_id != chat_before.trace_id)
+            s.iter()
+                .any(|s| s.name == "invoke_agent main" && s.trace_id != chat_before.trace_id)
         })
         .await;
     let resumed: Vec<&Span> = after
@@ -142,16 +152,26 @@ command = 'if [ -f started ]; then echo ready; else touch started; sleep 120; fi
     let r = resumed[0];
     assert_eq!(r.links.len(), 1, "{r:#?}");
     let (trace, span, attrs) = &r.links[0];
-    assert_eq!(trace, &chat_before.trace_id, "the link names the trace before the crash");
-    assert_eq!(span, &chat_before.parent, "the link names the killed run's request span");
+    assert_eq!(
+        trace, &chat_before.trace_id,
+        "the link names the trace before the crash"
+    );
+    assert_eq!(
+        span, &chat_before.parent,
+        "the link names the killed run's request span"
+    );
     assert_eq!(attrs.get("tether.link.type"), Some(&json!("interrupted_run")));
     assert!(r.events.iter().any(|(n, _)| n == "tether.resumed"), "{r:#?}");
     assert_eq!(r.attr("gen_ai.agent.name"), Some(&json!("main")));
-    assert_eq!(r.attr("gen_ai.conversation.id"), chat_before.attr("gen_ai.conversation.id"));
+    assert_eq!(
+        r.attr("gen_ai.conversation.id"),
+        chat_before.attr("gen_ai.conversation.id")
+    );
     // The resumed run ran the tool and the next model call, inside its own trace.
     let after = rx
         .wait_spans("the resumed run's children", |s| {
-            s.iter().any(|s| s.parent == r.span_id && s.name == "execute_tool wait")
+            s.iter()
+                .any(|s| s.parent == r.span_id && s.name == "execute_tool wait")
                 && s.iter().any(|s| s.parent == r.span_id && s.name == "chat m")
         })
         .await;

@@ -100,7 +100,9 @@ impl EventSink {
     /// the conversation (a request's start and end, a model call's start). Marks are neither
     /// recorded nor delivered to the handler or the subscribers, so front-ends and records are
     /// unchanged by them. Raw types of marks: `tether.run_start`, `tether.run_end`,
-    /// `tether.tool_start` (the engine), `local.model_call` (the local loop).
+    /// `tether.tool_start` (the engine), `local.model_call` (the local loop),
+    /// `tether.permission_request` and `tether.permission_outcome` (an approval a provider asks
+    /// its handler for during a turn: ACP).
     pub fn observe(&self, event: &Event) {
         if let Some(o) = self.inner.observer.get() {
             o.on_event(event, self);
