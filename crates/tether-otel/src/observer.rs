@@ -420,7 +420,7 @@ impl SessionTracer {
             }
             "span.model_request_start" => {
                 if st.chat.is_none() {
-                    self.open_chat(&mut st, true, "client", None, None, None, sink);
+                    self.open_chat(&mut st, ChatStart::inferred(true), sink);
                 }
                 return;
             }
@@ -474,7 +474,7 @@ impl SessionTracer {
         match &e.kind {
             EventKind::TextDelta { delta, .. } | EventKind::ReasoningDelta { delta, .. } if !local => {
                 if st.chat.is_none() {
-                    self.open_chat(&mut st, false, "client", None, None, None, sink);
+                    self.open_chat(&mut st, ChatStart::inferred(false), sink);
                 }
                 if shared.tracer.capture_content
                     && let Some(c) = st.chat.as_mut()
@@ -496,7 +496,7 @@ impl SessionTracer {
                     self.model_response(&mut st, e, sink);
                 } else {
                     if st.chat.is_none() {
-                        self.open_chat(&mut st, false, "client", None, None, None, sink);
+                        self.open_chat(&mut st, ChatStart::inferred(false), sink);
                     }
                     if shared.tracer.capture_content
                         && let Some(c) = st.chat.as_mut()
@@ -792,7 +792,14 @@ impl SessionTracer {
         // A model in this process (the local loop reports no endpoint for it) is an internal
         // call; one behind HTTP a client call.
         let kind = if endpoint.is_some() { "client" } else { "internal" };
-        self.open_chat(st, true, kind, provider, model, endpoint, sink);
+        let start = ChatStart {
+            explicit: true,
+            kind,
+            provider,
+            model,
+            endpoint,
+        };
+        self.open_chat(st, start, sink);
         if self.shared.tracer.capture_content
             && let (Some(c), Some(h)) = (&st.chat, input)
         {
@@ -800,16 +807,14 @@ impl SessionTracer {
         }
     }
 
-    fn open_chat(
-        &self,
-        st: &mut State,
-        explicit: bool,
-        kind: &'static str,
-        provider: Option<String>,
-        model: Option<String>,
-        endpoint: Option<String>,
-        sink: &EventSink,
-    ) {
+    fn open_chat(&self, st: &mut State, start: ChatStart, sink: &EventSink) {
+        let ChatStart {
+            explicit,
+            kind,
+            provider,
+            model,
+            endpoint,
+        } = start;
         let Some(run) = st.run.as_mut() else {
             return;
         };
@@ -1163,6 +1168,30 @@ async fn writer(
         {
             warned = true;
             tracing::warn!(error = %e, "tether-otel: could not save the session's trace context; a resumed session will not link to its earlier spans");
+        }
+    }
+}
+
+/// How a chat span starts: from an explicit start (a model call mark, a
+/// `span.model_request_start`) or inferred from output; its kind, provider, model and endpoint
+/// when known.
+struct ChatStart {
+    explicit: bool,
+    kind: &'static str,
+    provider: Option<String>,
+    model: Option<String>,
+    endpoint: Option<String>,
+}
+
+impl ChatStart {
+    /// A model call of a remote loop, nothing known but that it happens.
+    fn inferred(explicit: bool) -> Self {
+        ChatStart {
+            explicit,
+            kind: "client",
+            provider: None,
+            model: None,
+            endpoint: None,
         }
     }
 }
