@@ -14,6 +14,9 @@
 //! byte) and to the first text, the peak resident memory (VmHWM) of the server process and of
 //! the fake server process, and the CPU time the serving process and the load client used.
 //!
+//! `BENCH_OTEL=1` adds tracing's cost: the relayed load on open connections against a second
+//! server traced with OTLP export to a receiver on loopback, alternating with the untraced one.
+//!
 //! Each load runs on new connections and on connections opened beforehand; a last burst of
 //! `GET /healthz` on open connections shows the floor: what 1,000 requests at once take on this
 //! machine with no run behind them. The load client is a minimal HTTP/1.1 client on raw sockets
@@ -698,6 +701,35 @@ async fn main() {
     .await;
     floor.cpu = (cpu_secs(server_pid) - cpu0.0, cpu_secs(0) - cpu0.1);
 
+    // BENCH_OTEL=1: tracing's cost. A second server, traced and exporting spans and metrics over
+    // OTLP/HTTP to a receiver on loopback, and the untraced one take the same load on open
+    // connections, alternating, three times each.
+    let mut otel = None;
+    if std::env::var_os("BENCH_OTEL").is_some() {
+        let sink = otlp_sink().await;
+        let (traced, traced_url) = spawn_until(
+            Command::new(bin.join("tether-serve"))
+                .arg("--config")
+                .arg(&cfg)
+                .args(["--bind", "127.0.0.1:0", "--db"])
+                .arg(tmp.join("bench-otel.db"))
+                .env("OTEL_EXPORTER_OTLP_ENDPOINT", &sink)
+                .env("OTEL_BSP_SCHEDULE_DELAY", "200"),
+            "listening on ",
+        )
+        .await;
+        let (traced_addr, _) = split_url(&traced_url);
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        for round in 0..3 {
+            let f = agui_load(server_addr, runs, format!("off{round}")).await;
+            off.push(f.deltas as f64 / f.elapsed.as_secs_f64());
+            let f = agui_load(traced_addr, runs, format!("on{round}")).await;
+            on.push(f.deltas as f64 / f.elapsed.as_secs_f64());
+        }
+        drop(traced);
+        otel = Some((off, on));
+    }
+
     // Peak memory per run: the phase's peak over the process's RSS when idle before any load.
     report("direct, new connections    ", &direct[0], fake_hwm[0], runs);
     report("direct, open connections   ", &direct[1], fake_hwm[1], runs);
@@ -721,7 +753,88 @@ async fn main() {
         server_hwm[1] as f64 / 1024.0,
         idle_server as f64 / 1024.0
     );
+    if let Some((mut off, mut on)) = otel {
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (a, b) = (med(&mut off), med(&mut on));
+        println!(
+            "tracing (BENCH_OTEL), open connections, median of 3 alternating loads: untraced {a:.0} deltas/s, \
+             traced with OTLP export {b:.0} deltas/s; traced/untraced {:.3} (goal >= 0.95)",
+            b / a
+        );
+    }
     drop(server);
     drop(fake);
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// The AG-UI load of the relayed phases, on connections opened beforehand, on threads named
+/// after `tag`.
+async fn agui_load(addr: std::net::SocketAddr, runs: usize, tag: String) -> Figures {
+    let conns = warm(addr, "/healthz", runs).await;
+    let host = addr.to_string();
+    load(
+        addr,
+        Some(conns),
+        runs,
+        move |i| {
+            let body = serde_json::json!({
+                "threadId": format!("bench-{tag}-{i}-{}", std::process::id()), "runId": "r1",
+                "messages": [{"id": "u1", "role": "user", "content": "go"}]
+            });
+            http_request(
+                &host,
+                "POST",
+                "/v1/agents/bench/run",
+                "text/event-stream",
+                Some(&body),
+            )
+        },
+        Text::AgUi,
+    )
+    .await
+}
+
+/// An OTLP/HTTP receiver on loopback that reads each export and answers 200 (BENCH_OTEL).
+async fn otlp_sink() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 16 << 10];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..end + 4 + len);
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                    if s.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
 }
