@@ -427,3 +427,34 @@ fn off_without_configuration() {
         assert!(Telemetry::from_env().expect("from_env").is_none());
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_model_call_is_one_span_with_a_retry_event() {
+    let rx = Receiver::start().await;
+    let (t, tracer) = telemetry(&rx, false);
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::server_error(503));
+    fake.push(Reply::text("ok").usage(2, 1));
+    let sleeper = tether::RecordingSleeper::default();
+    let retry = tether::RetryPolicy {
+        jitter: false,
+        ..tether::RetryPolicy::default()
+    }
+    .with_sleeper(sleeper.clone());
+    let result = Session::builder(LocalLoop::new(model(&fake)).retry(retry))
+        .observer(tracer.observer())
+        .run("hi")
+        .await
+        .expect("run");
+    assert_eq!(result.text, "ok");
+    flush(&t).await;
+    let spans = rx.wait_spans("the run's spans", |s| s.len() >= 2).await;
+    assert_eq!(spans.len(), 2, "{spans:#?}");
+    let chat = one(&spans, "chat gpt-test");
+    assert_eq!(chat.status, 0);
+    let retries: Vec<_> = chat.events.iter().filter(|(n, _)| n == "tether.retry").collect();
+    assert_eq!(retries.len(), 1, "{chat:#?}");
+    assert_eq!(retries[0].1.get("tether.retry.attempt"), Some(&json!(1)));
+    assert_eq!(retries[0].1.get("error.type"), Some(&json!("503")));
+    assert_eq!(fake.requests().len(), 2, "two attempts, one span");
+}

@@ -1,6 +1,6 @@
-//! A `tether serve` thread killed with SIGKILL in the middle of a run and resumed by a restarted
-//! server (the real `tether-serve` binary): the resumed run's spans link to those before the
-//! crash.
+//! `tether serve` traced (the real `tether-serve` binary): a thread killed with SIGKILL in the
+//! middle of a run and resumed by a restarted server links its new spans to those before the
+//! crash; an approval shows as a tool call left waiting by one run and run by the next.
 
 mod bins;
 mod common;
@@ -64,6 +64,24 @@ fn body(thread: &str, run: &str) -> Value {
            "tools": [], "context": [], "state": {}, "forwardedProps": {}})
 }
 
+fn config(fake: &FakeOpenAi, ws: &std::path::Path) -> String {
+    format!(
+        r#"
+[agents.main]
+base_url = "{url}"
+model = "m"
+[agents.main.workspace]
+root = "{ws}"
+[[agents.main.commands]]
+name = "wait"
+description = "Wait for something"
+command = 'if [ -f started ]; then echo ready; else touch started; sleep 120; fi'
+"#,
+        url = fake.url(),
+        ws = ws.display()
+    )
+}
+
 async fn post_run(url: &str, body: &Value) -> reqwest::Result<String> {
     reqwest::Client::new()
         .post(format!("{url}/v1/agents/main/run"))
@@ -86,25 +104,7 @@ async fn a_thread_resumed_after_sigkill_links_to_its_spans_before_the_crash() {
     let ws = dir.path().join("ws");
     std::fs::create_dir_all(&ws).expect("ws");
     // The first call hangs (the server is killed during it); the call a resume makes returns.
-    std::fs::write(
-        dir.path().join("tether.toml"),
-        format!(
-            r#"
-[agents.main]
-base_url = "{url}"
-model = "m"
-[agents.main.workspace]
-root = "{ws}"
-[[agents.main.commands]]
-name = "wait"
-description = "Wait for something"
-command = 'if [ -f started ]; then echo ready; else touch started; sleep 120; fi'
-"#,
-            url = fake.url(),
-            ws = ws.display()
-        ),
-    )
-    .expect("config");
+    std::fs::write(dir.path().join("tether.toml"), config(&fake, &ws)).expect("config");
 
     let mut first = start_serve(dir.path(), &rx.url).await;
     let url = first.url.clone();
@@ -180,4 +180,90 @@ command = 'if [ -f started ]; then echo ready; else touch started; sleep 120; fi
         .find(|s| s.parent == r.span_id && s.name == "execute_tool wait")
         .expect("tool");
     assert_eq!(tool.status, 0, "{tool:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_is_a_tool_call_one_run_leaves_waiting_and_the_next_runs() {
+    let rx = Receiver::start().await;
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::tool_calls(&[(
+        "call_w",
+        "write_file",
+        r#"{"path":"hello.txt","content":"hello"}"#,
+    )]));
+    fake.push(Reply::text("Wrote it."));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ws = dir.path().join("ws");
+    std::fs::create_dir_all(&ws).expect("ws");
+    std::fs::write(dir.path().join("tether.toml"), config(&fake, &ws)).expect("config");
+    let serve = start_serve(dir.path(), &rx.url).await;
+
+    // Run 1 asks for approval (write_file needs one) and ends with an interrupt.
+    let r1 = post_run(&serve.url, &body("t-ok", "r1")).await.expect("run 1");
+    assert!(r1.contains("\"interrupt\""), "{r1}");
+    let interrupt = r1
+        .split("\n\n")
+        .filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .find(|e| e["type"] == "RUN_FINISHED")
+        .and_then(|e| e["outcome"]["interrupts"][0]["id"].as_str().map(str::to_owned))
+        .expect("the interrupt id");
+    // Run 2 approves; the tool runs.
+    let mut b2 = body("t-ok", "r2");
+    b2["messages"].as_array_mut().expect("messages").push(json!({"id": "a1", "role": "assistant",
+        "toolCalls": [{"id": "call_w", "type": "function", "function": {"name": "write_file", "arguments": "{}"}}]}));
+    b2["resume"] = json!([{"interruptId": interrupt, "status": "resolved", "payload": {"approved": true}}]);
+    let r2 = post_run(&serve.url, &b2).await.expect("run 2");
+    assert!(r2.contains("Wrote it."), "{r2}");
+
+    let spans = rx
+        .wait_spans("both runs' tool spans", |s| {
+            s.iter().filter(|s| s.name == "execute_tool write_file").count() == 2
+                && s.iter().filter(|s| s.name == "invoke_agent main").count() == 2
+        })
+        .await;
+    let mut tools: Vec<&Span> = spans
+        .iter()
+        .filter(|s| s.name == "execute_tool write_file")
+        .collect();
+    tools.sort_by_key(|s| s.start);
+    let (waiting, ran) = (tools[0], tools[1]);
+    // Run 1 left it waiting, visibly.
+    assert_eq!(
+        waiting.attr("tether.tool.pending"),
+        Some(&json!(true)),
+        "{waiting:#?}"
+    );
+    assert!(waiting.events.iter().any(|(n, _)| n == "tether.awaiting_result"));
+    assert_eq!(waiting.status, 0, "waiting for an approval is no error");
+    let mut runs: Vec<&Span> = spans.iter().filter(|s| s.name == "invoke_agent main").collect();
+    runs.sort_by_key(|s| s.start);
+    assert_eq!(waiting.parent, runs[0].span_id);
+    assert!(
+        runs[0].events.iter().any(|(n, _)| n == "tether.awaiting_input"),
+        "{:#?}",
+        runs[0]
+    );
+    // Run 2 ran it, linked to the span that waited: the wait is the gap between the two.
+    assert_eq!(ran.parent, runs[1].span_id);
+    assert_eq!(ran.links.len(), 1, "{ran:#?}");
+    assert_eq!(
+        (&ran.links[0].0, &ran.links[0].1),
+        (&waiting.trace_id, &waiting.span_id)
+    );
+    assert_eq!(
+        ran.links[0].2.get("tether.link.type"),
+        Some(&json!("awaited_result"))
+    );
+    assert_eq!(ran.status, 0, "{ran:#?}");
+    // And run 2 follows run 1.
+    assert_eq!(runs[1].links.len(), 1);
+    assert_eq!(
+        (&runs[1].links[0].0, &runs[1].links[0].1),
+        (&runs[0].trace_id, &runs[0].span_id)
+    );
+    assert_eq!(
+        runs[1].links[0].2.get("tether.link.type"),
+        Some(&json!("previous_run"))
+    );
 }
