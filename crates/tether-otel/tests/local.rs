@@ -458,3 +458,76 @@ async fn a_retried_model_call_is_one_span_with_a_retry_event() {
     assert_eq!(retries[0].1.get("error.type"), Some(&json!("503")));
     assert_eq!(fake.requests().len(), 2, "two attempts, one span");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_mcp_tool_call_carries_the_mcp_attributes_and_hands_its_context_to_the_handler() {
+    let rx = Receiver::start().await;
+    let (t, tracer) = telemetry(&rx, false);
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::tool_calls(&[("c9", "docs__search", "{\"q\":\"x\"}")]));
+    fake.push(Reply::text("found"));
+    // An MCP tool as a tool source marks it (the convention in the crate README).
+    let spec = ToolSpec::new("docs__search", "Search the docs", json!({"type": "object"}))
+        .with_meta("mcp.server", "docs")
+        .with_meta("mcp.tool", "search")
+        .with_meta("mcp.transport", "stdio")
+        .with_meta("mcp.protocol.version", "2025-06-18");
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(None::<String>));
+    let s = seen.clone();
+    let tools = ToolSet::new().tool_with_info(spec, move |_call, info| {
+        // What an MCP client puts in `params._meta.traceparent`.
+        *s.lock().unwrap() = info.traceparent.clone();
+        async { Ok::<_, String>("a result".to_owned()) }
+    });
+    Session::builder(LocalLoop::new(model(&fake)))
+        .handler(tools)
+        .observer(tracer.observer())
+        .run("search")
+        .await
+        .expect("run");
+    flush(&t).await;
+    let spans = rx.wait_spans("the run's spans", |s| s.len() >= 4).await;
+    let tool = one(&spans, "execute_tool docs__search");
+    assert_eq!(tool.attr("mcp.method.name"), Some(&json!("tools/call")));
+    assert_eq!(tool.attr("mcp.server.name"), Some(&json!("docs")));
+    assert_eq!(tool.attr("mcp.protocol.version"), Some(&json!("2025-06-18")));
+    assert_eq!(tool.attr("network.transport"), Some(&json!("pipe")));
+    assert_eq!(tool.attr("gen_ai.operation.name"), Some(&json!("execute_tool")));
+    assert_eq!(
+        seen.lock().unwrap().as_deref(),
+        Some(format!("00-{}-{}-01", tool.trace_id, tool.span_id).as_str()),
+        "the handler got the tool span's context"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_untraced_session_hands_no_context_and_builds_no_marks() {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::tool_calls(&[("c1", "probe", "{}")]));
+    fake.push(Reply::text("done"));
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let tools = ToolSet::new().tool_with_info(
+        ToolSpec::new("probe", "", json!({"type": "object"})),
+        move |_call, info| {
+            s.lock().unwrap().push(info.traceparent.clone());
+            async { Ok::<_, String>("ok".to_owned()) }
+        },
+    );
+    let result = Session::builder(LocalLoop::new(model(&fake)))
+        .handler(tools)
+        .run("go")
+        .await
+        .expect("run");
+    assert_eq!(*seen.lock().unwrap(), vec![None]);
+    assert!(fake.requests().iter().all(|r| r.header("traceparent").is_none()));
+    // Marks never reach the record.
+    assert!(
+        result
+            .events
+            .iter()
+            .all(|e| !e.raw_type.starts_with("tether.run_")
+                && e.raw_type != "tether.tool_start"
+                && e.raw_type != "local.model_call")
+    );
+}
