@@ -26,6 +26,24 @@ pub const TARGET: &str = "tether_otel";
 
 /// The most characters of an error message kept as a span's status description.
 const MAX_STATUS: usize = 256;
+/// The most characters of a model-given name in a span's name (a tool's).
+const MAX_NAME: usize = 64;
+/// The most characters of a model- or server-given attribute value (a tool name, a call id, a
+/// response id or model).
+const MAX_VALUE: usize = 256;
+/// The most characters of one content attribute (messages, tool arguments, a tool's result).
+const MAX_CONTENT: usize = 64 << 10;
+
+/// `s` as an attribute value from outside (a model, a server): at most `max` characters (cut
+/// with `…`); control characters dropped, except line breaks and tabs in content.
+fn clip(s: &str, max: usize) -> String {
+    let keep = |c: &char| !c.is_control() || (max == MAX_CONTENT && matches!(c, '\n' | '\t' | '\r'));
+    let mut out: String = s.chars().filter(keep).take(max).collect();
+    if s.chars().filter(keep).nth(max).is_some() {
+        out.push('…');
+    }
+    out
+}
 
 /// Builds the GenAI spans and metrics of sessions: make one per application (or per agent), and
 /// give each session an observer from it ([`Tracer::observer`] for
@@ -705,6 +723,7 @@ impl SessionTracer {
                 t.g.end(None);
             }
         }
+        st.approvals.clear();
         self.end_children(st, fail, sink, &pending);
         // The request's usage as the session summed it (every model call once).
         if ok && let Some(u) = e.raw.get("usage") {
@@ -803,7 +822,10 @@ impl SessionTracer {
         if self.shared.tracer.capture_content
             && let (Some(c), Some(h)) = (&st.chat, input)
         {
-            c.g.set(sc::INPUT_MESSAGES, sc::messages(h).to_string());
+            c.g.set(
+                sc::INPUT_MESSAGES,
+                clip(&sc::messages(h).to_string(), MAX_CONTENT),
+            );
         }
     }
 
@@ -920,7 +942,10 @@ impl SessionTracer {
                 })
             });
             if let Some(o) = output {
-                g.set(sc::OUTPUT_MESSAGES, Value::Array(vec![o]).to_string());
+                g.set(
+                    sc::OUTPUT_MESSAGES,
+                    clip(&Value::Array(vec![o]).to_string(), MAX_CONTENT),
+                );
             }
         }
         if let Some(m) = &self.shared.tracer.metrics {
@@ -1012,12 +1037,12 @@ impl SessionTracer {
         let name = if u.name.is_empty() {
             "execute_tool".to_owned()
         } else {
-            format!("execute_tool {}", u.name)
+            format!("execute_tool {}", clip(&u.name, MAX_NAME))
         };
         let g = self.span(Some(&run.g.span), &name, "internal");
         g.set(sc::OPERATION_NAME, "execute_tool");
-        g.set(sc::TOOL_NAME, u.name.clone());
-        g.set(sc::TOOL_CALL_ID, u.id.clone());
+        g.set(sc::TOOL_NAME, clip(&u.name, MAX_VALUE));
+        g.set(sc::TOOL_CALL_ID, clip(&u.id, MAX_VALUE));
         g.set(sc::TOOL_TYPE, kind.to_owned());
         let spec = run.specs.get(&u.name);
         if let Some((d, _)) = spec
@@ -1059,7 +1084,7 @@ impl SessionTracer {
             }
         }
         if self.shared.tracer.capture_content && !u.input.is_null() {
-            g.set(sc::TOOL_CALL_ARGUMENTS, u.input.to_string());
+            g.set(sc::TOOL_CALL_ARGUMENTS, clip(&u.input.to_string(), MAX_CONTENT));
         }
         // A tool the previous request left waiting (an approval): this run links to its span.
         if started && let Some(cx) = st.prev.as_ref().and_then(|p| p.pending.get(&u.id)) {
@@ -1081,7 +1106,7 @@ impl SessionTracer {
             && !is_error
             && let Some(c) = content
         {
-            t.g.set(sc::TOOL_CALL_RESULT, c.to_owned());
+            t.g.set(sc::TOOL_CALL_RESULT, clip(c, MAX_CONTENT));
         }
         let msg = content.unwrap_or("the tool reported an error").to_owned();
         t.g.end(is_error.then_some(("tool_error", msg.as_str())));
@@ -1218,8 +1243,8 @@ impl ChatEnd {
             input: i,
             output: o,
             cache_read: c,
-            response_id: str_of(raw, "id").map(str::to_owned),
-            response_model: str_of(raw, "model").map(str::to_owned),
+            response_id: str_of(raw, "id").map(|s| clip(s, MAX_VALUE)),
+            response_model: str_of(raw, "model").map(|s| clip(s, MAX_VALUE)),
             ..Default::default()
         }
     }
@@ -1228,6 +1253,34 @@ impl ChatEnd {
         ChatEnd {
             error: Some((ty.to_owned(), msg.to_owned())),
             ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_from_outside_are_clipped_and_cleaned() {
+        assert_eq!(clip("read\u{1b}[2J_file\n", MAX_NAME), "read[2J_file");
+        assert_eq!(clip(&"x".repeat(70), MAX_NAME), format!("{}…", "x".repeat(64)));
+        assert_eq!(clip("a\nb\u{0}", MAX_CONTENT), "a\nb");
+        assert_eq!(clip("short", MAX_VALUE), "short");
+    }
+
+    #[test]
+    fn traceparents_parse_strictly() {
+        assert!(parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").is_some());
+        for bad in [
+            "",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+        ] {
+            assert!(parse_traceparent(bad).is_none(), "{bad}");
         }
     }
 }
