@@ -59,7 +59,13 @@ pub struct Tracer {
     metrics: Option<Arc<Metrics>>,
     capture_content: bool,
     agent: AgentMeta,
+    /// The trace state this process last saved, by session: a session's next request (a server
+    /// reopens a thread's session for each run) finds it here instead of reading the store.
+    recent: Arc<Mutex<HashMap<String, Value>>>,
 }
+
+/// The most sessions whose last trace state is remembered in memory.
+const RECENT: usize = 4096;
 
 #[derive(Clone, Default)]
 struct AgentMeta {
@@ -118,6 +124,7 @@ impl Tracer {
             metrics: None,
             capture_content: false,
             agent: AgentMeta::default(),
+            recent: Default::default(),
         }
     }
 
@@ -189,12 +196,16 @@ impl Tracer {
     pub async fn attach(&self, sink: &EventSink) -> bool {
         let obs = self.observer();
         let sid = sink.info().session_id.clone();
-        let prev = match sink.store().state(&sid, STATE_KEY).await {
-            Ok(v) => Prev::parse(v.as_ref()),
-            Err(e) => {
-                tracing::debug!(error = %e, "tether-otel: could not read the session's trace state");
-                Prev::default()
-            }
+        let cached = self.recent.lock().ok().and_then(|m| m.get(&sid).cloned());
+        let prev = match cached {
+            Some(v) => Prev::parse(Some(&v)),
+            None => match sink.store().state(&sid, STATE_KEY).await {
+                Ok(v) => Prev::parse(v.as_ref()),
+                Err(e) => {
+                    tracing::debug!(error = %e, "tether-otel: could not read the session's trace state");
+                    Prev::default()
+                }
+            },
         };
         {
             let mut st = obs.shared.lock();
@@ -1117,6 +1128,12 @@ impl SessionTracer {
     fn persist(&self, st: &mut State, sink: &EventSink, session_id: String, value: Value) {
         if session_id.is_empty() {
             return;
+        }
+        if let Ok(mut m) = self.shared.tracer.recent.lock() {
+            if m.len() >= RECENT && !m.contains_key(&session_id) {
+                m.clear();
+            }
+            m.insert(session_id.clone(), value.clone());
         }
         let mut w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
         if w.is_none() {

@@ -14,8 +14,8 @@
 //! byte) and to the first text, the peak resident memory (VmHWM) of the server process and of
 //! the fake server process, and the CPU time the serving process and the load client used.
 //!
-//! `BENCH_OTEL=1` adds tracing's cost: the relayed load on open connections against a second
-//! server traced with OTLP export to a receiver on loopback, alternating with the untraced one.
+//! `BENCH_OTEL=1` adds tracing's cost: the relayed load on open connections against two fresh
+//! servers, one traced with OTLP export to a receiver on loopback, in alternating order.
 //!
 //! Each load runs on new connections and on connections opened beforehand; a last burst of
 //! `GET /healthz` on open connections shows the floor: what 1,000 requests at once take on this
@@ -701,32 +701,39 @@ async fn main() {
     .await;
     floor.cpu = (cpu_secs(server_pid) - cpu0.0, cpu_secs(0) - cpu0.1);
 
-    // BENCH_OTEL=1: tracing's cost. A second server, traced and exporting spans and metrics over
-    // OTLP/HTTP to a receiver on loopback, and the untraced one take the same load on open
-    // connections, alternating, three times each.
+    // BENCH_OTEL=1: tracing's cost. Two fresh servers, one traced and exporting spans and metrics
+    // over OTLP/HTTP to a receiver on loopback, one not, take the same load on open connections,
+    // three times each, in alternating order.
     let mut otel = None;
     if std::env::var_os("BENCH_OTEL").is_some() {
         let sink = otlp_sink().await;
-        let (traced, traced_url) = spawn_until(
-            Command::new(bin.join("tether-serve"))
-                .arg("--config")
+        let spawn = |traced: bool| {
+            let mut c = Command::new(bin.join("tether-serve"));
+            c.arg("--config")
                 .arg(&cfg)
                 .args(["--bind", "127.0.0.1:0", "--db"])
-                .arg(tmp.join("bench-otel.db"))
-                .env("OTEL_EXPORTER_OTLP_ENDPOINT", &sink)
-                .env("OTEL_BSP_SCHEDULE_DELAY", "200"),
-            "listening on ",
-        )
-        .await;
+                .arg(tmp.join(format!("bench-otel-{traced}.db")));
+            if traced {
+                c.env("OTEL_EXPORTER_OTLP_ENDPOINT", &sink)
+                    .env("OTEL_BSP_SCHEDULE_DELAY", "200");
+            }
+            c
+        };
+        let (plain, plain_url) = spawn_until(&mut spawn(false), "listening on ").await;
+        let (traced, traced_url) = spawn_until(&mut spawn(true), "listening on ").await;
+        let (plain_addr, _) = split_url(&plain_url);
         let (traced_addr, _) = split_url(&traced_url);
         let (mut off, mut on) = (Vec::new(), Vec::new());
         for round in 0..3 {
-            let f = agui_load(server_addr, runs, format!("off{round}")).await;
-            off.push(f.deltas as f64 / f.elapsed.as_secs_f64());
-            let f = agui_load(traced_addr, runs, format!("on{round}")).await;
-            on.push(f.deltas as f64 / f.elapsed.as_secs_f64());
+            let traced_first = round % 2 == 1;
+            for is_traced in [traced_first, !traced_first] {
+                let addr = if is_traced { traced_addr } else { plain_addr };
+                let f = agui_load(addr, runs, format!("{is_traced}{round}")).await;
+                let rate = f.deltas as f64 / f.elapsed.as_secs_f64();
+                if is_traced { on.push(rate) } else { off.push(rate) }
+            }
         }
-        drop(traced);
+        drop((plain, traced));
         otel = Some((off, on));
     }
 
@@ -754,6 +761,12 @@ async fn main() {
         idle_server as f64 / 1024.0
     );
     if let Some((mut off, mut on)) = otel {
+        let all = |v: &[f64]| v.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", ");
+        println!(
+            "tracing (BENCH_OTEL): untraced deltas/s {}; traced {}",
+            all(&off),
+            all(&on)
+        );
         let med = |v: &mut Vec<f64>| {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
@@ -761,8 +774,11 @@ async fn main() {
         let (a, b) = (med(&mut off), med(&mut on));
         println!(
             "tracing (BENCH_OTEL), open connections, median of 3 alternating loads: untraced {a:.0} deltas/s, \
-             traced with OTLP export {b:.0} deltas/s; traced/untraced {:.3} (goal >= 0.95)",
-            b / a
+             traced with OTLP export {b:.0} deltas/s; traced/untraced {:.3} (goal >= 0.95); \
+             the receiver got {} exports, {} KiB",
+            b / a,
+            OTLP_GOT[0].load(std::sync::atomic::Ordering::Relaxed),
+            OTLP_GOT[1].load(std::sync::atomic::Ordering::Relaxed) / 1024
         );
     }
     drop(server);
@@ -797,6 +813,12 @@ async fn agui_load(addr: std::net::SocketAddr, runs: usize, tag: String) -> Figu
     .await
 }
 
+/// Exports and bytes the BENCH_OTEL receiver got.
+static OTLP_GOT: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
 /// An OTLP/HTTP receiver on loopback that reads each export and answers 200 (BENCH_OTEL).
 async fn otlp_sink() -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -828,6 +850,8 @@ async fn otlp_sink() -> String {
                         }
                     }
                     buf.drain(..end + 4 + len);
+                    OTLP_GOT[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    OTLP_GOT[1].fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
                     let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
                     if s.write_all(ok).await.is_err() {
                         return;
