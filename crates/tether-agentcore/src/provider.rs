@@ -644,18 +644,21 @@ fn runtime_json(v: &Value) -> Vec<(String, Value)> {
 }
 
 /// Minimal SSE `data:` extraction for runtime containers.
+///
+/// Bytes are kept until a frame is complete and only then decoded: a read can end inside a
+/// UTF-8 character or between the CR and LF of a CRLF, and neither may change the frame.
 #[derive(Default)]
 struct SseLines {
-    buf: String,
+    buf: Vec<u8>,
 }
 
 impl SseLines {
     fn push(&mut self, chunk: &[u8]) -> Vec<String> {
-        self.buf
-            .push_str(&String::from_utf8_lossy(chunk).replace("\r\n", "\n"));
+        self.buf.extend_from_slice(chunk);
         let mut out = Vec::new();
-        while let Some(pos) = self.buf.find("\n\n") {
-            let frame: String = self.buf.drain(..pos + 2).collect();
+        while let Some((end, next)) = frame_end(&self.buf) {
+            let frame = String::from_utf8_lossy(&self.buf[..end]).into_owned();
+            self.buf.drain(..next);
             let data: Vec<&str> = frame
                 .lines()
                 .filter_map(|l| l.strip_prefix("data:").map(|d| d.strip_prefix(' ').unwrap_or(d)))
@@ -666,6 +669,32 @@ impl SseLines {
         }
         out
     }
+}
+
+/// Where the first frame of `buf` ends (a blank line, lines ending in LF or CRLF): the end of
+/// its text and the end of the blank line.
+fn frame_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let mut i = 0;
+    let mut line_start = true;
+    while i < buf.len() {
+        let newline = match buf[i] {
+            b'\n' => Some(1),
+            b'\r' if buf.get(i + 1) == Some(&b'\n') => Some(2),
+            _ => None,
+        };
+        match newline {
+            Some(n) if line_start && i > 0 => return Some((i, i + n)),
+            Some(n) => {
+                line_start = true;
+                i += n;
+            }
+            None => {
+                line_start = false;
+                i += 1;
+            }
+        }
+    }
+    None
 }
 
 fn transport(e: &reqwest::Error, endpoint: &str) -> Error {
@@ -860,6 +889,9 @@ impl AgentCore {
         })
     }
 }
+
+/// Hooks for the crate's `fuzzing` module (a runtime body without the HTTP); not part of the API.
+pub(crate) mod fuzzing;
 
 #[cfg(test)]
 mod tests {

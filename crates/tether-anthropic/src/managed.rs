@@ -943,6 +943,9 @@ impl Provider for ManagedAgents {
     }
 }
 
+/// Hooks for the crate's `fuzzing` module (the event stream without the HTTP); not part of the API.
+pub(crate) mod fuzzing;
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -389,6 +389,12 @@ impl Assembly {
             "content_block_start" => {
                 let index = data["index"].as_u64().unwrap_or(self.blocks.len() as u64);
                 let block = data["content_block"].clone();
+                if !block.is_object() {
+                    // Deltas write into the block as an object; anything else would panic there.
+                    return Err(Error::Malformed(format!(
+                        "content_block_start for block {index} carries no content block object: {block}"
+                    )));
+                }
                 if block["type"] == "tool_use" {
                     let id = block["id"].as_str().unwrap_or_default();
                     let name = block["name"].as_str().unwrap_or_default();
@@ -689,37 +695,11 @@ impl ChatModel for MessagesModel {
                     limit: self.max_response_bytes as u64,
                 });
             }
-            let msg: Value = serde_json::from_slice(&body.bytes).map_err(|e| {
-                Error::Malformed(format!(
-                    "{endpoint} answered with a message that is not JSON ({e})"
-                ))
-            })?;
-            if msg["type"] == "error" {
-                return Err(stream_error(&msg));
-            }
-            if !msg["content"].is_array() {
-                return Err(Error::Malformed(format!(
-                    "{endpoint} answered without a content array: {msg}"
-                )));
-            }
-            let mut asm = Assembly::new(self.max_response_bytes);
-            for (kind, data) in replay_events(&msg) {
-                asm.on_event(kind, &data, deltas).await?;
-            }
-            // The blocks go back exactly as received, not as rebuilt from the replay.
-            let originals = msg["content"].as_array().cloned().unwrap_or_default();
-            for ((_, b), original) in asm.blocks.iter_mut().zip(originals) {
-                *b = Block {
-                    block: original,
-                    ..Block::default()
-                };
-            }
-            return Ok(asm.finish());
+            return assemble_whole(&body.bytes, self.max_response_bytes, &endpoint, deltas).await;
         }
         let mut resp = resp;
         let idle = self.idle_timeout;
-        let mut dec = SseDecoder::new();
-        let mut asm = Assembly::new(self.max_response_bytes);
+        let mut reader = StreamReader::new(self.max_response_bytes);
         loop {
             let chunk = match tokio::time::timeout(idle, resp.chunk()).await {
                 Err(_) => {
@@ -735,30 +715,8 @@ impl ChatModel for MessagesModel {
                 Ok(Ok(None)) => break,
                 Ok(Ok(Some(c))) => c,
             };
-            for frame in dec.push(&chunk) {
-                if frame.data.is_empty() {
-                    continue;
-                }
-                let data: Value = serde_json::from_str(&frame.data).map_err(|e| {
-                    Error::Malformed(format!(
-                        "a Messages stream event is not JSON ({e}): {}",
-                        snippet(&frame.data)
-                    ))
-                })?;
-                let kind = frame
-                    .event
-                    .clone()
-                    .or_else(|| data["type"].as_str().map(str::to_owned))
-                    .unwrap_or_default();
-                asm.on_event(&kind, &data, deltas).await?;
-                if asm.done {
-                    return Ok(asm.finish());
-                }
-            }
-            if dec.pending() > MAX_FRAME {
-                return Err(Error::Malformed(format!(
-                    "a Messages stream event exceeded {MAX_FRAME} bytes without ending"
-                )));
+            if let Some(done) = reader.push(&chunk, deltas).await? {
+                return Ok(done);
             }
         }
         Err(Error::Transport {
@@ -769,6 +727,95 @@ impl ChatModel for MessagesModel {
     }
 }
 
+/// A whole (non-streamed) Messages body turned into the response: its blocks replayed as the
+/// stream would have sent them (so deltas reach `deltas` the same way), then put back exactly as
+/// received. One function for `chat` and the crate's fuzz hooks.
+pub(crate) async fn assemble_whole(
+    body: &[u8],
+    max_response_bytes: usize,
+    endpoint: &str,
+    deltas: &DeltaSink,
+) -> tether::Result<ChatResponse> {
+    let msg: Value = serde_json::from_slice(body).map_err(|e| {
+        Error::Malformed(format!(
+            "{endpoint} answered with a message that is not JSON ({e})"
+        ))
+    })?;
+    if msg["type"] == "error" {
+        return Err(stream_error(&msg));
+    }
+    if !msg["content"].is_array() {
+        return Err(Error::Malformed(format!(
+            "{endpoint} answered without a content array: {}",
+            snippet(&msg.to_string())
+        )));
+    }
+    let mut asm = Assembly::new(max_response_bytes);
+    for (kind, data) in replay_events(&msg) {
+        asm.on_event(kind, &data, deltas).await?;
+    }
+    // The blocks go back exactly as received, not as rebuilt from the replay.
+    let originals = msg["content"].as_array().cloned().unwrap_or_default();
+    for ((_, b), original) in asm.blocks.iter_mut().zip(originals) {
+        *b = Block {
+            block: original,
+            ..Block::default()
+        };
+    }
+    Ok(asm.finish())
+}
+
+/// The streamed body's reader: SSE frames decoded from the reads as they come, each event
+/// folded into the response. One reader for `chat` and the crate's fuzz hooks.
+pub(crate) struct StreamReader {
+    dec: SseDecoder,
+    asm: Assembly,
+}
+
+impl StreamReader {
+    pub(crate) fn new(max_response_bytes: usize) -> Self {
+        StreamReader {
+            dec: SseDecoder::new(),
+            asm: Assembly::new(max_response_bytes),
+        }
+    }
+
+    /// Takes one read; the response once `message_stop` arrived.
+    pub(crate) async fn push(
+        &mut self,
+        chunk: &[u8],
+        deltas: &DeltaSink,
+    ) -> tether::Result<Option<ChatResponse>> {
+        for frame in self.dec.push(chunk) {
+            if frame.data.is_empty() {
+                continue;
+            }
+            let data: Value = serde_json::from_str(&frame.data).map_err(|e| {
+                Error::Malformed(format!(
+                    "a Messages stream event is not JSON ({e}): {}",
+                    snippet(&frame.data)
+                ))
+            })?;
+            let kind = frame
+                .event
+                .clone()
+                .or_else(|| data["type"].as_str().map(str::to_owned))
+                .unwrap_or_default();
+            self.asm.on_event(&kind, &data, deltas).await?;
+            if self.asm.done {
+                let asm = std::mem::replace(&mut self.asm, Assembly::new(0));
+                return Ok(Some(asm.finish()));
+            }
+        }
+        if self.dec.pending() > MAX_FRAME {
+            return Err(Error::Malformed(format!(
+                "a Messages stream event exceeded {MAX_FRAME} bytes without ending"
+            )));
+        }
+        Ok(None)
+    }
+}
+
 /// At most 200 characters of a payload, for error messages.
 fn snippet(s: &str) -> String {
     match s.char_indices().nth(200) {
@@ -776,6 +823,9 @@ fn snippet(s: &str) -> String {
         None => s.to_owned(),
     }
 }
+
+/// Hooks for the crate's `fuzzing` module (the `chat` body without the HTTP); not part of the API.
+pub(crate) mod fuzzing;
 
 #[cfg(test)]
 mod tests {

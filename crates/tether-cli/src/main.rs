@@ -5,8 +5,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod acp_cmd;
+mod elicit;
+mod print;
 mod providers;
 mod run;
+mod term;
 
 /// Run any AI agent, wherever its loop lives, with the tools kept local.
 #[derive(Parser, Debug)]
@@ -27,8 +30,7 @@ enum Command {
     Serve(tether_serve::ServeArgs),
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     // The log on stderr (errors, and telemetry's one export warning), and OpenTelemetry export
     // when OTEL_EXPORTER_OTLP_ENDPOINT is set (off, at no cost, otherwise).
     let telemetry = tether_otel::init(
@@ -36,10 +38,27 @@ async fn main() -> ExitCode {
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error,tether_otel=warn")),
     );
     let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tether: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let code = match cli.command {
-        Command::Run(args) => run::run(args).await,
-        Command::Acp(args) => acp_cmd::run(args).await,
-        Command::Serve(args) => tether_serve::serve(args).await,
+        Command::Run(args) => {
+            let code = rt.block_on(run::run(args));
+            // An approval question may still wait on the terminal in a blocking thread after a
+            // timeout or a cancel: exit without waiting for an answer nobody needs.
+            rt.shutdown_background();
+            code
+        }
+        Command::Acp(args) => {
+            let code = rt.block_on(acp_cmd::run(args));
+            rt.shutdown_background();
+            code
+        }
+        Command::Serve(args) => rt.block_on(tether_serve::serve(args)),
     };
     if let Some(t) = telemetry {
         // Exports what is batched; bounded (5 s), so a collector that is down cannot hold us.

@@ -95,6 +95,32 @@ pub struct StreamAccumulator {
     limit: Limit,
 }
 
+/// Gives the call in `slot`, about to start, an id no started call of this response has.
+///
+/// Two calls of one response sharing an id (a confused or hostile server) would make their
+/// results indistinguishable, in the session's record and in the next request's `tool` messages,
+/// so a repeated id gets the call's index appended (`call_b` at index 1 becomes `call_b_1`).
+fn make_id_unique(calls: &mut [CallAcc], slot: usize) {
+    let taken = |calls: &[CallAcc], id: &str| {
+        calls
+            .iter()
+            .enumerate()
+            .any(|(i, c)| i != slot && c.started && c.id == id)
+    };
+    if !taken(calls, &calls[slot].id) {
+        return;
+    }
+    let base = format!("{}_{}", calls[slot].id, calls[slot].index);
+    let mut id = base.clone();
+    let mut n = 1u32;
+    while taken(calls, &id) {
+        id = format!("{base}_{n}");
+        n += 1;
+    }
+    tracing::warn!(index = calls[slot].index, first = %calls[slot].id, now = %id, "two tool calls of one response share an id; the later one is renamed");
+    calls[slot].id = id;
+}
+
 /// Sets `slot` to `value` if it is empty; returns the bytes added.
 fn set_once(slot: &mut String, value: &str, what: &str, index: u32) -> usize {
     if value.is_empty() {
@@ -363,6 +389,8 @@ impl StreamAccumulator {
             }
         } else if !call.id.is_empty() && !call.name.is_empty() {
             call.started = true;
+            make_id_unique(&mut self.calls, slot);
+            let call = &self.calls[slot];
             self.emits.push(Emit::Start(slot));
             if !call.arguments.is_empty() {
                 self.emits.push(Emit::Args(slot, 0..call.arguments.len()));
@@ -372,8 +400,9 @@ impl StreamAccumulator {
     }
 
     /// Ends the stream: adopts a legacy `function_call` if it was the only form, gives an id to
-    /// calls the server sent without one, sorts calls by index, and queues `Start`/`Args` for
-    /// calls not yet started and `End` for every call.
+    /// calls the server sent without one, and queues `Start`/`Args` for calls not yet started
+    /// and `End` for every call. Calls keep their slots (emits still queued name them by slot);
+    /// [`into_response`](Self::into_response) orders them by index.
     ///
     /// A call that never got a function name is kept with an empty one: the session engine
     /// answers that call with an error result instead of failing the whole response.
@@ -384,12 +413,15 @@ impl StreamAccumulator {
         {
             self.calls.push(l);
         }
-        self.calls.sort_by_key(|c| c.index);
         let base = self
             .id
             .clone()
             .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
-        for (slot, c) in self.calls.iter_mut().enumerate() {
+        // In index order, but by slot: calls are not moved while emits name them by slot.
+        let mut order: Vec<usize> = (0..self.calls.len()).collect();
+        order.sort_by_key(|&slot| self.calls[slot].index);
+        for &slot in &order {
+            let c = &mut self.calls[slot];
             if c.name.is_empty() {
                 tracing::warn!(
                     index = c.index,
@@ -403,20 +435,24 @@ impl StreamAccumulator {
             }
             if !c.started {
                 c.started = true;
+                make_id_unique(&mut self.calls, slot);
                 self.emits.push(Emit::Start(slot));
-                if !c.arguments.is_empty() {
-                    self.emits.push(Emit::Args(slot, 0..c.arguments.len()));
+                let len = self.calls[slot].arguments.len();
+                if len > 0 {
+                    self.emits.push(Emit::Args(slot, 0..len));
                 }
             }
         }
-        for slot in 0..self.calls.len() {
+        for &slot in &order {
             self.emits.push(Emit::End(slot));
         }
         Ok(())
     }
 
     /// The response, after [`StreamAccumulator::finish`].
-    pub fn into_response(self) -> ChatResponse {
+    pub fn into_response(mut self) -> ChatResponse {
+        // Sorted only now: until the last emit was forwarded, emits named calls by their slot.
+        self.calls.sort_by_key(|c| c.index);
         let mut message = ChatMessage::assistant(self.text);
         if message.content.as_deref() == Some("") && !self.calls.is_empty() {
             message.content = None;
@@ -493,6 +529,55 @@ pub(crate) fn snippet(data: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `openai_sse` fuzz target: when the last read brought earlier chunks and the
+    /// end together, emits queued before `finish` named calls by slot, and `finish` sorted the
+    /// calls by index under them: the forwarded `End` named a call whose `Start` was another's.
+    /// Every emit, forwarded after `finish`, must name the call it was queued for.
+    #[test]
+    fn emits_queued_before_finish_name_the_same_calls_after_it() {
+        let mut a = StreamAccumulator::new();
+        for l in [
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":5,"id":"call_a","function":{"name":"read_file","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","function":{"name":"list_dir","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+        ] {
+            a.feed(l.as_bytes()).unwrap();
+        }
+        a.finish().unwrap();
+        let log = describe(&a);
+        let started: Vec<&str> = log.iter().filter_map(|l| l.strip_prefix("start:")).collect();
+        for end in log.iter().filter_map(|l| l.strip_prefix("end:")) {
+            assert!(
+                started.iter().any(|s| s.starts_with(&format!("{end}:"))),
+                "end:{end} without its start in {log:?}"
+            );
+        }
+        let ids: Vec<String> = a
+            .into_response()
+            .message
+            .tool_calls
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(ids.len(), 3);
+        assert_eq!(&ids[1..], ["call_b", "call_a"], "{ids:?}");
+    }
+
+    #[test]
+    fn a_repeated_call_id_is_renamed_so_every_call_of_a_response_is_distinct() {
+        let (a, ids) = feed_all(&[
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_b","function":{"name":"read_file","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","function":{"name":"list_dir","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":2,"id":"call_b_1","function":{"name":"list_dir","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+        ]);
+        let r = a.into_response();
+        let got: Vec<_> = r.message.tool_calls.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(got, ["call_b", "call_b_1", "call_b_1_2"]);
+        assert!(ids.iter().any(|d| d == "start:call_b_1:list_dir"), "{ids:?}");
+    }
 
     fn feed_all(lines: &[&str]) -> (StreamAccumulator, Vec<String>) {
         let mut a = StreamAccumulator::new();

@@ -31,6 +31,9 @@
 
 mod accum;
 mod fast;
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod fuzzing;
 mod lean;
 mod sse;
 mod transport;

@@ -13,6 +13,9 @@ use serde_json::{Value, json};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
+/// The bearer token the test servers run with (`--token`), and every run request carries.
+const TOKEN: &str = "otel-test-token";
+
 struct Serve {
     child: tokio::process::Child,
     url: String,
@@ -31,6 +34,8 @@ async fn start_serve(dir: &std::path::Path, otlp: &str) -> Serve {
         "127.0.0.1:0",
         "--db",
         "tether.db",
+        "--token",
+        TOKEN,
     ])
     .current_dir(dir)
     .env("OTEL_EXPORTER_OTLP_ENDPOINT", otlp)
@@ -86,6 +91,7 @@ async fn post_run(url: &str, body: &Value) -> reqwest::Result<String> {
     reqwest::Client::new()
         .post(format!("{url}/v1/agents/main/run"))
         .header("accept", "text/event-stream")
+        .bearer_auth(TOKEN)
         .json(body)
         .timeout(Duration::from_secs(120))
         .send()

@@ -428,9 +428,13 @@ fn http_request(
     path: &str,
     accept: &str,
     body: Option<&serde_json::Value>,
+    token: Option<&str>,
 ) -> Vec<u8> {
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let mut r = format!("{method} {path} HTTP/1.1\r\nhost: {host}\r\naccept: {accept}\r\n");
+    if let Some(t) = token {
+        r.push_str(&format!("authorization: Bearer {t}\r\n"));
+    }
     if method == "POST" {
         r.push_str(&format!(
             "content-type: application/json\r\ncontent-length: {}\r\n",
@@ -528,7 +532,7 @@ async fn load(
 /// answer does not matter), so that a load on them measures the server's time to answer a
 /// request rather than the client's and the kernel's time to set up 1,000 TCP connections.
 async fn warm(addr: std::net::SocketAddr, path: &str, runs: usize) -> Vec<Conn> {
-    let req = std::sync::Arc::new(http_request(&addr.to_string(), "GET", path, "*/*", None));
+    let req = std::sync::Arc::new(http_request(&addr.to_string(), "GET", path, "*/*", None, None));
     let tasks: Vec<_> = (0..runs)
         .map(|_| {
             let req = req.clone();
@@ -607,15 +611,21 @@ async fn main() {
         }
         None => Command::new(bin.join("tether-serve")),
     };
-    let (server, server_url) = spawn_until(
+    // No --token: the server generates one and prints the UI's URL carrying it, as a user sees
+    // it; every run request carries it (the token check is on the measured path).
+    let (server, ui_url) = spawn_until(
         server_cmd
             .arg("--config")
             .arg(&cfg)
             .args(["--bind", "127.0.0.1:0", "--db"])
             .arg(tmp.join("bench.db")),
-        "listening on ",
+        "tether serve: open ",
     )
     .await;
+    let (server_url, token) = ui_url
+        .split_once("/#token=")
+        .map(|(u, t)| (u.to_owned(), t.to_owned()))
+        .expect("the server prints its URL with the generated token");
     let server_pid = server.id().unwrap_or(0);
     let fake_pid = fake.id().unwrap_or(0);
     let idle_server = vm_rss_kib(server_pid);
@@ -643,6 +653,7 @@ async fn main() {
             &path,
             "text/event-stream",
             Some(&body),
+            None,
         );
         let cpu0 = (cpu_secs(fake_pid), cpu_secs(0));
         let mut f = load(fake_addr, conns, runs, move |_| req.clone(), Text::OpenAi).await;
@@ -660,6 +671,7 @@ async fn main() {
             false => None,
         };
         let host = server_addr.to_string();
+        let token = token.clone();
         let cpu0 = (cpu_secs(server_pid), cpu_secs(0));
         let mut f = load(
             server_addr,
@@ -676,6 +688,7 @@ async fn main() {
                     "/v1/agents/bench/run",
                     "text/event-stream",
                     Some(&body),
+                    Some(&token),
                 )
             },
             Text::AgUi,
@@ -695,7 +708,7 @@ async fn main() {
         server_addr,
         Some(conns),
         runs,
-        move |_| http_request(&host, "GET", "/healthz", "*/*", None),
+        move |_| http_request(&host, "GET", "/healthz", "*/*", None, None),
         Text::AgUi,
     )
     .await;
@@ -719,16 +732,28 @@ async fn main() {
             }
             c
         };
-        let (plain, plain_url) = spawn_until(&mut spawn(false), "listening on ").await;
-        let (traced, traced_url) = spawn_until(&mut spawn(true), "listening on ").await;
+        // Each server generates its token and prints the UI's URL carrying it.
+        let url_token = |ui: &str| {
+            ui.split_once("/#token=")
+                .map(|(u, t)| (u.to_owned(), t.to_owned()))
+                .expect("the server prints its URL with the generated token")
+        };
+        let (plain, plain_ui) = spawn_until(&mut spawn(false), "tether serve: open ").await;
+        let (traced, traced_ui) = spawn_until(&mut spawn(true), "tether serve: open ").await;
+        let (plain_url, plain_token) = url_token(&plain_ui);
+        let (traced_url, traced_token) = url_token(&traced_ui);
         let (plain_addr, _) = split_url(&plain_url);
         let (traced_addr, _) = split_url(&traced_url);
         let (mut off, mut on) = (Vec::new(), Vec::new());
         for round in 0..3 {
             let traced_first = round % 2 == 1;
             for is_traced in [traced_first, !traced_first] {
-                let addr = if is_traced { traced_addr } else { plain_addr };
-                let f = agui_load(addr, runs, format!("{is_traced}{round}")).await;
+                let (addr, token) = if is_traced {
+                    (traced_addr, traced_token.clone())
+                } else {
+                    (plain_addr, plain_token.clone())
+                };
+                let f = agui_load(addr, runs, format!("{is_traced}{round}"), token).await;
                 let rate = f.deltas as f64 / f.elapsed.as_secs_f64();
                 if is_traced { on.push(rate) } else { off.push(rate) }
             }
@@ -788,7 +813,7 @@ async fn main() {
 
 /// The AG-UI load of the relayed phases, on connections opened beforehand, on threads named
 /// after `tag`.
-async fn agui_load(addr: std::net::SocketAddr, runs: usize, tag: String) -> Figures {
+async fn agui_load(addr: std::net::SocketAddr, runs: usize, tag: String, token: String) -> Figures {
     let conns = warm(addr, "/healthz", runs).await;
     let host = addr.to_string();
     load(
@@ -806,6 +831,7 @@ async fn agui_load(addr: std::net::SocketAddr, runs: usize, tag: String) -> Figu
                 "/v1/agents/bench/run",
                 "text/event-stream",
                 Some(&body),
+                Some(&token),
             )
         },
         Text::AgUi,

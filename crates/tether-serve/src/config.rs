@@ -3,8 +3,11 @@
 //! ```toml
 //! [server]
 //! max_body_bytes = 1048576     # 413 past this
+//! body_timeout_secs = 30       # a request body not fully read by then gets 408
 //! run_timeout_secs = 600       # a run past this ends in RUN_ERROR{code: "RUN_TIMEOUT"}
 //! max_concurrent_runs = 256    # 429 past this
+//! shutdown_grace_secs = 30     # running turns get this long to finish on shutdown
+//! allowed_origins = ["http://localhost:5173"]   # other web origins that may call the API (CORS)
 //!
 //! [agents.coder]
 //! provider = "openai"          # any OpenAI-compatible /v1/chat/completions endpoint
@@ -39,6 +42,18 @@
 //!
 //! [agents.coder.terminal_tool]      # the run ends when the model calls it
 //! name = "final_answer"
+//!
+//! [[agents.coder.mcp]]         # an MCP server (started with the server, shared by the agent's runs)
+//! name = "fs"                  # prefixes its tools when asked (fs__read_file)
+//! command = "npx"              # stdio: command, args, env, cwd ...
+//! args = ["-y", "@modelcontextprotocol/server-filesystem", "."]
+//! # url = "https://mcp.example/mcp"                    # ... or streamable HTTP: url, headers
+//! # headers = { Authorization = "Bearer ${MCP_TOKEN}" } # ${VAR}: from the environment
+//! prefix = "on_collision"      # never (a name clash is an error) | always | on_collision
+//! allow = ["read_*"]           # only these tools (`*` wildcards); deny = [...] never these
+//! approval = ["write_file"]    # "always" | "never" | a list: asked in the browser (an interrupt)
+//! timeout_secs = 60            # per call
+//! sampling = false             # true: the server may sample the agent's model
 //! ```
 
 use std::collections::BTreeMap;
@@ -106,6 +121,16 @@ pub struct ServerSection {
     /// Seconds running turns get to finish on shutdown (default 30).
     #[serde(default = "default_grace")]
     pub shutdown_grace_secs: u64,
+    /// Longest the whole body of a run request may take to arrive, in seconds (default 30; 408
+    /// past it). A client that trickles its body holds a connection, never a run slot: the slot is
+    /// taken once the body is read.
+    #[serde(default = "default_body_timeout")]
+    pub body_timeout_secs: u64,
+    /// Web origins other than the server's own whose pages may call the API from a browser
+    /// (`scheme://host[:port]`, e.g. `http://localhost:5173`). They get CORS answers; every other
+    /// cross-origin browser request is refused (403 `ORIGIN_NOT_ALLOWED`). Default: none.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
 }
 
 fn default_body() -> usize {
@@ -120,6 +145,18 @@ fn default_concurrency() -> usize {
 fn default_grace() -> u64 {
     30
 }
+fn default_body_timeout() -> u64 {
+    30
+}
+
+/// The longest duration any setting may name, in seconds (a week). Durations past it are
+/// refused with a config error instead of overflowing the arithmetic that uses them.
+pub const MAX_DURATION_SECS: u64 = 7 * 24 * 3600;
+
+/// The model name used when neither the agent's `model` nor `$TETHER_MODEL` names one: the same
+/// as `tether run`'s (`default`, which local servers such as llama-server accept; OpenAI needs a
+/// real name and says so with a 404).
+pub const DEFAULT_MODEL: &str = "default";
 
 impl Default for ServerSection {
     fn default() -> Self {
@@ -128,6 +165,8 @@ impl Default for ServerSection {
             run_timeout_secs: default_run_timeout(),
             max_concurrent_runs: default_concurrency(),
             shutdown_grace_secs: default_grace(),
+            body_timeout_secs: default_body_timeout(),
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -157,7 +196,7 @@ pub struct AgentConfig {
     /// The environment variable holding the API key (default `OPENAI_API_KEY`).
     #[serde(default)]
     pub api_key_env: Option<String>,
-    /// The model name (default: `$TETHER_MODEL`, else the server's default).
+    /// The model name (default: `$TETHER_MODEL`, else [`DEFAULT_MODEL`], as `tether run`).
     #[serde(default)]
     pub model: Option<String>,
     /// Whether to stream model responses (default true).
@@ -190,6 +229,22 @@ pub struct AgentConfig {
     /// The tool that ends the run.
     #[serde(default)]
     pub terminal_tool: Option<ToolDecl>,
+    /// MCP servers whose tools the agent gets (`[[agents.NAME.mcp]]`).
+    #[serde(default)]
+    pub mcp: Vec<tether_mcp::config::Entry>,
+    /// The agent's running MCP servers, started once at server start and shared by its runs.
+    #[serde(skip)]
+    pub(crate) mcp_running: McpRunning,
+}
+
+/// The MCP servers an agent runs with, once started (shared by every clone of its config).
+#[derive(Clone, Default)]
+pub(crate) struct McpRunning(pub(crate) std::sync::Arc<std::sync::OnceLock<tether::source::ToolSources>>);
+
+impl std::fmt::Debug for McpRunning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("McpRunning").field(&self.0.get()).finish()
+    }
 }
 
 fn default_provider() -> String {
@@ -320,15 +375,6 @@ impl Config {
                 "no agents defined: add an [agents.NAME] table (see `tether serve --help`)".into(),
             ));
         }
-        if cfg.server.max_concurrent_runs == 0
-            || cfg.server.max_body_bytes == 0
-            || cfg.server.run_timeout_secs == 0
-        {
-            return Err(invalid(
-                "[server] limits must be positive (max_body_bytes, run_timeout_secs, max_concurrent_runs)"
-                    .into(),
-            ));
-        }
         for (name, a) in cfg.agents.iter_mut() {
             if name.is_empty()
                 || !name
@@ -344,9 +390,6 @@ impl Config {
                     "agent `{name}`: provider `{}` is not supported by `tether serve`; use `openai` (any OpenAI-compatible endpoint)",
                     a.provider
                 )));
-            }
-            if a.max_turns == 0 {
-                return Err(invalid(format!("agent `{name}`: max_turns must be at least 1")));
             }
             if let Some(w) = &mut a.workspace
                 && w.root.is_relative()
@@ -373,6 +416,24 @@ impl Config {
                     c.cwd = Some(base_dir.join(d));
                 }
             }
+            let mut servers = std::collections::HashSet::new();
+            for m in a.mcp.iter_mut() {
+                if !servers.insert(m.name.clone()) {
+                    return Err(invalid(format!(
+                        "agent `{name}`: two MCP servers are named `{}`",
+                        m.name
+                    )));
+                }
+                if let Some(d) = &m.cwd
+                    && d.is_relative()
+                {
+                    m.cwd = Some(base_dir.join(d));
+                }
+                // Checked now (names, command or url, approval words), connected at start.
+                m.transport()
+                    .and_then(|_| m.source_options())
+                    .map_err(|e| invalid(format!("agent `{name}`: {e}")))?;
+            }
             for w in a.sandbox.writable.iter_mut() {
                 if w.is_relative() {
                     *w = base_dir.join(&*w);
@@ -395,6 +456,7 @@ impl Config {
                 }
             }
         }
+        cfg.check(origin)?;
         Ok(cfg)
     }
 
@@ -416,6 +478,46 @@ impl Config {
                     .map(|w| format!("agent `{name}`: {w}"))
             })
             .collect()
+    }
+
+    /// Checks the limits and origins (done by [`Config::parse`]; again by the server after
+    /// command-line overrides, and for a `Config` built in code): every count positive, every
+    /// duration within [`MAX_DURATION_SECS`], every allowed origin a plain `scheme://host[:port]`.
+    /// Origins are stored lower-cased (as browsers send them).
+    pub fn check(&mut self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: origin.into(),
+            message,
+        };
+        let s = &self.server;
+        if s.max_concurrent_runs == 0 || s.max_body_bytes == 0 {
+            return Err(invalid(
+                "[server] max_body_bytes and max_concurrent_runs must be at least 1".into(),
+            ));
+        }
+        let durations = [
+            ("[server] run_timeout_secs", s.run_timeout_secs, 1),
+            ("[server] body_timeout_secs", s.body_timeout_secs, 1),
+            ("[server] shutdown_grace_secs", s.shutdown_grace_secs, 0),
+        ];
+        for (what, v, min) in durations {
+            check_duration(what, v, min).map_err(invalid)?;
+        }
+        for (name, a) in &self.agents {
+            check_duration(
+                &format!("[agents.{name}] tool_timeout_secs"),
+                a.tool_timeout_secs,
+                1,
+            )
+            .map_err(invalid)?;
+            if a.max_turns == 0 {
+                return Err(invalid(format!("agent `{name}`: max_turns must be at least 1")));
+            }
+        }
+        for o in self.server.allowed_origins.iter_mut() {
+            *o = parse_origin(o).map_err(|m| invalid(format!("[server] allowed_origins: {m}")))?;
+        }
+        Ok(())
     }
 
     /// Reads and parses a configuration file.
@@ -465,6 +567,8 @@ impl Config {
                 sandbox: SandboxConfig::default(),
                 frontend_tools: Vec::new(),
                 terminal_tool: None,
+                mcp: Vec::new(),
+                mcp_running: McpRunning::default(),
             },
         );
         Config {
@@ -472,6 +576,74 @@ impl Config {
             agents,
         }
     }
+}
+
+fn check_duration(what: &str, v: u64, min: u64) -> Result<(), String> {
+    if v < min || v > MAX_DURATION_SECS {
+        return Err(format!(
+            "{what} = {v}: must be between {min} and {MAX_DURATION_SECS} seconds (a week)"
+        ));
+    }
+    Ok(())
+}
+
+/// A web origin as browsers send it in `Origin`: `http` or `https`, a host, an optional port, no
+/// path, query, user or fragment; lower-cased. `null` and `*` are refused: every sandboxed page
+/// and file sends `null`, and `*` would let every site in.
+fn parse_origin(o: &str) -> Result<String, String> {
+    let lower = o.trim().to_ascii_lowercase();
+    let bad = |why: &str| {
+        Err(format!(
+            "`{o}` is not an origin ({why}); write scheme://host[:port], e.g. http://localhost:5173"
+        ))
+    };
+    if lower == "null" || lower == "*" {
+        return bad("`null` and `*` would let any page in");
+    }
+    let Some(rest) = lower
+        .strip_prefix("http://")
+        .or_else(|| lower.strip_prefix("https://"))
+    else {
+        return bad("it must start with http:// or https://");
+    };
+    if rest.is_empty() {
+        return bad("no host");
+    }
+    if rest.contains(['/', '?', '#', '@', ' ', '\\']) {
+        return bad("no path, query, fragment or user part, and no trailing slash");
+    }
+    let host = match rest.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((addr, port)) if addr.parse::<std::net::Ipv6Addr>().is_ok() => {
+                if !(port.is_empty() || valid_port(port.strip_prefix(':'))) {
+                    return bad("bad port");
+                }
+                return Ok(lower);
+            }
+            _ => return bad("bad IPv6 address"),
+        },
+        None => match rest.rsplit_once(':') {
+            Some((h, p)) => {
+                if !valid_port(Some(p)) {
+                    return bad("bad port");
+                }
+                h
+            }
+            None => rest,
+        },
+    };
+    if host.is_empty()
+        || !host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+    {
+        return bad("bad host");
+    }
+    Ok(lower)
+}
+
+fn valid_port(p: Option<&str>) -> bool {
+    p.is_some_and(|p| !p.is_empty() && p.len() <= 5 && p.parse::<u16>().is_ok_and(|n| n > 0))
 }
 
 #[cfg(test)]
@@ -548,5 +720,109 @@ name = "confirm"
             .unwrap_err()
             .to_string();
         assert!(e.contains("strict") && e.contains("auto"), "{e}");
+    }
+
+    /// Issue 17: every duration from the config is bounded with a clear error; none overflows
+    /// (a huge `tool_timeout_secs` made `tool_timeout_secs + 5` overflow).
+    #[test]
+    fn durations_are_bounded_with_a_clear_error() {
+        let base = Path::new(".");
+        for (field, table) in [
+            ("run_timeout_secs", "[server]"),
+            ("body_timeout_secs", "[server]"),
+            ("shutdown_grace_secs", "[server]"),
+            ("tool_timeout_secs", "[agents.a]"),
+        ] {
+            let text = if table == "[server]" {
+                format!("[server]\n{field} = {}\n[agents.a]\n", u64::MAX >> 1)
+            } else {
+                format!("[agents.a]\n{field} = {}\n", u64::MAX >> 1)
+            };
+            let e = Config::parse(&text, "t.toml", base).unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains("between"), "{e}");
+        }
+        let e = Config::parse("[server]\nrun_timeout_secs = 0\n[agents.a]\n", "t.toml", base)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("run_timeout_secs = 0"), "{e}");
+        let ok = Config::parse(
+            "[server]\nshutdown_grace_secs = 0\n[agents.a]\ntool_timeout_secs = 604800\n",
+            "t.toml",
+            base,
+        )
+        .unwrap();
+        assert_eq!(ok.agents["a"].tool_timeout_secs, MAX_DURATION_SECS);
+        // A config built in code is checked too.
+        let mut c = Config::default_for(Path::new("/tmp"));
+        c.agents.get_mut("default").unwrap().tool_timeout_secs = u64::MAX;
+        assert!(c.check("code").is_err());
+    }
+
+    #[test]
+    fn allowed_origins_are_plain_origins() {
+        let base = Path::new(".");
+        let c = Config::parse(
+            "[server]\nallowed_origins = [\"HTTP://LocalHost:5173\", \"https://app.example\", \"http://[::1]:8080\"]\n[agents.a]\n",
+            "t.toml",
+            base,
+        )
+        .unwrap();
+        assert_eq!(
+            c.server.allowed_origins,
+            [
+                "http://localhost:5173",
+                "https://app.example",
+                "http://[::1]:8080"
+            ]
+        );
+        for bad in [
+            "null",
+            "*",
+            "localhost:5173",
+            "http://localhost:5173/",
+            "http://a/b",
+            "http://user@host",
+            "http://host:0",
+            "http://host:99999",
+            "ftp://host",
+            "http://",
+            "http://[zz]:1",
+        ] {
+            let text = format!("[server]\nallowed_origins = [\"{bad}\"]\n[agents.a]\n");
+            let e = Config::parse(&text, "t.toml", base).unwrap_err().to_string();
+            assert!(e.contains("allowed_origins"), "{bad}: {e}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever numbers a config holds, parsing never panics, and what it accepts is within
+        /// the bounds (so every `Duration` and sum built from it is safe).
+        #[test]
+        fn any_durations_parse_or_are_refused_without_panicking(
+            run in proptest::num::u64::ANY,
+            body in proptest::num::u64::ANY,
+            grace in proptest::num::u64::ANY,
+            tool in proptest::num::u64::ANY,
+        ) {
+            // TOML integers are i64: larger values are a parse error, also fine.
+            let text = format!(
+                "[server]\nrun_timeout_secs = {run}\nbody_timeout_secs = {body}\nshutdown_grace_secs = {grace}\n[agents.a]\ntool_timeout_secs = {tool}\n"
+            );
+            if let Ok(c) = Config::parse(&text, "t.toml", Path::new(".")) {
+                proptest::prop_assert!(c.server.run_timeout_secs <= MAX_DURATION_SECS);
+                proptest::prop_assert!(c.server.body_timeout_secs <= MAX_DURATION_SECS);
+                proptest::prop_assert!(c.server.shutdown_grace_secs <= MAX_DURATION_SECS);
+                proptest::prop_assert!(c.agents["a"].tool_timeout_secs <= MAX_DURATION_SECS);
+            }
+        }
+
+        /// Any string as an allowed origin: accepted only as a plain origin, never a panic.
+        #[test]
+        fn any_origin_string_is_checked_without_panicking(o in "\\PC{0,40}") {
+            if let Ok(n) = parse_origin(&o) {
+                proptest::prop_assert!(n.starts_with("http://") || n.starts_with("https://"));
+                proptest::prop_assert!(!n[7..].contains('/'));
+            }
+        }
     }
 }

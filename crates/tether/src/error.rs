@@ -121,6 +121,15 @@ pub enum Error {
     /// The event store failed.
     #[error("event store: {0}")]
     Store(String),
+    /// The provider cannot reopen an existing session (an ACP agent that does not advertise
+    /// `loadSession`, say): nothing was sent to it, and nothing recorded was changed.
+    #[error("{provider} cannot resume a session: {reason}")]
+    CannotResume {
+        /// The provider's name.
+        provider: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
     /// The session is closed and takes no more input.
     #[error("the session is closed")]
     Closed,
@@ -205,6 +214,7 @@ impl Error {
             Error::Guard(_) => "guard",
             Error::Provider { .. } => "provider",
             Error::Store(_) => "store",
+            Error::CannotResume { .. } => "cannot_resume",
             Error::Closed => "closed",
             Error::Io(_) => "io",
         }

@@ -184,11 +184,6 @@ impl LocalLoop {
         };
         let mut retries = 0u32;
         loop {
-            let mid = if retries == 0 {
-                message_id.to_owned()
-            } else {
-                format!("{message_id}-r{retries}")
-            };
             if cx.sink.observed() {
                 // The model call's start, for a tracer (a mark: not recorded, not delivered).
                 let model = if req.model.is_empty() {
@@ -210,7 +205,9 @@ impl LocalLoop {
                 cx.sink
                     .observe(&Event::new("", "local.model_call", raw, EventKind::Other));
             }
-            let deltas = DeltaSink::new(cx.sink.clone(), mid);
+            // Every attempt streams under the message's one id: the sink then shows a retried
+            // message once (a repeat is held back, a different attempt restarts the message).
+            let deltas = DeltaSink::new(cx.sink.clone(), message_id);
             match self.model.chat(&req, &deltas).await {
                 Ok(r) => return Ok(r),
                 Err(e) => {

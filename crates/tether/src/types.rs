@@ -64,7 +64,8 @@ pub struct ToolUse {
     /// The decoded input (an object; `{}` when the model sent nothing).
     #[serde(default)]
     pub input: Value,
-    /// Set when the model's argument text was not valid JSON: the parse error. The engine then
+    /// Set when the model's argument text was not a JSON object (did not parse, or parsed to an
+    /// array, string, number, boolean or null): why. The engine then
     /// answers the call with an error result naming it, instead of running the tool on `{}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_error: Option<String>,
@@ -85,14 +86,25 @@ impl ToolUse {
         }
     }
 
-    /// A tool use from the model's raw argument text: empty means `{}`, invalid JSON is kept
-    /// raw with its parse error recorded.
+    /// A tool use from the model's raw argument text: empty means `{}`; invalid JSON, or JSON
+    /// that is not an object (`[1]`, `"x"`, `null`: every tool's input schema is an object), is
+    /// kept raw with the error recorded in `input_error`, and `input` stays `{}`.
     pub fn from_arguments(id: impl Into<String>, name: impl Into<String>, arguments: &str) -> Self {
         let mut u = ToolUse::new(id, name, Value::Object(Default::default()));
         if !arguments.trim().is_empty() {
             match serde_json::from_str::<Value>(arguments) {
-                Ok(v) => u.input = v,
-                Err(e) => u.input_error = Some(e.to_string()),
+                Ok(v @ Value::Object(_)) => u.input = v,
+                Ok(other) => {
+                    let kind = match other {
+                        Value::Array(_) => "an array",
+                        Value::String(_) => "a string",
+                        Value::Number(_) => "a number",
+                        Value::Bool(_) => "a boolean",
+                        _ => "null",
+                    };
+                    u.input_error = Some(format!("the arguments are {kind}, not an object"));
+                }
+                Err(e) => u.input_error = Some(format!("not valid JSON: {e}")),
             }
         }
         u.raw_input = Some(arguments.to_owned());

@@ -1124,8 +1124,13 @@ impl Handler for Workspace {
         let r: Result<String, HandlerError> = async {
             match call.name.as_str() {
                 "read_file" => {
-                    let line = i.get("line").and_then(Value::as_u64).map(|v| v as u32);
-                    let limit = i.get("limit").and_then(Value::as_u64).map(|v| v as u32);
+                    // Saturating: 2^32 + 1 must not wrap to line 1.
+                    let arg = |k: &str| {
+                        i.get(k)
+                            .and_then(Value::as_u64)
+                            .map(|v| u32::try_from(v).unwrap_or(u32::MAX))
+                    };
+                    let (line, limit) = (arg("line"), arg("limit"));
                     self.read(&path_arg(i, "path", None)?, line, limit, info).await
                 }
                 "list_dir" => self.list(&path_arg(i, "path", Some("."))?, info).await,

@@ -118,6 +118,40 @@ async fn tool_errors_and_panics_become_error_results() {
     assert!(tool[3].content.as_deref().unwrap().contains("not valid JSON"));
 }
 
+/// Arguments that parse but are not an object (`[1]`, `"x"`, `null`, `5`) never reach a tool:
+/// every tool's input schema is an object, and a handler reading `input["path"]` of an array
+/// would act on nothing. Each is answered with an error naming what it was.
+#[tokio::test]
+async fn arguments_that_are_not_an_object_never_reach_the_tool() {
+    let calls: Vec<(String, &str)> = ["[1]", "\"x\"", "null", "5", "true"]
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (format!("c{i}"), *a))
+        .collect();
+    let script: Vec<(&str, &str, &str)> = calls.iter().map(|(id, a)| (id.as_str(), "echo", *a)).collect();
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&script)),
+        Ok(ScriptedModel::text("ok")),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(tools())
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.text, "ok");
+    let msgs = &model.requests()[1].messages;
+    let tool: Vec<_> = msgs.iter().filter(|m| m.tool_call_id.is_some()).collect();
+    assert_eq!(tool.len(), 5);
+    for (m, kind) in tool
+        .iter()
+        .zip(["an array", "a string", "null", "a number", "a boolean"])
+    {
+        assert!(m.is_error, "{m:?}");
+        let text = m.content.as_deref().unwrap_or_default();
+        assert!(text.contains(kind) && text.contains("not an object"), "{text}");
+    }
+}
+
 #[tokio::test]
 async fn a_hung_tool_times_out_into_an_error_result() {
     let model = Arc::new(ScriptedModel::new(vec![

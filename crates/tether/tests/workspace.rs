@@ -103,6 +103,16 @@ async fn reads_lists_searches_and_edits_inside_the_root() {
         call(&ws, "read_file", json!({"path": "a.txt", "line": 2, "limit": 1})).await,
         ToolOutput::Ok("world".into())
     );
+    // A line past u32 must not wrap around to line 1 (2^32 + 1 used to read "hello").
+    assert_ne!(
+        call(
+            &ws,
+            "read_file",
+            json!({"path": "a.txt", "line": 4_294_967_297u64, "limit": 1})
+        )
+        .await,
+        ToolOutput::Ok("hello".into())
+    );
     let abs = root.path().join("a.txt").display().to_string();
     assert!(matches!(
         call(&ws, "read_file", json!({"path": abs})).await,
