@@ -62,3 +62,27 @@ pub fn clean_env(cmd: &mut tokio::process::Command) {
         }
     }
 }
+
+/// The MCP fault server (`tether-mcp`'s example): a real MCP server over stdio.
+pub fn fault_server() -> PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test exe path");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target dir")
+            .to_path_buf();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "-q", "-p", "tether-mcp", "--example", "fault_server"])
+            .current_dir(repo_root())
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building the fault server failed");
+        let path = dir.join("examples").join("fault_server");
+        assert!(path.exists(), "fault_server not found at {}", path.display());
+        path
+    })
+    .clone()
+}
