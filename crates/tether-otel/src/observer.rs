@@ -743,8 +743,11 @@ impl SessionTracer {
             run.output = n("output_tokens");
             run.cache_read = n("cache_read_tokens");
         }
-        run.g.set(sc::USAGE_INPUT, run.input as i64);
-        run.g.set(sc::USAGE_OUTPUT, run.output as i64);
+        // A provider that reported no usage leaves the attributes out rather than claiming 0.
+        if run.input > 0 || run.output > 0 || run.cache_read > 0 {
+            run.g.set(sc::USAGE_INPUT, run.input as i64);
+            run.g.set(sc::USAGE_OUTPUT, run.output as i64);
+        }
         if run.cache_read > 0 {
             run.g.set(sc::USAGE_CACHE_READ, run.cache_read as i64);
         }
