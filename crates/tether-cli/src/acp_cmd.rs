@@ -344,7 +344,7 @@ pub async fn run(args: AcpArgs) -> ExitCode {
         json: args.json,
         asked: VecDeque::new(),
     };
-    let opening = Session::builder_boxed(agent)
+    let opening = tether_otel::observe_global(Session::builder_boxed(agent))
         .handler_arc(Arc::new(workspace))
         .open();
     let session = tokio::select! {

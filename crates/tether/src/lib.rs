@@ -48,7 +48,7 @@ pub use handler::{
 pub use provider::{Input, Opened, Provider, Resume, TurnContext};
 pub use retry::{RecordingSleeper, RetryPolicy, Sleeper, TokioSleeper};
 pub use session::{GuardDecision, GuardInfo, Session, SessionBuilder, SessionConfig, SessionHandle};
-pub use sink::{DeltaSink, EventSink, Subscription};
+pub use sink::{DeltaSink, EventObserver, EventSink, Subscription};
 pub use store::{EventStore, MemoryStore};
 pub use thread::{Checkpoint, Claim, Thread, ThreadId, ThreadStore};
 /// Cancels a request in flight ([`Session::send_cancellable`]); re-exported from tokio-util.

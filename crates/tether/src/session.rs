@@ -17,7 +17,7 @@ use crate::provider::Resume;
 use crate::provider::{Input, Opened, Provider, TurnContext};
 use crate::raw;
 use crate::retry::RetryPolicy;
-use crate::sink::EventSink;
+use crate::sink::{EventObserver, EventSink};
 use crate::store::{EventStore, MemoryStore};
 use crate::thread::{CHECKPOINT, Checkpoint, Claim, ThreadId, ThreadStore};
 use crate::types::{
@@ -118,6 +118,8 @@ pub struct SessionBuilder {
     thread: Option<ThreadOpen>,
     /// Subscriptions made before the session opened.
     subscribers: Vec<mpsc::Sender<Box<Event>>>,
+    /// The observer attached to the session's sink at open (a tracer).
+    observer: Option<Arc<dyn EventObserver>>,
 }
 
 /// What [`SessionBuilder::thread`] asked for.
@@ -222,6 +224,13 @@ impl SessionBuilder {
         self
     }
 
+    /// An observer for the session's events (a tracer such as `tether-otel`'s), attached to its
+    /// sink before the provider opens, so it sees every request from the first.
+    pub fn observer(mut self, observer: Arc<dyn EventObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
     /// Opens the session (creating or reattaching on the provider's side; for a thread, see
     /// [`Self::thread`]).
     pub async fn open(self) -> Result<Session> {
@@ -231,6 +240,9 @@ impl SessionBuilder {
         let sink = EventSink::new(info.clone(), self.handler.clone(), self.store.clone());
         for tx in self.subscribers {
             sink.attach(tx);
+        }
+        if let Some(o) = self.observer {
+            sink.set_observer(o);
         }
         let cx = TurnContext {
             sink,
@@ -574,6 +586,7 @@ impl Session {
             config: SessionConfig::default(),
             thread: None,
             subscribers: Vec::new(),
+            observer: None,
         }
     }
 
@@ -897,6 +910,22 @@ impl Session {
         // Handlers may change their tools between requests (AG-UI front-end tools do).
         self.cx.tools = declared_tools(self.cx.handler.as_ref(), self.config.terminal_tool.as_ref());
         lock(&self.batch).clear();
+        if self.cx.sink.observed() {
+            let input = match &start {
+                Start::Input(Input::Message(_)) => "message",
+                Start::Input(Input::ToolResults(..)) => "tool_results",
+                Start::Input(Input::Continue) => "continue",
+                Start::Input(Input::Raw(_)) => "raw",
+                Start::Recorded(_) => "message",
+                Start::Pending(_) => "resume",
+            };
+            self.cx.sink.observe(&Event::new(
+                "",
+                "tether.run_start",
+                json!({"type": "tether.run_start", "provider": self.provider.name(), "input": input}),
+                EventKind::Other,
+            ));
+        }
         let stop = async {
             match deadline {
                 Some((at, d)) => tokio::select! {
@@ -939,8 +968,16 @@ impl Session {
         // hold a half-done turn (a user message it never answered), which a resume from the last
         // checkpoint and the record sees, and sends again, instead. A stop (cancel, timeout)
         // answered the tool uses it stopped: that is saved.
-        if r.is_ok() || was_stopped {
-            self.checkpoint_now().await?;
+        let r = if r.is_ok() || was_stopped {
+            match self.checkpoint_now().await {
+                Ok(()) => r,
+                Err(e) => Err(e),
+            }
+        } else {
+            r
+        };
+        if self.cx.sink.observed() {
+            self.cx.sink.observe(&run_end(&r));
         }
         r
     }
@@ -1442,7 +1479,18 @@ impl ToolRunner<'_> {
             return Ok(Err(Waiting::Approval { summary }));
         } else {
             let handler = cx.handler.clone();
-            let info = (*cx.sink.info()).clone();
+            if cx.sink.observed() {
+                // The tool's start, for a tracer (a mark: not recorded, not delivered).
+                let mut raw = json!({"type": "tether.tool_start", "tool_use_id": u.id, "name": u.name});
+                if cx.sink.full_payloads() {
+                    raw["input"] = u.input.clone();
+                }
+                cx.sink
+                    .observe(&Event::new("", "tether.tool_start", raw, EventKind::Other));
+            }
+            let mut info = (*cx.sink.info()).clone();
+            // The tool call's trace context, for a handler that passes it on (MCP `_meta`).
+            info.traceparent = cx.sink.traceparent(&u.id);
             let call = u.clone();
             // The call can report progress into the session (`ToolEvents::current`).
             let events = crate::source::ToolEvents::new(cx.sink.clone(), &u.id);
@@ -1693,6 +1741,27 @@ fn user_event_id(id: &str) -> String {
     } else {
         format!("user:~{}", crate::types::digest_hex(id.as_bytes()))
     }
+}
+
+/// The `tether.run_end` mark of a request that ended with `r`: its outcome, and for a failure
+/// the error's code, HTTP status and message.
+fn run_end(r: &Result<SessionResult>) -> Event {
+    let raw = match r {
+        Ok(res) => json!({
+            "type": "tether.run_end",
+            "outcome": "ok",
+            "terminal": res.terminal,
+            "stop_reason": res.stop_reason,
+            "usage": res.usage,
+            "pending": res.pending_tool_uses.iter().map(|u| u.id.as_str()).collect::<Vec<_>>(),
+        }),
+        Err(e) => json!({
+            "type": "tether.run_end",
+            "outcome": "error",
+            "error": {"code": e.code(), "status": e.status(), "message": e.to_string()},
+        }),
+    };
+    Event::new("", "tether.run_end", raw, EventKind::Other)
 }
 
 /// Records a tool result, once: its event id is `tool_result:` and the use's memo key.
