@@ -524,6 +524,35 @@ impl Engine {
         Ok((nll / count as f64).exp())
     }
 
+    /// Pre-fill `prompt` on a fresh cache, then `n` greedy decode steps (EOG or not).
+    pub fn bench(
+        &self,
+        prompt: &[u32],
+        n: usize,
+    ) -> Result<(std::time::Duration, std::time::Duration), GgufError> {
+        let mut cache = Cache::new(&self.weights);
+        let t0 = Instant::now();
+        let mut logits = Vec::new();
+        for chunk in prompt.chunks(BATCH) {
+            logits = self
+                .pool
+                .install(|| self.weights.forward(chunk, &mut cache, false))
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(GgufError::candle)?;
+        }
+        let prefill = t0.elapsed();
+        let t1 = Instant::now();
+        for _ in 0..n {
+            let t = argmax(&logits);
+            logits = self
+                .pool
+                .install(|| self.weights.forward(&[t], &mut cache, false))
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(GgufError::candle)?;
+        }
+        Ok((prefill, t1.elapsed()))
+    }
+
     /// Greedy continuation of `prompt` for `n` tokens (no template, no stop but EOG): the
     /// reference test against llama.cpp's `llama-simple`.
     pub fn greedy(&self, prompt: &[u32], n: usize) -> Result<Vec<u32>, GgufError> {

@@ -126,6 +126,7 @@ impl GgufBuilder {
 #[derive(Clone)]
 pub struct GgufModel {
     inner: Arc<Inner>,
+    opts: Options,
 }
 
 struct Inner {
@@ -134,7 +135,6 @@ struct Inner {
     name: String,
     path: PathBuf,
     arch: model::Arch,
-    opts: Options,
 }
 
 impl std::fmt::Debug for GgufModel {
@@ -320,10 +320,24 @@ impl GgufModel {
                     name,
                     path,
                     arch,
-                    opts,
                 }),
+                opts,
             })
         })
+    }
+
+    /// The same loaded model (weights and KV caches shared) with other sampling options.
+    pub fn with_sampling(&self, s: Sampling) -> Self {
+        let mut m = self.clone();
+        m.opts.sampling = s;
+        m
+    }
+
+    /// The same loaded model with another `tool_choice` (see [`GgufBuilder::tool_choice`]).
+    pub fn with_tool_choice(&self, c: ToolChoice) -> Self {
+        let mut m = self.clone();
+        m.opts.tool_choice = c;
+        m
     }
 
     /// The model's name (`general.name`, or the file's stem).
@@ -386,7 +400,7 @@ impl GgufModel {
         // tool results (which would loop).
         let answering_user = req.messages.last().is_none_or(|m| m.role != Role::Tool);
         let choice = if answering_user {
-            self.inner.opts.tool_choice.clone()
+            self.opts.tool_choice.clone()
         } else {
             ToolChoice::Auto
         };
@@ -419,7 +433,7 @@ impl GgufModel {
             let (tools, mode) = self.tools_and_mode(req)?;
             let marked = self.inner.template.render(&req.messages, &tools)?;
             let prompt = self.inner.engine.tok.encode_marked(&marked)?;
-            let o = &self.inner.opts;
+            let o = &self.opts;
             self.inner
                 .engine
                 .generate(&prompt, &mode, &o.sampling, o.max_tokens, &o.stops, cancel, out)
@@ -433,6 +447,17 @@ impl GgufModel {
         catch("perplexity", || {
             self.inner.engine.perplexity(&tokens, n_ctx, chunks)
         })
+    }
+
+    /// For the benchmark: on a fresh cache, pre-fills `prompt` then decodes `n` tokens greedily
+    /// whatever they are (as `llama-bench` does); returns the two durations.
+    #[doc(hidden)]
+    pub fn bench_tokens(
+        &self,
+        prompt: &[u32],
+        n: usize,
+    ) -> Result<(std::time::Duration, std::time::Duration), GgufError> {
+        catch("bench", || self.inner.engine.bench(prompt, n))
     }
 
     /// Greedy continuation of a raw prompt (special tokens parsed, BOS as the model wants),

@@ -191,6 +191,44 @@ fn key_at(s: &str, i: usize, key: &str) -> Option<usize> {
     (j < s.len()).then_some(j)
 }
 
+/// How many bytes of `s` belong to the JSON value it starts with, and whether it is complete.
+fn value_extent(s: &str) -> (usize, bool) {
+    let b = s.as_bytes();
+    if !matches!(b.first(), Some(b'{' | b'[')) {
+        // A scalar (schemas ask for objects; kept simple): up to a delimiter.
+        let end = b
+            .iter()
+            .position(|c| matches!(c, b',' | b'}' | b']') || c.is_ascii_whitespace())
+            .unwrap_or(b.len());
+        return (end, end < b.len());
+    }
+    let (mut depth, mut in_str, mut esc) = (0usize, false, false);
+    for (i, &c) in b.iter().enumerate() {
+        if in_str {
+            if esc {
+                esc = false;
+            } else if c == b'\\' {
+                esc = true;
+            } else if c == b'"' {
+                in_str = false;
+            }
+            continue;
+        }
+        match c {
+            b'"' => in_str = true,
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return (i + 1, true);
+                }
+            }
+            _ => {}
+        }
+    }
+    (b.len(), false)
+}
+
 impl CallStream {
     /// Appends generated text, returning the pieces it completes.
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
@@ -228,7 +266,6 @@ impl CallStream {
             // The call closes at `</tool_call>`.
             if let Some(close) = seg.find(CALL_CLOSE) {
                 let body = seg[..close].trim();
-                let body_start = self.seg + (seg.len() - seg.trim_start().len());
                 let (name, args) = match serde_json::from_str::<Value>(body) {
                     Ok(Value::Object(m)) => (
                         m.get("name").and_then(Value::as_str).map(str::to_owned),
@@ -240,13 +277,10 @@ impl CallStream {
                 let raw_args = self
                     .args_at
                     .and_then(|a| {
-                        let end = body_start + body.len();
-                        // The body ends with the outer `}`; the arguments end before it.
-                        let inner = self.buf.get(a..end)?.trim_end();
-                        let inner = inner.strip_suffix('}')?.trim_end();
-                        serde_json::from_str::<Value>(inner)
-                            .ok()
-                            .map(|_| inner.to_owned())
+                        let rest = self.buf.get(a..)?;
+                        let (n, done) = value_extent(rest);
+                        let inner = &rest[..n];
+                        (done && serde_json::from_str::<Value>(inner).is_ok()).then(|| inner.to_owned())
                     })
                     .or_else(|| args.map(|a| a.to_string()))
                     .unwrap_or_else(|| "{}".to_owned());
@@ -275,11 +309,10 @@ impl CallStream {
                 self.sent = 0;
                 continue;
             }
-            // Stream the arguments so far, holding back trailing whitespace and a final `}` that
-            // may be the outer object's.
+            // Stream the arguments value so far (and nothing after its end).
             if let Some(a) = self.args_at {
-                let avail = self.buf[a..].trim_end();
-                let avail = avail.strip_suffix('}').unwrap_or(avail);
+                let rest = &self.buf[a..];
+                let avail = &rest[..value_extent(rest).0];
                 if avail.len() > self.sent && avail.is_char_boundary(self.sent) {
                     out.push(Piece::CallArgs {
                         id,

@@ -51,17 +51,15 @@ fn fifty_sampled_required_calls_all_match_their_schemas() {
     let mut calls = 0;
     let mut with_call = 0;
     let mut names = std::collections::BTreeMap::<String, usize>::new();
+    // One loaded model: the prompts share their tool prompt, so the KV cache is reused.
+    let base = model(ToolChoice::Required, greedy(), 256);
     for seed in 0..50u64 {
-        let m = model(
-            ToolChoice::Required,
-            Sampling {
-                temperature: 0.9,
-                top_p: 0.95,
-                top_k: 40,
-                seed: Some(seed),
-            },
-            256,
-        );
+        let m = base.with_sampling(Sampling {
+            temperature: 0.9,
+            top_p: 0.95,
+            top_k: 40,
+            seed: Some(seed),
+        });
         let req = request(tools.clone(), prompts[seed as usize % prompts.len()]);
         let g = m
             .generate(&req, &AtomicBool::new(false), &mut |_| {})

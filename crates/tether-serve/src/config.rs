@@ -6,6 +6,11 @@
 //! run_timeout_secs = 600       # a run past this ends in RUN_ERROR{code: "RUN_TIMEOUT"}
 //! max_concurrent_runs = 256    # 429 past this
 //!
+//! [agents.local]
+//! provider = "gguf"            # a GGUF model run in-process: no server, no key
+//! gguf = "models/qwen2.5-1.5b-instruct-q4_k_m.gguf"   # default: $TETHER_GGUF, else SmolLM2-135M
+//!                                                      # (fetched into ~/.cache/tether/models)
+//!
 //! [agents.coder]
 //! provider = "openai"          # any OpenAI-compatible /v1/chat/completions endpoint
 //! base_url = "http://127.0.0.1:8080/v1"   # default: $OPENAI_BASE_URL
@@ -142,9 +147,14 @@ pub enum AccessConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
-    /// The provider: `openai` (an OpenAI-compatible chat-completions endpoint).
+    /// The provider: `openai` (an OpenAI-compatible chat-completions endpoint) or `gguf` (a
+    /// GGUF model run in-process).
     #[serde(default = "default_provider")]
     pub provider: String,
+    /// For `gguf`: the model file (relative to the config file; default: `$TETHER_GGUF`, else the
+    /// default model, SmolLM2-135M-Instruct, fetched into the user's cache on first use).
+    #[serde(default)]
+    pub gguf: Option<PathBuf>,
     /// The endpoint's base URL, with `/v1` (default: `$OPENAI_BASE_URL`).
     #[serde(default)]
     pub base_url: Option<String>,
@@ -300,11 +310,16 @@ impl Config {
                     "agent name `{name}`: use letters, digits, `-` and `_` only (it becomes a URL path segment)"
                 )));
             }
-            if a.provider != "openai" {
+            if a.provider != "openai" && a.provider != "gguf" {
                 return Err(invalid(format!(
-                    "agent `{name}`: provider `{}` is not supported by `tether serve`; use `openai` (any OpenAI-compatible endpoint)",
+                    "agent `{name}`: provider `{}` is not supported by `tether serve`; use `openai` (any OpenAI-compatible endpoint) or `gguf` (a GGUF model run in-process)",
                     a.provider
                 )));
+            }
+            if let Some(g) = &mut a.gguf
+                && g.is_relative()
+            {
+                *g = base_dir.join(&*g);
             }
             if a.max_turns == 0 {
                 return Err(invalid(format!("agent `{name}`: max_turns must be at least 1")));
@@ -371,14 +386,20 @@ impl Config {
     }
 
     /// The configuration used without a file: one agent, `default`, on the OpenAI-compatible
-    /// endpoint from the environment, with the workspace tools over `cwd`, read-only unless the
-    /// user approves each write or command.
+    /// endpoint from the environment (`OPENAI_BASE_URL`), else on the embedded GGUF model, with
+    /// the workspace tools over `cwd`, read-only unless the user approves each write or command.
     pub fn default_for(cwd: &Path) -> Config {
+        let endpoint = std::env::var("OPENAI_BASE_URL").is_ok_and(|v| !v.trim().is_empty());
         let mut agents = BTreeMap::new();
         agents.insert(
             "default".to_owned(),
             AgentConfig {
-                provider: default_provider(),
+                provider: if endpoint {
+                    default_provider()
+                } else {
+                    "gguf".into()
+                },
+                gguf: None,
                 base_url: None,
                 api_key_env: None,
                 model: None,
