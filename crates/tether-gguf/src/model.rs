@@ -75,10 +75,10 @@ pub struct Config {
 }
 
 struct Attn {
-    wq: QMatMul,
-    wk: QMatMul,
-    wv: QMatMul,
-    wo: QMatMul,
+    wq: Linear,
+    wk: Linear,
+    wv: Linear,
+    wo: Linear,
     bq: Option<Tensor>,
     bk: Option<Tensor>,
     bv: Option<Tensor>,
@@ -90,9 +90,9 @@ struct Layer {
     attn_norm: Tensor,
     attn: Attn,
     ffn_norm: Tensor,
-    gate: QMatMul,
-    up: QMatMul,
-    down: QMatMul,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
 }
 
 /// The weights, shared by every [`Cache`] (read-only once loaded).
@@ -102,7 +102,7 @@ pub struct Weights {
     embed: QMatMul,
     layers: Vec<Layer>,
     norm: Tensor,
-    output: QMatMul,
+    output: Linear,
     cos: Tensor,
     sin: Tensor,
     /// Bytes of tensor data loaded.
@@ -271,9 +271,9 @@ impl<R: Read + Seek> Loader<'_, R> {
         self.ct.tensor_infos.contains_key(name)
     }
 
-    fn mm(&mut self, name: &str, dims: &[usize]) -> Result<QMatMul, GgufError> {
+    fn mm(&mut self, name: &str, dims: &[usize]) -> Result<Linear, GgufError> {
         let t = self.q(name, dims)?;
-        QMatMul::from_qtensor(t).map_err(GgufError::candle)
+        Linear::new(t)
     }
 
     fn vec(&mut self, name: &str, n: usize) -> Result<Tensor, GgufError> {
@@ -302,7 +302,7 @@ impl Weights {
             ld.mm("output.weight", &[cfg.vocab, d])?
         } else {
             // Tied embeddings (SmolLM2, small Qwens): the output projection is the embedding.
-            embed.clone()
+            Linear::Q(embed.clone())
         };
         let norm = ld.vec("output_norm.weight", d)?;
         let ff = ct
@@ -471,6 +471,85 @@ impl Weights {
     }
 }
 
+/// A weight matrix and how its products are computed.
+///
+/// Q4_1 (`w = d·q + m`) has only a scalar dot product in candle, while Q4_0 (`w = d·(q − 8)`)
+/// has an AVX2 one; since `d·q + m = d·(q − 8) + 8d + m`, a Q4_1 matrix runs as the Q4_0 matrix
+/// of the same nibbles and scales plus, per row and 32-wide block, `8d` times the block's sum of
+/// the 8-bit-quantized activations and `m` times that sum as llama.cpp's q8_1 blocks store it
+/// (rounded to f16). The result is llama.cpp's q4_1·q8_1 product up to float rounding. It costs
+/// 8 bytes per 32 weights.
+pub(crate) enum Linear {
+    /// Any other type: candle's product.
+    Q(QMatMul),
+    /// Q4_1 as Q4_0 plus the block terms `[n, 2·k/32]` (`8d` then `m`).
+    Q41 { w0: QMatMul, c: Tensor },
+}
+
+impl Linear {
+    fn new(t: QTensor) -> Result<Self, GgufError> {
+        if t.dtype() != GgmlDType::Q4_1 {
+            return QMatMul::from_qtensor(t).map(Linear::Q).map_err(GgufError::candle);
+        }
+        let (n, k) = t.shape().dims2().map_err(GgufError::candle)?;
+        let raw = t.data().map_err(GgufError::candle)?;
+        let blocks = raw.len() / 20;
+        if raw.len() % 20 != 0 || blocks * 32 != n * k {
+            return Err(GgufError::Corrupt(
+                "a Q4_1 tensor's data does not match its shape".into(),
+            ));
+        }
+        let nb = k / 32;
+        let mut q40 = Vec::with_capacity(blocks * 18);
+        let mut c = vec![0f32; n * 2 * nb];
+        for (i, b) in raw.chunks_exact(20).enumerate() {
+            let d = half::f16::from_le_bytes([b[0], b[1]]);
+            let m = half::f16::from_le_bytes([b[2], b[3]]);
+            q40.extend_from_slice(&b[0..2]);
+            q40.extend_from_slice(&b[4..20]);
+            let (row, blk) = (i / nb, i % nb);
+            c[row * 2 * nb + blk] = 8.0 * d.to_f32();
+            c[row * 2 * nb + nb + blk] = m.to_f32();
+        }
+        let storage = candle_core::quantized::QStorage::from_data(
+            std::borrow::Cow::Owned(q40),
+            &Device::Cpu,
+            GgmlDType::Q4_0,
+        )
+        .map_err(GgufError::candle)?;
+        let w0 = QTensor::new(storage, (n, k)).map_err(GgufError::candle)?;
+        Ok(Linear::Q41 {
+            w0: QMatMul::from_qtensor(w0).map_err(GgufError::candle)?,
+            c: Tensor::from_vec(c, (n, 2 * nb), &Device::Cpu).map_err(GgufError::candle)?,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Linear::Q(m) => m.forward(x),
+            Linear::Q41 { w0, c } => {
+                let y0 = w0.forward(x)?;
+                let (t, k) = x.dims2()?;
+                let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
+                let nb = k / 32;
+                let mut sums = vec![0f32; t * 2 * nb];
+                for (i, blk) in xs.chunks_exact(32).enumerate() {
+                    // ggml's quantize_row_q8_1: d = amax / 127, q = round(x / d), s = f16(d·Σq).
+                    let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let d = amax / 127.0;
+                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    let q: i32 = blk.iter().map(|v| (v * id).round() as i32).sum();
+                    let (row, b) = (i / nb, i % nb);
+                    sums[row * 2 * nb + b] = half::f16::from_f32(d).to_f32() * q as f32;
+                    sums[row * 2 * nb + nb + b] = half::f16::from_f32(d * q as f32).to_f32();
+                }
+                let s = Tensor::from_vec(sums, (t, 2 * nb), &Device::Cpu)?;
+                y0 + s.matmul(&c.t()?)?
+            }
+        }
+    }
+}
+
 /// Whether candle can run this tensor type (F32/F16/BF16 and the ggml block formats).
 pub fn dtype_supported(d: GgmlDType) -> bool {
     !matches!(d, GgmlDType::Q8_1 | GgmlDType::Q8K)
@@ -523,3 +602,48 @@ pub fn log_prob(logits: &[f32], target: usize) -> f64 {
 
 #[allow(dead_code)]
 fn _assert_dim(_: D) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The Q4_1-as-Q4_0 product is the exact product of the dequantized weights up to the
+    /// 8-bit quantization of the activations (what llama.cpp's q4_1·q8_1 product computes).
+    #[test]
+    fn q4_1_as_q4_0_matches_the_exact_product() {
+        let (n, k, t) = (64usize, 256usize, 3usize);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.3)
+            .collect();
+        let w = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
+        let wd = q.dequantize(&Device::Cpu).unwrap();
+        let x: Vec<f32> = (0..t * k)
+            .map(|i| (i * 104_729 % 997) as f32 / 498.0 - 1.0)
+            .collect();
+        let x = Tensor::from_vec(x, (t, k), &Device::Cpu).unwrap();
+        let exact = x.matmul(&wd.t().unwrap()).unwrap().to_vec2::<f32>().unwrap();
+        let scale = x
+            .abs()
+            .unwrap()
+            .matmul(&wd.abs().unwrap().t().unwrap())
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        let ours = Linear::new(q)
+            .unwrap()
+            .forward(&x)
+            .unwrap()
+            .to_vec2::<f32>()
+            .unwrap();
+        for ((a, b), s) in exact
+            .iter()
+            .flatten()
+            .zip(ours.iter().flatten())
+            .zip(scale.iter().flatten())
+        {
+            // 8-bit activations: at most half a step (1/254 of the block's max) per element.
+            assert!((a - b).abs() <= s / 200.0, "{a} vs {b} (scale {s})");
+        }
+    }
+}

@@ -26,6 +26,7 @@ fn the_model() -> GgufModel {
 /// within 1 % of llama.cpp's.
 #[test]
 fn perplexity_within_one_percent_of_llama_cpp() {
+    let _serial = common::serial();
     let g = golden("perplexity.json");
     let want = g["ppl"].as_f64().expect("ppl");
     let n_ctx = g["n_ctx"].as_u64().expect("n_ctx") as usize;
@@ -53,6 +54,7 @@ fn perplexity_within_one_percent_of_llama_cpp() {
 /// Greedy continuations of 3 fixed prompts equal llama.cpp's for their first 16 tokens.
 #[test]
 fn greedy_continuations_match_llama_cpp() {
+    let _serial = common::serial();
     let g = golden("greedy.json");
     let m = the_model();
     for c in g["cases"].as_array().expect("cases") {
@@ -82,6 +84,7 @@ fn greedy_continuations_match_llama_cpp() {
 /// Token ids equal llama.cpp's for fixed strings, and decoding gives the string back.
 #[test]
 fn tokenizer_matches_llama_cpp_and_round_trips() {
+    let _serial = common::serial();
     let g = golden("tokenize.json");
     let m = the_model();
     let tok = m.tokenizer();
@@ -102,6 +105,7 @@ fn tokenizer_matches_llama_cpp_and_round_trips() {
 /// Chat templates render what Jinja2 renders: the GGUF's own and a Qwen 2.5-style one with tools.
 #[test]
 fn chat_templates_render_like_jinja2() {
+    let _serial = common::serial();
     let g = golden("template.json");
     let m = the_model();
     let qwen = std::fs::read_to_string(

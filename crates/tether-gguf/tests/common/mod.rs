@@ -41,3 +41,10 @@ pub fn greedy() -> Sampling {
         seed: Some(0),
     }
 }
+
+/// Held by each test that runs the model: the tests of a binary take turns, since candle's
+/// matrix products share one process-wide worker pool and parallel runs only contend for it.
+pub fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    M.lock().unwrap_or_else(|p| p.into_inner())
+}
