@@ -205,7 +205,94 @@ const SCENARIOS = {
       ],
     },
   },
+  // A retried model call is seen once: one assistant message, ending with the text the record
+  // keeps (tether's sink holds back what the retry repeats; what it changed is withdrawn with a
+  // MESSAGES_SNAPSHOT, which the client applies).
+  flaky: {
+    messages: [user("u1", "Are you there?")],
+    steps: [{}],
+    expect: {
+      messages: [
+        { role: "user", content: "Are you there?" },
+        { role: "assistant", content: "Recovered after a 503." },
+      ],
+    },
+    check: ({ steps }) => {
+      const ev = steps[0].events;
+      const retry = ev.find((e) => e.type === "CUSTOM" && e.name === "tether.retry");
+      return retry ? onceStreamed(ev, "Recovered after a 503.") : "no tether.retry event";
+    },
+  },
+  dropped: {
+    messages: [user("u1", "Tell me.")],
+    steps: [{}],
+    expect: {
+      messages: [
+        { role: "user", content: "Tell me." },
+        { role: "assistant", content: "partial answer, then the rest of it." },
+      ],
+    },
+    check: ({ steps }) => {
+      const ev = steps[0].events;
+      const p = partialFirst(ev, "TEXT_MESSAGE_CONTENT");
+      if (p) return p;
+      if (ev.some((e) => e.type === "MESSAGES_SNAPSHOT")) return "a repeated answer needs no snapshot";
+      return onceStreamed(ev, "partial answer, then the rest of it.");
+    },
+  },
+  diverged: {
+    messages: [user("u1", "Tell me.")],
+    steps: [{}],
+    expect: {
+      messages: [
+        { role: "user", content: "Tell me." },
+        { role: "assistant", content: "after drop complete" },
+      ],
+    },
+    check: ({ steps }) => {
+      const ev = steps[0].events;
+      const p = partialFirst(ev, "TEXT_MESSAGE_CONTENT");
+      if (p) return p;
+      return ev.some((e) => e.type === "MESSAGES_SNAPSHOT") ? null : "the partial text was not withdrawn";
+    },
+  },
+  "dropped-tool": {
+    messages: [user("u1", "Add 2 and 3.")],
+    steps: [{}],
+    expect: {
+      messages: [
+        { role: "user", content: "Add 2 and 3." },
+        { role: "assistant", content: "Let me add those.", toolCalls: [{ id: "call_add", name: "add", arguments: '{"a":2,"b":3}' }] },
+        { role: "tool", content: "5", toolCallId: "call_add" },
+        { role: "assistant", content: "2 + 3 = 5." },
+      ],
+    },
+    check: ({ steps }) => {
+      const ev = steps[0].events;
+      const p = partialFirst(ev, "TOOL_CALL_ARGS");
+      if (p) return p;
+      const starts = ev.filter((e) => e.type === "TOOL_CALL_START").length;
+      return starts === 1 ? null : `${starts} TOOL_CALL_START events for one call`;
+    },
+  },
 };
+
+// The failed attempt showed something (a `type` event) before the retry, or the scenario tests
+// nothing.
+function partialFirst(events, type) {
+  const retry = events.findIndex((e) => e.type === "CUSTOM" && e.name === "tether.retry");
+  if (retry < 0) return "the stream was not retried";
+  const first = events.findIndex((e) => e.type === type);
+  return first >= 0 && first < retry ? null : `no ${type} before the retry: the cut came before anything was shown`;
+}
+
+// The answer went out in one text message, each character once.
+function onceStreamed(events, text) {
+  const starts = events.filter((e) => e.type === "TEXT_MESSAGE_START");
+  const shown = events.filter((e) => e.type === "TEXT_MESSAGE_CONTENT").map((e) => e.delta).join("");
+  if (starts.length !== 1) return `${starts.length} text messages for one answer`;
+  return shown === text ? null : `streamed ${JSON.stringify(shown)}, expected ${JSON.stringify(text)} once`;
+}
 
 function splitProto(bytes) {
   const frames = [];

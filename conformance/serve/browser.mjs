@@ -1,22 +1,22 @@
 // The browser test: Debian's chromium driven by playwright-core against tether serve and the
-// testkit's fake OpenAI server. Open the UI, give the token once, send a prompt that leads to a
-// write needing approval, approve it in the dialog, see the tool result and the final text,
-// reload, reopen the thread from the list. Screenshots go to artifacts/.
-import { chromium } from "playwright-core";
+// testkit's fake OpenAI server. tether serve generates its token; the UI is opened at the URL it
+// printed (the token in the fragment), takes the token, keeps it for the tab and strips it from
+// the address bar. Send a prompt that leads to a write needing approval, approve it in the
+// dialog, see the tool result and the final text, reload, reopen the thread from the list.
+// Screenshots go to artifacts/.
 import { existsSync, mkdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { check, startFake, startServe, stop, summary, tempDir } from "./lib.mjs";
+import { check, launchChromium, startFake, startServe, stop, summary, tempDir } from "./lib.mjs";
 
 const artifacts = new URL("artifacts/", import.meta.url).pathname;
 mkdirSync(artifacts, { recursive: true });
 const dir = tempDir("tether-ui-");
 const ws = join(dir, "ws");
 mkdirSync(ws);
-const TOKEN = "browser-test-token";
 const fake = await startFake("ui");
 const serve = await startServe({
   dir,
-  token: TOKEN,
+  token: "generate",
   config: `
 [agents.default]
 base_url = "${fake.url}"
@@ -27,7 +27,7 @@ root = "${ws}"
 writes = "ask"
 `,
 });
-const browser = await chromium.launch({ executablePath: process.env.CHROMIUM || "/usr/bin/chromium", args: ["--no-sandbox"] });
+const browser = await launchChromium();
 let code = 1;
 try {
   const page = await browser.newPage({ viewport: { width: 1280, height: 800 } });
@@ -35,13 +35,23 @@ try {
   page.on("console", (m) => {
     if (m.type() === "warning" || m.type() === "error") warnings.push(m.text());
   });
-  await page.goto(serve.url + "/");
-  await page.waitForSelector("#token-dialog[open]", { timeout: 10000 });
-  check("the UI asks for the token", true);
-  await page.fill("#token-input", TOKEN);
-  await page.click("#token-save");
-  await page.waitForFunction(() => document.querySelector("#agent-select")?.options.length > 0);
+  // Without the token the UI asks for it (and the API refuses).
+  const bare = await browser.newPage();
+  await bare.goto(serve.url + "/");
+  await bare.waitForSelector("#token-dialog[open]", { timeout: 10000 });
+  check("without the token the UI asks for it", true);
+  await bare.close();
+
+  check("the printed URL carries the token in its fragment", serve.uiUrl === `${serve.url}/#token=${serve.token}`, serve.uiUrl);
+  const requests = [];
+  page.on("request", (r) => requests.push({ url: r.url(), auth: r.headers().authorization || "" }));
+  await page.goto(serve.uiUrl);
+  await page.waitForFunction(() => document.querySelector("#agent-select")?.options.length > 0, null, { timeout: 10000 });
   check("agents are listed", (await page.locator("#agent-select option").count()) === 1);
+  check("the UI took the token without asking", (await page.locator("#token-dialog[open]").count()) === 0);
+  check("the token is gone from the address bar", !page.url().includes(serve.token) && !page.url().includes("#"), page.url());
+  check("the token is kept in sessionStorage", (await page.evaluate(() => sessionStorage.getItem("tether.token"))) === serve.token);
+  check("and not in localStorage", (await page.evaluate(() => localStorage.getItem("tether.token"))) === null);
 
   await page.fill("#prompt", "please write a greeting file");
   await page.press("#prompt", "Enter");
@@ -61,9 +71,13 @@ try {
   check("the state panel follows STATE_SNAPSHOT/STATE_DELTA", /"tools"/.test(await page.textContent("#state")));
   await page.screenshot({ path: join(artifacts, "ui.png"), fullPage: true });
 
+  const v1 = requests.filter((r) => new URL(r.url).pathname.startsWith("/v1/"));
+  check(`every /v1 call carried the bearer token (${v1.length} calls)`, v1.length > 0 && v1.every((r) => r.auth === `Bearer ${serve.token}`), JSON.stringify(v1.filter((r) => r.auth !== `Bearer ${serve.token}`)));
+  check("no request URL carried the token", requests.every((r) => !r.url.includes(serve.token)));
+
   await page.reload();
   await page.waitForSelector("#threads li", { timeout: 10000 });
-  check("the token is kept in the browser", !(await page.locator("#token-dialog[open]").count()));
+  check("the token is kept across a reload of the tab", !(await page.locator("#token-dialog[open]").count()));
   await page.click("#threads li >> nth=0");
   await page.waitForSelector(".msg.assistant:has-text('Done: I wrote hello.txt')", { timeout: 10000 });
   check("a past thread reopens with its messages", (await page.locator(".msg.user:has-text('please write a greeting file')").count()) === 1);

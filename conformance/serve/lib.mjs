@@ -70,13 +70,56 @@ export async function startFake(mode) {
   return { child, url: m[1] };
 }
 
+/**
+ * Starts tether serve on 127.0.0.1:0. `token`: a string is passed as --token; `"generate"` passes
+ * none, so the server generates one, and its printed UI URL (`uiUrl`, the token in its fragment)
+ * and `token` are returned; anything else (the default) runs it with --no-token, allowed on
+ * loopback only.
+ */
 export async function startServe({ dir, config, token, db }) {
   const cfg = join(dir, "tether.toml");
   writeFileSync(cfg, config);
   const args = ["--config", cfg, "--bind", "127.0.0.1:0", "--db", db || join(dir, "tether.db")];
-  if (token) args.push("--token", token);
-  const [child, m] = await spawnUntil(SERVE_BIN, args, /listening on (http:\/\/\S+) /, { cwd: dir });
-  return { child, url: m[1] };
+  if (token === "generate") {
+    // nothing: the default
+  } else if (token) args.push("--token", token);
+  else args.push("--no-token");
+  const [child, m] = await spawnUntil(SERVE_BIN, args, /listening on (http:\/\/\S+) [\s\S]*tether serve: open (\S+)[^\n]*\n/, {
+    cwd: dir,
+    env: { ...process.env, TETHER_TOKEN: "" },
+  });
+  const out = { child, url: m[1], uiUrl: m[2], token: typeof token === "string" && token !== "generate" ? token : undefined };
+  if (token === "generate") {
+    const t = m[2].split("#token=")[1];
+    if (!t) throw new Error(`tether serve printed no token URL: ${m[0]}`);
+    out.token = t;
+  }
+  return out;
+}
+
+/** The chromium flags every browser test uses (Debian's chromium, headless, nothing phoning home). */
+export const CHROMIUM_ARGS = [
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-quic",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+];
+
+/**
+ * Launches Debian's chromium through playwright-core with a fresh profile (playwright's launch
+ * makes a new temporary --user-data-dir each time). `extra` adds flags.
+ */
+export async function launchChromium(extra = []) {
+  const { chromium } = await import("playwright-core");
+  return chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: [...CHROMIUM_ARGS, ...extra],
+  });
 }
 
 export function stop(child, signal = "SIGTERM") {

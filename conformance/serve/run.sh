@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# tether serve conformance: the crash-safety script and the browser test (Debian chromium driven
-# by playwright-core), plus a check that the committed UI assets are what `npm ci && npm run build`
-# produces. Installs what it needs; prints `N passed, N failed` last; non-zero on any failure.
+# tether serve conformance: the crash-safety script, the browser test (Debian chromium driven by
+# playwright-core: the UI opened at the URL tether serve prints, its token taken from there), the
+# cross-origin test (pages of another origin and a DNS-rebinding page, in chromium, refused), plus
+# a check that the committed UI assets are what `npm ci && npm run build` produces. Installs what
+# it needs; prints `N passed, N failed` last; non-zero on any failure.
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -45,6 +47,7 @@ ui_reproducible() {
 
 step crash timeout 600 node "$here/crash.mjs"
 step browser timeout 600 node "$here/browser.mjs"
+step cross-origin timeout 600 node "$here/cross_origin.mjs"
 step ui-build ui_reproducible
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -10,8 +10,24 @@ let agent = null; // the HttpAgent of the current thread
 let running = false;
 let renderQueued = false;
 
+// The token: `tether serve` prints the UI's URL with it in the fragment (#token=…), which a
+// browser never sends to a server (so it stays out of logs and Referer). Taken from there once,
+// kept in this tab's sessionStorage, and removed from the address bar and history.
+function takeTokenFromUrl() {
+  const params = new URLSearchParams(location.hash.slice(1));
+  const t = params.get("token");
+  if (t === null) return;
+  sessionStorage.setItem(TOKEN_KEY, t.trim());
+  params.delete("token");
+  const rest = params.toString();
+  history.replaceState(null, "", location.pathname + location.search + (rest ? `#${rest}` : ""));
+}
+takeTokenFromUrl();
+// Older versions kept the token in localStorage (shared by every tab, kept forever): drop it.
+localStorage.removeItem(TOKEN_KEY);
+
 function token() {
-  return localStorage.getItem(TOKEN_KEY) || "";
+  return sessionStorage.getItem(TOKEN_KEY) || "";
 }
 
 function headers() {
@@ -30,7 +46,7 @@ function askToken() {
     const d = $("token-dialog");
     $("token-input").value = token();
     d.onclose = () => {
-      localStorage.setItem(TOKEN_KEY, $("token-input").value.trim());
+      sessionStorage.setItem(TOKEN_KEY, $("token-input").value.trim());
       resolve();
     };
     d.showModal();

@@ -20,6 +20,9 @@ mod client;
 mod connection;
 mod error;
 mod fast;
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod fuzzing;
 mod handler;
 mod options;
 mod provider;

@@ -378,6 +378,17 @@ fn to_tether(e: AcpError, program: &str) -> tether::Error {
             }
         }
         AcpError::FrameTooLarge { .. } | AcpError::Decode { .. } => tether::Error::Malformed(e.to_string()),
+        // `session/load` refused locally: the agent was never asked, its sessions are untouched.
+        AcpError::Unsupported {
+            capability: "loadSession",
+            ..
+        } => tether::Error::CannotResume {
+            provider: "acp".into(),
+            reason: format!(
+                "the agent `{program}` does not advertise `loadSession`, so it cannot reload an earlier \
+                 session; start a new one instead"
+            ),
+        },
         other => tether::Error::Provider {
             provider: "acp".into(),
             message: other.to_string(),
@@ -420,7 +431,9 @@ impl AcpAgent {
         self
     }
 
-    /// Reattach to an existing agent session with `session/load` instead of creating one.
+    /// Reattach to an existing agent session with `session/load` instead of creating one. An
+    /// agent that does not advertise `loadSession` makes `open` fail with
+    /// [`tether::Error::CannotResume`], before anything is sent to it.
     pub fn load_session(mut self, session_id: impl Into<String>) -> Self {
         self.load = Some(session_id.into());
         self

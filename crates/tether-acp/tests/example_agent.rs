@@ -1,32 +1,30 @@
-//! Against the real example agent of `@agentclientprotocol/sdk@1.9.0`.
+//! Against the real example agent of `@agentclientprotocol/sdk@1.9.0` (installed by
+//! `conformance/acp/setup.sh`; missing, every test here fails saying so).
 
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use common::{PermissionAnswer, Recorder, example_agent, text};
+use common::{PermissionAnswer, Recorder, WAIT, example_agent, text};
 use tether_acp::schema::{NewSessionRequest, RequestId, SessionUpdate, StopReason, ToolCallStatus};
 use tether_acp::{AcpClient, AcpUpdate, AgentCommand, ClientOptions, HandlerSupport};
 
-async fn start(recorder: Arc<Recorder>) -> Option<AcpClient> {
-    let agent = example_agent()?;
-    let client = AcpClient::spawn(
+/// The example agent under a client; fails the test (with how to install it) when it is missing.
+async fn start(recorder: Arc<Recorder>) -> AcpClient {
+    let agent = example_agent();
+    AcpClient::spawn(
         AgentCommand::new("node").arg(agent),
         recorder,
-        ClientOptions::default().with_prompt_timeout(Some(Duration::from_secs(60))),
+        ClientOptions::default().with_prompt_timeout(Some(WAIT)),
     )
     .await
-    .expect("spawn node");
-    Some(client)
+    .expect("spawn node")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_turn_with_permission_ends_end_turn() {
     let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Select("allow".into()));
-    let Some(client) = start(rec.clone()).await else {
-        return;
-    };
+    let client = start(rec.clone()).await;
     let init = client.initialize().await.expect("initialize");
     assert_eq!(init.protocol_version.as_u16(), 1);
     assert!(!init.agent_capabilities.load_session);
@@ -92,9 +90,7 @@ async fn full_turn_with_permission_ends_end_turn() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_permission_takes_the_other_branch() {
     let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Select("reject".into()));
-    let Some(client) = start(rec.clone()).await else {
-        return;
-    };
+    let client = start(rec.clone()).await;
     client.initialize().await.unwrap();
     let cwd = tempfile::tempdir().unwrap();
     let s = client
@@ -113,9 +109,7 @@ async fn rejected_permission_takes_the_other_branch() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_turn_ends_cancelled() {
     let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Hang);
-    let Some(client) = start(rec.clone()).await else {
-        return;
-    };
+    let client = start(rec.clone()).await;
     client.initialize().await.unwrap();
     let cwd = tempfile::tempdir().unwrap();
     let s = client
@@ -126,15 +120,9 @@ async fn cancelled_turn_ends_cancelled() {
     let sid = s.session_id.clone();
     let turn = tokio::spawn(async move { c2.prompt(&sid, text("hi")).await });
     // Wait until the first chunk arrived, then cancel mid-turn.
-    for _ in 0..100 {
-        if !rec.texts().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(!rec.texts().is_empty());
+    rec.wait_until("the first chunk", |r| !r.texts().is_empty()).await;
     client.cancel(&s.session_id).await.unwrap();
-    let out = tokio::time::timeout(Duration::from_secs(20), turn)
+    let out = tokio::time::timeout(WAIT, turn)
         .await
         .expect("prompt returns after cancel")
         .unwrap()
@@ -147,9 +135,7 @@ async fn cancelled_turn_ends_cancelled() {
 async fn cancel_answers_a_pending_permission_cancelled() {
     // The handler never answers the permission question; cancel must answer it at once.
     let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Hang);
-    let Some(client) = start(rec.clone()).await else {
-        return;
-    };
+    let client = start(rec.clone()).await;
     client.initialize().await.unwrap();
     let cwd = tempfile::tempdir().unwrap();
     let s = client
@@ -159,12 +145,10 @@ async fn cancel_answers_a_pending_permission_cancelled() {
     let c2 = client.clone();
     let sid = s.session_id.clone();
     let turn = tokio::spawn(async move { c2.prompt(&sid, text("hi")).await });
-    for _ in 0..300 {
-        if !rec.permissions.lock().unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    rec.wait_until("the permission request", |r| {
+        !r.permissions.lock().unwrap().is_empty()
+    })
+    .await;
     assert_eq!(
         rec.permissions.lock().unwrap().len(),
         1,
@@ -172,7 +156,7 @@ async fn cancel_answers_a_pending_permission_cancelled() {
     );
     client.cancel(&s.session_id).await.unwrap();
     // The example agent returns right after a `cancelled` outcome.
-    let out = tokio::time::timeout(Duration::from_secs(20), turn)
+    let out = tokio::time::timeout(WAIT, turn)
         .await
         .expect("prompt returns after cancel")
         .unwrap()

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{PermissionAnswer, Recorder, fake_agent, text};
+use common::{PermissionAnswer, Recorder, WAIT, fake_agent, text};
 use tether_acp::schema::{ListSessionsRequest, LoadSessionRequest, NewSessionRequest, SessionId, StopReason};
 use tether_acp::{AcpClient, AcpError, AcpUpdate, AgentCommand, ClientOptions, Direction, HandlerSupport};
 
@@ -29,12 +29,8 @@ async fn fixture_with(rec: Arc<Recorder>, opts: ClientOptions) -> Fixture {
         .expect("session/new");
     // The update the fake sends right after answering session/new must arrive (the session is
     // registered before the next message is dispatched, so it is not dropped as unknown).
-    for _ in 0..500 {
-        if rec.texts().first().map(String::as_str) == Some("welcome") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    rec.wait_until("the welcome update", |r| !r.texts().is_empty())
+        .await;
     assert_eq!(rec.texts().first().map(String::as_str), Some("welcome"));
     Fixture {
         client,
@@ -51,13 +47,10 @@ async fn fixture(support: HandlerSupport, permission: PermissionAnswer) -> Fixtu
 impl Fixture {
     async fn run(&self, prompt: &str) -> String {
         let before = self.rec.texts().len();
-        let out = tokio::time::timeout(
-            Duration::from_secs(30),
-            self.client.prompt(&self.session, text(prompt)),
-        )
-        .await
-        .expect("turn finished in time")
-        .expect("turn succeeded");
+        let out = tokio::time::timeout(WAIT, self.client.prompt(&self.session, text(prompt)))
+            .await
+            .expect("turn finished in time")
+            .expect("turn succeeded");
         assert_eq!(out.stop_reason, Some(StopReason::EndTurn), "{out:?}");
         self.rec.texts()[before..].join("\n")
     }
@@ -66,12 +59,9 @@ impl Fixture {
 #[tokio::test]
 async fn crash_mid_turn_is_a_typed_error_not_a_hang() {
     let f = fixture(HandlerSupport::none(), PermissionAnswer::Cancelled).await;
-    let r = tokio::time::timeout(
-        Duration::from_secs(10),
-        f.client.prompt(&f.session, text("crash")),
-    )
-    .await
-    .expect("no hang");
+    let r = tokio::time::timeout(WAIT, f.client.prompt(&f.session, text("crash")))
+        .await
+        .expect("no hang");
     match r {
         Err(AcpError::AgentExited { exit }) => {
             assert_eq!(exit.as_deref(), Some("exited with code 3"))
@@ -97,12 +87,9 @@ async fn malformed_line_gets_parse_error_and_connection_survives() {
 async fn oversized_frame_is_a_clear_error() {
     let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Cancelled);
     let f = fixture_with(rec, ClientOptions::default().with_max_frame_bytes(64 * 1024)).await;
-    let r = tokio::time::timeout(
-        Duration::from_secs(10),
-        f.client.prompt(&f.session, text("oversized 200000")),
-    )
-    .await
-    .expect("no hang");
+    let r = tokio::time::timeout(WAIT, f.client.prompt(&f.session, text("oversized 200000")))
+        .await
+        .expect("no hang");
     match &r {
         Err(AcpError::FrameTooLarge {
             direction: Direction::Inbound,
@@ -316,18 +303,13 @@ async fn cancel_answers_pending_permission_at_once() {
     let c = f.client.clone();
     let sid = f.session.clone();
     let turn = tokio::spawn(async move { c.prompt(&sid, text("wait_cancel")).await });
-    for _ in 0..200 {
-        if !f.rec.permissions.lock().unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    f.rec
+        .wait_until("the permission question", |r| {
+            !r.permissions.lock().unwrap().is_empty()
+        })
+        .await;
     f.client.cancel(&f.session).await.unwrap();
-    let out = tokio::time::timeout(Duration::from_secs(5), turn)
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    let out = tokio::time::timeout(WAIT, turn).await.unwrap().unwrap().unwrap();
     assert_eq!(out.stop_reason, Some(StopReason::Cancelled));
     assert!(
         f.rec
@@ -351,15 +333,16 @@ async fn duplicate_inbound_id_is_refused() {
     let c = f.client.clone();
     let sid = f.session.clone();
     let turn = tokio::spawn(async move { c.prompt(&sid, text("dup_id")).await });
-    for _ in 0..200 {
-        if !f.rec.permissions.lock().unwrap().is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The agent reports the answer to the second request (the refusal) as soon as it has it;
+    // only then is the first one, still with the handler, cancelled.
+    f.rec
+        .wait_until("the agent's report of the first answer", |r| {
+            r.texts().iter().any(|t| t.starts_with("first "))
+        })
+        .await;
+    assert_eq!(f.rec.permissions.lock().unwrap().len(), 1);
     f.client.cancel(&f.session).await.unwrap();
-    let _ = tokio::time::timeout(Duration::from_secs(5), turn).await.unwrap();
+    let _ = tokio::time::timeout(WAIT, turn).await.unwrap();
     let said = f.rec.texts().join("\n");
     assert!(said.contains("first err:-32600"), "{said}");
     assert!(

@@ -164,3 +164,27 @@ async fn agent_crash_is_a_session_error() {
     let err = session.send("crash").await.unwrap_err();
     assert!(err.to_string().contains("exited with code 3"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn loading_a_session_from_an_agent_without_load_session_is_a_typed_error() {
+    // The judge: the ACP SDK's example agent advertises `loadSession: false`.
+    let root = tempfile::tempdir().unwrap();
+    let agent = AcpAgent::new(
+        AgentCommand::new("node").arg(common::example_agent()),
+        root.path(),
+    )
+    .load_session("earlier-1");
+    let err = Session::builder(agent)
+        .handler(Workspace::new(root.path()).unwrap())
+        .open()
+        .await
+        .unwrap_err();
+    match &err {
+        tether::Error::CannotResume { provider, reason } => {
+            assert_eq!(provider, "acp");
+            assert!(reason.contains("loadSession"), "{reason}");
+        }
+        other => panic!("expected CannotResume, got {other:?}"),
+    }
+    assert_eq!(err.code(), "cannot_resume");
+}

@@ -36,6 +36,11 @@ pub struct Fold {
     /// Tool uses in first-seen order.
     pub tools: Vec<ToolBlock>,
     active: HashMap<u64, String>,
+    /// Where each id is in `tools` (a lookup that stays cheap however many tool uses a stream
+    /// brings).
+    tool_ids: HashMap<String, usize>,
+    /// Bytes kept from the model (see [`Fold::kept`]).
+    kept: usize,
     role: Option<String>,
     open: bool,
     /// The last `messageStop.stopReason`.
@@ -57,10 +62,13 @@ impl Fold {
                 let idx = p["contentBlockIndex"].as_u64().unwrap_or(0);
                 let tu = &p["start"]["toolUse"];
                 if let Some(id) = tu["toolUseId"].as_str() {
-                    if !self.tools.iter().any(|t| t.id == id) {
+                    if !self.tool_ids.contains_key(id) {
+                        self.tool_ids.insert(id.to_owned(), self.tools.len());
+                        let name = tu["name"].as_str().unwrap_or_default().to_owned();
+                        self.kept += id.len() + name.len();
                         self.tools.push(ToolBlock {
                             id: id.to_owned(),
-                            name: tu["name"].as_str().unwrap_or_default().to_owned(),
+                            name,
                             input: String::new(),
                             kind: tu["type"].as_str().unwrap_or("tool_use").to_owned(),
                         });
@@ -74,16 +82,20 @@ impl Fold {
                 if let Some(t) = d["text"].as_str() {
                     if self.role.as_deref().unwrap_or("assistant") == "assistant" {
                         self.text.push_str(t);
+                        self.kept += t.len();
                         return Some(t.to_owned());
                     }
                 } else if let Some(frag) = d["toolUse"]["input"].as_str() {
                     if let Some(id) = self.active.get(&idx)
-                        && let Some(t) = self.tools.iter_mut().find(|t| &t.id == id)
+                        && let Some(&at) = self.tool_ids.get(id)
+                        && let Some(t) = self.tools.get_mut(at)
                     {
                         t.input.push_str(frag);
+                        self.kept += frag.len();
                     }
                 } else if let Some(r) = d["reasoningContent"]["text"].as_str() {
                     self.reasoning.push_str(r);
+                    self.kept += r.len();
                 }
             }
             "contentBlockStop" => {
@@ -109,6 +121,12 @@ impl Fold {
             _ => {}
         }
         None
+    }
+
+    /// Bytes the fold keeps from the model: text, reasoning, and every tool use's id, name and
+    /// input (what a response cap bounds).
+    pub fn kept(&self) -> usize {
+        self.kept
     }
 
     /// Whether the stream reached a final `messageStop` with a stop reason.

@@ -21,6 +21,9 @@
 
 pub mod converse;
 pub mod eventstream;
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod provider;
 pub mod sigv4;
 

@@ -58,8 +58,16 @@ pub struct AgentCoreConfig {
     pub user_id: Option<String>,
     /// Retries of a failed or truncated turn (default 2).
     pub invoke_retries: u32,
-    /// Longest silence between two chunks of a response (default 300 s).
+    /// Longest silence between two chunks of a response (default 300 s, longer than the other
+    /// providers' 120 s: the remote loop runs its own tools between chunks, and a retried
+    /// invocation runs them again). Exceeding it fails the attempt as `Transport{kind: Idle}`,
+    /// which is retried up to `invoke_retries`.
     pub idle_timeout: Duration,
+    /// The most one turn's response may bring: its text, reasoning and tool-call names and
+    /// inputs together (default [`tether::chat::DEFAULT_MAX_RESPONSE_BYTES`], 8 MiB), and
+    /// sixteen times that of raw body (framing included). Past either the turn fails with
+    /// [`Error::ResponseTooLarge`], not retried.
+    pub max_response_bytes: usize,
     /// Per-invocation harness overrides (`model`, `systemPrompt`, `maxIterations`, `maxTokens`,
     /// `timeoutSeconds`, ...), sent beside `messages`.
     pub overrides: Map<String, Value>,
@@ -69,6 +77,9 @@ pub struct AgentCoreConfig {
     /// `false`: the microVM stays warm for a later reattach with the same session id, until its
     /// idle timeout). A turn dropped by a cancel or a timeout stops the session regardless.
     pub stop_session_on_close: bool,
+    /// Extra CA certificates to trust beside the built-in roots, as PEM bundles (default none);
+    /// see [`AgentCoreConfig::add_root_certificates_pem`].
+    pub root_certificates: Vec<String>,
 }
 
 impl AgentCoreConfig {
@@ -93,10 +104,22 @@ impl AgentCoreConfig {
             user_id: None,
             invoke_retries: 2,
             idle_timeout: Duration::from_secs(300),
+            max_response_bytes: tether::chat::DEFAULT_MAX_RESPONSE_BYTES,
             overrides: Map::new(),
             retry: RetryPolicy::default(),
             stop_session_on_close: false,
+            root_certificates: Vec::new(),
         }
+    }
+
+    /// The same configuration also trusting the CA certificates in `pem` (one or more
+    /// `-----BEGIN CERTIFICATE-----` blocks, e.g. a `.pem` or `.crt` file's text) beside the
+    /// built-in Mozilla roots: for an endpoint (a VPC endpoint, a TLS-inspecting proxy) whose
+    /// certificate chains to a private CA. Verification stays on. May be called more than once;
+    /// a bundle that holds no certificate fails [`AgentCore::new`] with [`Error::Config`].
+    pub fn add_root_certificates_pem(mut self, pem: impl Into<String>) -> Self {
+        self.root_certificates.push(pem.into());
+        self
     }
 }
 
@@ -186,7 +209,7 @@ impl AgentCore {
             }
             None => (new_session_id(), false),
         };
-        let http = reqwest::Client::builder()
+        let http = tether_http::add_root_certificates(reqwest::Client::builder(), &config.root_certificates)?
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(config.idle_timeout)
             .build()
@@ -394,6 +417,9 @@ impl AgentCore {
         let mut sse = SseLines::default();
         let mut json_body = Vec::new();
         let message_id = format!("{turn_id}-a{n}");
+        let limit = self.config.max_response_bytes;
+        let raw_limit = limit.saturating_mul(16);
+        let mut raw = 0usize;
         loop {
             let next = tokio::time::timeout(self.config.idle_timeout, stream.next()).await;
             let chunk = match next {
@@ -409,6 +435,10 @@ impl AgentCore {
                 Ok(Some(Err(e))) => return Ok(Attempt::Retry(transport(&e, &url), true)),
                 Ok(Some(Ok(c))) => c,
             };
+            raw = raw.saturating_add(chunk.len());
+            if raw > raw_limit {
+                return Err(Error::ResponseTooLarge { limit: limit as u64 });
+            }
             if is_json {
                 json_body.extend_from_slice(&chunk);
                 continue;
@@ -466,6 +496,9 @@ impl AgentCore {
                 }
                 frames.push((ty, p));
             }
+            if fold.kept() > limit {
+                return Err(Error::ResponseTooLarge { limit: limit as u64 });
+            }
         }
         if is_json {
             let v: Value = serde_json::from_slice(&json_body)
@@ -473,6 +506,9 @@ impl AgentCore {
             for (ty, p) in runtime_json(&v) {
                 fold.apply(&ty, &p);
                 frames.push((ty, p));
+            }
+            if fold.kept() > limit {
+                return Err(Error::ResponseTooLarge { limit: limit as u64 });
             }
         }
         if !self.is_harness() && fold.stop_reason.is_none() {
@@ -606,18 +642,21 @@ fn runtime_json(v: &Value) -> Vec<(String, Value)> {
 }
 
 /// Minimal SSE `data:` extraction for runtime containers.
+///
+/// Bytes are kept until a frame is complete and only then decoded: a read can end inside a
+/// UTF-8 character or between the CR and LF of a CRLF, and neither may change the frame.
 #[derive(Default)]
 struct SseLines {
-    buf: String,
+    buf: Vec<u8>,
 }
 
 impl SseLines {
     fn push(&mut self, chunk: &[u8]) -> Vec<String> {
-        self.buf
-            .push_str(&String::from_utf8_lossy(chunk).replace("\r\n", "\n"));
+        self.buf.extend_from_slice(chunk);
         let mut out = Vec::new();
-        while let Some(pos) = self.buf.find("\n\n") {
-            let frame: String = self.buf.drain(..pos + 2).collect();
+        while let Some((end, next)) = frame_end(&self.buf) {
+            let frame = String::from_utf8_lossy(&self.buf[..end]).into_owned();
+            self.buf.drain(..next);
             let data: Vec<&str> = frame
                 .lines()
                 .filter_map(|l| l.strip_prefix("data:").map(|d| d.strip_prefix(' ').unwrap_or(d)))
@@ -630,6 +669,32 @@ impl SseLines {
     }
 }
 
+/// Where the first frame of `buf` ends (a blank line, lines ending in LF or CRLF): the end of
+/// its text and the end of the blank line.
+fn frame_end(buf: &[u8]) -> Option<(usize, usize)> {
+    let mut i = 0;
+    let mut line_start = true;
+    while i < buf.len() {
+        let newline = match buf[i] {
+            b'\n' => Some(1),
+            b'\r' if buf.get(i + 1) == Some(&b'\n') => Some(2),
+            _ => None,
+        };
+        match newline {
+            Some(n) if line_start && i > 0 => return Some((i, i + n)),
+            Some(n) => {
+                line_start = true;
+                i += n;
+            }
+            None => {
+                line_start = false;
+                i += 1;
+            }
+        }
+    }
+    None
+}
+
 fn transport(e: &reqwest::Error, endpoint: &str) -> Error {
     tether_http::transport_error(e, endpoint)
 }
@@ -640,7 +705,8 @@ async fn http_error(resp: reqwest::Response, endpoint: &str) -> Error {
     let get = |k: &str| h.get(k).and_then(|v| v.to_str().ok()).map(str::to_owned);
     let retry_after = parse_retry_after(None, get("retry-after").as_deref());
     let header_code = get("x-amzn-errortype").map(|c| c.split(':').next().unwrap_or_default().to_owned());
-    let text = resp.text().await.unwrap_or_default();
+    // At most 64 KiB of it, each read within 30 s: the server chooses the body.
+    let text = tether_http::error_text(resp, Duration::from_secs(30)).await;
     let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
     let message = v["message"]
         .as_str()
@@ -821,6 +887,9 @@ impl AgentCore {
         })
     }
 }
+
+/// Hooks for the crate's `fuzzing` module (a runtime body without the HTTP); not part of the API.
+pub(crate) mod fuzzing;
 
 #[cfg(test)]
 mod tests {

@@ -325,17 +325,16 @@ async fn a_short_session_id_is_refused_before_any_request() {
     assert_eq!(err.code(), "config");
 }
 
-/// Runs against AWS only when the credentials and a harness ARN are set.
+/// Against AWS: `cargo test -p tether-agentcore --test agentcore -- --ignored` with
+/// TETHER_AGENTCORE_HARNESS_ARN and the AWS credentials (AWS_ACCESS_KEY_ID,
+/// AWS_SECRET_ACCESS_KEY, AWS_REGION) set. Without them it fails, saying which is missing.
 #[tokio::test]
+#[ignore = "live: needs TETHER_AGENTCORE_HARNESS_ARN and AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_REGION; run with --ignored"]
 async fn live_agentcore_round_trip() {
-    let Ok(arn) = std::env::var("TETHER_AGENTCORE_HARNESS_ARN") else {
-        eprintln!("skipping live AgentCore test: set TETHER_AGENTCORE_HARNESS_ARN and AWS credentials");
-        return;
-    };
-    let Ok(cfg) = AgentCoreConfig::from_env(Target::Harness { arn, qualifier: None }, None) else {
-        eprintln!("skipping live AgentCore test: AWS credentials are not set");
-        return;
-    };
+    let arn = std::env::var("TETHER_AGENTCORE_HARNESS_ARN")
+        .unwrap_or_else(|_| panic!("this live test needs TETHER_AGENTCORE_HARNESS_ARN in the environment"));
+    let cfg = AgentCoreConfig::from_env(Target::Harness { arn, qualifier: None }, None)
+        .unwrap_or_else(|e| panic!("this live test needs AWS credentials in the environment: {e}"));
     let result = Session::builder(AgentCore::new(cfg).expect("provider"))
         .run("Reply with the single word: pong")
         .await
@@ -438,7 +437,9 @@ async fn a_stream_silent_past_the_idle_timeout_fails_the_attempt_and_is_retried(
     .await;
     let sleeper = RecordingSleeper::default();
     let mut cfg = config(&fake, harness(), &sleeper);
-    cfg.idle_timeout = Duration::from_millis(200);
+    // Under test, so short; but the retried stream must beat it, so not too short for a loaded
+    // machine.
+    cfg.idle_timeout = Duration::from_secs(2);
     let result = Session::builder(AgentCore::new(cfg).expect("provider"))
         .run("hi")
         .await
@@ -480,4 +481,52 @@ async fn a_stream_silent_past_the_idle_timeout_without_retries_is_a_transport_er
         "{err:?}"
     );
     assert!(err.is_transient());
+}
+
+/// A stream that never ends is cut at the response cap, once: the error is typed and the
+/// invocation is not retried (a retry would bring the same).
+#[tokio::test]
+async fn a_stream_that_never_ends_is_cut_at_the_response_cap() {
+    let head = vec![event_frame("messageStart", &json!({"role": "assistant"}))];
+    let repeat = event_frame(
+        "contentBlockDelta",
+        &json!({"contentBlockIndex": 0, "delta": {"text": "x".repeat(1000)}}),
+    );
+    let fake = FakeAgentCore::start(vec![Reply::EndlessFrames { head, repeat }]).await;
+    let sleeper = RecordingSleeper::default();
+    let mut cfg = config(&fake, harness(), &sleeper);
+    cfg.max_response_bytes = 128 << 10;
+    let err = Session::builder(AgentCore::new(cfg).expect("provider"))
+        .timeout(Duration::from_secs(60))
+        .run("hi")
+        .await
+        .expect_err("capped");
+    assert!(
+        matches!(err, Error::ResponseTooLarge { limit } if limit == 128 << 10),
+        "{err:?}"
+    );
+    assert_eq!(fake.requests().len(), 1, "not retried");
+    assert!(sleeper.slept().is_empty());
+
+    // Endless tool input counts too.
+    let head = vec![
+        event_frame("messageStart", &json!({"role": "assistant"})),
+        event_frame(
+            "contentBlockStart",
+            &json!({"contentBlockIndex": 1, "start": {"toolUse": {"toolUseId": "t1", "name": "lookup"}}}),
+        ),
+    ];
+    let repeat = event_frame(
+        "contentBlockDelta",
+        &json!({"contentBlockIndex": 1, "delta": {"toolUse": {"input": "1".repeat(1000)}}}),
+    );
+    let fake = FakeAgentCore::start(vec![Reply::EndlessFrames { head, repeat }]).await;
+    let mut cfg = config(&fake, harness(), &sleeper);
+    cfg.max_response_bytes = 128 << 10;
+    let err = Session::builder(AgentCore::new(cfg).expect("provider"))
+        .timeout(Duration::from_secs(60))
+        .run("hi")
+        .await
+        .expect_err("capped");
+    assert!(matches!(err, Error::ResponseTooLarge { .. }), "{err:?}");
 }

@@ -39,6 +39,10 @@ const SCENARIOS: &[&str] = &[
     "interrupt",
     "error",
     "two-runs",
+    "flaky",
+    "dropped",
+    "diverged",
+    "dropped-tool",
 ];
 
 fn script(scenario: &str) -> Vec<Reply> {
@@ -80,6 +84,28 @@ fn script(scenario: &str) -> Vec<Reply> {
             "model_not_found",
         )],
         "two-runs" => vec![Reply::text("First answer."), Reply::text("Second answer.")],
+        // A 503, then the answer: the local loop retries; the client sees one message.
+        "flaky" => vec![Reply::server_error(503), Reply::text("Recovered after a 503.")],
+        // The stream ends after its first delta, before any finish_reason (a dropped stream as
+        // the client sees it: what came before the cut reached it, surely, unlike an abort whose
+        // last writes may be lost); the retried call streams the same answer again.
+        "dropped" => vec![
+            Reply::text("partial answer, then the rest of it.").truncate_after(2),
+            Reply::text("partial answer, then the rest of it."),
+        ],
+        // The stream is cut; the retried call says something else: the partial text is withdrawn.
+        "diverged" => vec![
+            Reply::text("partial words that will vanish").truncate_after(2),
+            Reply::text("after drop complete"),
+        ],
+        // The stream is cut inside a tool call's arguments; the retried call makes the same call.
+        "dropped-tool" => vec![
+            Reply::tool_calls(&[("call_add", "add", r#"{"a":2,"b":3}"#)])
+                .with_text("Let me add those.")
+                .truncate_after(6),
+            Reply::tool_calls(&[("call_add", "add", r#"{"a":2,"b":3}"#)]).with_text("Let me add those."),
+            Reply::text("2 + 3 = 5."),
+        ],
         _ => Vec::new(),
     }
 }

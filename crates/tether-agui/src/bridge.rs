@@ -31,7 +31,10 @@ use crate::error::{Error, Result};
 use crate::event::{EncryptedValueSubtype, Event, TextMessageRole};
 use crate::ids::{InterruptId, MessageId, ThreadId, ToolCallId};
 use crate::run::Agent;
-use crate::types::{Interrupt, Message, ResumeStatus, RunAgentInput, TokenUsage};
+use crate::types::{
+    AssistantMessage, Interrupt, Message, ReasoningMessage, ResumeStatus, RunAgentInput, TokenUsage,
+    ToolCall, ToolMessage,
+};
 
 /// How permission requests are answered.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -404,12 +407,17 @@ fn unanswered_calls(input: &RunAgentInput) -> HashSet<String> {
 /// Maps a tether session's events onto the AG-UI events of one run.
 ///
 /// Text and reasoning messages are opened and closed around their deltas; a message whose text
-/// arrived whole is sent whole; a retry closes what the failed attempt streamed, and a message
-/// streamed again under the same id gets a fresh id. Each tool call is started, streamed and
-/// ended once; a tool result is shown once, for a call this run showed or one the input left
-/// unanswered; usage becomes the run's usage; a retry also becomes a `tether.retry` custom
-/// event. [`SessionAgent`] maps its sessions with it; an agent that drives a tether session
-/// itself (`tether serve`) uses the same.
+/// arrived whole is sent whole, and once (text sent live after the message was recorded, as
+/// providers whose messages arrive whole do, is not sent again). Each tool call is started,
+/// streamed and ended once; a tool result is shown once, for a call this run showed or one the
+/// input left unanswered; usage becomes the run's usage; a retry becomes a `tether.retry` custom
+/// event and changes nothing else: the session's sink already shows a retried message once. When
+/// the sink restarts a message ([`EventKind::MessageRestart`]: the retried call said something
+/// else), its open parts are ended and a `MESSAGES_SNAPSHOT` withdraws what the client was shown
+/// of it (the input's messages and this run's, with that message's text and tool calls left out
+/// and its reasoning emptied); the message then streams again under its own id, so the client
+/// ends with one message holding what the record keeps. [`SessionAgent`] maps its sessions with
+/// it; an agent that drives a tether session itself (`tether serve`) uses the same.
 ///
 /// ```
 /// use tether_agui::{EventMapper, RunAgentInput};
@@ -429,6 +437,13 @@ pub struct EventMapper {
     texts_started: HashSet<String>,
     streamed_text: HashSet<String>,
     streamed_reasoning: HashSet<String>,
+    /// Session messages whose durable record was mapped.
+    recorded: HashSet<String>,
+    /// The text messages each session message went out as.
+    texts_of: HashMap<String, Vec<MessageId>>,
+    /// The tool calls each session message made.
+    calls_of: HashMap<String, Vec<String>>,
+    mirror: Mirror,
     answerable: HashSet<String>,
     answered: HashSet<String>,
     usage_seen: bool,
@@ -437,6 +452,100 @@ pub struct EventMapper {
 
 fn reasoning_id(message_id: &str) -> MessageId {
     MessageId::new(format!("{message_id}-reasoning"))
+}
+
+/// What the client holds of this run's messages: the events sent so far, folded the way
+/// `@ag-ui/client` folds them. A `MESSAGES_SNAPSHOT` replaces the client's whole list, so the one
+/// that withdraws a restarted message must list everything else as the client has it.
+#[derive(Debug, Default)]
+struct Mirror {
+    messages: Vec<Message>,
+}
+
+impl Mirror {
+    fn find(&mut self, id: &str) -> Option<&mut Message> {
+        self.messages.iter_mut().rev().find(|m| m.id().as_str() == id)
+    }
+
+    fn call(&mut self, id: &str) -> Option<&mut ToolCall> {
+        self.messages.iter_mut().rev().find_map(|m| match m {
+            Message::Assistant(a) => a.tool_calls.iter_mut().flatten().find(|c| c.id.as_str() == id),
+            _ => None,
+        })
+    }
+
+    fn apply(&mut self, ev: &Event) {
+        match ev {
+            Event::TextMessageStart(e) if self.find(&e.message_id).is_none() => {
+                self.messages.push(Message::Assistant(AssistantMessage {
+                    id: e.message_id.clone(),
+                    content: Some(String::new()),
+                    ..Default::default()
+                }));
+            }
+            Event::TextMessageContent(e) => {
+                if let Some(Message::Assistant(a)) = self.find(&e.message_id) {
+                    a.content.get_or_insert_with(String::new).push_str(&e.delta);
+                }
+            }
+            Event::ReasoningMessageStart(e) if self.find(&e.message_id).is_none() => {
+                self.messages.push(Message::Reasoning(ReasoningMessage {
+                    id: e.message_id.clone(),
+                    ..Default::default()
+                }));
+            }
+            Event::ReasoningMessageContent(e) => {
+                if let Some(Message::Reasoning(r)) = self.find(&e.message_id) {
+                    r.content.push_str(&e.delta);
+                }
+            }
+            Event::ReasoningEncryptedValue(e) => match e.subtype {
+                EncryptedValueSubtype::ToolCall => {
+                    if let Some(c) = self.call(&e.entity_id) {
+                        c.encrypted_value = Some(e.encrypted_value.clone());
+                    }
+                }
+                EncryptedValueSubtype::Message => match self.find(&e.entity_id) {
+                    Some(Message::Assistant(a)) => a.encrypted_value = Some(e.encrypted_value.clone()),
+                    Some(Message::Reasoning(r)) => r.encrypted_value = Some(e.encrypted_value.clone()),
+                    _ => {}
+                },
+            },
+            Event::ToolCallStart(e) if self.call(&e.tool_call_id).is_none() => {
+                let call = ToolCall::new(e.tool_call_id.clone(), e.tool_call_name.clone(), "");
+                // As the client does: under the parent when it is an assistant message, else in
+                // an assistant message of its own.
+                let parent = e.parent_message_id.as_ref();
+                if let Some(p) = parent
+                    && let Some(Message::Assistant(a)) = self.find(p)
+                {
+                    a.tool_calls.get_or_insert_with(Vec::new).push(call);
+                    return;
+                }
+                let id = match parent {
+                    Some(p) if self.find(p).is_none() => p.clone(),
+                    _ => MessageId::new(e.tool_call_id.as_str()),
+                };
+                self.messages.push(Message::Assistant(AssistantMessage {
+                    id,
+                    tool_calls: Some(vec![call]),
+                    ..Default::default()
+                }));
+            }
+            Event::ToolCallArgs(e) => {
+                if let Some(c) = self.call(&e.tool_call_id) {
+                    c.function.arguments.push_str(&e.delta);
+                }
+            }
+            Event::ToolCallResult(e) => self.messages.push(Message::Tool(ToolMessage {
+                id: e.message_id.clone(),
+                content: e.content.clone(),
+                tool_call_id: e.tool_call_id.clone(),
+                ..Default::default()
+            })),
+            _ => {}
+        }
+    }
 }
 
 impl EventMapper {
@@ -476,17 +585,23 @@ impl EventMapper {
         self.close_all(ctx)
     }
 
+    /// Emits an event and folds it into what the client holds.
+    fn send<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>, ev: Event) -> Result<()> {
+        self.mirror.apply(&ev);
+        ctx.emit(ev)
+    }
+
     fn close_text<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> Result<()> {
         if let Some((_, id)) = self.text.take() {
-            ctx.emit(Event::text_message_end(id))?;
+            self.send(ctx, Event::text_message_end(id))?;
         }
         Ok(())
     }
 
     fn close_reasoning<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> Result<()> {
         if let Some(id) = self.reasoning.take() {
-            ctx.emit(Event::reasoning_message_end(id.clone()))?;
-            ctx.emit(Event::reasoning_end(id))?;
+            self.send(ctx, Event::reasoning_message_end(id.clone()))?;
+            self.send(ctx, Event::reasoning_end(id))?;
         }
         Ok(())
     }
@@ -497,7 +612,7 @@ impl EventMapper {
         let mut open: Vec<String> = self.calls_open.drain().collect();
         open.sort();
         for id in open {
-            ctx.emit(Event::tool_call_end(id))?;
+            self.send(ctx, Event::tool_call_end(id))?;
         }
         Ok(())
     }
@@ -521,13 +636,20 @@ impl EventMapper {
                 } else {
                     MessageId::new(format!("{message_id}-{}", self.texts_started.len()))
                 };
-                ctx.emit(Event::text_message_start(id.clone(), TextMessageRole::Assistant))?;
+                self.send(
+                    ctx,
+                    Event::text_message_start(id.clone(), TextMessageRole::Assistant),
+                )?;
                 self.streamed_text.insert(message_id.to_owned());
+                self.texts_of
+                    .entry(message_id.to_owned())
+                    .or_default()
+                    .push(id.clone());
                 self.text = Some((message_id.to_owned(), id.clone()));
                 id
             }
         };
-        ctx.emit(Event::text_message_content(id, delta))
+        self.send(ctx, Event::text_message_content(id, delta))
     }
 
     fn reasoning_delta<S: crate::AgentState>(
@@ -543,12 +665,12 @@ impl EventMapper {
         if self.reasoning.as_ref() != Some(&rid) {
             self.close_reasoning(ctx)?;
             self.close_text(ctx)?;
-            ctx.emit(Event::reasoning_start(rid.clone()))?;
-            ctx.emit(Event::reasoning_message_start(rid.clone()))?;
+            self.send(ctx, Event::reasoning_start(rid.clone()))?;
+            self.send(ctx, Event::reasoning_message_start(rid.clone()))?;
             self.reasoning = Some(rid.clone());
         }
         self.streamed_reasoning.insert(message_id.to_owned());
-        ctx.emit(Event::reasoning_message_content(rid, delta))
+        self.send(ctx, Event::reasoning_message_content(rid, delta))
     }
 
     fn call_start<S: crate::AgentState>(
@@ -562,11 +684,18 @@ impl EventMapper {
             return Ok(false);
         }
         self.close_reasoning(ctx)?;
+        let owner = message_id.or_else(|| self.text.as_ref().map(|(source, _)| source.as_str()));
+        if let Some(owner) = owner {
+            self.calls_of
+                .entry(owner.to_owned())
+                .or_default()
+                .push(id.to_owned());
+        }
         let parent = message_id
             .map(MessageId::new)
             .or_else(|| self.text.as_ref().map(|(_, id)| id.clone()));
         self.close_text(ctx)?;
-        ctx.emit(Event::tool_call_start(id, name, parent))?;
+        self.send(ctx, Event::tool_call_start(id, name, parent))?;
         self.calls_open.insert(id.to_owned());
         Ok(true)
     }
@@ -580,17 +709,85 @@ impl EventMapper {
         if self.call_start(ctx, &call.id, &call.name, message_id)? {
             let args = call.raw_input.clone().unwrap_or_else(|| call.input.to_string());
             if !args.is_empty() {
-                ctx.emit(Event::tool_call_args(call.id.as_str(), args))?;
+                self.send(ctx, Event::tool_call_args(call.id.as_str(), args))?;
             }
         }
         if self.calls_open.remove(&call.id) {
-            ctx.emit(Event::tool_call_end(call.id.as_str()))?;
+            self.send(ctx, Event::tool_call_end(call.id.as_str()))?;
+        }
+        Ok(())
+    }
+
+    /// The sink restarted `message_id`: end its open parts, withdraw what the client holds of it
+    /// with a snapshot, and forget it, so it streams again under its own id.
+    fn restart<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>, message_id: &str) -> Result<()> {
+        let rid = reasoning_id(message_id);
+        let texts = self.texts_of.remove(message_id).unwrap_or_default();
+        let calls = self.calls_of.remove(message_id).unwrap_or_default();
+        let reasoned = self.streamed_reasoning.remove(message_id);
+        if texts.is_empty() && calls.is_empty() && !reasoned {
+            return Ok(()); // nothing of it was shown in this run
+        }
+        if self.reasoning.as_ref() == Some(&rid) {
+            self.close_reasoning(ctx)?;
+        }
+        if self.text.as_ref().is_some_and(|(source, _)| source == message_id) {
+            self.close_text(ctx)?;
+        }
+        let mut open: Vec<&String> = calls.iter().filter(|c| self.calls_open.contains(*c)).collect();
+        open.sort();
+        for id in open {
+            self.calls_open.remove(id);
+            self.send(ctx, Event::tool_call_end(id.as_str()))?;
+        }
+        // What the client holds, less the message: its text messages and calls left out (the
+        // client drops what a snapshot does not list), its reasoning emptied (a snapshot that
+        // lists no reasoning message keeps every reasoning message the client has).
+        self.mirror.messages.retain(|m| !texts.contains(m.id()));
+        for m in &mut self.mirror.messages {
+            match m {
+                Message::Assistant(a) => {
+                    if let Some(tc) = &mut a.tool_calls {
+                        tc.retain(|c| !calls.iter().any(|x| x == c.id.as_str()));
+                    }
+                }
+                Message::Reasoning(r) if r.id == rid => {
+                    r.content.clear();
+                    r.encrypted_value = None;
+                }
+                _ => {}
+            }
+        }
+        // A message that held only the withdrawn calls goes too.
+        self.mirror.messages.retain(|m| match m {
+            Message::Assistant(a) => {
+                a.content.is_some() || a.tool_calls.as_ref().is_some_and(|c| !c.is_empty())
+            }
+            _ => true,
+        });
+        let mut snapshot: Vec<Message> = ctx
+            .input()
+            .messages
+            .iter()
+            .filter(|m| !matches!(m, Message::Activity(_)))
+            .filter(|m| !self.mirror.messages.iter().any(|x| x.id() == m.id()))
+            .cloned()
+            .collect();
+        snapshot.extend(self.mirror.messages.iter().cloned());
+        ctx.emit(Event::messages_snapshot(snapshot))?;
+        self.texts_started.remove(message_id);
+        self.streamed_text.remove(message_id);
+        for c in &calls {
+            self.calls_started.remove(c);
         }
         Ok(())
     }
 
     fn on_event<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> Result<()> {
         match &ev.kind {
+            // Live text of a message already recorded (and so already sent whole) is not sent again.
+            EventKind::TextDelta { message_id, .. } | EventKind::ReasoningDelta { message_id, .. }
+                if self.recorded.contains(message_id) => {}
             EventKind::TextDelta { message_id, delta } => {
                 self.text_delta(ctx, message_id, delta)?;
             }
@@ -598,11 +795,14 @@ impl EventMapper {
                 self.reasoning_delta(ctx, message_id, delta)?;
             }
             EventKind::ReasoningSignature { message_id, value } => {
-                ctx.emit(Event::reasoning_encrypted_value(
-                    EncryptedValueSubtype::Message,
-                    reasoning_id(message_id).into_string(),
-                    value.clone(),
-                ))?;
+                self.send(
+                    ctx,
+                    Event::reasoning_encrypted_value(
+                        EncryptedValueSubtype::Message,
+                        reasoning_id(message_id).into_string(),
+                        value.clone(),
+                    ),
+                )?;
             }
             EventKind::ToolCallStart {
                 tool_use_id,
@@ -614,10 +814,10 @@ impl EventMapper {
             EventKind::ToolCallArgs { tool_use_id, delta }
                 if self.calls_open.contains(tool_use_id) && !delta.is_empty() =>
             {
-                ctx.emit(Event::tool_call_args(tool_use_id.as_str(), delta.as_str()))?;
+                self.send(ctx, Event::tool_call_args(tool_use_id.as_str(), delta.as_str()))?;
             }
             EventKind::ToolCallEnd { tool_use_id } if self.calls_open.remove(tool_use_id) => {
-                ctx.emit(Event::tool_call_end(tool_use_id.as_str()))?;
+                self.send(ctx, Event::tool_call_end(tool_use_id.as_str()))?;
             }
             EventKind::ToolCall { tool_use, message_id } => {
                 self.whole_call(ctx, tool_use, message_id.as_deref())?;
@@ -625,17 +825,16 @@ impl EventMapper {
             EventKind::ToolResult { result } => {
                 let id = &result.tool_use_id;
                 if self.calls_open.remove(id) {
-                    ctx.emit(Event::tool_call_end(id.as_str()))?;
+                    self.send(ctx, Event::tool_call_end(id.as_str()))?;
                 }
                 let known = self.calls_started.contains(id) || self.answerable.contains(id);
                 if known && self.answered.insert(id.clone()) {
                     self.close_reasoning(ctx)?;
                     self.close_text(ctx)?;
-                    ctx.emit(Event::tool_call_result(
-                        format!("{id}-result"),
-                        id.as_str(),
-                        result.content.clone(),
-                    ))?;
+                    self.send(
+                        ctx,
+                        Event::tool_call_result(format!("{id}-result"), id.as_str(), result.content.clone()),
+                    )?;
                 }
             }
             EventKind::Message {
@@ -658,7 +857,9 @@ impl EventMapper {
                     self.whole_call(ctx, u, Some(message_id))?;
                 }
                 self.close_text(ctx)?;
+                self.recorded.insert(message_id.clone());
             }
+            EventKind::MessageRestart { message_id } => self.restart(ctx, message_id)?,
             EventKind::Usage { usage } => {
                 self.usage_seen = true;
                 ctx.add_usage(TokenUsage {
@@ -675,9 +876,7 @@ impl EventMapper {
                 delay_ms,
                 error,
             } => {
-                // The call is made again from the start: what it streamed so far ends here.
-                self.close_reasoning(ctx)?;
-                self.close_text(ctx)?;
+                // Shown for what it is; what the call streams again the sink shows once.
                 ctx.emit(Event::custom(
                     "tether.retry",
                     json!({"attempt": attempt, "delayMs": delay_ms, "error": error}),

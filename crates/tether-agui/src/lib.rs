@@ -21,6 +21,9 @@ pub mod context;
 pub mod encode;
 pub mod error;
 pub mod event;
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod ids;
 pub mod patch;
 pub mod proto;

@@ -3,8 +3,10 @@
 //! Answers: `200` with an SSE (or protobuf, by `Accept`) stream once the input is valid —
 //! failures after that are in-stream `RUN_ERROR`s; `400` with a JSON error for a malformed
 //! body; `405` for other methods; `406` when `Accept` allows neither encoding; `413` past the
-//! body limit; `415` for a non-JSON body. SSE streams carry `:` comment keep-alives while
-//! idle. Dropping the response (client disconnect) cancels the run and aborts its task.
+//! body limit; `408` when the body does not arrive within [`EndpointOptions::body_timeout`];
+//! `415` for a non-JSON body; whatever [`EndpointOptions::admit`] answers for a run it refuses.
+//! SSE streams carry `:` comment keep-alives while idle. Dropping the response (client
+//! disconnect) cancels the run and aborts its task.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -35,6 +37,12 @@ pub struct EndpointOptions {
     pub keep_alive: Option<Duration>,
     /// Options of each run.
     pub run: RunOptions,
+    /// Longest the whole request body may take to arrive (`408` past it; `None`: no limit). A
+    /// client trickling its body then holds its connection for this long at most.
+    pub body_timeout: Option<Duration>,
+    /// Decides whether a run may start, once its body is read and decoded and before anything is
+    /// streamed (`None`: every valid input runs).
+    pub admit: Option<Admit>,
 }
 
 impl Default for EndpointOptions {
@@ -43,7 +51,56 @@ impl Default for EndpointOptions {
             body_limit: 2 * 1024 * 1024,
             keep_alive: Some(Duration::from_secs(15)),
             run: RunOptions::default(),
+            body_timeout: Some(Duration::from_secs(30)),
+            admit: None,
         }
+    }
+}
+
+/// What [`Admit`] answers: the run may start (holding the guard, if any, for as long as it
+/// streams), or this response goes out instead of the stream.
+pub type Admission = std::result::Result<Option<StreamGuard>, Response>;
+
+/// A check run on each decoded [`RunAgentInput`] before `RUN_STARTED`: the place for limits that
+/// must not be taken while a client is still sending its body (a concurrency slot) and for
+/// refusing input that is well-formed but not acceptable (AG-UI: reject *before* `RUN_STARTED`
+/// with an HTTP status). It sees the input synchronously and returns a future for the rest.
+///
+/// ```
+/// use tether_agui::server::Admit;
+/// let admit = Admit::new(|input| {
+///     let busy = input.thread_id.as_str() == "busy";
+///     Box::pin(async move {
+///         if busy {
+///             use axum::response::IntoResponse;
+///             return Err(axum::http::StatusCode::CONFLICT.into_response());
+///         }
+///         Ok(None)
+///     })
+/// });
+/// # drop(admit);
+/// ```
+#[derive(Clone)]
+pub struct Admit(Arc<AdmitFn>);
+
+type AdmitFn =
+    dyn Fn(&RunAgentInput) -> Pin<Box<dyn std::future::Future<Output = Admission> + Send>> + Send + Sync;
+
+impl Admit {
+    /// Wraps the check.
+    pub fn new(
+        f: impl Fn(&RunAgentInput) -> Pin<Box<dyn std::future::Future<Output = Admission> + Send>>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        Admit(Arc::new(f))
+    }
+}
+
+impl std::fmt::Debug for Admit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Admit")
     }
 }
 
@@ -178,7 +235,24 @@ async fn handle<A: Agent>(ep: Arc<Endpoint<A>>, mut req: Request) -> Response {
     if declared.is_some_and(|n| n > limit as u64) {
         return too_large(limit);
     }
-    let body = match axum::body::to_bytes(req.into_body(), limit).await {
+    let read = axum::body::to_bytes(req.into_body(), limit);
+    let read = match ep.options.body_timeout {
+        Some(d) => match tokio::time::timeout(d, read).await {
+            Ok(r) => r,
+            Err(_) => {
+                return json_error(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "BODY_TIMEOUT",
+                    format!(
+                        "the request body did not arrive within {}s; send it at once",
+                        d.as_secs_f64()
+                    ),
+                );
+            }
+        },
+        None => read.await,
+    };
+    let body = match read {
         Ok(b) => b,
         Err(e) => {
             let is_limit = std::error::Error::source(&e)
@@ -204,9 +278,17 @@ async fn handle<A: Agent>(ep: Arc<Endpoint<A>>, mut req: Request) -> Response {
             );
         }
     };
+    let admitted = match &ep.options.admit {
+        Some(admit) => match (admit.0)(&input).await {
+            Ok(g) => g,
+            Err(refusal) => return refusal,
+        },
+        None => None,
+    };
     let events = run_agent(ep.agent.clone(), input, ep.options.run.clone());
+    // Bounded so that `now + interval` can never overflow the clock (a day is no keep-alive).
     let keep_alive = match encoding {
-        Encoding::Sse => ep.options.keep_alive,
+        Encoding::Sse => ep.options.keep_alive.map(|d| d.min(Duration::from_secs(86_400))),
         _ => None,
     };
     let stream = BodyStream {
@@ -215,6 +297,7 @@ async fn handle<A: Agent>(ep: Arc<Endpoint<A>>, mut req: Request) -> Response {
         keep_alive: keep_alive.map(|d| (d, Box::pin(tokio::time::sleep(d)))),
         buf: Vec::new(),
         _guard: guard,
+        _admitted: admitted,
     };
     let mut resp = Response::new(Body::from_stream(stream));
     let h = resp.headers_mut();
@@ -248,6 +331,8 @@ struct BodyStream {
     buf: Vec<u8>,
     /// Held until the stream is dropped.
     _guard: Option<StreamGuard>,
+    /// What the admission check handed over, held likewise.
+    _admitted: Option<StreamGuard>,
 }
 
 impl BodyStream {

@@ -836,8 +836,24 @@ impl Verifier {
                 }
                 self.finished_subagents.insert(e.subagent_run_id.clone());
             }
+            Event::MessagesSnapshot(e) => {
+                // The snapshot is the conversation now: an ended call it no longer holds is gone
+                // from the client (a restarted message withdrew it), pends no result and may be
+                // started again.
+                let held: HashSet<&str> = e
+                    .messages
+                    .iter()
+                    .filter_map(|m| match m {
+                        Message::Assistant(a) => a.tool_calls.as_ref(),
+                        _ => None,
+                    })
+                    .flatten()
+                    .map(|c| c.id.as_str())
+                    .collect();
+                self.ended_calls.retain(|id, _| held.contains(id.as_str()));
+                self.pending.retain(|id| held.contains(id.as_str()));
+            }
             Event::StateSnapshot(_)
-            | Event::MessagesSnapshot(_)
             | Event::Raw(_)
             | Event::Custom(_)
             | Event::ReasoningEncryptedValue(_) => {}

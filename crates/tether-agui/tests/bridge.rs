@@ -12,6 +12,9 @@ use tether_agui::{
     types::{AssistantMessage, ToolCall},
 };
 
+/// How long a test waits for something that must happen (generous: a loaded 2-core machine).
+const WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 fn agent(model: Arc<ScriptedModel>) -> SessionAgent {
     SessionAgent::new(move |_input| {
         let m: Arc<dyn ChatModel> = model.clone();
@@ -226,7 +229,12 @@ async fn two_runs_in_one_thread_keep_the_session() {
 }
 
 /// A model whose first call hangs (until its request is cancelled) and whose later calls answer.
-struct HangsOnce(std::sync::atomic::AtomicUsize);
+/// `entered` is notified when the first call has started.
+#[derive(Default)]
+struct HangsOnce {
+    calls: std::sync::atomic::AtomicUsize,
+    entered: tokio::sync::Notify,
+}
 
 #[async_trait::async_trait]
 impl ChatModel for HangsOnce {
@@ -238,8 +246,9 @@ impl ChatModel for HangsOnce {
         _req: &tether::ChatRequest,
         _deltas: &tether::DeltaSink,
     ) -> tether::Result<tether::ChatResponse> {
-        if self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            self.entered.notify_one();
+            std::future::pending::<()>().await;
         }
         Ok(ScriptedModel::text("back"))
     }
@@ -247,21 +256,25 @@ impl ChatModel for HangsOnce {
 
 #[tokio::test]
 async fn a_disconnected_run_is_cancelled_and_the_thread_serves_the_next_request() {
-    let model = Arc::new(HangsOnce(Default::default()));
+    let model = Arc::new(HangsOnce::default());
+    let m = model.clone();
     let a = Arc::new(SessionAgent::new(move |_input| {
-        let m: Arc<dyn ChatModel> = model.clone();
+        let m: Arc<dyn ChatModel> = m.clone();
         Ok(Session::builder(LocalLoop::with_model(m)))
     }));
     let mut stream = run_agent(a.clone(), input(), RunOptions::default());
     let first = futures_util::StreamExt::next(&mut stream).await.unwrap();
     assert_eq!(first.event_type().as_str(), "RUN_STARTED");
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    drop(stream); // the client goes away mid-request
+    // The model call is under way (and hangs): the client goes away mid-request.
+    tokio::time::timeout(WAIT, model.entered.notified())
+        .await
+        .expect("the model call started");
+    drop(stream);
 
     let mut next = input();
     next.run_id = "r2".into();
     next.messages.push(Message::user("u2", "still there?"));
-    let ev = tokio::time::timeout(std::time::Duration::from_secs(10), serve(&a, next))
+    let ev = tokio::time::timeout(WAIT, serve(&a, next))
         .await
         .expect("the second request must not hang");
     assert_eq!(kinds(&ev).last().unwrap(), "RUN_FINISHED");

@@ -397,11 +397,15 @@ async fn input_state_is_typed_and_a_mismatch_is_run_error() {
     assert_eq!(to_json(&events)[1]["snapshot"], json!({"count": 1}));
 }
 
+/// Notified when `Flood` has made all its attempts to write.
+static FLOOD_DONE: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
 agent!(Flood, (), |ctx| {
     for i in 0..100 {
         // Ignores the error on purpose: the run must still end in RUN_ERROR.
         let _ = ctx.say(format!("line {i}"));
     }
+    FLOOD_DONE.notify_one();
     Ok(RunOutcome::Success)
 });
 
@@ -412,8 +416,10 @@ async fn an_agent_that_outruns_the_buffer_ends_in_run_error() {
         ..Default::default()
     };
     let mut stream = tether_agui::run_agent(std::sync::Arc::new(Flood), input(), options);
-    // Let the agent run ahead of the (not yet reading) transport.
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    // The agent runs ahead of the (not yet reading) transport, to the end of its writes.
+    tokio::time::timeout(std::time::Duration::from_secs(60), FLOOD_DONE.notified())
+        .await
+        .expect("the agent made its 100 writes");
     let mut events = Vec::new();
     while let Some(e) = futures_util::StreamExt::next(&mut stream).await {
         events.push(e);

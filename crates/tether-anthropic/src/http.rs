@@ -48,6 +48,9 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Timeout for control-plane calls that return at once (default 60 s).
     pub request_timeout: Duration,
+    /// Extra CA certificates to trust beside the built-in roots, as PEM bundles (default none);
+    /// see [`ClientConfig::add_root_certificates_pem`].
+    pub root_certificates: Vec<String>,
 }
 
 impl ClientConfig {
@@ -59,6 +62,7 @@ impl ClientConfig {
             anthropic_version: ANTHROPIC_VERSION.into(),
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(60),
+            root_certificates: Vec::new(),
         }
     }
 
@@ -85,13 +89,23 @@ impl ClientConfig {
         self
     }
 
+    /// The same configuration also trusting the CA certificates in `pem` (one or more
+    /// `-----BEGIN CERTIFICATE-----` blocks, e.g. a `.pem` or `.crt` file's text) beside the
+    /// built-in Mozilla roots: for an origin or a TLS-inspecting proxy whose certificate chains to
+    /// a private CA. Verification stays on. May be called more than once; a bundle that holds no
+    /// certificate fails building the model or provider with [`Error::Config`].
+    pub fn add_root_certificates_pem(mut self, pem: impl Into<String>) -> Self {
+        self.root_certificates.push(pem.into());
+        self
+    }
+
     /// `base_url` + `path`, without a doubled slash.
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base_url.trim_end_matches('/'), path)
     }
 
     pub(crate) fn client(&self) -> tether::Result<reqwest::Client> {
-        reqwest::Client::builder()
+        tether_http::add_root_certificates(reqwest::Client::builder(), &self.root_certificates)?
             .connect_timeout(self.connect_timeout)
             .build()
             .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))
@@ -116,7 +130,8 @@ pub async fn error_from_response(resp: reqwest::Response, endpoint: &str) -> Err
         Some("false") => Some(false),
         _ => None,
     };
-    let body = resp.text().await.unwrap_or_default();
+    // At most 64 KiB of it, each read within 30 s: the server chooses the body.
+    let body = tether_http::error_text(resp, Duration::from_secs(30)).await;
     let (mut message, code) = match serde_json::from_str::<Value>(&body) {
         Ok(v) => (
             v["error"]["message"]
@@ -183,6 +198,10 @@ mod tests {
     }
 }
 
+/// The largest JSON answer the control-plane client reads (64 MiB: a history page of large
+/// events fits many times over).
+pub const MAX_JSON: usize = 64 << 20;
+
 /// A JSON client for Anthropic's control plane (Managed Agents): every call carries the key,
 /// the version, and the beta header when one is set. POSTs are never retried here: a retried
 /// POST could deliver a tool result twice; callers reconcile through history instead.
@@ -239,22 +258,37 @@ impl ApiClient {
         if !resp.status().is_success() {
             return Err(error_from_response(resp, &url).await);
         }
-        let text = resp.text().await.map_err(|e| transport_error(&e, &url))?;
-        if text.trim().is_empty() {
+        let body = tether_http::read_body(resp, MAX_JSON, self.config.request_timeout, &url).await?;
+        if body.truncated {
+            return Err(Error::Malformed(format!(
+                "{url} answered with more than {MAX_JSON} bytes; refusing to read further"
+            )));
+        }
+        if body.bytes.trim_ascii().is_empty() {
             return Ok(Value::Null);
         }
-        serde_json::from_str(&text)
+        serde_json::from_slice(&body.bytes)
             .map_err(|e| Error::Malformed(format!("{url} answered with invalid JSON: {e}")))
     }
 
     /// Opens a server-sent-events stream at `path` (no overall timeout).
     pub async fn sse(&self, path: &str) -> tether::Result<reqwest::Response> {
         let url = self.config.url(path);
-        let resp = self
+        let send = self
             .request(reqwest::Method::GET, &url)
             .header("accept", "text/event-stream")
-            .send()
+            .send();
+        // The headers within the request timeout; the body is read under the stream's idle bound.
+        let resp = tokio::time::timeout(self.config.request_timeout, send)
             .await
+            .map_err(|_| Error::Transport {
+                kind: tether::TransportKind::Timeout,
+                message: format!(
+                    "the event stream did not answer within {:?}",
+                    self.config.request_timeout
+                ),
+                endpoint: url.clone(),
+            })?
             .map_err(|e| transport_error(&e, &url))?;
         if !resp.status().is_success() {
             return Err(error_from_response(resp, &url).await);

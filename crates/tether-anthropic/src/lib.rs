@@ -10,6 +10,9 @@
 
 #![warn(missing_docs)]
 
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod managed;
 pub mod messages;

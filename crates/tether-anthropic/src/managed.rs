@@ -20,8 +20,9 @@
 //! the cursor is blank or repeats), records the events missed while disconnected, and returns the
 //! custom tool uses that have no result yet (the engine runs them through its memo and the results
 //! already posted are never posted again). A stream silent for longer than
-//! [`ManagedConfig::stream_idle_timeout`] (default 30 min, heartbeats count) ends the session
-//! with a non-transient error.
+//! [`ManagedConfig::stream_idle_timeout`] (default 120 s; `ping` heartbeats count) is a dropped
+//! stream too (`Transport{kind: Idle}`, transient): the engine reconnects and reconciles instead
+//! of waiting on a dead connection until the run's own timeout.
 //!
 //! **Stopping.** When the engine drops a turn (a run timeout or a cancel) it calls
 //! [`Provider::interrupt`], which posts `user.interrupt` so the remote loop stops working (and
@@ -47,7 +48,7 @@ use tether::{
 };
 
 use crate::http::{ApiClient, ClientConfig, stream_error, transport_error};
-use crate::sse::{SseDecoder, SseFrame};
+use crate::sse::{MAX_FRAME, SseDecoder, SseFrame};
 
 /// The Managed Agents beta header value.
 pub const MANAGED_AGENTS_BETA: &str = "managed-agents-2026-04-01";
@@ -65,8 +66,9 @@ pub struct ManagedConfig {
     pub session_id: Option<String>,
     /// The `anthropic-beta` header (default [`MANAGED_AGENTS_BETA`]).
     pub beta: String,
-    /// How long the event stream may stay silent (no event, no heartbeat) before the session
-    /// ends with an error (default 30 minutes).
+    /// How long the event stream may stay silent (no event, no heartbeat) before it counts as
+    /// dropped: a transient `Transport{kind: Idle}` error, after which the engine reconnects and
+    /// reconciles (default 120 s). Raise it if a proxy in between swallows heartbeats.
     pub stream_idle_timeout: Duration,
     /// Page size when listing history (default 100).
     pub history_page_size: u32,
@@ -97,7 +99,7 @@ impl ManagedConfig {
             environment_id: None,
             session_id: (!sid.is_empty()).then_some(sid),
             beta: MANAGED_AGENTS_BETA.into(),
-            stream_idle_timeout: Duration::from_secs(30 * 60),
+            stream_idle_timeout: Duration::from_secs(120),
             history_page_size: 100,
             title: None,
             archive_on_close: false,
@@ -462,11 +464,14 @@ impl ManagedAgents {
             match tokio::time::timeout(idle, s.body.next()).await {
                 Err(_) => {
                     self.stream = None;
-                    return Err(provider_err(format!(
-                        "no event or heartbeat on session {}'s stream for {idle:?}; giving up. The session \
-                         may still be running (and billing) server-side: interrupt or archive it",
-                        self.session_id.as_deref().unwrap_or("?")
-                    )));
+                    return Err(Error::Transport {
+                        kind: TransportKind::Idle,
+                        message: format!(
+                            "no event or heartbeat on session {}'s stream for {idle:?}",
+                            self.session_id.as_deref().unwrap_or("?")
+                        ),
+                        endpoint: "managed event stream".into(),
+                    });
                 }
                 Ok(None) => {
                     self.stream = None;
@@ -483,6 +488,12 @@ impl ManagedAgents {
                 Ok(Some(Ok(chunk))) => {
                     let frames = s.dec.push(&chunk);
                     s.queue.extend(frames);
+                    if s.dec.pending() > MAX_FRAME {
+                        self.stream = None;
+                        return Err(Error::Malformed(format!(
+                            "an event on the managed stream exceeded {MAX_FRAME} bytes without ending"
+                        )));
+                    }
                 }
             }
         }
@@ -928,6 +939,9 @@ impl Provider for ManagedAgents {
         Ok(())
     }
 }
+
+/// Hooks for the crate's `fuzzing` module (the event stream without the HTTP); not part of the API.
+pub(crate) mod fuzzing;
 
 #[cfg(test)]
 mod tests {

@@ -18,15 +18,22 @@
 //!
 //! One call makes one attempt: 429, 529 and 5xx come back as [`Error::Http`] (and overload errors
 //! inside a 200 stream as [`Error::Stream`]), which the shared retry policy of the loop retries.
+//!
+//! Bounds: the response headers must come within [`MessagesModel::request_timeout`] (600 s; for
+//! `stream(false)` the whole body too), a stream may not stay silent longer than
+//! [`MessagesModel::stream_idle_timeout`] (120 s; `Transport{kind: Idle}`, retried by the loop),
+//! and one response may bring at most [`MessagesModel::max_response_bytes`] (8 MiB of text,
+//! thinking, signatures and tool input; [`Error::ResponseTooLarge`], not retried).
+
+use std::time::Duration;
 
 use async_trait::async_trait;
-use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 use tether::chat::ChatToolCall;
 use tether::{ChatMessage, ChatModel, ChatRequest, ChatResponse, DeltaSink, Error, Role, ToolSpec, Usage};
 
 use crate::http::{ClientConfig, error_from_response, stream_error, transport_error};
-use crate::sse::SseDecoder;
+use crate::sse::{MAX_FRAME, SseDecoder};
 
 /// A [`ChatModel`] over `POST /v1/messages`, streaming by default (see [`MessagesModel::stream`]).
 ///
@@ -51,6 +58,9 @@ pub struct MessagesModel {
     betas: Vec<String>,
     extra: Map<String, Value>,
     stream: bool,
+    request_timeout: Duration,
+    idle_timeout: Duration,
+    max_response_bytes: usize,
 }
 
 impl MessagesModel {
@@ -66,10 +76,38 @@ impl MessagesModel {
             betas: Vec::new(),
             extra: Map::new(),
             stream: true,
+            request_timeout: Duration::from_secs(600),
+            idle_timeout: Duration::from_secs(120),
+            max_response_bytes: tether::chat::DEFAULT_MAX_RESPONSE_BYTES,
         })
     }
 
-    /// `max_tokens` of every request (default 4096).
+    /// How long the response headers may take, and for [`stream`](Self::stream)`(false)` the
+    /// whole body (default 600 s, as Anthropic's SDKs); exceeding it is
+    /// `Transport{kind: Timeout}`, which the loop's retry policy retries.
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+
+    /// How long a stream may go without receiving a byte (default 120 s; the API sends `ping`
+    /// events while a response is slow); exceeding it is `Transport{kind: Idle}`, which the
+    /// loop's retry policy retries, instead of a run hanging until its own timeout.
+    pub fn stream_idle_timeout(mut self, d: Duration) -> Self {
+        self.idle_timeout = d;
+        self
+    }
+
+    /// The most one response may bring, in bytes of text, thinking, signatures and tool input
+    /// together (default [`tether::chat::DEFAULT_MAX_RESPONSE_BYTES`], 8 MiB); past it the call
+    /// stops with [`Error::ResponseTooLarge`], not retried. A non-streamed body may be at most
+    /// four times this (JSON escapes) plus 64 KiB.
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
+        self
+    }
+
+    /// `max_tokens` of every request (default 4096; the API requires one).
     pub fn max_tokens(mut self, n: u32) -> Self {
         self.max_tokens = n;
         self
@@ -250,16 +288,38 @@ fn convert_messages(history: &[ChatMessage]) -> (Vec<Value>, Vec<Value>) {
     (system, messages)
 }
 
-/// A content block being assembled from a stream.
+/// A content block being assembled from a stream. Text, thinking and signature pieces are
+/// appended to their own strings and written into the block once, at the end (appending to the
+/// JSON value itself copied the whole text at every delta).
 #[derive(Debug, Default)]
 struct Block {
     block: Value,
     partial_json: String,
     json_seen: bool,
+    text: String,
+    thinking: String,
+    signature: String,
+}
+
+impl Block {
+    /// Writes the appended pieces into the block.
+    fn settle(&mut self) {
+        for (key, piece) in [
+            ("text", &mut self.text),
+            ("thinking", &mut self.thinking),
+            ("signature", &mut self.signature),
+        ] {
+            if !piece.is_empty() {
+                let whole = format!("{}{piece}", self.block[key].as_str().unwrap_or_default());
+                self.block[key] = Value::String(whole);
+                piece.clear();
+            }
+        }
+    }
 }
 
 /// Assembles a streamed message.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Assembly {
     message: Value,
     blocks: Vec<(u64, Block)>,
@@ -267,14 +327,58 @@ struct Assembly {
     stop_sequence: Value,
     usage: Map<String, Value>,
     done: bool,
+    /// Bytes kept from the model so far, and the cap on them.
+    kept: usize,
+    limit: usize,
 }
 
 impl Assembly {
+    fn new(limit: usize) -> Self {
+        Assembly {
+            message: Value::Null,
+            blocks: Vec::new(),
+            stop_reason: None,
+            stop_sequence: Value::Null,
+            usage: Map::new(),
+            done: false,
+            kept: 0,
+            limit,
+        }
+    }
+
     fn block(&mut self, index: u64) -> Option<&mut Block> {
         self.blocks.iter_mut().find(|(i, _)| *i == index).map(|(_, b)| b)
     }
 
+    /// Counts `n` more bytes kept; fails past the cap.
+    fn keep(&mut self, n: usize) -> tether::Result<()> {
+        self.kept = self.kept.saturating_add(n);
+        if self.kept > self.limit {
+            return Err(Error::ResponseTooLarge {
+                limit: self.limit as u64,
+            });
+        }
+        Ok(())
+    }
+
     async fn on_event(&mut self, kind: &str, data: &Value, deltas: &DeltaSink) -> tether::Result<()> {
+        self.keep(match kind {
+            "content_block_delta" => {
+                let d = &data["delta"];
+                ["text", "thinking", "signature", "partial_json"]
+                    .iter()
+                    .filter_map(|k| d[*k].as_str())
+                    .map(str::len)
+                    .sum::<usize>()
+                    + if d["citation"].is_null() {
+                        0
+                    } else {
+                        d["citation"].to_string().len()
+                    }
+            }
+            "content_block_start" => data["content_block"].to_string().len(),
+            _ => 0,
+        })?;
         match kind {
             "message_start" => {
                 self.message = data["message"].clone();
@@ -285,6 +389,12 @@ impl Assembly {
             "content_block_start" => {
                 let index = data["index"].as_u64().unwrap_or(self.blocks.len() as u64);
                 let block = data["content_block"].clone();
+                if !block.is_object() {
+                    // Deltas write into the block as an object; anything else would panic there.
+                    return Err(Error::Malformed(format!(
+                        "content_block_start for block {index} carries no content block object: {block}"
+                    )));
+                }
                 if block["type"] == "tool_use" {
                     let id = block["id"].as_str().unwrap_or_default();
                     let name = block["name"].as_str().unwrap_or_default();
@@ -312,17 +422,17 @@ impl Assembly {
                 match delta["type"].as_str().unwrap_or_default() {
                     "text_delta" => {
                         let t = delta["text"].as_str().unwrap_or_default();
-                        append_str(&mut b.block, "text", t);
+                        b.text.push_str(t);
                         deltas.text(t).await;
                     }
                     "thinking_delta" => {
                         let t = delta["thinking"].as_str().unwrap_or_default();
-                        append_str(&mut b.block, "thinking", t);
+                        b.thinking.push_str(t);
                         deltas.reasoning(t).await;
                     }
                     "signature_delta" => {
                         let s = delta["signature"].as_str().unwrap_or_default();
-                        append_str(&mut b.block, "signature", s);
+                        b.signature.push_str(s);
                         deltas.reasoning_signature(s).await;
                     }
                     "input_json_delta" => {
@@ -386,6 +496,9 @@ impl Assembly {
 
     fn finish(mut self) -> ChatResponse {
         self.blocks.sort_by_key(|(i, _)| *i);
+        for (_, b) in &mut self.blocks {
+            b.settle();
+        }
         let mut text = String::new();
         let mut reasoning = String::new();
         let mut calls = Vec::new();
@@ -508,11 +621,6 @@ fn replay_events(msg: &Value) -> Vec<(&'static str, Value)> {
     out
 }
 
-fn append_str(v: &mut Value, key: &str, piece: &str) {
-    let cur = v[key].as_str().unwrap_or_default();
-    v[key] = Value::String(format!("{cur}{piece}"));
-}
-
 #[async_trait]
 impl ChatModel for MessagesModel {
     fn name(&self) -> &str {
@@ -539,61 +647,67 @@ impl ChatModel for MessagesModel {
         if !self.betas.is_empty() {
             rb = rb.header("anthropic-beta", self.betas.join(","));
         }
-        let resp = rb.send().await.map_err(|e| transport_error(&e, &endpoint))?;
+        let deadline = tokio::time::Instant::now().checked_add(self.request_timeout);
+        let sent = match deadline {
+            Some(at) => tokio::time::timeout_at(at, rb.send()).await,
+            None => Ok(rb.send().await),
+        };
+        let resp = match sent {
+            Err(_) => {
+                return Err(Error::Transport {
+                    kind: tether::TransportKind::Timeout,
+                    message: format!("no response within {:?} (request timeout)", self.request_timeout),
+                    endpoint,
+                });
+            }
+            Ok(r) => r.map_err(|e| transport_error(&e, &endpoint))?,
+        };
         if !resp.status().is_success() {
             return Err(error_from_response(resp, &endpoint).await);
         }
         if !self.stream {
-            let text = resp.text().await.map_err(|e| transport_error(&e, &endpoint))?;
-            let msg: Value = serde_json::from_str(&text).map_err(|e| {
-                Error::Malformed(format!(
-                    "{endpoint} answered with a message that is not JSON ({e})"
-                ))
-            })?;
-            if msg["type"] == "error" {
-                return Err(stream_error(&msg));
+            let cap = self.max_response_bytes.saturating_mul(4).saturating_add(64 << 10);
+            let read = tether_http::read_body(resp, cap, self.idle_timeout, &endpoint);
+            let body = match deadline {
+                Some(at) => tokio::time::timeout_at(at, read)
+                    .await
+                    .map_err(|_| Error::Transport {
+                        kind: tether::TransportKind::Timeout,
+                        message: format!(
+                            "the response body did not arrive within {:?}",
+                            self.request_timeout
+                        ),
+                        endpoint: endpoint.clone(),
+                    })??,
+                None => read.await?,
+            };
+            if body.truncated {
+                return Err(Error::ResponseTooLarge {
+                    limit: self.max_response_bytes as u64,
+                });
             }
-            if !msg["content"].is_array() {
-                return Err(Error::Malformed(format!(
-                    "{endpoint} answered without a content array: {msg}"
-                )));
-            }
-            let mut asm = Assembly::default();
-            for (kind, data) in replay_events(&msg) {
-                asm.on_event(kind, &data, deltas).await?;
-            }
-            // The blocks go back exactly as received, not as rebuilt from the replay.
-            let originals = msg["content"].as_array().cloned().unwrap_or_default();
-            for ((_, b), original) in asm.blocks.iter_mut().zip(originals) {
-                b.block = original;
-                b.json_seen = false;
-            }
-            return Ok(asm.finish());
+            return assemble_whole(&body.bytes, self.max_response_bytes, &endpoint, deltas).await;
         }
-        let mut stream = resp.bytes_stream();
-        let mut dec = SseDecoder::new();
-        let mut asm = Assembly::default();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| transport_error(&e, &endpoint))?;
-            for frame in dec.push(&chunk) {
-                if frame.data.is_empty() {
-                    continue;
+        let mut resp = resp;
+        let idle = self.idle_timeout;
+        let mut reader = StreamReader::new(self.max_response_bytes);
+        loop {
+            let chunk = match tokio::time::timeout(idle, resp.chunk()).await {
+                Err(_) => {
+                    return Err(Error::Transport {
+                        kind: tether::TransportKind::Idle,
+                        message: format!(
+                            "the Messages stream sent nothing for {idle:?} (not even a ping); raise stream_idle_timeout for slow models"
+                        ),
+                        endpoint,
+                    });
                 }
-                let data: Value = serde_json::from_str(&frame.data).map_err(|e| {
-                    Error::Malformed(format!(
-                        "a Messages stream event is not JSON ({e}): {}",
-                        frame.data
-                    ))
-                })?;
-                let kind = frame
-                    .event
-                    .clone()
-                    .or_else(|| data["type"].as_str().map(str::to_owned))
-                    .unwrap_or_default();
-                asm.on_event(&kind, &data, deltas).await?;
-                if asm.done {
-                    return Ok(asm.finish());
-                }
+                Ok(Err(e)) => return Err(transport_error(&e, &endpoint)),
+                Ok(Ok(None)) => break,
+                Ok(Ok(Some(c))) => c,
+            };
+            if let Some(done) = reader.push(&chunk, deltas).await? {
+                return Ok(done);
             }
         }
         Err(Error::Transport {
@@ -603,6 +717,106 @@ impl ChatModel for MessagesModel {
         })
     }
 }
+
+/// A whole (non-streamed) Messages body turned into the response: its blocks replayed as the
+/// stream would have sent them (so deltas reach `deltas` the same way), then put back exactly as
+/// received. One function for `chat` and the crate's fuzz hooks.
+pub(crate) async fn assemble_whole(
+    body: &[u8],
+    max_response_bytes: usize,
+    endpoint: &str,
+    deltas: &DeltaSink,
+) -> tether::Result<ChatResponse> {
+    let msg: Value = serde_json::from_slice(body).map_err(|e| {
+        Error::Malformed(format!(
+            "{endpoint} answered with a message that is not JSON ({e})"
+        ))
+    })?;
+    if msg["type"] == "error" {
+        return Err(stream_error(&msg));
+    }
+    if !msg["content"].is_array() {
+        return Err(Error::Malformed(format!(
+            "{endpoint} answered without a content array: {}",
+            snippet(&msg.to_string())
+        )));
+    }
+    let mut asm = Assembly::new(max_response_bytes);
+    for (kind, data) in replay_events(&msg) {
+        asm.on_event(kind, &data, deltas).await?;
+    }
+    // The blocks go back exactly as received, not as rebuilt from the replay.
+    let originals = msg["content"].as_array().cloned().unwrap_or_default();
+    for ((_, b), original) in asm.blocks.iter_mut().zip(originals) {
+        *b = Block {
+            block: original,
+            ..Block::default()
+        };
+    }
+    Ok(asm.finish())
+}
+
+/// The streamed body's reader: SSE frames decoded from the reads as they come, each event
+/// folded into the response. One reader for `chat` and the crate's fuzz hooks.
+pub(crate) struct StreamReader {
+    dec: SseDecoder,
+    asm: Assembly,
+}
+
+impl StreamReader {
+    pub(crate) fn new(max_response_bytes: usize) -> Self {
+        StreamReader {
+            dec: SseDecoder::new(),
+            asm: Assembly::new(max_response_bytes),
+        }
+    }
+
+    /// Takes one read; the response once `message_stop` arrived.
+    pub(crate) async fn push(
+        &mut self,
+        chunk: &[u8],
+        deltas: &DeltaSink,
+    ) -> tether::Result<Option<ChatResponse>> {
+        for frame in self.dec.push(chunk) {
+            if frame.data.is_empty() {
+                continue;
+            }
+            let data: Value = serde_json::from_str(&frame.data).map_err(|e| {
+                Error::Malformed(format!(
+                    "a Messages stream event is not JSON ({e}): {}",
+                    snippet(&frame.data)
+                ))
+            })?;
+            let kind = frame
+                .event
+                .clone()
+                .or_else(|| data["type"].as_str().map(str::to_owned))
+                .unwrap_or_default();
+            self.asm.on_event(&kind, &data, deltas).await?;
+            if self.asm.done {
+                let asm = std::mem::replace(&mut self.asm, Assembly::new(0));
+                return Ok(Some(asm.finish()));
+            }
+        }
+        if self.dec.pending() > MAX_FRAME {
+            return Err(Error::Malformed(format!(
+                "a Messages stream event exceeded {MAX_FRAME} bytes without ending"
+            )));
+        }
+        Ok(None)
+    }
+}
+
+/// At most 200 characters of a payload, for error messages.
+fn snippet(s: &str) -> String {
+    match s.char_indices().nth(200) {
+        Some((i, _)) => format!("{}…", &s[..i]),
+        None => s.to_owned(),
+    }
+}
+
+/// Hooks for the crate's `fuzzing` module (the `chat` body without the HTTP); not part of the API.
+pub(crate) mod fuzzing;
 
 #[cfg(test)]
 mod tests {

@@ -13,11 +13,18 @@ pub struct SseFrame {
     pub id: Option<String>,
 }
 
+/// The largest frame a stream reader accepts (16 MiB): a server that never ends its frame must
+/// not grow the buffer without bound. Readers check [`SseDecoder::pending`] against it.
+pub const MAX_FRAME: usize = 16 << 20;
+
 /// Incremental SSE decoder.
 #[derive(Debug, Default)]
 pub struct SseDecoder {
     buf: Vec<u8>,
     cr: bool,
+    /// How far `buf` is known to hold no blank line (so a long frame is scanned once, not once
+    /// per push).
+    scanned: usize,
 }
 
 impl SseDecoder {
@@ -43,12 +50,15 @@ impl SseDecoder {
             }
         }
         let mut out = Vec::new();
-        while let Some(pos) = find_blank_line(&self.buf) {
+        while let Some(pos) = find_blank_line(&self.buf[self.scanned..]).map(|p| p + self.scanned) {
             let frame: Vec<u8> = self.buf.drain(..pos + 2).collect();
+            self.scanned = 0;
             if let Some(f) = parse_frame(&frame[..pos]) {
                 out.push(f);
             }
         }
+        // The last byte may start a blank line with the next push.
+        self.scanned = self.buf.len().saturating_sub(1);
         out
     }
 
@@ -103,5 +113,19 @@ mod tests {
         assert_eq!(got[0].data, "{}");
         assert_eq!(got[1].data, "1\n2");
         assert_eq!(d.pending(), 2);
+    }
+
+    #[test]
+    fn a_frame_split_byte_by_byte_decodes_the_same() {
+        let body = b"event: a\r\ndata: 1\r\n\r\nevent: b\ndata: 2\n\n";
+        let mut d = SseDecoder::new();
+        let mut got = Vec::new();
+        for b in body.iter() {
+            got.extend(d.push(std::slice::from_ref(b)));
+        }
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].data, "1");
+        assert_eq!(got[1].event.as_deref(), Some("b"));
+        assert_eq!(d.pending(), 0);
     }
 }

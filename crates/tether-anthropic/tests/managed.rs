@@ -387,19 +387,21 @@ async fn reattach_reports_unanswered_tool_uses_and_resumes() {
     assert!(result.events.iter().all(|e| !e.id.starts_with("sevt_old")));
 }
 
-/// Runs against the real service only when the credentials and ids are set.
+/// Against the real service: `cargo test -p tether-anthropic --test managed -- --ignored` with
+/// ANTHROPIC_API_KEY, TETHER_MANAGED_AGENT_ID and TETHER_MANAGED_ENVIRONMENT_ID set. Without
+/// them it fails, saying which is missing.
 #[tokio::test]
+#[ignore = "live: needs ANTHROPIC_API_KEY, TETHER_MANAGED_AGENT_ID, TETHER_MANAGED_ENVIRONMENT_ID; run with --ignored"]
 async fn live_managed_round_trip() {
-    let (Ok(cfg), Ok(agent), Ok(env)) = (
-        ClientConfig::from_env(),
-        std::env::var("TETHER_MANAGED_AGENT_ID"),
-        std::env::var("TETHER_MANAGED_ENVIRONMENT_ID"),
-    ) else {
-        eprintln!(
-            "skipping live Managed Agents test: set ANTHROPIC_API_KEY, TETHER_MANAGED_AGENT_ID and TETHER_MANAGED_ENVIRONMENT_ID"
-        );
-        return;
+    let need = |name: &str| {
+        std::env::var(name).unwrap_or_else(|_| panic!("this live test needs {name} in the environment"))
     };
+    let cfg = ClientConfig::from_env()
+        .unwrap_or_else(|e| panic!("this live test needs ANTHROPIC_API_KEY in the environment: {e}"));
+    let (agent, env) = (
+        need("TETHER_MANAGED_AGENT_ID"),
+        need("TETHER_MANAGED_ENVIRONMENT_ID"),
+    );
     let p = ManagedAgents::new(ManagedConfig::new(cfg, agent, env)).expect("provider");
     let result = Session::builder(p)
         .run("Reply with the single word: pong")

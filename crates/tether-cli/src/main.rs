@@ -5,8 +5,10 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod acp_cmd;
+mod print;
 mod providers;
 mod run;
+mod term;
 
 /// Run any AI agent, wherever its loop lives, with the tools kept local.
 #[derive(Parser, Debug)]
@@ -27,8 +29,7 @@ enum Command {
     Serve(tether_serve::ServeArgs),
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
@@ -37,9 +38,26 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("tether: cannot start the async runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
     match cli.command {
-        Command::Run(args) => run::run(args).await,
-        Command::Acp(args) => acp_cmd::run(args).await,
-        Command::Serve(args) => tether_serve::serve(args).await,
+        Command::Run(args) => {
+            let code = rt.block_on(run::run(args));
+            // An approval question may still wait on the terminal in a blocking thread after a
+            // timeout or a cancel: exit without waiting for an answer nobody needs.
+            rt.shutdown_background();
+            code
+        }
+        Command::Acp(args) => {
+            let code = rt.block_on(acp_cmd::run(args));
+            rt.shutdown_background();
+            code
+        }
+        Command::Serve(args) => rt.block_on(tether_serve::serve(args)),
     }
 }

@@ -7,13 +7,19 @@
 //! - `managed`: Claude Managed Agents — a new session on `--agent-id` + `--environment-id`, or
 //!   `--session-id` to reattach;
 //! - `agentcore`: Bedrock AgentCore — `--harness-arn` (InvokeHarness) or `--runtime-arn`
-//!   (InvokeAgentRuntime), signed with the standard AWS environment credentials.
+//!   (InvokeAgentRuntime), signed with the standard AWS environment credentials;
+//! - `acp`: an ACP agent subprocess, the command after `--` (`-- gemini --experimental-acp`),
+//!   started in the workspace directory (`--cwd`) whose files and terminals it is served; a new
+//!   session, or `--session-id` to reload one with `session/load`.
 //!
-//! For `managed` and `agentcore` the model and system prompt belong to the remote agent: a
+//! For `managed`, `agentcore` and `acp` the model and system prompt belong to the remote agent: a
 //! `--model` / `TETHER_MODEL` or `--system` is reported as ignored on stderr.
+
+use std::path::PathBuf;
 
 use tether::local::LocalLoop;
 use tether::{Error, Provider};
+use tether_acp::{AcpAgent, AgentCommand, ClientOptions};
 use tether_agentcore::{AgentCore, AgentCoreConfig, AwsCredentials, Target};
 use tether_anthropic::{ClientConfig, ManagedAgents, ManagedConfig, MessagesModel};
 
@@ -32,6 +38,9 @@ pub enum ProviderKind {
     /// The local loop over a GGUF model run in-process (`--gguf`, default: SmolLM2-135M-Instruct,
     /// fetched on first use). Also what `openai` falls back to when no endpoint is configured.
     Gguf,
+    /// An ACP agent subprocess (Gemini CLI, Claude Code, Codex, …), the command after `--`; its
+    /// file and terminal requests are served by the workspace.
+    Acp,
 }
 
 /// Provider options of `tether run`.
@@ -56,7 +65,8 @@ pub struct ProviderArgs {
     /// Managed Agents environment id.
     #[arg(long, env = "TETHER_MANAGED_ENVIRONMENT_ID")]
     pub environment_id: Option<String>,
-    /// Reattach to an existing session (managed), or the runtime session id to use (agentcore).
+    /// Reattach to an existing session (managed; acp: `session/load`, when the agent supports
+    /// it), or the runtime session id to use (agentcore).
     #[arg(long)]
     pub session_id: Option<String>,
     /// AgentCore runtime ARN (InvokeAgentRuntime).
@@ -91,6 +101,10 @@ pub struct ProviderArgs {
     /// TEST ONLY: the embedded model's sampling seed (and temperature 0 when set to `greedy`).
     #[arg(long, env = "TETHER_GGUF_SEED", hide = true)]
     pub gguf_seed: Option<String>,
+    /// `--provider acp`: the agent command and its arguments, after `--` (e.g.
+    /// `-- gemini --experimental-acp`).
+    #[arg(last = true, value_name = "AGENT COMMAND")]
+    pub agent: Vec<String>,
 }
 
 impl ProviderArgs {
@@ -102,6 +116,10 @@ impl ProviderArgs {
             ProviderKind::Managed => format!("anthropic Managed Agents at {}", self.anthropic_origin()),
             ProviderKind::Agentcore => "Bedrock AgentCore".into(),
             ProviderKind::Gguf => "the embedded model".into(),
+            ProviderKind::Acp => format!(
+                "ACP agent `{}`",
+                self.agent.first().map(String::as_str).unwrap_or("")
+            ),
         }
     }
 
@@ -156,6 +174,8 @@ pub struct LoopOptions {
     pub system: Option<String>,
     /// `--no-stream`.
     pub no_stream: bool,
+    /// `--cwd`: the workspace directory (default: the current directory).
+    pub cwd: Option<PathBuf>,
 }
 
 /// Builds the provider for `--provider anthropic|managed|agentcore`; `None` for `openai` (built
@@ -177,6 +197,12 @@ pub fn build_remote(args: &ProviderArgs, opts: &LoopOptions) -> Result<Option<Bo
             );
         }
     };
+    if args.provider != ProviderKind::Acp && !args.agent.is_empty() {
+        return Err(format!(
+            "an agent command after `--` is only for --provider acp (the provider is {})",
+            args.label()
+        ));
+    }
     match args.provider {
         ProviderKind::Openai | ProviderKind::Gguf => Ok(None),
         ProviderKind::Anthropic => {
@@ -246,6 +272,27 @@ pub fn build_remote(args: &ProviderArgs, opts: &LoopOptions) -> Result<Option<Bo
             let p = AgentCore::new(cfg).map_err(|e| e.to_string())?;
             Ok(Some(Box::new(p)))
         }
+        ProviderKind::Acp => {
+            ignored("acp");
+            let Some(command) = AgentCommand::from_argv(&args.agent) else {
+                return Err("--provider acp needs the agent command after `--`, e.g. \
+                            `tether run --provider acp \"What is here?\" -- gemini --experimental-acp`"
+                    .into());
+            };
+            let cwd = match &opts.cwd {
+                Some(d) => d.clone(),
+                None => {
+                    std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?
+                }
+            };
+            // The session's time limit (--timeout) bounds the turn, not the client.
+            let options = ClientOptions::default().with_prompt_timeout(None);
+            let mut agent = AcpAgent::new(command.current_dir(&cwd), cwd).options(options);
+            if let Some(sid) = some(&args.session_id) {
+                agent = agent.load_session(sid);
+            }
+            Ok(Some(Box::new(agent)))
+        }
     }
 }
 
@@ -254,6 +301,15 @@ pub fn build_remote(args: &ProviderArgs, opts: &LoopOptions) -> Result<Option<Bo
 pub fn explain(e: &Error, label: &str) -> Option<String> {
     let anthropic = label.starts_with("anthropic ");
     let agentcore = label.starts_with("Bedrock AgentCore");
+    if label.starts_with("ACP agent ") {
+        return Some(match e {
+            Error::Transport { .. } => format!("the {label} exited or closed its connection: {e}"),
+            Error::CannotResume { .. } => format!("--session-id: {e}"),
+            Error::Timeout(d) => format!("the run did not finish within {}s (--timeout)", d.as_secs()),
+            Error::Config(m) => m.clone(),
+            _ => format!("{label}: {e}"),
+        });
+    }
     if !anthropic && !agentcore {
         return None;
     }

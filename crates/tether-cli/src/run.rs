@@ -1,21 +1,25 @@
 //! `tether run`: one prompt, streamed to the terminal, with the workspace tools.
 
-use std::io::Write;
+use std::io::{BufRead, Read, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::json;
 use tether::local::LocalLoop;
+use tether::sandbox::Sandbox;
 use tether::workspace::{Approval, ApprovalRequest, Approver, Policy, Workspace};
-use tether::{Error, Event, EventKind, Provider, Session, SessionResult};
+use tether::{Error, Provider, Session, SessionResult};
+
+use crate::print::{Printer, result_line, short};
+use crate::term::{Inert, inert};
 
 /// Options of `tether run`.
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
-    /// The prompt.
+    /// The prompt; `-` reads it from standard input (UTF-8, at most 1 MiB), and approvals are
+    /// then asked on the terminal (`/dev/tty`), or refused where there is none (`--yes` allows).
     pub prompt: String,
     /// Base URL of an OpenAI-compatible endpoint, including `/v1` (e.g. http://127.0.0.1:8080/v1).
     #[arg(long, env = "OPENAI_BASE_URL")]
@@ -48,42 +52,121 @@ pub struct RunArgs {
     /// Use non-streaming requests.
     #[arg(long)]
     pub no_stream: bool,
-    /// Where the loop lives (openai, anthropic, managed, agentcore) and what each needs.
+    /// How commands run by the agent are confined (Linux: Landlock + seccomp): `auto` confines
+    /// where the kernel can and warns once where it cannot, `require` refuses commands where it
+    /// cannot, `off` never confines. Confined commands write only inside the workspace and
+    /// their own $TMPDIR.
+    #[arg(long, value_name = "MODE", default_value = "auto")]
+    pub sandbox: tether::sandbox::SandboxMode,
+    /// Let confined commands use the network (default: no network).
+    #[arg(long)]
+    pub allow_network: bool,
+    /// A directory confined commands may also write beneath (repeatable), e.g. a build cache.
+    #[arg(long, value_name = "DIR")]
+    pub writable: Vec<PathBuf>,
+    /// Where the loop lives (openai, anthropic, managed, agentcore, acp) and what each needs.
     #[command(flatten)]
     pub provider: crate::providers::ProviderArgs,
 }
 
-/// Asks on the terminal; anything but y/yes/a/always (or end of input) refuses.
-struct TerminalApprover;
+/// Where the answers to approval questions are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Answers {
+    /// Standard input (the prompt came on the command line).
+    Stdin,
+    /// The controlling terminal, `/dev/tty` (standard input carried the prompt).
+    Tty,
+}
+
+/// Asks on the terminal; anything but y/yes/a/always (or end of input, or no terminal) refuses.
+/// The question shows the exact request, escaped ([`Inert::Exact`]): a command cannot hide or
+/// rewrite itself on the screen.
+struct TerminalApprover {
+    answers: Answers,
+}
 
 #[async_trait]
 impl Approver for TerminalApprover {
     async fn approve(&self, req: &ApprovalRequest) -> Approval {
-        let summary = req.summary.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut err = std::io::stderr();
-            let _ = write!(err, "\n? allow {summary}? [y]es / [a]lways / [N]o: ");
-            let _ = err.flush();
-            let mut line = String::new();
-            match std::io::stdin().read_line(&mut line) {
-                Ok(0) | Err(_) => {
-                    let _ = writeln!(err, "(no answer: refused)");
+        let question = format!(
+            "\n? allow {}? [y]es / [a]lways / [N]o: ",
+            inert(&req.summary, Inert::Exact)
+        );
+        let answers = self.answers;
+        tokio::task::spawn_blocking(move || match answers {
+            Answers::Stdin => ask(&mut std::io::stderr(), &mut std::io::stdin().lock(), &question),
+            Answers::Tty => match std::fs::OpenOptions::new().read(true).write(true).open("/dev/tty") {
+                Ok(tty) => {
+                    let mut out = &tty;
+                    ask(&mut out, &mut std::io::BufReader::new(&tty), &question)
+                }
+                Err(_) => {
+                    let mut err = std::io::stderr();
+                    let _ = writeln!(
+                        err,
+                        "{question}(no terminal to ask: the prompt came from standard input; refused, --yes allows)"
+                    );
                     Approval::Deny
                 }
-                Ok(_) => match line.trim().to_ascii_lowercase().as_str() {
-                    "y" | "yes" => Approval::Once,
-                    "a" | "always" => Approval::Always,
-                    _ => Approval::Deny,
-                },
-            }
+            },
         })
         .await
         .unwrap_or(Approval::Deny)
     }
 }
 
+/// Writes the question, reads one answer line.
+fn ask(out: &mut impl Write, input: &mut impl BufRead, question: &str) -> Approval {
+    let _ = write!(out, "{question}");
+    let _ = out.flush();
+    let mut line = String::new();
+    match input.read_line(&mut line) {
+        Ok(0) | Err(_) => {
+            let _ = writeln!(out, "(no answer: refused)");
+            Approval::Deny
+        }
+        Ok(_) => match line.trim().to_ascii_lowercase().as_str() {
+            "y" | "yes" => Approval::Once,
+            "a" | "always" => Approval::Always,
+            _ => Approval::Deny,
+        },
+    }
+}
+
+/// The most a prompt read from standard input may hold.
+const MAX_STDIN_PROMPT: u64 = 1 << 20;
+
+/// Reads the prompt of `tether run -`: bounded, UTF-8, not empty.
+fn read_prompt(input: impl Read) -> Result<String, String> {
+    let mut buf = Vec::new();
+    input
+        .take(MAX_STDIN_PROMPT + 1)
+        .read_to_end(&mut buf)
+        .map_err(|e| format!("cannot read the prompt from standard input: {e}"))?;
+    if buf.len() as u64 > MAX_STDIN_PROMPT {
+        return Err(format!(
+            "the prompt on standard input is larger than {} MiB; shorten it",
+            MAX_STDIN_PROMPT >> 20
+        ));
+    }
+    let text = String::from_utf8(buf).map_err(|e| {
+        format!(
+            "the prompt on standard input is not UTF-8 text (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    if text.trim().is_empty() {
+        return Err(
+            "the prompt on standard input is empty: pipe it in, e.g. `echo \"What is here?\" | tether run -`"
+                .into(),
+        );
+    }
+    Ok(text)
+}
+
 fn fail(msg: impl std::fmt::Display) -> ExitCode {
-    eprintln!("tether: {msg}");
+    // Messages carry what servers and models said: printed inert.
+    eprintln!("tether: {}", inert(&msg.to_string(), Inert::Prose));
     ExitCode::from(2)
 }
 
@@ -118,72 +201,13 @@ fn explain(e: &Error, base_url: &str, model: &str) -> String {
     }
 }
 
-fn short(s: &str, n: usize) -> String {
-    let one: String = s.replace('\n', "⏎");
-    if one.chars().count() > n {
-        format!("{}…", one.chars().take(n).collect::<String>())
-    } else {
-        one
-    }
-}
-
-fn print_event(e: &Event, json_mode: bool, at_line_start: &mut bool) {
-    if json_mode {
-        if let Ok(s) = serde_json::to_string(&json!({"event": e})) {
-            println!("{s}");
-        }
-        return;
-    }
-    let mut out = std::io::stdout();
-    match &e.kind {
-        EventKind::TextDelta { delta, .. } => {
-            let _ = write!(out, "{delta}");
-            let _ = out.flush();
-            *at_line_start = delta.ends_with('\n');
-        }
-        EventKind::ToolCall { tool_use, .. } => {
-            if !*at_line_start {
-                let _ = writeln!(out);
-            }
-            let _ = writeln!(
-                out,
-                "⚙ {} {}",
-                tool_use.name,
-                short(&tool_use.input.to_string(), 120)
-            );
-            *at_line_start = true;
-        }
-        EventKind::ToolResult { result } => {
-            let mark = if result.is_error { "✗" } else { "✓" };
-            let _ = writeln!(out, "{mark} {}", short(&result.content, 160));
-            *at_line_start = true;
-        }
-        EventKind::Retry {
-            attempt,
-            delay_ms,
-            error,
-        } => {
-            eprintln!("\n(retry {attempt} in {delay_ms} ms: {error})");
-        }
-        EventKind::Message { tool_uses, .. } => {
-            for u in tool_uses {
-                if !*at_line_start {
-                    let _ = writeln!(out);
-                }
-                let _ = writeln!(out, "⚙ {} {}", u.name, short(&u.input.to_string(), 120));
-                *at_line_start = true;
-            }
-        }
-        _ => {}
-    }
-}
-
 /// Runs `tether run`.
 pub async fn run(args: RunArgs) -> ExitCode {
     let loop_options = crate::providers::LoopOptions {
         model: args.model.clone(),
         system: args.system.clone(),
         no_stream: args.no_stream,
+        cwd: args.cwd.clone(),
     };
     let remote = if args.provider.uses_gguf(args.base_url.as_deref()) {
         crate::providers::build_gguf(&args.provider, &loop_options).map(Some)
@@ -219,13 +243,31 @@ pub async fn run(args: RunArgs) -> ExitCode {
         Ok(w) => w,
         Err(e) => return fail(format!("workspace {}: {e}", root.display())),
     };
+    let mut sandbox = Sandbox::new(args.sandbox).allow_network(args.allow_network);
+    for w in &args.writable {
+        sandbox = sandbox.writable(w.clone());
+    }
+    if let Some(w) = sandbox.warning() {
+        eprintln!("tether: warning: {w}");
+    }
+    let workspace = workspace.sandbox(sandbox);
+    // `tether run -`: the prompt is standard input, so approvals cannot be.
+    let (prompt, answers) = if args.prompt == "-" {
+        match tokio::task::spawn_blocking(|| read_prompt(std::io::stdin().lock())).await {
+            Ok(Ok(p)) => (p, Answers::Tty),
+            Ok(Err(m)) => return fail(m),
+            Err(e) => return fail(format!("cannot read the prompt from standard input: {e}")),
+        }
+    } else {
+        (args.prompt.clone(), Answers::Stdin)
+    };
     let workspace = if args.yes {
         workspace.policy(Policy::allow_all())
     } else {
-        workspace.approver(TerminalApprover)
+        workspace.approver(TerminalApprover { answers })
     };
     if let Some(p) = remote {
-        return run_with(p, workspace, &args, &base_url, &model_name).await;
+        return run_with(p, workspace, &args, &prompt, &base_url, &model_name).await;
     }
     let mut builder = tether_openai::OpenAiModel::builder(&base_url)
         .model(model_name.clone())
@@ -242,13 +284,14 @@ pub async fn run(args: RunArgs) -> ExitCode {
         provider = provider.system_prompt(s.clone());
     }
     let provider: Box<dyn Provider> = Box::new(provider);
-    run_with(provider, workspace, &args, &base_url, &model_name).await
+    run_with(provider, workspace, &args, &prompt, &base_url, &model_name).await
 }
 
 async fn run_with(
     provider: Box<dyn Provider>,
     workspace: Workspace,
     args: &RunArgs,
+    prompt: &str,
     base_url: &str,
     model_name: &str,
 ) -> ExitCode {
@@ -266,54 +309,11 @@ async fn run_with(
     let mut events = session.sink().subscribe(1024).await;
     let json_mode = args.json;
     let printer = tokio::spawn(async move {
-        let mut at_line_start = true;
-        // Streamed tool calls are shown once, when their arguments are complete.
-        let mut streaming: std::collections::HashMap<String, (String, String)> = Default::default();
-        let mut shown = std::collections::HashSet::new();
+        let mut printer = Printer::new(json_mode);
         while let Some(e) = events.recv().await {
-            if json_mode {
-                print_event(&e, true, &mut at_line_start);
-                continue;
-            }
-            match &e.kind {
-                EventKind::ToolCallStart {
-                    tool_use_id, name, ..
-                } => {
-                    streaming.insert(tool_use_id.clone(), (name.clone(), String::new()));
-                }
-                EventKind::ToolCallArgs { tool_use_id, delta } => {
-                    if let Some((_, a)) = streaming.get_mut(tool_use_id) {
-                        a.push_str(delta);
-                    }
-                }
-                EventKind::ToolCallEnd { tool_use_id } => {
-                    if let Some((name, args)) = streaming.remove(tool_use_id) {
-                        shown.insert(tool_use_id.clone());
-                        let input = tether::ToolUse::from_arguments(tool_use_id, &name, &args);
-                        let mut call = e.clone();
-                        call.kind = EventKind::ToolCall {
-                            tool_use: input,
-                            message_id: None,
-                        };
-                        print_event(&call, false, &mut at_line_start);
-                    }
-                }
-                EventKind::Message { tool_uses, .. } => {
-                    let fresh: Vec<_> = tool_uses
-                        .iter()
-                        .filter(|u| !shown.contains(&u.id))
-                        .cloned()
-                        .collect();
-                    let mut e2 = e.clone();
-                    if let EventKind::Message { tool_uses, .. } = &mut e2.kind {
-                        *tool_uses = fresh;
-                    }
-                    print_event(&e2, false, &mut at_line_start);
-                }
-                _ => print_event(&e, false, &mut at_line_start),
-            }
+            printer.event(&e);
         }
-        at_line_start
+        printer.at_line_start()
     });
     // Cancelling (rather than dropping) at the deadline lets the provider interrupt the remote
     // loop (Managed Agents `user.interrupt`, AgentCore `StopRuntimeSession`).
@@ -325,7 +325,7 @@ async fn run_with(
             cancel.cancel();
         })
     };
-    let result = match session.send_cancellable(args.prompt.clone(), cancel).await {
+    let result = match session.send_cancellable(prompt.to_owned(), cancel).await {
         Err(Error::Cancelled) => Err(Error::Timeout(timeout)),
         r => r,
     };
@@ -345,12 +345,7 @@ async fn run_with(
 
 fn report(r: &SessionResult, json_mode: bool, at_line_start: bool) -> ExitCode {
     if json_mode {
-        let mut v = serde_json::to_value(r).unwrap_or_default();
-        if let Some(o) = v.as_object_mut() {
-            o.remove("events");
-            o.remove("transcript");
-        }
-        println!("{}", json!({"result": v}));
+        println!("{}", result_line(r));
     } else {
         if !at_line_start {
             println!();
@@ -360,19 +355,55 @@ fn report(r: &SessionResult, json_mode: bool, at_line_start: bool) -> ExitCode {
             r.turns,
             r.usage.input_tokens,
             r.usage.output_tokens,
-            r.stop_reason
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| r.stop_reason.to_string())
+            short(
+                &r.stop_reason
+                    .as_str()
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| r.stop_reason.to_string()),
+                200
+            )
         );
     }
     match r.terminal {
         tether::Terminal::EndTurn => ExitCode::SUCCESS,
         _ => {
             if !json_mode {
-                eprintln!("tether: the run ended early ({})", r.stop_reason);
+                eprintln!(
+                    "tether: the run ended early ({})",
+                    short(&r.stop_reason.to_string(), 200)
+                );
             }
             ExitCode::from(3)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prompt_from_stdin_is_bounded_utf8_and_not_empty() {
+        assert_eq!(read_prompt(&b"What is here?\n"[..]).unwrap(), "What is here?\n");
+        assert!(read_prompt(&b" \n\t"[..]).unwrap_err().contains("empty"));
+        assert!(read_prompt(&b"caf\xe9"[..]).unwrap_err().contains("not UTF-8"));
+        let big = vec![b'a'; MAX_STDIN_PROMPT as usize + 1];
+        assert!(read_prompt(&big[..]).unwrap_err().contains("larger than 1 MiB"));
+        let max = vec![b'a'; MAX_STDIN_PROMPT as usize];
+        assert_eq!(read_prompt(&max[..]).unwrap().len(), max.len());
+    }
+
+    #[test]
+    fn an_answer_is_read_from_the_given_input() {
+        let mut out = Vec::new();
+        assert_eq!(ask(&mut out, &mut &b"y\n"[..], "? q "), Approval::Once);
+        assert_eq!(ask(&mut out, &mut &b"always\n"[..], "? q "), Approval::Always);
+        assert_eq!(ask(&mut out, &mut &b"yes please\n"[..], "? q "), Approval::Deny);
+        assert_eq!(ask(&mut out, &mut &b""[..], "? q "), Approval::Deny);
+        assert!(
+            String::from_utf8(out)
+                .unwrap()
+                .ends_with("(no answer: refused)\n")
+        );
     }
 }

@@ -41,6 +41,11 @@ pub fn classify(e: &reqwest::Error) -> TransportKind {
 pub fn classify_chain(e: &(dyn std::error::Error + 'static), connecting: bool) -> Option<TransportKind> {
     let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = src {
+        if tls_error(s).is_some() {
+            // A failed handshake (an untrusted or expired certificate, a name mismatch, no common
+            // protocol): retrying does not heal it, so it is not a refused connection.
+            return Some(TransportKind::Other);
+        }
         if let Some(io) = s.downcast_ref::<std::io::Error>() {
             use std::io::ErrorKind as K;
             match io.kind() {
@@ -72,6 +77,35 @@ pub fn classify_chain(e: &(dyn std::error::Error + 'static), connecting: bool) -
     None
 }
 
+/// The rustls error `e` is or wraps. tokio-rustls reports a failed handshake as an `io::Error`
+/// holding it, which hyper-rustls wraps in another `io::Error`; `source()` skips over both
+/// (an `io::Error`'s source is its inner error's source), so this looks inside them.
+fn tls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut cur = e;
+    loop {
+        if let Some(t) = cur.downcast_ref::<rustls::Error>() {
+            return Some(t);
+        }
+        cur = cur.downcast_ref::<std::io::Error>()?.get_ref()?;
+    }
+}
+
+/// What to do about a certificate the client refused, if `e`'s chain holds one.
+fn certificate_hint(e: &(dyn std::error::Error + 'static)) -> Option<&'static str> {
+    let mut src: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(s) = src {
+        if let Some(rustls::Error::InvalidCertificate(_)) = tls_error(s) {
+            return Some(
+                "the server's TLS certificate is not trusted; if it chains to a private CA, such \
+                 as a corporate proxy's, trust that CA with the provider's \
+                 add_root_certificates_pem option",
+            );
+        }
+        src = s.source();
+    }
+    None
+}
+
 /// The error and its sources, joined (`error sending request: connection refused`).
 pub fn describe(e: &reqwest::Error) -> String {
     describe_chain(e)
@@ -94,10 +128,105 @@ pub fn describe_chain(e: &dyn std::error::Error) -> String {
 
 /// A reqwest failure as [`Error::Transport`], naming what was called.
 pub fn transport_error(e: &reqwest::Error, endpoint: &str) -> Error {
+    let mut message = describe(e);
+    if let Some(hint) = certificate_hint(e) {
+        message.push_str(" -- ");
+        message.push_str(hint);
+    }
     Error::Transport {
         kind: classify(e),
-        message: describe(e),
+        message,
         endpoint: endpoint.to_owned(),
+    }
+}
+
+/// `builder` also trusting the CA certificates in each PEM bundle of `pems` (beside its built-in
+/// roots), for endpoints whose certificate chains to a private CA: a corporate TLS-inspecting
+/// proxy, a self-hosted gateway, a test server. Certificate verification stays on; this only
+/// widens whom it trusts. The provider crates' builders take the bundles
+/// (`add_root_certificates_pem`) and call this when they build their client.
+///
+/// Errors: [`Error::Config`] naming the bundle that is malformed or holds no `CERTIFICATE` block.
+pub fn add_root_certificates(
+    mut builder: reqwest::ClientBuilder,
+    pems: &[String],
+) -> Result<reqwest::ClientBuilder, Error> {
+    for (i, pem) in pems.iter().enumerate() {
+        let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| {
+            Error::Config(format!(
+                "extra root certificate bundle #{} is not valid PEM: {}",
+                i + 1,
+                describe(&e)
+            ))
+        })?;
+        if certs.is_empty() {
+            return Err(Error::Config(format!(
+                "extra root certificate bundle #{} holds no -----BEGIN CERTIFICATE----- block",
+                i + 1
+            )));
+        }
+        for c in certs {
+            builder = builder.add_root_certificate(c);
+        }
+    }
+    Ok(builder)
+}
+
+/// A response body read with [`read_body`]: at most the cap, and whether there was more.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Body {
+    /// The bytes read (at most the cap).
+    pub bytes: Vec<u8>,
+    /// Whether the body went on past the cap (it was not read further).
+    pub truncated: bool,
+}
+
+/// Reads a body whose size the server chooses (an error message, a JSON answer) with bounds:
+/// at most `cap` bytes are kept (the rest is not read), and each read must arrive within
+/// `idle`, else [`TransportKind::Idle`]. A server cannot make the caller hold more than `cap`,
+/// nor wait forever.
+pub async fn read_body(
+    mut resp: reqwest::Response,
+    cap: usize,
+    idle: Duration,
+    endpoint: &str,
+) -> Result<Body, Error> {
+    let mut out = Body::default();
+    loop {
+        let chunk = match tokio::time::timeout(idle, resp.chunk()).await {
+            Err(_) => {
+                return Err(Error::Transport {
+                    kind: TransportKind::Idle,
+                    message: format!(
+                        "the response body stalled for {idle:?} after {} bytes",
+                        out.bytes.len()
+                    ),
+                    endpoint: endpoint.to_owned(),
+                });
+            }
+            Ok(Err(e)) => return Err(transport_error(&e, endpoint)),
+            Ok(Ok(None)) => return Ok(out),
+            Ok(Ok(Some(c))) => c,
+        };
+        let room = cap - out.bytes.len();
+        if chunk.len() > room {
+            out.bytes.extend_from_slice(&chunk[..room]);
+            out.truncated = true;
+            return Ok(out);
+        }
+        out.bytes.extend_from_slice(&chunk);
+    }
+}
+
+/// The most of an error response's body read for its message (64 KiB).
+pub const MAX_ERROR_BODY: usize = 64 << 10;
+
+/// An error response's body as text, best effort: at most [`MAX_ERROR_BODY`] bytes, read within
+/// `idle` per read; whatever arrived before a failure.
+pub async fn error_text(resp: reqwest::Response, idle: Duration) -> String {
+    match read_body(resp, MAX_ERROR_BODY, idle, "").await {
+        Ok(b) => String::from_utf8_lossy(&b.bytes).into_owned(),
+        Err(_) => String::new(),
     }
 }
 
@@ -165,5 +294,69 @@ mod tests {
         assert_eq!(r.should_retry, Some(false));
         h.insert("retry-after-ms", "250".parse().unwrap_or_else(|_| unreachable!()));
         assert_eq!(retry_headers(&h).retry_after, Some(Duration::from_millis(250)));
+        // A hostile value never panics; a huge one reads as the maximum.
+        h.insert(
+            "retry-after-ms",
+            "1e400".parse().unwrap_or_else(|_| unreachable!()),
+        );
+        assert_eq!(
+            retry_headers(&h).retry_after,
+            Some(tether::retry::MAX_RETRY_AFTER)
+        );
+    }
+
+    /// A server that sends a body forever, or stalls in the middle of one.
+    async fn server(body: &'static [u8], forever: bool) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .unwrap_or_else(|_| unreachable!());
+        let addr = l.local_addr().unwrap_or_else(|_| unreachable!());
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 4096];
+                    let _ = s.read(&mut buf).await;
+                    let _ = s
+                        .write_all(b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: text/plain\r\n\r\n")
+                        .await;
+                    let _ = s.write_all(body).await;
+                    if forever {
+                        while s.write_all(body).await.is_ok() {}
+                    } else {
+                        std::future::pending::<()>().await;
+                    }
+                });
+            }
+        });
+        format!("http://{addr}/")
+    }
+
+    #[tokio::test]
+    async fn bodies_are_read_with_a_cap_and_an_idle_bound() {
+        let url = server(b"0123456789abcdef", true).await;
+        let resp = reqwest::get(&url).await.unwrap_or_else(|_| unreachable!());
+        let b = read_body(resp, 1000, Duration::from_secs(30), "t")
+            .await
+            .unwrap_or_else(|_| unreachable!());
+        assert_eq!(b.bytes.len(), 1000);
+        assert!(b.truncated);
+
+        let url = server(b"partial", false).await;
+        let resp = reqwest::get(&url).await.unwrap_or_else(|_| unreachable!());
+        // The idle bound under test.
+        let e = read_body(resp, 1000, Duration::from_millis(200), "t").await;
+        assert!(
+            matches!(
+                e,
+                Err(Error::Transport {
+                    kind: TransportKind::Idle,
+                    ..
+                })
+            ),
+            "{e:?}"
+        );
+        let resp = reqwest::get(&url).await.unwrap_or_else(|_| unreachable!());
+        assert_eq!(error_text(resp, Duration::from_millis(200)).await, "");
     }
 }

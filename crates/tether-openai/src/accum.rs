@@ -58,7 +58,22 @@ pub struct CallAcc {
     pub started: bool,
 }
 
+/// The cap on what one response accumulates, in bytes.
+#[derive(Debug, Clone, Copy)]
+struct Limit(usize);
+
+impl Default for Limit {
+    fn default() -> Self {
+        Limit(tether::chat::DEFAULT_MAX_RESPONSE_BYTES)
+    }
+}
+
 /// Accumulates one streamed chat completion.
+///
+/// Everything it keeps from the model (text, reasoning, tool-call ids, names and arguments) is
+/// counted against a cap ([`StreamAccumulator::with_limit`], default
+/// [`tether::chat::DEFAULT_MAX_RESPONSE_BYTES`]); past it, feeding fails with
+/// [`Error::ResponseTooLarge`].
 #[doc(hidden)]
 #[derive(Debug, Default)]
 pub struct StreamAccumulator {
@@ -75,23 +90,47 @@ pub struct StreamAccumulator {
     emits: Vec<Emit>,
     /// The last content-only chunk the fast path read (see `fast::Template`).
     template: fast::Template,
+    /// Bytes kept so far (text, reasoning, tool-call fields).
+    kept: usize,
+    limit: Limit,
 }
 
-fn set_once(slot: &mut String, value: &str, what: &str, index: u32) {
+/// Sets `slot` to `value` if it is empty; returns the bytes added.
+fn set_once(slot: &mut String, value: &str, what: &str, index: u32) -> usize {
     if value.is_empty() {
-        return;
+        return 0;
     }
     if slot.is_empty() {
         slot.push_str(value);
+        return value.len();
     } else if slot != value {
         tracing::warn!(index, field = what, first = %slot, later = %value, "a tool call's {what} changed mid-stream; keeping the first");
     }
+    0
 }
 
 impl StreamAccumulator {
     /// An empty accumulator.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty accumulator whose response may keep at most `bytes` bytes.
+    pub fn with_limit(bytes: usize) -> Self {
+        StreamAccumulator {
+            limit: Limit(bytes),
+            ..Self::default()
+        }
+    }
+
+    /// Fails once the response kept more than its cap.
+    pub fn check_size(&self) -> Result<(), Error> {
+        if self.kept > self.limit.0 {
+            return Err(Error::ResponseTooLarge {
+                limit: self.limit.0 as u64,
+            });
+        }
+        Ok(())
     }
 
     /// The deltas to forward, from the last `feed` or `finish`.
@@ -143,6 +182,12 @@ impl StreamAccumulator {
     /// serde only: both give the same result (see `fast.rs`), which the tests check.
     #[doc(hidden)]
     pub fn feed_with(&mut self, data: &[u8], fast: bool) -> Result<Fed, Error> {
+        let fed = self.feed_unchecked(data, fast)?;
+        self.check_size()?;
+        Ok(fed)
+    }
+
+    fn feed_unchecked(&mut self, data: &[u8], fast: bool) -> Result<Fed, Error> {
         let data = data.trim_ascii();
         if data.starts_with(b"[DONE]") {
             return Ok(Fed::Done);
@@ -217,10 +262,11 @@ impl StreamAccumulator {
                 // `tool_calls` fragment ever arrives.
                 let l = self.legacy.get_or_insert_with(CallAcc::default);
                 if let Some(n) = &fc.name {
-                    set_once(&mut l.name, n.as_str(), "name", 0);
+                    self.kept += set_once(&mut l.name, n.as_str(), "name", 0);
                 }
                 if let Some(a) = &fc.arguments {
                     l.arguments.push_str(a.as_str());
+                    self.kept += a.as_str().len();
                 }
             }
         }
@@ -234,7 +280,9 @@ impl StreamAccumulator {
     #[doc(hidden)]
     pub fn feed_templated(&mut self, buf: &[u8]) -> usize {
         let mut used = 0;
-        while let Some((content, len)) = self.template.event_at(&buf[used..]) {
+        while self.kept <= self.limit.0
+            && let Some((content, len)) = self.template.event_at(&buf[used..])
+        {
             self.events += 1;
             self.push_texts(None, Some(&content), None);
             used += len;
@@ -260,9 +308,11 @@ impl StreamAccumulator {
     fn push_texts(&mut self, reasoning: Option<&str>, content: Option<&str>, refusal: Option<&str>) {
         if let Some(r) = reasoning {
             push_piece(&mut self.reasoning, r, &mut self.emits, Emit::Reasoning);
+            self.kept += r.len();
         }
         for t in [content, refusal].into_iter().flatten() {
             push_piece(&mut self.text, t, &mut self.emits, Emit::Text);
+            self.kept += t.len();
         }
     }
 
@@ -287,16 +337,18 @@ impl StreamAccumulator {
             }
         };
         let call = &mut self.calls[slot];
+        // Every call slot costs its bookkeeping too: endless new indexes are bounded as well.
+        let mut kept = 16;
         if let Some(id) = &frag.id {
-            set_once(&mut call.id, id.as_str(), "id", index);
+            kept += set_once(&mut call.id, id.as_str(), "id", index);
         }
         if let Some(k) = &frag.kind {
-            set_once(&mut call.kind, k.as_str(), "type", index);
+            kept += set_once(&mut call.kind, k.as_str(), "type", index);
         }
         let mut piece = "";
         if let Some(f) = &frag.function {
             if let Some(n) = &f.name {
-                set_once(&mut call.name, n.as_str(), "name", index);
+                kept += set_once(&mut call.name, n.as_str(), "name", index);
             }
             if let Some(a) = &f.arguments {
                 piece = a.as_str();
@@ -304,6 +356,7 @@ impl StreamAccumulator {
         }
         let before = call.arguments.len();
         call.arguments.push_str(piece);
+        kept += piece.len();
         if call.started {
             if !piece.is_empty() {
                 push_emit(&mut self.emits, Emit::Args(slot, before..call.arguments.len()));
@@ -315,13 +368,16 @@ impl StreamAccumulator {
                 self.emits.push(Emit::Args(slot, 0..call.arguments.len()));
             }
         }
+        self.kept += kept;
     }
 
     /// Ends the stream: adopts a legacy `function_call` if it was the only form, gives an id to
-    /// calls the server sent without one, sorts calls by index, and queues `Start`/`Args` for
-    /// calls not yet started and `End` for every call.
+    /// calls the server sent without one, and queues `Start`/`Args` for calls not yet started
+    /// and `End` for every call. Calls keep their slots (emits still queued name them by slot);
+    /// [`into_response`](Self::into_response) orders them by index.
     ///
-    /// Errors: [`Error::Malformed`] when a call never got a function name.
+    /// A call that never got a function name is kept with an empty one: the session engine
+    /// answers that call with an error result instead of failing the whole response.
     pub fn finish(&mut self) -> Result<(), Error> {
         if !self.saw_tool_calls
             && let Some(l) = self.legacy.take()
@@ -329,19 +385,21 @@ impl StreamAccumulator {
         {
             self.calls.push(l);
         }
-        self.calls.sort_by_key(|c| c.index);
         let base = self
             .id
             .clone()
             .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
-        for (slot, c) in self.calls.iter_mut().enumerate() {
+        // In index order, but by slot: calls are not moved while emits name them by slot.
+        let mut order: Vec<usize> = (0..self.calls.len()).collect();
+        order.sort_by_key(|&slot| self.calls[slot].index);
+        for &slot in &order {
+            let c = &mut self.calls[slot];
             if c.name.is_empty() {
-                return Err(Error::Malformed(format!(
-                    "tool call at index {} (id {:?}) never received a function name; arguments so far: {}",
-                    c.index,
-                    c.id,
-                    snippet(c.arguments.as_bytes())
-                )));
+                tracing::warn!(
+                    index = c.index,
+                    id = %c.id,
+                    "a tool call never received a function name; it is answered with an error"
+                );
             }
             if c.id.is_empty() {
                 // Unique across turns: the session records tool results by call id.
@@ -355,14 +413,16 @@ impl StreamAccumulator {
                 }
             }
         }
-        for slot in 0..self.calls.len() {
+        for &slot in &order {
             self.emits.push(Emit::End(slot));
         }
         Ok(())
     }
 
     /// The response, after [`StreamAccumulator::finish`].
-    pub fn into_response(self) -> ChatResponse {
+    pub fn into_response(mut self) -> ChatResponse {
+        // Sorted only now: until the last emit was forwarded, emits named calls by their slot.
+        self.calls.sort_by_key(|c| c.index);
         let mut message = ChatMessage::assistant(self.text);
         if message.content.as_deref() == Some("") && !self.calls.is_empty() {
             message.content = None;
@@ -439,6 +499,41 @@ pub(crate) fn snippet(data: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found by the `openai_sse` fuzz target: when the last read brought earlier chunks and the
+    /// end together, emits queued before `finish` named calls by slot, and `finish` sorted the
+    /// calls by index under them: the forwarded `End` named a call whose `Start` was another's.
+    /// Every emit, forwarded after `finish`, must name the call it was queued for.
+    #[test]
+    fn emits_queued_before_finish_name_the_same_calls_after_it() {
+        let mut a = StreamAccumulator::new();
+        for l in [
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":5,"id":"call_a","function":{"name":"read_file","arguments":""}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","function":{"name":"list_dir","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+        ] {
+            a.feed(l.as_bytes()).unwrap();
+        }
+        a.finish().unwrap();
+        let log = describe(&a);
+        let started: Vec<&str> = log.iter().filter_map(|l| l.strip_prefix("start:")).collect();
+        for end in log.iter().filter_map(|l| l.strip_prefix("end:")) {
+            assert!(
+                started.iter().any(|s| s.starts_with(&format!("{end}:"))),
+                "end:{end} without its start in {log:?}"
+            );
+        }
+        let ids: Vec<String> = a
+            .into_response()
+            .message
+            .tool_calls
+            .into_iter()
+            .map(|c| c.id)
+            .collect();
+        assert_eq!(ids.len(), 3);
+        assert_eq!(&ids[1..], ["call_b", "call_a"], "{ids:?}");
+    }
 
     fn feed_all(lines: &[&str]) -> (StreamAccumulator, Vec<String>) {
         let mut a = StreamAccumulator::new();

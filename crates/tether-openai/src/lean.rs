@@ -393,7 +393,8 @@ impl LeanResponse {
         self.body.next().await
     }
 
-    /// The whole body.
+    /// The whole body (for tests; the model reads bodies piece by piece, under its caps).
+    #[cfg(test)]
     pub(crate) async fn bytes(mut self) -> Result<Bytes, LeanError> {
         let mut out = BytesMut::new();
         while let Some(c) = self.body.next().await? {

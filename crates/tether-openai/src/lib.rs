@@ -31,6 +31,9 @@
 
 mod accum;
 mod fast;
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod fuzzing;
 mod lean;
 mod sse;
 mod transport;
@@ -84,6 +87,8 @@ pub fn fast_path_accepts(data: &[u8]) -> bool {
 
 /// The longest SSE line accepted (16 MiB); a longer one is reported as malformed.
 const MAX_LINE: usize = 16 << 20;
+/// The output token limit sent when the caller sets none (see [`OpenAiBuilder::max_tokens`]).
+pub const DEFAULT_MAX_TOKENS: u32 = 8192;
 /// The most of an error body read for its message.
 const MAX_ERROR_BODY: usize = 64 << 10;
 
@@ -98,11 +103,13 @@ pub struct OpenAiBuilder {
     request_timeout: Duration,
     idle_timeout: Duration,
     max_tokens: Option<u32>,
-    max_tokens_field: String,
+    max_tokens_field: Option<String>,
+    max_response_bytes: usize,
     stream: bool,
     include_usage: bool,
     extra: serde_json::Map<String, Value>,
     read_buffer: Option<usize>,
+    root_certificates: Vec<String>,
 }
 
 impl std::fmt::Debug for OpenAiBuilder {
@@ -124,10 +131,12 @@ impl std::fmt::Debug for OpenAiBuilder {
             .field("idle_timeout", &self.idle_timeout)
             .field("max_tokens", &self.max_tokens)
             .field("max_tokens_field", &self.max_tokens_field)
+            .field("max_response_bytes", &self.max_response_bytes)
             .field("stream", &self.stream)
             .field("include_usage", &self.include_usage)
             .field("extra", &self.extra)
             .field("read_buffer", &self.read_buffer)
+            .field("root_certificates", &self.root_certificates.len())
             .finish()
     }
 }
@@ -143,12 +152,14 @@ impl OpenAiBuilder {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(600),
             idle_timeout: Duration::from_secs(120),
-            max_tokens: None,
-            max_tokens_field: "max_tokens".into(),
+            max_tokens: Some(DEFAULT_MAX_TOKENS),
+            max_tokens_field: None,
+            max_response_bytes: tether::chat::DEFAULT_MAX_RESPONSE_BYTES,
             stream: true,
             include_usage: true,
             extra: Default::default(),
             read_buffer: None,
+            root_certificates: Vec::new(),
         }
     }
 
@@ -194,6 +205,16 @@ impl OpenAiBuilder {
         self
     }
 
+    /// Also trusts the CA certificates in `pem` (one or more `-----BEGIN CERTIFICATE-----`
+    /// blocks, e.g. a `.pem` or `.crt` file's text) for `https` endpoints, beside the built-in
+    /// Mozilla roots: for a server or a TLS-inspecting proxy whose certificate chains to a private
+    /// CA. Verification stays on. May be called more than once; a bundle that holds no
+    /// certificate fails [`OpenAiBuilder::build`] with [`Error::Config`].
+    pub fn add_root_certificates_pem(mut self, pem: impl Into<String>) -> Self {
+        self.root_certificates.push(pem.into());
+        self
+    }
+
     /// An extra header sent with every request (e.g. `OpenAI-Organization`). Values are redacted
     /// from `Debug` output.
     pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
@@ -217,22 +238,44 @@ impl OpenAiBuilder {
     }
 
     /// How long a stream may go without receiving a byte (default 120 s); exceeding it is
-    /// `TransportKind::Idle`, which the retry policy retries.
+    /// `TransportKind::Idle`, which the retry policy retries. It applies to both HTTP clients.
     pub fn stream_idle_timeout(mut self, d: Duration) -> Self {
         self.idle_timeout = d;
         self
     }
 
-    /// The output token limit sent with every request (default none).
+    /// The output token limit sent with every request (default [`DEFAULT_MAX_TOKENS`], 8192),
+    /// so a model that would never stop is asked to. Raise it for reasoning models (their
+    /// reasoning counts against it); lower it, or [`no_max_tokens`](Self::no_max_tokens), for a
+    /// server that counts it against a small context (vLLM refuses a request whose prompt plus
+    /// `max_tokens` exceeds `max_model_len`). Whatever it is, [`max_response_bytes`]
+    /// (Self::max_response_bytes) still caps what one response may bring.
     pub fn max_tokens(mut self, n: u32) -> Self {
         self.max_tokens = Some(n);
         self
     }
 
-    /// The field the limit is sent as (default `max_tokens`, which local servers accept; OpenAI's
-    /// reasoning models need `max_completion_tokens`).
+    /// Sends no output token limit: the server's own default applies (for llama.cpp, until the
+    /// context is full). [`max_response_bytes`](Self::max_response_bytes) still applies.
+    pub fn no_max_tokens(mut self) -> Self {
+        self.max_tokens = None;
+        self
+    }
+
+    /// The field the limit is sent as (default: `max_completion_tokens` for `api.openai.com`,
+    /// whose reasoning models refuse `max_tokens`; `max_tokens` for every other server, which is
+    /// what local servers accept).
     pub fn max_tokens_field(mut self, name: impl Into<String>) -> Self {
-        self.max_tokens_field = name.into();
+        self.max_tokens_field = Some(name.into());
+        self
+    }
+
+    /// The most one response may bring, in bytes of text, reasoning and tool-call arguments
+    /// together (default [`tether::chat::DEFAULT_MAX_RESPONSE_BYTES`], 8 MiB); past it the call
+    /// stops with [`Error::ResponseTooLarge`], which is not retried. A non-streamed body may be
+    /// at most four times this (JSON escapes) plus 64 KiB.
+    pub fn max_response_bytes(mut self, bytes: usize) -> Self {
+        self.max_response_bytes = bytes;
         self
     }
 
@@ -282,10 +325,12 @@ impl OpenAiBuilder {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
+        // Checked even when the lean client serves (plain http): a bad bundle is a bad config.
+        let client = tether_http::add_root_certificates(reqwest::Client::builder(), &self.root_certificates)?;
         let http = match Transport::bounded(&endpoint, self.read_buffer, &headers, self.connect_timeout) {
             Some(t) => t,
             None => Transport::Reqwest(
-                reqwest::Client::builder()
+                client
                     .default_headers(headers)
                     .connect_timeout(self.connect_timeout)
                     .tcp_nodelay(true)
@@ -294,9 +339,22 @@ impl OpenAiBuilder {
                     .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?,
             ),
         };
+        let max_tokens_field = self.max_tokens_field.clone().unwrap_or_else(|| {
+            let openai = reqwest::Url::parse(&endpoint)
+                .ok()
+                .and_then(|u| u.host_str().map(|h| h.eq_ignore_ascii_case("api.openai.com")))
+                .unwrap_or(false);
+            if openai {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            }
+            .to_owned()
+        });
         Ok(OpenAiModel {
             http,
             endpoint,
+            max_tokens_field,
             cfg: self,
         })
     }
@@ -327,6 +385,8 @@ fn endpoint_of(base_url: &str) -> Result<String> {
 pub struct OpenAiModel {
     http: Transport,
     endpoint: String,
+    /// The field the token limit is sent as.
+    max_tokens_field: String,
     cfg: OpenAiBuilder,
 }
 
@@ -404,7 +464,7 @@ impl OpenAiModel {
     async fn read_stream(&self, mut resp: Response, deltas: &DeltaSink) -> Result<ChatResponse> {
         let idle = self.cfg.idle_timeout;
         let mut lines = sse::LineSplitter::new();
-        let mut acc = StreamAccumulator::new();
+        let mut acc = StreamAccumulator::with_limit(self.cfg.max_response_bytes);
         let sleep = tokio::time::sleep(idle);
         tokio::pin!(sleep);
         let mut done = false;
@@ -425,7 +485,7 @@ impl OpenAiModel {
                 Ok(Some(bytes)) => {
                     #[cfg(feature = "bench-probe")]
                     let arrived = std::time::Instant::now();
-                    sleep.as_mut().reset(Instant::now() + idle);
+                    sleep.as_mut().reset(after(idle));
                     lines.push(bytes);
                     if feed_read(&mut lines, &mut acc)? == Fed::Done {
                         done = true;
@@ -474,20 +534,36 @@ impl OpenAiModel {
         Ok(acc.into_response())
     }
 
-    async fn read_json(&self, resp: Response, deadline: Instant, deltas: &DeltaSink) -> Result<ChatResponse> {
-        let bytes = match tokio::time::timeout_at(deadline, resp.bytes()).await {
-            Err(_) => {
-                return Err(self.transport(
-                    TransportKind::Timeout,
-                    format!(
-                        "the response body did not arrive within {:?}",
-                        self.cfg.request_timeout
-                    ),
-                ));
+    async fn read_json(
+        &self,
+        mut resp: Response,
+        deadline: Instant,
+        deltas: &DeltaSink,
+    ) -> Result<ChatResponse> {
+        let limit = self.cfg.max_response_bytes;
+        let body_cap = limit.saturating_mul(4).saturating_add(64 << 10);
+        let mut bytes = Vec::new();
+        loop {
+            match tokio::time::timeout_at(deadline, resp.chunk()).await {
+                Err(_) => {
+                    return Err(self.transport(
+                        TransportKind::Timeout,
+                        format!(
+                            "the response body did not arrive within {:?}",
+                            self.cfg.request_timeout
+                        ),
+                    ));
+                }
+                Ok(Err(e)) => return Err(self.transport_error(e)),
+                Ok(Ok(None)) => break,
+                Ok(Ok(Some(c))) => {
+                    if bytes.len() + c.len() > body_cap {
+                        return Err(Error::ResponseTooLarge { limit: limit as u64 });
+                    }
+                    bytes.extend_from_slice(&c);
+                }
             }
-            Ok(Err(e)) => return Err(self.transport_error(e)),
-            Ok(Ok(b)) => b,
-        };
+        }
         let raw: Value = serde_json::from_slice(&bytes).map_err(|e| {
             Error::Malformed(format!(
                 "the response is not JSON ({e}): {}",
@@ -522,10 +598,8 @@ impl OpenAiModel {
         let mut calls = Vec::new();
         for (i, c) in m.tool_calls.iter().enumerate() {
             let f = c.function.as_ref();
+            // A call without a name is kept: the engine answers it with an error result.
             let name = f.and_then(|f| f.name.clone()).unwrap_or_default();
-            if name.is_empty() {
-                return Err(Error::Malformed(format!("tool call #{i} has no function name")));
-            }
             calls.push(tether::ChatToolCall {
                 id: c
                     .id
@@ -545,6 +619,15 @@ impl OpenAiModel {
                 name,
                 arguments: f.arguments_text(),
             });
+        }
+        let kept = text.len()
+            + reasoning.as_ref().map_or(0, String::len)
+            + calls
+                .iter()
+                .map(|c| c.id.len() + c.name.len() + c.arguments.len())
+                .sum::<usize>();
+        if kept > limit {
+            return Err(Error::ResponseTooLarge { limit: limit as u64 });
         }
         if let Some(r) = &reasoning {
             deltas.reasoning(r).await;
@@ -581,6 +664,7 @@ pub fn feed_read(lines: &mut LineSplitter, acc: &mut StreamAccumulator) -> Resul
         if let Some(rest) = lines.rest() {
             let n = acc.feed_templated(rest);
             lines.advance(n);
+            acc.check_size()?;
         }
         let Some(line) = lines.next_line() else {
             return Ok(Fed::More);
@@ -610,6 +694,13 @@ async fn forward(acc: &StreamAccumulator, deltas: &DeltaSink) {
             Emit::End(s) => deltas.tool_call_end(&acc.calls()[*s].id).await,
         }
     }
+}
+
+/// `d` from now, or a far future when that overflows the clock (a `Duration::MAX` setting).
+fn after(d: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(d)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }
 
 async fn read_capped(mut resp: Response, deadline: Instant, cap: usize) -> Vec<u8> {
@@ -648,15 +739,12 @@ impl ChatModel for OpenAiModel {
             opts: wire::RequestOptions {
                 stream,
                 include_usage: self.cfg.include_usage,
-                max_tokens: self
-                    .cfg
-                    .max_tokens
-                    .map(|n| (self.cfg.max_tokens_field.as_str(), n)),
+                max_tokens: self.cfg.max_tokens.map(|n| (self.max_tokens_field.as_str(), n)),
                 extra: &self.cfg.extra,
             },
         })
         .map_err(|e| Error::provider("openai", format!("cannot encode the request: {e}")))?;
-        let deadline = Instant::now() + self.cfg.request_timeout;
+        let deadline = after(self.cfg.request_timeout);
         let accept = if stream {
             "text/event-stream"
         } else {
@@ -718,6 +806,23 @@ mod tests {
         );
         assert!(matches!(endpoint_of("ftp://x"), Err(Error::Config(_))));
         assert!(matches!(endpoint_of("not a url"), Err(Error::Config(_))));
+    }
+
+    #[test]
+    fn the_token_limit_field_follows_the_server() {
+        let field = |u: &str| OpenAiModel::builder(u).build().unwrap().max_tokens_field;
+        assert_eq!(field("https://api.openai.com/v1"), "max_completion_tokens");
+        assert_eq!(field("http://127.0.0.1:8080/v1"), "max_tokens");
+        let m = OpenAiModel::builder("https://api.openai.com/v1")
+            .max_tokens_field("max_tokens")
+            .build()
+            .unwrap();
+        assert_eq!(m.max_tokens_field, "max_tokens");
+    }
+
+    #[test]
+    fn a_huge_timeout_does_not_overflow_the_clock() {
+        let _ = after(Duration::MAX);
     }
 
     #[test]

@@ -123,14 +123,6 @@ impl Response {
             Response::Lean(r) => r.chunk().await.map_err(TransportError::Lean),
         }
     }
-
-    /// The whole body.
-    pub(crate) async fn bytes(self) -> Result<Bytes, TransportError> {
-        match self {
-            Response::Reqwest(r) => r.bytes().await.map_err(TransportError::Reqwest),
-            Response::Lean(r) => r.bytes().await.map_err(TransportError::Lean),
-        }
-    }
 }
 
 /// A failed request or body read, of either client.

@@ -21,12 +21,34 @@ fn req() -> ChatRequest {
     }
 }
 
+/// Generous timeouts: a fault must show as itself, not as a timeout on a loaded machine.
 fn model(url: &str, stream: bool, lean: bool) -> OpenAiModel {
+    model_timeouts(
+        url,
+        stream,
+        lean,
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+    )
+}
+
+/// Tight timeouts, for the faults that are timeouts (no response, a stalled stream).
+fn tight(url: &str, stream: bool, lean: bool) -> OpenAiModel {
+    model_timeouts(
+        url,
+        stream,
+        lean,
+        Duration::from_millis(400),
+        Duration::from_millis(300),
+    )
+}
+
+fn model_timeouts(url: &str, stream: bool, lean: bool, request: Duration, idle: Duration) -> OpenAiModel {
     let mut b = OpenAiModel::builder(url)
         .model("m")
         .stream(stream)
-        .request_timeout(Duration::from_millis(400))
-        .stream_idle_timeout(Duration::from_millis(300));
+        .request_timeout(request)
+        .stream_idle_timeout(idle);
     if lean {
         b = b.read_buffer(8 * 1024);
     }
@@ -34,9 +56,23 @@ fn model(url: &str, stream: bool, lean: bool) -> OpenAiModel {
 }
 
 async fn one(reply: Reply, stream: bool, lean: bool) -> tether::Result<tether::ChatResponse> {
+    one_on(reply, stream, lean, model).await
+}
+
+/// [`one`] with tight timeouts.
+async fn one_tight(reply: Reply, stream: bool, lean: bool) -> tether::Result<tether::ChatResponse> {
+    one_on(reply, stream, lean, tight).await
+}
+
+async fn one_on(
+    reply: Reply,
+    stream: bool,
+    lean: bool,
+    make: fn(&str, bool, bool) -> OpenAiModel,
+) -> tether::Result<tether::ChatResponse> {
     let fake = FakeOpenAi::start().await;
     fake.push(reply);
-    let r = model(&fake.url(), stream, lean)
+    let r = make(&fake.url(), stream, lean)
         .chat(&req(), &DeltaSink::discard())
         .await;
     assert_eq!(fake.requests().len(), 1, "exactly one attempt (lean: {lean})");
@@ -88,7 +124,7 @@ async fn no_response_is_a_timeout() {
     })
     .await;
     for lean in CLIENTS {
-        let r = model(&url, true, lean).chat(&req(), &DeltaSink::discard()).await;
+        let r = tight(&url, true, lean).chat(&req(), &DeltaSink::discard()).await;
         assert_eq!(kind(&r), Some(TransportKind::Timeout), "{r:?}");
     }
 }
@@ -124,7 +160,7 @@ async fn stream_faults_are_typed() {
     for lean in CLIENTS {
         let r = one(Reply::text("abcdefghijklmnop").drop_after(2), true, lean).await;
         assert_eq!(kind(&r), Some(TransportKind::Closed), "{r:?}");
-        let r = one(Reply::text("abcdefghijklmnop").stall_after(2), true, lean).await;
+        let r = one_tight(Reply::text("abcdefghijklmnop").stall_after(2), true, lean).await;
         assert_eq!(kind(&r), Some(TransportKind::Idle), "{r:?}");
         let r = one(Reply::text("abcdefghijklmnop").truncate_after(2), true, lean).await;
         assert_eq!(kind(&r), Some(TransportKind::Closed), "{r:?}");
@@ -150,7 +186,7 @@ async fn stream_faults_are_typed() {
 #[tokio::test]
 async fn non_stream_faults_are_typed() {
     for lean in CLIENTS {
-        let r = one(Reply::text("abc").stall_after(0), false, lean).await;
+        let r = one_tight(Reply::text("abc").stall_after(0), false, lean).await;
         assert_eq!(kind(&r), Some(TransportKind::Timeout), "{r:?}");
         let r = one(Reply::text("abc").drop_after(0), false, lean).await;
         assert_eq!(kind(&r), Some(TransportKind::Closed), "{r:?}");

@@ -300,7 +300,21 @@ async fn connection_dropped_mid_stream_is_retried() {
 
 #[tokio::test]
 async fn stalled_stream_hits_the_idle_timeout_and_is_retried() {
-    let (r, _) = retried_once(Reply::text("stalls after a while").stall_after(2)).await;
+    let fake = FakeOpenAi::start().await;
+    fake.push_all([
+        Reply::text("stalls after a while").stall_after(2),
+        Reply::text("recovered"),
+    ]);
+    let sleeper = RecordingSleeper::default();
+    // The idle timeout is under test; the retried stream is written at once, well within it.
+    let model = model_with_idle(&fake, Duration::from_secs(1));
+    let r = tether::Session::builder(local(model, &sleeper))
+        .run("hi")
+        .await
+        .unwrap();
+    assert_eq!(r.text, "recovered");
+    assert_eq!(retries(&r), 1);
+    assert_eq!(messages(&r), ["recovered"], "one model response recorded");
     assert!(retry_error(&r).contains("stream idle"), "{}", retry_error(&r));
 }
 

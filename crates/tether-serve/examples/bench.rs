@@ -425,9 +425,13 @@ fn http_request(
     path: &str,
     accept: &str,
     body: Option<&serde_json::Value>,
+    token: Option<&str>,
 ) -> Vec<u8> {
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let mut r = format!("{method} {path} HTTP/1.1\r\nhost: {host}\r\naccept: {accept}\r\n");
+    if let Some(t) = token {
+        r.push_str(&format!("authorization: Bearer {t}\r\n"));
+    }
     if method == "POST" {
         r.push_str(&format!(
             "content-type: application/json\r\ncontent-length: {}\r\n",
@@ -525,7 +529,7 @@ async fn load(
 /// answer does not matter), so that a load on them measures the server's time to answer a
 /// request rather than the client's and the kernel's time to set up 1,000 TCP connections.
 async fn warm(addr: std::net::SocketAddr, path: &str, runs: usize) -> Vec<Conn> {
-    let req = std::sync::Arc::new(http_request(&addr.to_string(), "GET", path, "*/*", None));
+    let req = std::sync::Arc::new(http_request(&addr.to_string(), "GET", path, "*/*", None, None));
     let tasks: Vec<_> = (0..runs)
         .map(|_| {
             let req = req.clone();
@@ -604,15 +608,21 @@ async fn main() {
         }
         None => Command::new(bin.join("tether-serve")),
     };
-    let (server, server_url) = spawn_until(
+    // No --token: the server generates one and prints the UI's URL carrying it, as a user sees
+    // it; every run request carries it (the token check is on the measured path).
+    let (server, ui_url) = spawn_until(
         server_cmd
             .arg("--config")
             .arg(&cfg)
             .args(["--bind", "127.0.0.1:0", "--db"])
             .arg(tmp.join("bench.db")),
-        "listening on ",
+        "tether serve: open ",
     )
     .await;
+    let (server_url, token) = ui_url
+        .split_once("/#token=")
+        .map(|(u, t)| (u.to_owned(), t.to_owned()))
+        .expect("the server prints its URL with the generated token");
     let server_pid = server.id().unwrap_or(0);
     let fake_pid = fake.id().unwrap_or(0);
     let idle_server = vm_rss_kib(server_pid);
@@ -640,6 +650,7 @@ async fn main() {
             &path,
             "text/event-stream",
             Some(&body),
+            None,
         );
         let cpu0 = (cpu_secs(fake_pid), cpu_secs(0));
         let mut f = load(fake_addr, conns, runs, move |_| req.clone(), Text::OpenAi).await;
@@ -657,6 +668,7 @@ async fn main() {
             false => None,
         };
         let host = server_addr.to_string();
+        let token = token.clone();
         let cpu0 = (cpu_secs(server_pid), cpu_secs(0));
         let mut f = load(
             server_addr,
@@ -673,6 +685,7 @@ async fn main() {
                     "/v1/agents/bench/run",
                     "text/event-stream",
                     Some(&body),
+                    Some(&token),
                 )
             },
             Text::AgUi,
@@ -692,7 +705,7 @@ async fn main() {
         server_addr,
         Some(conns),
         runs,
-        move |_| http_request(&host, "GET", "/healthz", "*/*", None),
+        move |_| http_request(&host, "GET", "/healthz", "*/*", None, None),
         Text::AgUi,
     )
     .await;

@@ -18,6 +18,7 @@ use tether_agui::{
 use tether_sqlite::{Claim, SqliteStore};
 use tokio_util::sync::CancellationToken;
 
+use crate::approval;
 use crate::config::AgentConfig;
 use crate::handler::{ServeHandler, schema_or_empty};
 use crate::rebuild::{CHECKPOINT, Reattached, USER_MESSAGE, rebuild};
@@ -69,9 +70,17 @@ fn tether_err(e: tether::Error) -> tether_agui::Error {
     tether_agui::Error::agent(e.code().to_ascii_uppercase(), e.to_string())
 }
 
-/// The interrupt id asking approval for a tool use.
-fn approval_id(tool_use_id: &str) -> String {
-    format!("approval:{tool_use_id}")
+/// The error for a backend tool call the run leaves unanswered (the engine should never do
+/// that; if it does, the client must not see a success it would wait on forever).
+fn unanswered(id: &str, name: &str) -> tether_agui::Error {
+    agent_err(
+        "UNANSWERED_TOOL_CALL",
+        format!(
+            "the run left the call `{}` of tool `{}` without a result, and no one but the server can answer              it; nothing more was run. Send another message on this thread to continue",
+            crate::server::printable(id),
+            crate::server::printable(name)
+        ),
+    )
 }
 
 impl Agent for ServeAgent {
@@ -137,26 +146,35 @@ impl ServeAgent {
         .await
         .map_err(tether_err)?;
 
-        // What this request brings.
-        let pending_ids: HashSet<String> = rb.pending.iter().map(|u| u.id.clone()).collect();
-        let mut approved = HashSet::new();
-        let mut denied = Vec::new();
-        for r in &input.resume {
-            let Some(id) = r.interrupt_id.as_str().strip_prefix("approval:") else {
-                continue;
-            };
-            let yes = matches!(r.status, tether_agui::ResumeStatus::Resolved)
-                && r.payload
-                    .as_ref()
-                    .and_then(|p| p.get("approved"))
-                    .and_then(Value::as_bool)
-                    != Some(false);
-            if yes {
-                approved.insert(id.to_owned());
-            } else {
-                denied.push(id.to_owned());
+        // What this request brings. The answers to approvals first, checked against the
+        // interrupts outstanding on this thread before anything runs (see `approval`).
+        let mut outstanding = if input.resume.is_empty() && rb.pending.is_empty() {
+            None
+        } else {
+            Some(
+                approval::load(self.shared.store_dyn.as_ref(), &sid)
+                    .await
+                    .map_err(tether_err)?,
+            )
+        };
+        let answers = match &outstanding {
+            Some(out) => approval::decide(out, &thread, &input.resume, Some(&rb.pending))
+                .map_err(|r| agent_err(r.code(), r))?,
+            None => approval::Answers::default(),
+        };
+        if let (Some(out), false) = (&mut outstanding, answers.used.is_empty()) {
+            // Used up before any tool runs: an answer counts once, whatever happens next (and
+            // the id is never handed out again, even for the same call).
+            for id in &answers.used {
+                out.remove(id);
             }
+            approval::save(self.shared.store_dyn.as_ref(), &sid, out)
+                .await
+                .map_err(tether_err)?;
         }
+        let approved_ids: HashSet<String> = answers.approved.keys().cloned().collect();
+        let denied = answers.denied;
+        let pending_ids: HashSet<String> = rb.pending.iter().map(|u| u.id.clone()).collect();
         let mut fe_results = Vec::new();
         let mut new_users: Vec<(String, String)> = Vec::new();
         for m in &input.messages {
@@ -182,9 +200,11 @@ impl ServeAgent {
             .iter()
             .map(|t| ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone())))
             .collect();
-        let handler = Arc::new(
-            ServeHandler::new(&self.cfg, fe_specs, approved.clone()).map_err(|e| agent_err("CONFIG", e))?,
-        );
+        let handler = Arc::new(approval::Gate::new(
+            ServeHandler::new(&self.cfg, fe_specs, approved_ids.clone())
+                .map_err(|e| agent_err("CONFIG", e))?,
+            answers.approved,
+        ));
 
         let history = serde_json::to_value(&rb.history).map_err(|e| agent_err("STORE", e))?;
         let inner = LocalLoop::with_model(self.model.clone())
@@ -199,7 +219,13 @@ impl ServeAgent {
         };
         let config = SessionConfig {
             max_turns: self.cfg.max_turns.max(1),
-            tool_timeout: Some(Duration::from_secs(self.cfg.tool_timeout_secs.max(1) + 5)),
+            // Bounded by the config check (at most a week), so the sum cannot overflow.
+            tool_timeout: Some(Duration::from_secs(
+                self.cfg
+                    .tool_timeout_secs
+                    .clamp(1, crate::config::MAX_DURATION_SECS)
+                    + 5,
+            )),
             terminal_tool: self
                 .cfg
                 .terminal_tool
@@ -236,6 +262,7 @@ impl ServeAgent {
             for id in &denied {
                 if let Some(u) = rb.pending.iter().find(|u| &u.id == id) {
                     let summary = handler
+                        .inner
                         .approval_need(u)
                         .map(|n| n.summary)
                         .unwrap_or_else(|| u.name.clone());
@@ -247,7 +274,7 @@ impl ServeAgent {
             }
             if !new_users.is_empty() {
                 for u in &rb.pending {
-                    if !answered.iter().any(|r| r.tool_use_id == u.id) && !approved.contains(&u.id) {
+                    if !answered.iter().any(|r| r.tool_use_id == u.id) && !approved_ids.contains(&u.id) {
                         answered.push(ToolResult::error(
                             &u.id,
                             "not answered: the user sent a new message instead",
@@ -347,26 +374,57 @@ impl ServeAgent {
                 ctx.set_result(json!({"stopReason": r.stop_reason}));
             }
         }
-        let interrupts: Vec<Interrupt> = pending
-            .iter()
-            .filter(|u| !handler.is_frontend(&u.name))
-            .map(|u| {
-                let need = handler.approval_need(u);
-                let summary = need
-                    .as_ref()
-                    .map(|n| n.summary.clone())
+        // What is left waiting: calls for approval become interrupts (recorded, see `approval`);
+        // front-end calls are the browser's to answer. Anything else would be a backend call
+        // nobody will answer: never a success.
+        let gate = &handler.inner;
+        let mut asks: Vec<&tether::ToolUse> = Vec::new();
+        for u in &pending {
+            if gate.is_frontend(&u.name) {
+                continue;
+            }
+            if gate.approval_need(u).is_some() {
+                asks.push(u);
+            } else {
+                return Err(unanswered(&u.id, &u.name));
+            }
+        }
+        let ask_ids: HashSet<&str> = asks.iter().map(|u| u.id.as_str()).collect();
+        for id in ctx.pending_tool_calls() {
+            let name = mapper.names.get(id.as_str()).map(String::as_str).unwrap_or("");
+            if !ask_ids.contains(id.as_str()) && !gate.is_frontend(name) {
+                return Err(unanswered(id.as_str(), name));
+            }
+        }
+        let previous = outstanding.unwrap_or_default();
+        let issued = approval::reissue(&previous, &thread, input.run_id.as_str(), &asks)
+            .map_err(|e| agent_err("INTERNAL", e))?;
+        if issued != previous {
+            approval::save(self.shared.store_dyn.as_ref(), &sid, &issued)
+                .await
+                .map_err(tether_err)?;
+        }
+        if !issued.is_empty() {
+            let mut interrupts = Vec::with_capacity(issued.len());
+            for u in &asks {
+                let Some((id, _)) = issued.iter().find(|(_, rec)| rec.tool_use_id == u.id) else {
+                    continue;
+                };
+                let summary = gate
+                    .approval_need(u)
+                    .map(|n| n.summary)
                     .unwrap_or_else(|| u.name.clone());
-                let mut i = Interrupt::new(approval_id(&u.id), "approval")
-                    .with_message(format!("Allow {summary}?"))
-                    .with_tool_call(u.id.as_str());
                 let mut schema = serde_json::Map::new();
                 schema.insert("type".into(), json!("object"));
                 schema.insert("properties".into(), json!({"approved": {"type": "boolean"}}));
-                i = i.with_response_schema(schema);
-                i
-            })
-            .collect();
-        if !interrupts.is_empty() {
+                schema.insert("required".into(), json!(["approved"]));
+                interrupts.push(
+                    Interrupt::new(id.as_str(), "approval")
+                        .with_message(format!("Allow {summary}?"))
+                        .with_tool_call(u.id.as_str())
+                        .with_response_schema(schema),
+                );
+            }
             return Ok(RunOutcome::Interrupt(interrupts));
         }
         Ok(RunOutcome::Success)

@@ -3,8 +3,11 @@
 //! ```toml
 //! [server]
 //! max_body_bytes = 1048576     # 413 past this
+//! body_timeout_secs = 30       # a request body not fully read by then gets 408
 //! run_timeout_secs = 600       # a run past this ends in RUN_ERROR{code: "RUN_TIMEOUT"}
 //! max_concurrent_runs = 256    # 429 past this
+//! shutdown_grace_secs = 30     # running turns get this long to finish on shutdown
+//! allowed_origins = ["http://localhost:5173"]   # other web origins that may call the API (CORS)
 //!
 //! [agents.local]
 //! provider = "gguf"            # a GGUF model run in-process: no server, no key
@@ -31,6 +34,12 @@
 //! command = 'printf "%s\n" "$TETHER_ARG_LINE" >> notes.txt'
 //! parameters = { type = "object", properties = { line = { type = "string" } }, required = ["line"] }
 //! approve = false              # true: ask the user before each run
+//!
+//! [agents.coder.sandbox]      # how run_command and the command tools are confined (Linux)
+//! mode = "auto"                # auto: confined where the kernel can, else run with a warning;
+//!                              # require: refused where it cannot; off: never confined
+//! network = false              # true: commands may use the network
+//! writable = []                # directories writable besides the workspace root and the cwd
 //!
 //! [[agents.coder.frontend_tools]]   # tools the browser runs (besides RunAgentInput.tools)
 //! name = "confirm"
@@ -105,6 +114,16 @@ pub struct ServerSection {
     /// Seconds running turns get to finish on shutdown (default 30).
     #[serde(default = "default_grace")]
     pub shutdown_grace_secs: u64,
+    /// Longest the whole body of a run request may take to arrive, in seconds (default 30; 408
+    /// past it). A client that trickles its body holds a connection, never a run slot: the slot is
+    /// taken once the body is read.
+    #[serde(default = "default_body_timeout")]
+    pub body_timeout_secs: u64,
+    /// Web origins other than the server's own whose pages may call the API from a browser
+    /// (`scheme://host[:port]`, e.g. `http://localhost:5173`). They get CORS answers; every other
+    /// cross-origin browser request is refused (403 `ORIGIN_NOT_ALLOWED`). Default: none.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
 }
 
 fn default_body() -> usize {
@@ -119,6 +138,18 @@ fn default_concurrency() -> usize {
 fn default_grace() -> u64 {
     30
 }
+fn default_body_timeout() -> u64 {
+    30
+}
+
+/// The longest duration any setting may name, in seconds (a week). Durations past it are
+/// refused with a config error instead of overflowing the arithmetic that uses them.
+pub const MAX_DURATION_SECS: u64 = 7 * 24 * 3600;
+
+/// The model name used when neither the agent's `model` nor `$TETHER_MODEL` names one: the same
+/// as `tether run`'s (`default`, which local servers such as llama-server accept; OpenAI needs a
+/// real name and says so with a 404).
+pub const DEFAULT_MODEL: &str = "default";
 
 impl Default for ServerSection {
     fn default() -> Self {
@@ -127,6 +158,8 @@ impl Default for ServerSection {
             run_timeout_secs: default_run_timeout(),
             max_concurrent_runs: default_concurrency(),
             shutdown_grace_secs: default_grace(),
+            body_timeout_secs: default_body_timeout(),
+            allowed_origins: Vec::new(),
         }
     }
 }
@@ -161,7 +194,7 @@ pub struct AgentConfig {
     /// The environment variable holding the API key (default `OPENAI_API_KEY`).
     #[serde(default)]
     pub api_key_env: Option<String>,
-    /// The model name (default: `$TETHER_MODEL`, else the server's default).
+    /// The model name (default: `$TETHER_MODEL`, else [`DEFAULT_MODEL`], as `tether run`).
     #[serde(default)]
     pub model: Option<String>,
     /// Whether to stream model responses (default true).
@@ -185,6 +218,9 @@ pub struct AgentConfig {
     /// Shell-command tools.
     #[serde(default)]
     pub commands: Vec<CommandTool>,
+    /// How `run_command` and the command tools are confined.
+    #[serde(default)]
+    pub sandbox: SandboxConfig,
     /// Tools the browser runs.
     #[serde(default)]
     pub frontend_tools: Vec<ToolDecl>,
@@ -234,7 +270,37 @@ fn ask() -> AccessConfig {
     AccessConfig::Ask
 }
 
-/// `[[agents.NAME.commands]]`: a tool that runs `sh -c command`.
+/// `[agents.NAME.sandbox]`: how the agent's commands (`run_command`, the command tools) are
+/// confined; see `tether::sandbox` for what is and is not confined.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SandboxConfig {
+    /// `auto` (default: confined where the kernel supports it, else run unconfined with a
+    /// warning at start), `require` (refused where the kernel cannot confine them), `off`.
+    #[serde(default)]
+    pub mode: tether::sandbox::SandboxMode,
+    /// Whether commands may use the network (default false).
+    #[serde(default)]
+    pub network: bool,
+    /// Directories commands may write beneath besides the workspace root and their cwd
+    /// (relative paths are from the config file's directory).
+    #[serde(default)]
+    pub writable: Vec<PathBuf>,
+}
+
+impl SandboxConfig {
+    /// The sandbox it describes.
+    pub fn sandbox(&self) -> tether::sandbox::Sandbox {
+        let mut s = tether::sandbox::Sandbox::new(self.mode).allow_network(self.network);
+        for w in &self.writable {
+            s = s.writable(w.clone());
+        }
+        s
+    }
+}
+
+/// `[[agents.NAME.commands]]`: a tool that runs `sh -c command`, confined by the agent's
+/// [`SandboxConfig`] (writable beneath the workspace root and its `cwd`).
 ///
 /// The command sees the call's arguments as JSON on stdin and in `$TETHER_ARGS`, each top-level
 /// scalar argument as `$TETHER_ARG_<NAME>` (upper-cased), and the call's id as
@@ -291,15 +357,6 @@ impl Config {
                 "no agents defined: add an [agents.NAME] table (see `tether serve --help`)".into(),
             ));
         }
-        if cfg.server.max_concurrent_runs == 0
-            || cfg.server.max_body_bytes == 0
-            || cfg.server.run_timeout_secs == 0
-        {
-            return Err(invalid(
-                "[server] limits must be positive (max_body_bytes, run_timeout_secs, max_concurrent_runs)"
-                    .into(),
-            ));
-        }
         for (name, a) in cfg.agents.iter_mut() {
             if name.is_empty()
                 || !name
@@ -320,9 +377,6 @@ impl Config {
                 && g.is_relative()
             {
                 *g = base_dir.join(&*g);
-            }
-            if a.max_turns == 0 {
-                return Err(invalid(format!("agent `{name}`: max_turns must be at least 1")));
             }
             if let Some(w) = &mut a.workspace
                 && w.root.is_relative()
@@ -349,6 +403,11 @@ impl Config {
                     c.cwd = Some(base_dir.join(d));
                 }
             }
+            for w in a.sandbox.writable.iter_mut() {
+                if w.is_relative() {
+                    *w = base_dir.join(&*w);
+                }
+            }
             let declared = a
                 .commands
                 .iter()
@@ -366,7 +425,68 @@ impl Config {
                 }
             }
         }
+        cfg.check(origin)?;
         Ok(cfg)
+    }
+
+    /// What to tell the user at start about agents whose commands will not be confined as
+    /// configured (one line each; empty when every agent's are, or cannot run any).
+    pub fn sandbox_warnings(&self) -> Vec<String> {
+        self.agents
+            .iter()
+            .filter(|(_, a)| {
+                !a.commands.is_empty()
+                    || a.workspace
+                        .as_ref()
+                        .is_some_and(|w| w.commands != AccessConfig::Deny)
+            })
+            .filter_map(|(name, a)| {
+                a.sandbox
+                    .sandbox()
+                    .warning()
+                    .map(|w| format!("agent `{name}`: {w}"))
+            })
+            .collect()
+    }
+
+    /// Checks the limits and origins (done by [`Config::parse`]; again by the server after
+    /// command-line overrides, and for a `Config` built in code): every count positive, every
+    /// duration within [`MAX_DURATION_SECS`], every allowed origin a plain `scheme://host[:port]`.
+    /// Origins are stored lower-cased (as browsers send them).
+    pub fn check(&mut self, origin: &str) -> Result<(), ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid {
+            path: origin.into(),
+            message,
+        };
+        let s = &self.server;
+        if s.max_concurrent_runs == 0 || s.max_body_bytes == 0 {
+            return Err(invalid(
+                "[server] max_body_bytes and max_concurrent_runs must be at least 1".into(),
+            ));
+        }
+        let durations = [
+            ("[server] run_timeout_secs", s.run_timeout_secs, 1),
+            ("[server] body_timeout_secs", s.body_timeout_secs, 1),
+            ("[server] shutdown_grace_secs", s.shutdown_grace_secs, 0),
+        ];
+        for (what, v, min) in durations {
+            check_duration(what, v, min).map_err(invalid)?;
+        }
+        for (name, a) in &self.agents {
+            check_duration(
+                &format!("[agents.{name}] tool_timeout_secs"),
+                a.tool_timeout_secs,
+                1,
+            )
+            .map_err(invalid)?;
+            if a.max_turns == 0 {
+                return Err(invalid(format!("agent `{name}`: max_turns must be at least 1")));
+            }
+        }
+        for o in self.server.allowed_origins.iter_mut() {
+            *o = parse_origin(o).map_err(|m| invalid(format!("[server] allowed_origins: {m}")))?;
+        }
+        Ok(())
     }
 
     /// Reads and parses a configuration file.
@@ -419,6 +539,7 @@ impl Config {
                     commands: AccessConfig::Ask,
                 }),
                 commands: Vec::new(),
+                sandbox: SandboxConfig::default(),
                 frontend_tools: Vec::new(),
                 terminal_tool: None,
             },
@@ -428,6 +549,74 @@ impl Config {
             agents,
         }
     }
+}
+
+fn check_duration(what: &str, v: u64, min: u64) -> Result<(), String> {
+    if v < min || v > MAX_DURATION_SECS {
+        return Err(format!(
+            "{what} = {v}: must be between {min} and {MAX_DURATION_SECS} seconds (a week)"
+        ));
+    }
+    Ok(())
+}
+
+/// A web origin as browsers send it in `Origin`: `http` or `https`, a host, an optional port, no
+/// path, query, user or fragment; lower-cased. `null` and `*` are refused: every sandboxed page
+/// and file sends `null`, and `*` would let every site in.
+fn parse_origin(o: &str) -> Result<String, String> {
+    let lower = o.trim().to_ascii_lowercase();
+    let bad = |why: &str| {
+        Err(format!(
+            "`{o}` is not an origin ({why}); write scheme://host[:port], e.g. http://localhost:5173"
+        ))
+    };
+    if lower == "null" || lower == "*" {
+        return bad("`null` and `*` would let any page in");
+    }
+    let Some(rest) = lower
+        .strip_prefix("http://")
+        .or_else(|| lower.strip_prefix("https://"))
+    else {
+        return bad("it must start with http:// or https://");
+    };
+    if rest.is_empty() {
+        return bad("no host");
+    }
+    if rest.contains(['/', '?', '#', '@', ' ', '\\']) {
+        return bad("no path, query, fragment or user part, and no trailing slash");
+    }
+    let host = match rest.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((addr, port)) if addr.parse::<std::net::Ipv6Addr>().is_ok() => {
+                if !(port.is_empty() || valid_port(port.strip_prefix(':'))) {
+                    return bad("bad port");
+                }
+                return Ok(lower);
+            }
+            _ => return bad("bad IPv6 address"),
+        },
+        None => match rest.rsplit_once(':') {
+            Some((h, p)) => {
+                if !valid_port(Some(p)) {
+                    return bad("bad port");
+                }
+                h
+            }
+            None => rest,
+        },
+    };
+    if host.is_empty()
+        || !host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+    {
+        return bad("bad host");
+    }
+    Ok(lower)
+}
+
+fn valid_port(p: Option<&str>) -> bool {
+    p.is_some_and(|p| !p.is_empty() && p.len() <= 5 && p.parse::<u16>().is_ok_and(|n| n > 0))
 }
 
 #[cfg(test)]
@@ -450,6 +639,10 @@ name = "append_line"
 command = "true"
 cwd = "out"
 approve = true
+[agents.coder.sandbox]
+mode = "require"
+network = true
+writable = ["cache"]
 [[agents.coder.frontend_tools]]
 name = "confirm"
 "#;
@@ -464,6 +657,15 @@ name = "confirm"
         );
         assert_eq!(a.commands[0].cwd.as_deref(), Some(Path::new("/base/out")));
         assert!(a.commands[0].approve);
+        assert_eq!(a.sandbox.mode, tether::sandbox::SandboxMode::Require);
+        assert!(a.sandbox.network);
+        assert_eq!(a.sandbox.writable, [Path::new("/base/cache")]);
+        let d = Config::parse("[agents.a]", "t.toml", Path::new("/base")).unwrap();
+        assert_eq!(d.agents["a"].sandbox.mode, tether::sandbox::SandboxMode::Auto);
+        assert!(
+            !d.agents["a"].sandbox.network,
+            "no network unless the config allows it"
+        );
     }
 
     #[test]
@@ -487,5 +689,113 @@ name = "confirm"
             "[agents.a]\n[agents.a.workspace]\n[[agents.a.commands]]\nname = \"read_file\"\ncommand = \"x\"";
         let e = Config::parse(dup, "t.toml", base).unwrap_err().to_string();
         assert!(e.contains("declared twice"), "{e}");
+        let e = Config::parse("[agents.a.sandbox]\nmode = \"strict\"", "t.toml", base)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("strict") && e.contains("auto"), "{e}");
+    }
+
+    /// Issue 17: every duration from the config is bounded with a clear error; none overflows
+    /// (a huge `tool_timeout_secs` made `tool_timeout_secs + 5` overflow).
+    #[test]
+    fn durations_are_bounded_with_a_clear_error() {
+        let base = Path::new(".");
+        for (field, table) in [
+            ("run_timeout_secs", "[server]"),
+            ("body_timeout_secs", "[server]"),
+            ("shutdown_grace_secs", "[server]"),
+            ("tool_timeout_secs", "[agents.a]"),
+        ] {
+            let text = if table == "[server]" {
+                format!("[server]\n{field} = {}\n[agents.a]\n", u64::MAX >> 1)
+            } else {
+                format!("[agents.a]\n{field} = {}\n", u64::MAX >> 1)
+            };
+            let e = Config::parse(&text, "t.toml", base).unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains("between"), "{e}");
+        }
+        let e = Config::parse("[server]\nrun_timeout_secs = 0\n[agents.a]\n", "t.toml", base)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("run_timeout_secs = 0"), "{e}");
+        let ok = Config::parse(
+            "[server]\nshutdown_grace_secs = 0\n[agents.a]\ntool_timeout_secs = 604800\n",
+            "t.toml",
+            base,
+        )
+        .unwrap();
+        assert_eq!(ok.agents["a"].tool_timeout_secs, MAX_DURATION_SECS);
+        // A config built in code is checked too.
+        let mut c = Config::default_for(Path::new("/tmp"));
+        c.agents.get_mut("default").unwrap().tool_timeout_secs = u64::MAX;
+        assert!(c.check("code").is_err());
+    }
+
+    #[test]
+    fn allowed_origins_are_plain_origins() {
+        let base = Path::new(".");
+        let c = Config::parse(
+            "[server]\nallowed_origins = [\"HTTP://LocalHost:5173\", \"https://app.example\", \"http://[::1]:8080\"]\n[agents.a]\n",
+            "t.toml",
+            base,
+        )
+        .unwrap();
+        assert_eq!(
+            c.server.allowed_origins,
+            [
+                "http://localhost:5173",
+                "https://app.example",
+                "http://[::1]:8080"
+            ]
+        );
+        for bad in [
+            "null",
+            "*",
+            "localhost:5173",
+            "http://localhost:5173/",
+            "http://a/b",
+            "http://user@host",
+            "http://host:0",
+            "http://host:99999",
+            "ftp://host",
+            "http://",
+            "http://[zz]:1",
+        ] {
+            let text = format!("[server]\nallowed_origins = [\"{bad}\"]\n[agents.a]\n");
+            let e = Config::parse(&text, "t.toml", base).unwrap_err().to_string();
+            assert!(e.contains("allowed_origins"), "{bad}: {e}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever numbers a config holds, parsing never panics, and what it accepts is within
+        /// the bounds (so every `Duration` and sum built from it is safe).
+        #[test]
+        fn any_durations_parse_or_are_refused_without_panicking(
+            run in proptest::num::u64::ANY,
+            body in proptest::num::u64::ANY,
+            grace in proptest::num::u64::ANY,
+            tool in proptest::num::u64::ANY,
+        ) {
+            // TOML integers are i64: larger values are a parse error, also fine.
+            let text = format!(
+                "[server]\nrun_timeout_secs = {run}\nbody_timeout_secs = {body}\nshutdown_grace_secs = {grace}\n[agents.a]\ntool_timeout_secs = {tool}\n"
+            );
+            if let Ok(c) = Config::parse(&text, "t.toml", Path::new(".")) {
+                proptest::prop_assert!(c.server.run_timeout_secs <= MAX_DURATION_SECS);
+                proptest::prop_assert!(c.server.body_timeout_secs <= MAX_DURATION_SECS);
+                proptest::prop_assert!(c.server.shutdown_grace_secs <= MAX_DURATION_SECS);
+                proptest::prop_assert!(c.agents["a"].tool_timeout_secs <= MAX_DURATION_SECS);
+            }
+        }
+
+        /// Any string as an allowed origin: accepted only as a plain origin, never a panic.
+        #[test]
+        fn any_origin_string_is_checked_without_panicking(o in "\\PC{0,40}") {
+            if let Ok(n) = parse_origin(&o) {
+                proptest::prop_assert!(n.starts_with("http://") || n.starts_with("https://"));
+                proptest::prop_assert!(!n[7..].contains('/'));
+            }
+        }
     }
 }

@@ -1,16 +1,19 @@
 //! The handler an agent's sessions run with: the workspace tools, shell-command tools, and the
 //! front-end tools, with the approval gate that turns a permission request into an interrupt.
+//!
+//! Command tools run through the same runner and sandbox as the workspace's `run_command`
+//! (`tether::sandbox`): confined per the agent's `[sandbox]`, output capped, the whole process
+//! group killed at the tool timeout or when the call is cancelled.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use tether::sandbox::{CommandSpec, Sandbox};
 use tether::workspace::{Access, Policy, Workspace};
 use tether::{Handler, SessionInfo, ToolOutput, ToolSpec, ToolUse};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::config::{AccessConfig, AgentConfig, CommandTool};
 
@@ -34,6 +37,7 @@ pub(crate) struct ServeHandler {
     frontend: Vec<ToolSpec>,
     approved: HashSet<String>,
     tool_timeout: Duration,
+    sandbox: Sandbox,
 }
 
 fn policy_access(a: AccessConfig) -> Access {
@@ -52,6 +56,7 @@ impl ServeHandler {
         frontend: Vec<ToolSpec>,
         approved: HashSet<String>,
     ) -> Result<Self, String> {
+        let sandbox = cfg.sandbox.sandbox();
         let (workspace, ask) = match &cfg.workspace {
             Some(w) => {
                 let ws = Workspace::new(&w.root)
@@ -61,7 +66,8 @@ impl ServeHandler {
                         writes: policy_access(w.writes),
                         commands: policy_access(w.commands),
                     })
-                    .command_timeout(Duration::from_secs(cfg.tool_timeout_secs.max(1)));
+                    .command_timeout(Duration::from_secs(cfg.tool_timeout_secs.max(1)))
+                    .sandbox(sandbox.clone());
                 (
                     Some(ws),
                     (
@@ -101,6 +107,7 @@ impl ServeHandler {
             frontend: fe,
             approved,
             tool_timeout: Duration::from_secs(cfg.tool_timeout_secs.max(1)),
+            sandbox,
         })
     }
 
@@ -141,22 +148,16 @@ impl ServeHandler {
     async fn run_command_tool(
         &self,
         c: &CommandTool,
-        cwd: &PathBuf,
+        cwd: &Path,
         call: &ToolUse,
         info: &SessionInfo,
     ) -> ToolOutput {
         let args = call.input.to_string();
-        let mut cmd = tokio::process::Command::new("sh");
-        cmd.arg("-c")
-            .arg(&c.command)
-            .current_dir(cwd)
-            .env("TETHER_TOOL_USE_ID", &call.id)
-            .env("TETHER_SESSION_ID", &info.session_id)
-            .env("TETHER_ARGS", &args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true);
+        let mut env: Vec<(std::ffi::OsString, std::ffi::OsString)> = vec![
+            ("TETHER_TOOL_USE_ID".into(), call.id.clone().into()),
+            ("TETHER_SESSION_ID".into(), info.session_id.clone().into()),
+            ("TETHER_ARGS".into(), args.clone().into()),
+        ];
         if let Some(obj) = call.input.as_object() {
             for (k, v) in obj {
                 let key: String = k
@@ -174,61 +175,53 @@ impl ServeHandler {
                     Value::Number(_) | Value::Bool(_) => v.to_string(),
                     _ => continue,
                 };
-                cmd.env(format!("TETHER_ARG_{key}"), val);
+                env.push((format!("TETHER_ARG_{key}").into(), val.into()));
             }
         }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => return ToolOutput::Error(format!("could not start `sh` for tool `{}`: {e}", c.name)),
-        };
-        if let Some(mut stdin) = child.stdin.take() {
-            let _ = stdin.write_all(args.as_bytes()).await;
+        let mut writable = vec![cwd.to_path_buf()];
+        if let Some(w) = &self.workspace {
+            writable.push(w.root().to_path_buf());
         }
-        let out = child.stdout.take();
-        let err = child.stderr.take();
-        let collect = async {
-            let read_o = async {
-                let mut o = Vec::new();
-                if let Some(s) = out {
-                    let _ = s.take(OUTPUT_CAP as u64).read_to_end(&mut o).await;
-                }
-                o
-            };
-            let read_e = async {
-                let mut e = Vec::new();
-                if let Some(s) = err {
-                    let _ = s.take(OUTPUT_CAP as u64).read_to_end(&mut e).await;
-                }
-                e
-            };
-            let (o, e) = tokio::join!(read_o, read_e);
-            let status = child.wait().await;
-            (o, e, status)
+        let spec = CommandSpec {
+            env,
+            writable,
+            stdin: Some(args.into_bytes()),
+            output_cap: OUTPUT_CAP,
+            timeout: self.tool_timeout,
+            ..CommandSpec::shell(&c.command, cwd)
         };
-        match tokio::time::timeout(self.tool_timeout, collect).await {
-            Err(_) => ToolOutput::Error(format!(
-                "tool `{}` did not finish within {:?} and was killed",
-                c.name, self.tool_timeout
-            )),
-            Ok((o, e, status)) => {
-                let mut text = String::from_utf8_lossy(&o).into_owned();
-                let stderr = String::from_utf8_lossy(&e);
-                if !stderr.trim().is_empty() {
-                    text.push_str(&format!("\n[stderr]\n{stderr}"));
-                }
-                match status {
-                    Ok(s) if s.success() => ToolOutput::Ok(if text.is_empty() {
-                        "(no output)".into()
-                    } else {
-                        text
-                    }),
-                    Ok(s) => ToolOutput::Error(format!(
-                        "exit code {}\n{text}",
-                        s.code().map(|c| c.to_string()).unwrap_or_else(|| "killed".into())
-                    )),
-                    Err(e) => ToolOutput::Error(format!("waiting for tool `{}` failed: {e}", c.name)),
-                }
-            }
+        let out = match self.sandbox.run(&spec).await {
+            Ok(o) => o,
+            Err(e) => return ToolOutput::Error(format!("tool `{}`: {e}", c.name)),
+        };
+        if out.timed_out {
+            return ToolOutput::Error(format!(
+                "tool `{}` did not finish within {:?} and was killed\n{}",
+                c.name, self.tool_timeout, out.output
+            ));
+        }
+        let success = out.success();
+        let mut text = out.output;
+        if out.truncated {
+            text.push_str(&format!(
+                "\n[output truncated: only the last {OUTPUT_CAP} bytes kept]"
+            ));
+        }
+        if success {
+            ToolOutput::Ok(if text.is_empty() {
+                "(no output)".into()
+            } else {
+                text
+            })
+        } else {
+            ToolOutput::Error(format!(
+                "exit code {}\n{text}",
+                out.exit
+                    .exit_code
+                    .map(|c| c.to_string())
+                    .or(out.exit.signal)
+                    .unwrap_or_else(|| "killed".into())
+            ))
         }
     }
 }

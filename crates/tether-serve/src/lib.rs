@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 mod agent;
+mod approval;
 pub mod config;
 mod handler;
 mod model;
@@ -38,15 +39,22 @@ pub struct ServeArgs {
     /// over the current directory, writes and commands only when approved in the browser).
     #[arg(long)]
     pub config: Option<PathBuf>,
-    /// The address to listen on. A non-loopback address requires a token.
+    /// The address to listen on. On a loopback address only requests naming a loopback host
+    /// (`localhost`, 127.x.y.z, `[::1]`) are served; a non-loopback address requires a token.
     #[arg(long, default_value = "127.0.0.1:7878")]
     pub bind: String,
     /// The SQLite database holding every session.
     #[arg(long, default_value = "tether.db")]
     pub db: PathBuf,
-    /// The bearer token every /v1/ route requires.
+    /// The bearer token every /v1/ route requires. Without it (and without --no-token) a random
+    /// token is generated at start and printed once, in the UI's URL.
     #[arg(long, env = "TETHER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    /// Serve /v1/ without a token (loopback binds only): any program of any user on this
+    /// machine can then drive the agents and their tools. Web pages still cannot (Host and
+    /// Origin checks).
+    #[arg(long)]
+    pub no_token: bool,
     /// Largest request body in bytes (overrides [server] max_body_bytes).
     #[arg(long)]
     pub max_body_bytes: Option<usize>,
@@ -88,7 +96,49 @@ pub fn load_config(args: &ServeArgs) -> Result<Config, ConfigError> {
     if let Some(n) = args.shutdown_grace {
         cfg.server.shutdown_grace_secs = n;
     }
+    // Again after the overrides: a command-line duration is bounded like a configured one.
+    let origin = args
+        .config
+        .as_ref()
+        .map(|p| format!("{} (with the command-line options)", p.display()))
+        .unwrap_or_else(|| "the command-line options".into());
+    cfg.check(&origin)?;
     Ok(cfg)
+}
+
+/// A fresh bearer token: 192 bits from the operating system's random source, as 48 hex digits.
+pub fn generate_token() -> std::io::Result<String> {
+    use rand::TryRngCore;
+    let mut b = [0u8; 24];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut b)
+        .map_err(|e| std::io::Error::other(format!("the OS random source failed: {e}")))?;
+    Ok(hex(&b))
+}
+
+pub(crate) fn hex(b: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(b.len() * 2);
+    for x in b {
+        let _ = write!(s, "{x:02x}");
+    }
+    s
+}
+
+/// The token `tether serve` runs with: `--token`/`TETHER_TOKEN` when given (and not empty), none
+/// with `--no-token`, otherwise a generated one (the `bool` says so: its URL is printed).
+fn resolve_token(args: &ServeArgs) -> Result<(Option<String>, bool), String> {
+    let given = args.token.clone().filter(|t| !t.trim().is_empty());
+    match (given, args.no_token) {
+        (Some(_), true) => {
+            Err("--no-token and a token (--token or TETHER_TOKEN) were both given: drop one".into())
+        }
+        (Some(t), false) => Ok((Some(t), false)),
+        (None, true) => Ok((None, false)),
+        (None, false) => generate_token()
+            .map(|t| (Some(t), true))
+            .map_err(|e| format!("cannot generate a token: {e}")),
+    }
 }
 
 /// Runs `tether serve` until SIGINT or SIGTERM; then stops taking runs and lets running turns
@@ -101,11 +151,21 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for w in config.sandbox_warnings() {
+        eprintln!("tether serve: warning: {w}");
+    }
+    let (token, generated) = match resolve_token(&args) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("tether serve: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let opts = ServerOptions {
         config,
         bind: args.bind.clone(),
         db: args.db.clone(),
-        token: args.token.clone(),
+        token: token.clone(),
     };
     let server = match start(opts).await {
         Ok(s) => s,
@@ -119,6 +179,25 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
         server.addr(),
         args.db.display()
     );
+    // The only place the generated token is shown. In the URL's fragment: a browser never sends
+    // a fragment to a server, so it stays out of access logs and Referer headers; the UI takes it
+    // from there, keeps it in the tab's sessionStorage and removes it from the address bar.
+    // On 0.0.0.0 / [::] the browser on this machine reaches it on loopback.
+    let mut shown = server.addr();
+    if shown.ip().is_unspecified() {
+        shown.set_ip(match shown.ip() {
+            std::net::IpAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+            std::net::IpAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+        });
+    }
+    let ui = format!("http://{shown}/");
+    match (&token, generated) {
+        (Some(t), true) => eprintln!("tether serve: open {ui}#token={t}"),
+        (Some(_), false) => eprintln!("tether serve: open {ui} (token from --token / TETHER_TOKEN)"),
+        (None, _) => {
+            eprintln!("tether serve: open {ui} (--no-token: any program on this machine can use this server)")
+        }
+    }
     let stop = async {
         #[cfg(unix)]
         {

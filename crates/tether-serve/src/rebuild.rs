@@ -93,20 +93,29 @@ pub(crate) async fn rebuild(
         store: &dyn EventStore,
         sid: &str,
         batch: &mut Vec<ChatToolCall>,
-        results: &HashMap<String, ToolResult>,
+        results: &mut HashMap<String, ToolResult>,
         history: &mut Vec<ChatMessage>,
     ) -> tether::Result<()> {
         for c in batch.drain(..) {
-            let r = match results.get(&c.id) {
-                Some(r) => r.clone(),
-                None => match store.tool_result(sid, &c.id).await? {
+            // A result is used for its own batch only (`remove`): a model that reuses a call id in
+            // a later turn must never be answered with the earlier call's result. The memo is
+            // keyed by `memo_key` (id + name + arguments); answers the server recorded itself
+            // (denials, front-end results) sit under the bare id.
+            let mut r = match results.remove(&c.id) {
+                Some(r) => r,
+                None => match store.tool_result(sid, &c.to_tool_use().memo_key()).await? {
                     Some(r) => r,
-                    None => ToolResult::error(
-                        &c.id,
-                        "the tool was interrupted by a restart; its result is unknown",
-                    ),
+                    None => match store.tool_result(sid, &c.id).await? {
+                        Some(r) => r,
+                        None => ToolResult::error(
+                            &c.id,
+                            "the tool was interrupted by a restart; its result is unknown",
+                        ),
+                    },
                 },
             };
+            // The memo stores the result under its key; the history answers the model's id.
+            r.tool_use_id = c.id.clone();
             history.push(tool_message(&r));
         }
         Ok(())
@@ -114,7 +123,7 @@ pub(crate) async fn rebuild(
     for e in events.iter().filter(|e| e.seq.is_some_and(|s| s > from_seq)) {
         match (e.raw_type.as_str(), &e.kind) {
             (USER_MESSAGE, _) => {
-                flush(store, sid, &mut batch, &results, &mut history).await?;
+                flush(store, sid, &mut batch, &mut results, &mut history).await?;
                 let text = e
                     .raw
                     .get("text")
@@ -125,7 +134,7 @@ pub(crate) async fn rebuild(
                 trailing_user = Some(text);
             }
             ("local.model_response", _) => {
-                flush(store, sid, &mut batch, &results, &mut history).await?;
+                flush(store, sid, &mut batch, &mut results, &mut history).await?;
                 let msg: ChatMessage = serde_json::from_value(
                     e.raw.get("message").cloned().unwrap_or(Value::Null),
                 )
@@ -152,7 +161,7 @@ pub(crate) async fn rebuild(
                 results.insert(result.tool_use_id.clone(), result.clone());
             }
             ("local.directive" | "tether.reprompt", EventKind::Directive { text, .. }) => {
-                flush(store, sid, &mut batch, &results, &mut history).await?;
+                flush(store, sid, &mut batch, &mut results, &mut history).await?;
                 history.push(ChatMessage::user(text.clone()));
             }
             _ => {}
@@ -212,5 +221,118 @@ impl Provider for Reattached {
 
     async fn close(&mut self) -> tether::Result<()> {
         self.inner.close().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tether::{MemoryStore, Role};
+
+    fn response(id: &str, calls: &[(&str, &str, &str)]) -> Event {
+        let msg = ChatMessage {
+            tool_calls: calls
+                .iter()
+                .map(|(id, name, args)| ChatToolCall {
+                    id: (*id).into(),
+                    name: (*name).into(),
+                    arguments: (*args).into(),
+                })
+                .collect(),
+            ..ChatMessage::assistant("")
+        };
+        Event::new(
+            id,
+            "local.model_response",
+            json!({"type": "local.model_response", "message": msg}),
+            EventKind::Message {
+                message_id: id.into(),
+                role: Role::Assistant,
+                text: String::new(),
+                reasoning: None,
+                tool_uses: Vec::new(),
+            },
+        )
+    }
+
+    fn result(r: &ToolResult) -> Event {
+        Event::new(
+            format!("tool_result:{}", r.tool_use_id),
+            "tether.tool_result",
+            serde_json::to_value(r).unwrap(),
+            EventKind::ToolResult { result: r.clone() },
+        )
+    }
+
+    fn user(text: &str) -> Event {
+        Event::new(
+            format!("user:{text}"),
+            USER_MESSAGE,
+            json!({"id": text, "text": text}),
+            EventKind::Message {
+                message_id: text.into(),
+                role: Role::User,
+                text: text.into(),
+                reasoning: None,
+                tool_uses: Vec::new(),
+            },
+        )
+    }
+
+    async fn store_with(events: Vec<Event>) -> MemoryStore {
+        let store = MemoryStore::default();
+        for (i, mut e) in events.into_iter().enumerate() {
+            e.seq = Some(i as u64 + 1);
+            store.append("s", &e).await.unwrap();
+        }
+        store
+    }
+
+    /// The engine memoizes a result under its memo key before it records the event: a crash in
+    /// between leaves a result only the memo holds. The rebuilt history must answer the call with
+    /// it, under the model's own id.
+    #[tokio::test]
+    async fn a_result_only_the_memo_holds_answers_its_call() {
+        let store = store_with(vec![
+            response("m1", &[("c1", "echo", r#"{"x":1}"#)]),
+            user("next"),
+        ])
+        .await;
+        let use_ = ChatToolCall {
+            id: "c1".into(),
+            name: "echo".into(),
+            arguments: r#"{"x":1}"#.into(),
+        }
+        .to_tool_use();
+        let memo = ToolResult::ok(use_.memo_key(), "from the memo");
+        store.put_tool_result("s", &memo).await.unwrap();
+        let rb = rebuild(&store, "s", None).await.unwrap();
+        let last = rb.history.iter().rfind(|m| m.role == Role::Tool).unwrap();
+        assert_eq!(last.tool_call_id.as_deref(), Some("c1"));
+        assert_eq!(last.content.as_deref(), Some("from the memo"));
+    }
+
+    /// A model that reuses a call id in a later turn, for another call, must not get the first
+    /// call's result: the second call is unanswered (the restart note), not "safe".
+    #[tokio::test]
+    async fn a_reused_call_id_is_not_answered_with_the_earlier_result() {
+        let first = ToolResult::ok("dup", "safe");
+        let store = store_with(vec![
+            response("m1", &[("dup", "run_command", r#"{"command":"echo safe"}"#)]),
+            result(&first),
+            response("m2", &[("dup", "run_command", r#"{"command":"touch PWNED"}"#)]),
+            user("next"),
+        ])
+        .await;
+        let rb = rebuild(&store, "s", None).await.unwrap();
+        let answers: Vec<_> = rb
+            .history
+            .iter()
+            .filter(|m| m.role == Role::Tool)
+            .map(|m| m.content.clone().unwrap_or_default())
+            .collect();
+        assert_eq!(answers.len(), 2, "{answers:?}");
+        assert_eq!(answers[0], "safe");
+        assert!(answers[1].contains("interrupted by a restart"), "{answers:?}");
     }
 }

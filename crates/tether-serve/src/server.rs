@@ -1,20 +1,37 @@
-//! The HTTP server: routes, bearer-token auth, limits, embedded UI, graceful shutdown.
+//! The HTTP server: routes, the trust boundary (Host, Origin, bearer token), limits, embedded
+//! UI, graceful shutdown.
+//!
+//! The boundary, checked on every request before routing:
+//! - **Host.** On a loopback bind, only requests whose `Host` names a loopback host are served:
+//!   `localhost` (not `*.localhost`: some resolvers send those names to the network), an IPv4
+//!   address in 127.0.0.0/8, `[::1]`; any port. Anything else gets 403 `HOST_NOT_ALLOWED`: a page
+//!   on `http://attacker.example:PORT` whose name was re-pointed at 127.0.0.1 (DNS rebinding) is
+//!   same-origin with itself in the browser, and only the `Host` it sends tells it apart. On a
+//!   non-loopback bind the names it is reached by are not known, so `Host` is not checked there;
+//!   the token (required on such a bind) is what keeps a rebinding page out of `/v1/`.
+//! - **Origin.** A browser request from another origin (an `Origin` that is not `http(s)://` +
+//!   the request's `Host`) gets 403 `ORIGIN_NOT_ALLOWED` unless `[server] allowed_origins` lists
+//!   it; listed origins get CORS answers (preflight included). A request without `Origin` whose
+//!   `Sec-Fetch-Site` says another site sent it (a `<script>` or `<img>` tag) is refused too,
+//!   except a top-level navigation (the user following a link to the UI).
+//! - **Token.** Every route but `/`, `/assets/*` and `/healthz` needs `Authorization: Bearer`
+//!   when the server has a token (`tether serve` generates one unless `--no-token`).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use tether_agui::{AgUiRouterExt, EndpointOptions, StreamGuard};
+use tether_agui::server::Admit;
+use tether_agui::{AgUiRouterExt, EndpointOptions, RunAgentInput, StreamGuard};
 use tether_sqlite::SqliteStore;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -26,10 +43,10 @@ use crate::config::Config;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServeError {
-    /// A non-loopback bind address without a token.
+    /// A non-loopback bind address without a token (`--no-token`, or no token in the options).
     #[error(
         "refusing to listen on {bind} without a token: anyone who can reach it could run your agents and their tools. \
-         Pass --token or set TETHER_TOKEN, or bind to 127.0.0.1"
+         Drop --no-token (a token is then generated and printed), pass --token or set TETHER_TOKEN, or bind to 127.0.0.1"
     )]
     TokenRequired {
         /// The bind address.
@@ -68,7 +85,9 @@ pub struct ServerOptions {
     pub bind: String,
     /// The SQLite database file.
     pub db: PathBuf,
-    /// The bearer token every `/v1/` route requires, when set.
+    /// The bearer token every `/v1/` route requires. `None` (or empty): no token, which only a
+    /// loopback bind allows. (`tether serve` generates one unless told `--no-token`; see
+    /// [`generate_token`](crate::generate_token).)
     pub token: Option<String>,
 }
 
@@ -77,6 +96,7 @@ pub struct ServerOptions {
 pub struct Server {
     addr: SocketAddr,
     shutdown: CancellationToken,
+    stopped_accepting: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     _front: FrontRuntime,
 }
@@ -114,9 +134,16 @@ impl Server {
         self.addr
     }
 
-    /// Starts a graceful shutdown: no new runs; running ones get the grace period to finish.
+    /// Starts a graceful shutdown: from the moment this returns no new run is admitted (503
+    /// `SHUTTING_DOWN`); running ones get the grace period to finish.
     pub fn shutdown(&self) {
         self.shutdown.cancel();
+    }
+
+    /// Resolves once the listener is closed after [`Server::shutdown`]: from then on a new
+    /// connection is refused by the OS (the port can be bound by a replacement).
+    pub async fn stopped_accepting(&self) {
+        self.stopped_accepting.cancelled().await;
     }
 
     /// Waits until the server has stopped.
@@ -129,9 +156,17 @@ impl Server {
 struct AppState {
     shared: Arc<Shared>,
     agents: Arc<Vec<AgentInfo>>,
-    token: Option<Arc<str>>,
-    runs: Arc<Semaphore>,
-    draining: Arc<AtomicBool>,
+    boundary: Arc<Boundary>,
+}
+
+/// What the guard checks on every request (see the module's documentation).
+struct Boundary {
+    /// The bind is loopback: `Host` must name a loopback host.
+    loopback_only: bool,
+    /// Other origins allowed to call from a browser (lower-case).
+    allowed_origins: Box<[String]>,
+    /// The bearer token, when there is one.
+    token: Option<Box<str>>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -155,8 +190,11 @@ fn is_loopback(bind: &str) -> Result<bool, ServeError> {
 
 /// Starts the server; it runs until [`Server::shutdown`] (or the process ends).
 pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
-    let token = opts.token.clone().filter(|t| !t.is_empty());
-    if token.is_none() && !is_loopback(&opts.bind)? {
+    let mut opts = opts;
+    opts.config.check("the server's configuration")?;
+    let token = opts.token.clone().filter(|t| !t.trim().is_empty());
+    let loopback = is_loopback(&opts.bind)?;
+    if token.is_none() && !loopback {
         return Err(ServeError::TokenRequired { bind: opts.bind });
     }
     let store = SqliteStore::open(&opts.db)?;
@@ -171,15 +209,18 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
             bind: opts.bind.clone(),
             message: format!("cannot start the HTTP runtime: {e}"),
         })?;
+    let shutdown = CancellationToken::new();
+    let runs = Arc::new(Semaphore::new(limits.max_concurrent_runs));
     let endpoint = EndpointOptions {
         body_limit: limits.max_body_bytes,
+        body_timeout: Some(Duration::from_secs(limits.body_timeout_secs)),
         run: tether_agui::RunOptions {
             runtime: Some(tokio::runtime::Handle::current()),
             ..Default::default()
         },
         ..EndpointOptions::default()
     };
-    let mut runs_router: Router<AppState> = Router::new();
+    let mut app: Router<AppState> = Router::new();
     let mut infos = Vec::new();
     for (name, cfg) in &opts.config.agents {
         let base_url = cfg
@@ -190,11 +231,13 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
             .unwrap_or_else(|| "http://127.0.0.1:8080/v1".into());
         let key_env = cfg.api_key_env.clone().unwrap_or_else(|| "OPENAI_API_KEY".into());
         let api_key = std::env::var(&key_env).ok().filter(|s| !s.is_empty());
+        // As `tether run`: the configured name, else $TETHER_MODEL, else `default`.
         let model_name = cfg
             .model
             .clone()
             .or_else(|| std::env::var("TETHER_MODEL").ok())
-            .unwrap_or_default();
+            .filter(|m| !m.trim().is_empty())
+            .unwrap_or_else(|| crate::config::DEFAULT_MODEL.into());
         let model =
             crate::model::of(cfg, &base_url, api_key, &model_name).map_err(|message| ServeError::Agent {
                 agent: name.clone(),
@@ -227,30 +270,37 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
             model_name,
             shared: shared.clone(),
         };
-        runs_router = runs_router.route_agui_with(&format!("/v1/agents/{name}/run"), agent, endpoint.clone());
+        let options = EndpointOptions {
+            admit: Some(admission(
+                name.clone(),
+                shared.clone(),
+                runs.clone(),
+                shutdown.clone(),
+            )),
+            ..endpoint.clone()
+        };
+        app = app.route_agui_with(&format!("/v1/agents/{name}/run"), agent, options);
     }
     let state = AppState {
         shared,
         agents: Arc::new(infos),
-        token: token.map(Arc::from),
-        runs: Arc::new(Semaphore::new(limits.max_concurrent_runs)),
-        draining: Arc::new(AtomicBool::new(false)),
+        boundary: Arc::new(Boundary {
+            loopback_only: loopback,
+            allowed_origins: opts.config.server.allowed_origins.clone().into_boxed_slice(),
+            token: token.map(String::into_boxed_str),
+        }),
     };
-    let runs_router = runs_router.layer(middleware::from_fn_with_state(state.clone(), run_limits));
-    let v1 = Router::new()
+    let app = app
         .route("/v1/agents", get(list_agents))
         .route("/v1/threads", get(list_threads))
         .route("/v1/threads/{thread}/events", get(thread_events))
         .route("/v1/threads/{thread}/messages", get(thread_messages_route))
-        .merge(runs_router)
-        .fallback(not_found)
-        .layer(middleware::from_fn_with_state(state.clone(), auth));
-    let app = Router::new()
         .route("/healthz", get(|| async { axum::Json(json!({"ok": true})) }))
         .route("/", get(crate::ui::index))
         .route("/assets/{file}", get(crate::ui::asset))
-        .merge(v1)
-        .with_state(state.clone());
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), guard))
+        .with_state(state);
 
     let bind = opts.bind.clone();
     let listener = front
@@ -266,19 +316,17 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
         bind: opts.bind.clone(),
         message: e.to_string(),
     })?;
-    let shutdown = CancellationToken::new();
     let grace = Duration::from_secs(limits.shutdown_grace_secs);
     let sd = shutdown.clone();
-    let draining = state.draining.clone();
+    let stopped_accepting = CancellationToken::new();
+    let stopped = stopped_accepting.clone();
     let task = front.spawn(async move {
-        let serve = accept_loop(listener, app, sd.clone());
+        let serve = accept_loop(listener, app, sd.clone(), stopped);
         tokio::pin!(serve);
         tokio::select! {
-            // Drain first, so that `draining` is set before the last connection closes.
             biased;
             _ = async {
                 sd.cancelled().await;
-                draining.store(true, Ordering::SeqCst);
                 tracing::info!("shutting down: no new runs; running turns get {grace:?} to finish");
                 tokio::time::sleep(grace).await
             } => {
@@ -290,9 +338,84 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     Ok(Server {
         addr,
         shutdown,
+        stopped_accepting,
         task,
         _front: FrontRuntime(Some(front)),
     })
+}
+
+/// The admission of one agent's runs, once the request body is read (a client still sending
+/// its body holds no run slot): not while shutting down (503), within the concurrent-run limit
+/// (429; the slot lives as long as the run's stream), and a resume only for interrupts
+/// outstanding on the thread (409, see [`crate::approval`]).
+fn admission(agent: String, shared: Arc<Shared>, runs: Arc<Semaphore>, shutdown: CancellationToken) -> Admit {
+    Admit::new(move |input: &RunAgentInput| {
+        if shutdown.is_cancelled() {
+            return refuse(json_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "SHUTTING_DOWN",
+                "the server is shutting down and takes no new runs; retry against its replacement",
+            ));
+        }
+        let Ok(permit) = runs.clone().try_acquire_owned() else {
+            let mut r = json_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "TOO_MANY_RUNS",
+                "the server is at its concurrent-run limit (max_concurrent_runs); retry shortly",
+            );
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return refuse(r);
+        };
+        let guard = StreamGuard::new(permit);
+        if input.resume.is_empty() {
+            return Box::pin(std::future::ready(Ok(Some(guard))));
+        }
+        let thread = input.thread_id.to_string();
+        let resume = input.resume.clone();
+        let shared = shared.clone();
+        let agent = agent.clone();
+        Box::pin(async move {
+            let verdict = check_resume(&shared, &agent, &thread, &resume).await;
+            match verdict {
+                Ok(()) => Ok(Some(guard)),
+                Err(r) => Err(r),
+            }
+        })
+    })
+}
+
+fn refuse(
+    r: Response,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = tether_agui::server::Admission> + Send>> {
+    Box::pin(std::future::ready(Err(r)))
+}
+
+/// A resume checked against the thread's outstanding interrupts, before `RUN_STARTED`. (The run
+/// checks again under the thread's lock, and uses the answers up before any tool runs.)
+async fn check_resume(
+    shared: &Shared,
+    agent: &str,
+    thread: &str,
+    resume: &[tether_agui::ResumeEntry],
+) -> Result<(), Response> {
+    let store_err =
+        |e: &dyn std::fmt::Display| json_error(StatusCode::INTERNAL_SERVER_ERROR, "STORE", e.to_string());
+    let outstanding = match shared.store.thread(thread).await {
+        Ok(Some(rec)) if rec.agent != agent => {
+            // The run says THREAD_AGENT_MISMATCH; nothing of this agent is outstanding there.
+            return Ok(());
+        }
+        Ok(Some(rec)) => crate::approval::load(shared.store_dyn.as_ref(), &rec.session_id)
+            .await
+            .map_err(|e| store_err(&e))?,
+        Ok(None) => Default::default(),
+        Err(e) => return Err(store_err(&e)),
+    };
+    match crate::approval::decide(&outstanding, thread, resume, None) {
+        Ok(_) => Ok(()),
+        Err(refusal) => Err(json_error(refusal.status(), refusal.code(), refusal.to_string())),
+    }
 }
 
 /// How long a connection may take to send a request head before it is closed (slow clients
@@ -308,7 +431,12 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// buffer then takes the request in two reads and grows to 16 KiB, which every connection keeps
 /// for its life: a quarter of the 64 KiB a run may use. Served by hyper's HTTP/1 builder the
 /// request is one read into one 8 KiB buffer. (The server speaks HTTP/1.1 only, as before.)
-async fn accept_loop(listener: tokio::net::TcpListener, app: Router, shutdown: CancellationToken) {
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    shutdown: CancellationToken,
+    stopped_accepting: CancellationToken,
+) {
     // Each connection holds a receiver; `closed()` resolves once every one has been dropped.
     let (open_tx, open_rx) = tokio::sync::watch::channel(());
     loop {
@@ -367,6 +495,7 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, shutdown: C
         });
     }
     drop(listener);
+    stopped_accepting.cancel();
     drop(open_rx);
     // Wake every connection (each closes once its response is done), then wait for them.
     let _ = open_tx.send(());
@@ -435,55 +564,239 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-async fn auth(State(st): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(token) = &st.token {
-        let given = req
-            .headers()
+/// A client-supplied string for an error message: at most 100 characters, control characters
+/// escaped (it may end up on a terminal).
+pub(crate) fn printable(s: &str) -> String {
+    let mut out: String = s
+        .chars()
+        .take(100)
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect();
+    if s.chars().nth(100).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// Whether a `Host` value (`name[:port]`, `[v6][:port]`) names this machine's loopback:
+/// `localhost` (any case, with or without the root's trailing dot), an IPv4 address in
+/// 127.0.0.0/8, `[::1]` or an IPv4-mapped 127/8 address. Any port. `*.localhost` is refused: not
+/// every resolver keeps those names on the machine. No allocation.
+pub(crate) fn is_loopback_host(host: &str) -> bool {
+    if let Some(rest) = host.strip_prefix('[') {
+        let Some((addr, tail)) = rest.split_once(']') else {
+            return false;
+        };
+        if !(tail.is_empty() || tail.strip_prefix(':').is_some_and(is_port)) {
+            return false;
+        }
+        return addr
+            .parse::<Ipv6Addr>()
+            .is_ok_and(|a| IpAddr::V6(a).to_canonical().is_loopback());
+    }
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if is_port(port) => name,
+        Some(_) => return false,
+        None => host,
+    };
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.eq_ignore_ascii_case("localhost") || name.parse::<Ipv4Addr>().is_ok_and(|a| a.is_loopback())
+}
+
+fn is_port(p: &str) -> bool {
+    !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Whether `origin` is the origin of a page served by this server under `host` (the request's
+/// `Host`): `http://` or `https://` (behind a TLS proxy) followed by exactly that host.
+fn same_origin(origin: &str, host: &str) -> bool {
+    let strip = |scheme: &str| {
+        origin
+            .get(..scheme.len())
+            .filter(|p| p.eq_ignore_ascii_case(scheme))
+            .and_then(|_| origin.get(scheme.len()..))
+    };
+    match strip("https://").or_else(|| strip("http://")) {
+        Some(rest) => !rest.is_empty() && rest.eq_ignore_ascii_case(host),
+        None => false,
+    }
+}
+
+/// The request's single `Host`, when it has exactly one and it is text.
+fn request_host(req: &Request) -> Option<&str> {
+    let mut all = req.headers().get_all(header::HOST).iter();
+    let first = all.next()?;
+    if all.next().is_some() {
+        return None;
+    }
+    let host = first.to_str().ok()?;
+    // An absolute-form target (`GET http://name/ HTTP/1.1`) names the host too: both must agree.
+    match req.uri().authority() {
+        Some(a) if !a.as_str().eq_ignore_ascii_case(host) => None,
+        _ => Some(host),
+    }
+}
+
+/// Paths served without a token: the UI (which then asks for the token) and the health check.
+fn is_public(path: &str) -> bool {
+    path == "/" || path == "/healthz" || path.starts_with("/assets/")
+}
+
+/// Whether a browser request without `Origin` came from another site in a way that must be
+/// refused: a subresource (`<script>`, `<img>`, a no-cors fetch) another site's page made. A
+/// top-level navigation (the user following a link) is allowed: the page that linked cannot read
+/// the answer.
+fn cross_site_without_origin(h: &HeaderMap) -> bool {
+    let Some(site) = h.get("sec-fetch-site") else {
+        return false;
+    };
+    match site.as_bytes() {
+        b"same-origin" | b"none" => false,
+        _ => {
+            let navigate = h
+                .get("sec-fetch-mode")
+                .is_some_and(|v| v.as_bytes() == b"navigate");
+            let document = h
+                .get("sec-fetch-dest")
+                .is_some_and(|v| v.as_bytes() == b"document");
+            !(navigate && document)
+        }
+    }
+}
+
+fn forbidden(code: &str, message: String) -> Response {
+    let mut r = json_error(StatusCode::FORBIDDEN, code, message);
+    r.headers_mut()
+        .insert(header::VARY, HeaderValue::from_static("Origin"));
+    r
+}
+
+/// The trust boundary, on every request: Host, Origin (and CORS for the allowed ones), token.
+async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
+    let b = &st.boundary;
+    let host = request_host(&req);
+    if b.loopback_only && !host.is_some_and(is_loopback_host) {
+        return forbidden(
+            "HOST_NOT_ALLOWED",
+            format!(
+                "this server listens on a loopback address and serves only requests for localhost, 127.0.0.1                  or [::1]; this one was for `{}`. (A web page reaching it under another name is refused: DNS                  rebinding.)",
+                printable(host.unwrap_or("(no or several Host headers)"))
+            ),
+        );
+    }
+    let headers = req.headers();
+    let mut cors: Option<HeaderValue> = None;
+    match headers.get(header::ORIGIN) {
+        Some(o) => {
+            let text = o.to_str().unwrap_or("");
+            if !host.is_some_and(|h| same_origin(text, h)) {
+                if !b.allowed_origins.iter().any(|a| a.eq_ignore_ascii_case(text)) {
+                    return forbidden(
+                        "ORIGIN_NOT_ALLOWED",
+                        format!(
+                            "requests from pages of {} are refused; list the origin in [server] allowed_origins to                              allow it",
+                            printable(text)
+                        ),
+                    );
+                }
+                cors = Some(o.clone());
+            }
+        }
+        None if cross_site_without_origin(headers) => {
+            return forbidden(
+                "ORIGIN_NOT_ALLOWED",
+                "a request another site's page made (Sec-Fetch-Site) is refused".into(),
+            );
+        }
+        None => {}
+    }
+    if let Some(origin) = &cors
+        && req.method() == Method::OPTIONS
+        && headers.contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+    {
+        return preflight(origin.clone(), headers);
+    }
+    if let Some(token) = &b.token
+        && !is_public(req.uri().path())
+    {
+        let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
-        let ok = given.is_some_and(|g| same(g.as_bytes(), token.as_bytes()));
-        if !ok {
+        if !given.is_some_and(|g| same(g.as_bytes(), token.as_bytes())) {
             let mut r = json_error(
                 StatusCode::UNAUTHORIZED,
                 "UNAUTHORIZED",
                 if given.is_some() {
                     "the bearer token is wrong"
                 } else {
-                    "this server requires a bearer token: send Authorization: Bearer <token>"
+                    "this server requires a bearer token: send Authorization: Bearer <token> (tether serve \
+                     prints a URL carrying it when it starts)"
                 },
             );
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            if let Some(o) = cors {
+                allow_origin(&mut r, o);
+            }
             return r;
         }
     }
-    next.run(req).await
+    let mut resp = next.run(req).await;
+    if let Some(o) = cors {
+        allow_origin(&mut resp, o);
+    }
+    resp
 }
 
-/// The concurrent-run limit and the drain on shutdown; the permit lives as long as the stream.
-async fn run_limits(State(st): State<AppState>, mut req: Request, next: Next) -> Response {
-    if st.draining.load(Ordering::SeqCst) {
-        return json_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "SHUTTING_DOWN",
-            "the server is shutting down and takes no new runs; retry against its replacement",
+/// The CORS headers of an answer to an allowed origin.
+fn allow_origin(r: &mut Response, origin: HeaderValue) {
+    let h = r.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    h.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("Retry-After, WWW-Authenticate"),
+    );
+    h.append(header::VARY, HeaderValue::from_static("Origin"));
+}
+
+/// The answer to an allowed origin's preflight: GET and POST, with a bearer token and a JSON
+/// body. (Chrome's Private Network Access asks too when a public page calls a local server: an
+/// origin the user listed may.)
+fn preflight(origin: HeaderValue, req: &HeaderMap) -> Response {
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    let h = r.headers_mut();
+    h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("GET, POST"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("Authorization, Content-Type, Accept"),
+    );
+    h.insert(header::ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+    h.insert(
+        header::VARY,
+        HeaderValue::from_static("Origin, Access-Control-Request-Method, Access-Control-Request-Headers"),
+    );
+    if req
+        .get("access-control-request-private-network")
+        .is_some_and(|v| v.as_bytes() == b"true")
+    {
+        h.insert(
+            "access-control-allow-private-network",
+            HeaderValue::from_static("true"),
         );
     }
-    let Ok(permit) = st.runs.clone().try_acquire_owned() else {
-        let mut r = json_error(
-            StatusCode::TOO_MANY_REQUESTS,
-            "TOO_MANY_RUNS",
-            "the server is at its concurrent-run limit (max_concurrent_runs); retry shortly",
-        );
-        r.headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        return r;
-    };
-    // The endpoint holds the permit in the response body, for as long as the run streams.
-    req.extensions_mut().insert(StreamGuard::new(permit));
-    next.run(req).await
+    r
 }
 
 async fn not_found(req: Request) -> Response {
@@ -577,5 +890,81 @@ async fn thread_messages_route(State(st): State<AppState>, Path(thread): Path<St
         }))
         .into_response(),
         Err(r) => r,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts() {
+        for h in [
+            "localhost",
+            "LOCALHOST:7878",
+            "localhost.:1",
+            "127.0.0.1",
+            "127.0.0.1:7878",
+            "127.1.2.3:80",
+            "[::1]",
+            "[::1]:7878",
+            "[::ffff:127.0.0.1]:7878",
+        ] {
+            assert!(is_loopback_host(h), "{h}");
+        }
+        for h in [
+            "",
+            "attacker.example",
+            "attacker.example:7878",
+            "localhost.attacker.example",
+            "a.localhost",
+            "127.0.0.1.nip.io",
+            "127.0.0.1:",
+            "127.0.0.1:x",
+            "127.0.0.1:123456",
+            "128.0.0.1",
+            "0.0.0.0:7878",
+            "10.0.0.1",
+            "[::2]:1",
+            "[::1",
+            "[::1]x",
+            "::1",
+            "localhost:7878:1",
+            "localhost@evil",
+        ] {
+            assert!(!is_loopback_host(h), "{h}");
+        }
+    }
+
+    #[test]
+    fn origins() {
+        assert!(same_origin("http://127.0.0.1:7878", "127.0.0.1:7878"));
+        assert!(same_origin("HTTPS://LOCALHOST:1", "localhost:1"));
+        assert!(!same_origin("http://127.0.0.1:7879", "127.0.0.1:7878"));
+        assert!(!same_origin("http://localhost:7878", "127.0.0.1:7878"));
+        assert!(!same_origin("null", "127.0.0.1:7878"));
+        assert!(!same_origin("http://", ""));
+        assert!(!same_origin("ftp://127.0.0.1:7878", "127.0.0.1:7878"));
+    }
+
+    #[test]
+    fn printable_escapes_and_truncates() {
+        assert_eq!(printable("a\u{1b}[2Kb"), "a\\u{1b}[2Kb");
+        assert_eq!(printable(&"x".repeat(200)).chars().count(), 101);
+    }
+
+    proptest::proptest! {
+        /// Whatever a client puts in `Host`, the check never panics, and anything it accepts
+        /// is a loopback name or address.
+        #[test]
+        fn any_host_is_checked_without_panicking(h in "\\PC{0,60}") {
+            if is_loopback_host(&h) {
+                let lower = h.to_ascii_lowercase();
+                proptest::prop_assert!(
+                    lower.starts_with("localhost") || lower.starts_with("127.") || lower.starts_with('[')
+                );
+            }
+            let _ = same_origin(&h, "localhost");
+        }
     }
 }

@@ -1,119 +1,12 @@
 //! `tether serve` end to end: real sockets on 127.0.0.1, a real SQLite file, the testkit's fake
 //! OpenAI server behind the agents.
 
-use std::path::Path;
+mod common;
 
+use common::*;
 use serde_json::{Value, json};
-use tether_serve::{Config, Server, ServerOptions};
-use tether_testkit::openai::{FakeOpenAi, Reply};
-
-struct Env {
-    dir: tempfile::TempDir,
-    fake: FakeOpenAi,
-}
-
-impl Env {
-    async fn new() -> Env {
-        Env {
-            dir: tempfile::tempdir().unwrap(),
-            fake: FakeOpenAi::start().await,
-        }
-    }
-
-    fn config(&self, extra: &str) -> Config {
-        let ws = self.dir.path().join("ws");
-        std::fs::create_dir_all(&ws).unwrap();
-        let text = format!(
-            r#"
-[agents.main]
-base_url = "{url}"
-model = "fake"
-system_prompt = "be brief"
-[agents.main.workspace]
-root = "{ws}"
-[[agents.main.commands]]
-name = "append_line"
-description = "Append a line to log.txt"
-command = 'printf "%s %s\n" "$TETHER_TOOL_USE_ID" "$TETHER_ARG_LINE" >> log.txt'
-{extra}
-"#,
-            url = self.fake.url(),
-            ws = ws.display(),
-        );
-        Config::parse(&text, "test.toml", self.dir.path()).unwrap()
-    }
-
-    async fn start(&self, config: Config, token: Option<&str>) -> Server {
-        tether_serve::start(ServerOptions {
-            config,
-            bind: "127.0.0.1:0".into(),
-            db: self.dir.path().join("tether.db"),
-            token: token.map(str::to_owned),
-        })
-        .await
-        .unwrap()
-    }
-
-    fn ws(&self) -> std::path::PathBuf {
-        self.dir.path().join("ws")
-    }
-}
-
-fn client() -> reqwest::Client {
-    reqwest::Client::new()
-}
-
-fn input(thread: &str, run: &str, messages: Value) -> Value {
-    json!({"threadId": thread, "runId": run, "messages": messages, "tools": [], "context": [], "state": {}, "forwardedProps": {}})
-}
-
-/// POSTs a run and returns its decoded SSE events.
-async fn run(server: &Server, agent: &str, body: &Value, token: Option<&str>) -> Vec<Value> {
-    let mut req = client()
-        .post(format!("http://{}/v1/agents/{agent}/run", server.addr()))
-        .header("accept", "text/event-stream")
-        .json(body);
-    if let Some(t) = token {
-        req = req.bearer_auth(t);
-    }
-    let resp = req.send().await.unwrap();
-    assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
-    sse_events(&resp.text().await.unwrap())
-}
-
-/// The `data:` payloads of an SSE body.
-fn sse_events(text: &str) -> Vec<Value> {
-    text.split("\n\n")
-        .filter_map(|frame| frame.lines().find_map(|l| l.strip_prefix("data: ")))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
-}
-
-fn types(events: &[Value]) -> Vec<&str> {
-    events.iter().map(|e| e["type"].as_str().unwrap()).collect()
-}
-
-fn text_of(events: &[Value]) -> String {
-    events
-        .iter()
-        .filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT")
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect()
-}
-
-fn last(events: &[Value]) -> &Value {
-    events.last().unwrap()
-}
-
-async fn get(server: &Server, path: &str) -> (u16, Value) {
-    let r = client()
-        .get(format!("http://{}{path}", server.addr()))
-        .send()
-        .await
-        .unwrap();
-    let s = r.status().as_u16();
-    (s, r.json().await.unwrap_or(Value::Null))
-}
+use tether_serve::ServerOptions;
+use tether_testkit::openai::Reply;
 
 #[tokio::test]
 async fn a_thread_streams_text_and_resumes_across_requests_and_restarts() {
@@ -433,27 +326,24 @@ async fn refusals_token_body_size_run_time_and_concurrency() {
     assert_eq!(text_of(&third), "room again");
 }
 
-#[test]
-fn the_binary_refuses_a_public_bind_without_a_token() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tether-serve"))
-        .args(["--bind", "0.0.0.0:0", "--db"])
-        .arg(dir.path().join("t.db"))
-        .env_remove("TETHER_TOKEN")
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("without a token"), "{err}");
-    assert!(
-        !Path::new(&dir.path().join("t.db")).exists(),
-        "nothing was created"
-    );
+/// Reads an SSE response until a frame of type `ty` arrives; returns everything read so far.
+async fn read_until(resp: &mut reqwest::Response, ty: &str) -> String {
+    let needle = format!("\"type\":\"{ty}\"");
+    let mut text = String::new();
+    tokio::time::timeout(PATIENCE, async {
+        while !text.contains(&needle) {
+            let chunk = resp.chunk().await.unwrap().expect("the stream ended first");
+            text.push_str(&String::from_utf8_lossy(&chunk));
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {ty} within {PATIENCE:?}: {text}"));
+    text
 }
 
 /// A graceful shutdown closes the listener at once, lets the turn in progress stream to its end,
-/// and returns when its connection has closed.
+/// and returns when its connection has closed. (Synchronised on events: the first text delta
+/// says the model is streaming; `stopped_accepting` says the listener is closed.)
 #[tokio::test]
 async fn shutdown_lets_a_running_turn_finish_and_takes_no_new_connections() {
     let env = Env::new().await;
@@ -464,40 +354,168 @@ async fn shutdown_lets_a_running_turn_finish_and_takes_no_new_connections() {
     );
     let server = env.start(env.config(""), None).await;
     let addr = server.addr();
-    let body = input(
-        "t-sd",
-        "r1",
-        json!([{"id": "u1", "role": "user", "content": "hi"}]),
-    );
-    let running = tokio::spawn(async move {
-        let resp = client()
-            .post(format!("http://{addr}/v1/agents/main/run"))
-            .header("accept", "text/event-stream")
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        resp.text().await.unwrap()
-    });
-    // Shut down while the model streams.
-    for _ in 0..500 {
-        if !env.fake.requests().is_empty() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    assert_eq!(env.fake.requests().len(), 1, "the run reached the model");
+    let body = input("t-sd", "r1", user("u1", "hi"));
+    let mut resp = post_run(&server, "main", &body, None).await;
+    assert_eq!(resp.status(), 200);
+    let mut text = read_until(&mut resp, "TEXT_MESSAGE_CONTENT").await;
     server.shutdown();
-    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    tokio::time::timeout(PATIENCE, server.stopped_accepting())
+        .await
+        .expect("the listener closes");
     let late = client().get(format!("http://{addr}/healthz")).send().await;
     assert!(
         late.is_err(),
         "a new connection after shutdown was accepted: {late:?}"
     );
-    let events = sse_events(&running.await.unwrap());
+    while let Some(chunk) = resp.chunk().await.unwrap() {
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let events = sse_events(&text);
     assert_eq!(text_of(&events), "slow and steady");
     assert_eq!(last(&events)["type"], "RUN_FINISHED");
-    tokio::time::timeout(std::time::Duration::from_secs(10), server.wait())
+    tokio::time::timeout(PATIENCE, server.wait())
         .await
         .expect("the server stops once its last connection has closed");
+}
+
+/// Issue 11, item 4: four clients trickling their bodies held every run slot (the slot was
+/// taken before the body was read), so every real run got 429. Now the slot is taken once the
+/// body is in, and a body that does not arrive within `body_timeout_secs` gets 408.
+#[tokio::test]
+async fn clients_trickling_their_bodies_hold_no_run_slot() {
+    let env = Env::new().await;
+    env.fake.push(Reply::text("served"));
+    let cfg = env.config_with("max_concurrent_runs = 4\nbody_timeout_secs = 3", "");
+    let server = env.start(cfg, None).await;
+    let addr = server.addr();
+    let host = addr.to_string();
+    let mut tricklers = Vec::new();
+    for _ in 0..5 {
+        let mut t = Trickle::open(addr, &run_head("main", &host, ""), 100_000).await;
+        // The handler is reading this body: on the old code it held a run slot from here on.
+        t.wait_reading().await;
+        t.send(b"{").await.unwrap();
+        tricklers.push(t);
+    }
+    // One byte every 200 ms each, until the server answers them.
+    let drips: Vec<_> = tricklers
+        .into_iter()
+        .map(|t| tokio::spawn(t.drip_until_answered(Some(std::time::Duration::from_millis(200)))))
+        .collect();
+    let ev = run(&server, "main", &input("t-real", "r1", user("u1", "hi")), None).await;
+    assert_eq!(text_of(&ev), "served", "{ev:?}");
+    assert_eq!(last(&ev)["type"], "RUN_FINISHED");
+    for d in drips {
+        let r = d.await.unwrap();
+        assert_eq!(r.status, 408, "{r:?}");
+        assert_eq!(r.json()["code"], "BODY_TIMEOUT", "{r:?}");
+    }
+}
+
+/// Issue 17: THREAD_BUSY had no test. A second run on a thread whose run is still going is
+/// refused with that code.
+#[tokio::test]
+async fn a_second_run_on_a_busy_thread_gets_thread_busy() {
+    let env = Env::new().await;
+    env.fake
+        .push(Reply::text("never finished").chunk_chars(1).stall_after(4));
+    let server = env.start(env.config(""), None).await;
+    let mut first = post_run(&server, "main", &input("t", "r1", user("u1", "hi")), None).await;
+    assert_eq!(first.status(), 200);
+    read_until(&mut first, "TEXT_MESSAGE_CONTENT").await;
+    let ev = run(&server, "main", &input("t", "r2", user("u2", "again")), None).await;
+    let fin = last(&ev);
+    assert_eq!(fin["type"], "RUN_ERROR", "{ev:?}");
+    assert_eq!(fin["code"], "THREAD_BUSY", "{fin}");
+    assert_eq!(
+        env.fake.requests().len(),
+        1,
+        "the refused run never reached the model"
+    );
+    drop(first);
+}
+
+/// Issue 17: THREAD_AGENT_MISMATCH had no test. A thread belongs to the agent that started it.
+#[tokio::test]
+async fn a_thread_of_another_agent_is_refused() {
+    let env = Env::new().await;
+    env.fake.push(Reply::text("main's answer"));
+    let other = format!(
+        "[agents.other]\nbase_url = \"{}\"\nmodel = \"fake\"\n",
+        env.fake.url()
+    );
+    let server = env.start(env.config(&other), None).await;
+    let ev = run(&server, "main", &input("t", "r1", user("u1", "hi")), None).await;
+    assert_eq!(text_of(&ev), "main's answer");
+    let ev = run(&server, "other", &input("t", "r2", user("u2", "mine now")), None).await;
+    let fin = last(&ev);
+    assert_eq!(fin["type"], "RUN_ERROR", "{ev:?}");
+    assert_eq!(fin["code"], "THREAD_AGENT_MISMATCH", "{fin}");
+    assert!(fin["message"].as_str().unwrap().contains("main"), "{fin}");
+    assert_eq!(env.fake.requests().len(), 1);
+}
+
+/// Issue 17: SHUTTING_DOWN had no test. A run whose body completes after the shutdown began is
+/// refused (503) and never reaches the model; synchronised on `100 Continue` (the server is
+/// reading the body) and on `shutdown()` returning.
+#[tokio::test]
+async fn a_run_during_the_drain_gets_shutting_down() {
+    let env = Env::new().await;
+    let server = env.start(env.config(""), None).await;
+    let addr = server.addr();
+    let body = input("t", "r1", user("u1", "hi")).to_string();
+    let mut t = Trickle::open(addr, &run_head("main", &addr.to_string(), ""), body.len()).await;
+    t.wait_reading().await;
+    server.shutdown();
+    t.send(body.as_bytes()).await.unwrap();
+    let r = t.response().await;
+    assert_eq!(r.status, 503, "{r:?}");
+    assert_eq!(r.json()["code"], "SHUTTING_DOWN", "{r:?}");
+    assert!(env.fake.requests().is_empty());
+    tokio::time::timeout(PATIENCE, server.wait())
+        .await
+        .expect("the server stops");
+}
+
+/// Issue 17: the thread routes with a wrong token had no test.
+#[tokio::test]
+async fn the_thread_routes_need_the_token() {
+    let env = Env::new().await;
+    env.fake.push(Reply::text("hello"));
+    let server = env.start(env.config(""), Some("right-token")).await;
+    run(
+        &server,
+        "main",
+        &input("t1", "r1", user("u1", "hi")),
+        Some("right-token"),
+    )
+    .await;
+    for path in [
+        "/v1/threads",
+        "/v1/threads?agent=main",
+        "/v1/threads/t1/events",
+        "/v1/threads/t1/messages",
+        "/v1/agents",
+        "/v1/nope",
+        "/nope",
+    ] {
+        for token in [None, Some("wrong-token"), Some("right-token ")] {
+            let (status, body) = get_with(&server, path, token).await;
+            if token == Some("right-token ") {
+                // Surrounding spaces are trimmed: still the right token.
+                assert_ne!(status, 401, "{path}");
+                continue;
+            }
+            assert_eq!(status, 401, "{path} with {token:?}");
+            assert_eq!(body["code"], "UNAUTHORIZED", "{path}");
+        }
+        let (status, _) = get_with(&server, path, Some("right-token")).await;
+        assert!(status == 200 || status == 404, "{path}: {status}");
+    }
+    let (s, ev) = get_with(&server, "/v1/threads/t1/events", Some("right-token")).await;
+    assert_eq!(s, 200);
+    assert!(!ev["events"].as_array().unwrap().is_empty());
+    // The UI and the health check are public (the UI then asks for the token).
+    assert_eq!(get(&server, "/").await.0, 200);
+    assert_eq!(get(&server, "/healthz").await.0, 200);
 }

@@ -12,9 +12,16 @@
 //! failing call is rolled back alone; every call of the group is answered only after the
 //! group's `COMMIT`, so nothing is acknowledged before it is durable.
 //!
+//! One store per file: [`SqliteStore::open`] takes an exclusive lock on the database (a
+//! `<db>-lock` file beside it, held for the store's life and dropped by the kernel if the process
+//! dies) and refuses a file another store holds with [`StoreError::Locked`], naming the holder.
+//! Two servers on one database would number one session's events twice; the schema refuses that
+//! too (one event per session and sequence number: [`StoreError::SequenceTaken`]).
+//!
 //! The schema is versioned (`PRAGMA user_version`); [`SqliteStore::open`] migrates a database
-//! written by an older version in place and refuses, with [`StoreError::NewerSchema`], one written
-//! by a newer version.
+//! written by an older version in place (reading the version and migrating inside one
+//! `BEGIN IMMEDIATE` transaction, so concurrent migrations of one file are serialised) and
+//! refuses, with [`StoreError::NewerSchema`], one written by a newer version.
 //!
 //! ```no_run
 //! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
@@ -37,6 +44,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tether::{Event, EventStore, ToolResult};
+
+mod lock;
 
 /// `PRAGMA application_id` of a tether database ("TETH").
 pub const APPLICATION_ID: i32 = 0x5445_5448;
@@ -82,7 +91,66 @@ const MIGRATIONS: &[&str] = &[
         updated_ms INTEGER NOT NULL
      );
      CREATE INDEX threads_by_agent ON threads (agent, updated_ms);",
+    // v3: one event per sequence number of a session, enforced by the schema (two writers on
+    // one file once stored two events under one number). `check_before` runs first and
+    // refuses, naming them, a file that already holds such pairs.
+    "DROP INDEX events_by_seq;
+     CREATE UNIQUE INDEX events_by_seq ON events (session_id, seq);",
 ];
+
+/// What must hold before the migration to `version` runs.
+fn check_before(version: u32, c: &Connection, p: &str) -> Result<(), StoreError> {
+    match version {
+        3 => check_unique_seq(c, p),
+        _ => Ok(()),
+    }
+}
+
+/// Most duplicate sequence numbers a [`StoreError::DuplicateSequence`] lists.
+const DUPLICATES_SHOWN: usize = 10;
+
+/// Refuses to add the unique (session, seq) index over events that already break it, listing
+/// them, rather than failing with SQLite's bare "UNIQUE constraint failed".
+fn check_unique_seq(c: &Connection, p: &str) -> Result<(), StoreError> {
+    let mut st = c
+        .prepare(
+            "SELECT e.session_id, e.seq, e.event_id FROM events e
+             JOIN (SELECT session_id, seq FROM events WHERE seq IS NOT NULL
+                   GROUP BY session_id, seq HAVING count(*) > 1) d
+               ON e.session_id = d.session_id AND e.seq = d.seq
+             ORDER BY e.session_id, e.seq, e.rowid",
+        )
+        .map_err(|e| sql(p, e))?;
+    let rows = st
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, String>(2)?,
+            ))
+        })
+        .map_err(|e| sql(p, e))?;
+    let mut all: Vec<SeqDuplicate> = Vec::new();
+    for row in rows {
+        let (session_id, seq, event_id) = row.map_err(|e| sql(p, e))?;
+        match all.last_mut() {
+            Some(d) if d.session_id == session_id && d.seq == seq => d.event_ids.push(event_id),
+            _ => all.push(SeqDuplicate {
+                session_id,
+                seq,
+                event_ids: vec![event_id],
+            }),
+        }
+    }
+    if all.is_empty() {
+        return Ok(());
+    }
+    Err(StoreError::DuplicateSequence {
+        path: p.into(),
+        total: all.len(),
+        duplicates: all.into_iter().take(DUPLICATES_SHOWN).collect(),
+    })
+}
 
 /// The schema version this build writes (and the newest it can open).
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -143,6 +211,100 @@ pub enum StoreError {
         /// Why.
         message: String,
     },
+    /// Another store has the database open (a second `tether serve` on the same `--db`, or a
+    /// second [`SqliteStore::open`] in this process): one writer per file, or two servers would
+    /// number one session's events twice.
+    #[error(
+        "{path} is already in use by {holder} (it holds the lock on {lock_file}); \
+         stop that process first, or point this one at another database file"
+    )]
+    Locked {
+        /// The database file.
+        path: String,
+        /// The lock file next to it.
+        lock_file: String,
+        /// Who holds it, as far as the lock file says ("process 1234 (tether-serve)").
+        holder: String,
+    },
+    /// The exclusive lock could not be taken for a reason other than another holder (the
+    /// directory is read-only, the file system has no locks): the store refuses to open
+    /// without it.
+    #[error(
+        "cannot lock {lock_file} for {path}: {source}; tether opens a database only while it \
+         holds that lock (check the directory is writable and on a local file system)"
+    )]
+    Lock {
+        /// The database file.
+        path: String,
+        /// The lock file next to it.
+        lock_file: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file holds events sharing one sequence number within a session (written by two
+    /// servers at once, before tether locked its database): the schema that forbids them cannot
+    /// be added until each pair is resolved by hand.
+    #[error(
+        "{path} holds {total} sequence number(s) used by more than one event of a session, so its \
+         record is contradictory: {}{}. Back the file up, then keep one event of each (e.g. \
+         sqlite3 {path} \"DELETE FROM events WHERE session_id = '…' AND event_id = '…'\"), or start \
+         a new database file",
+        list_duplicates(duplicates),
+        if *total > duplicates.len() { format!(" and {} more", total - duplicates.len()) } else { String::new() }
+    )]
+    DuplicateSequence {
+        /// The database file.
+        path: String,
+        /// How many (session, seq) pairs are duplicated.
+        total: usize,
+        /// The first of them (at most 10).
+        duplicates: Vec<SeqDuplicate>,
+    },
+    /// An event was appended at a sequence number its session already uses for another event:
+    /// nothing was written. Another writer is numbering the same session.
+    #[error(
+        "{path}: session {session_id} already has event {existing_event_id} at sequence number \
+         {seq}; event {event_id} was not stored (is another process writing this session?)"
+    )]
+    SequenceTaken {
+        /// The database file.
+        path: String,
+        /// The session.
+        session_id: String,
+        /// The sequence number.
+        seq: u64,
+        /// The event refused.
+        event_id: String,
+        /// The event stored at that number.
+        existing_event_id: String,
+    },
+}
+
+/// One sequence number shared by several events of a session (see
+/// [`StoreError::DuplicateSequence`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeqDuplicate {
+    /// The session.
+    pub session_id: String,
+    /// The sequence number.
+    pub seq: i64,
+    /// The events sharing it, in the order they were stored.
+    pub event_ids: Vec<String>,
+}
+
+fn list_duplicates(d: &[SeqDuplicate]) -> String {
+    d.iter()
+        .map(|d| {
+            format!(
+                "session {} seq {}: events {}",
+                d.session_id,
+                d.seq,
+                d.event_ids.join(", ")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 impl From<StoreError> for tether::Error {
@@ -180,11 +342,35 @@ pub enum Claim {
 
 /// A durable [`EventStore`] on one SQLite file. Cheap to clone (clones share the connection and
 /// its thread, which ends when the last clone is dropped).
+///
+/// A store holds its database file exclusively for its life: a second [`SqliteStore::open`] of
+/// the same file, from this process or another, fails with [`StoreError::Locked`] until the
+/// last clone of the first is dropped (or its process dies).
 #[derive(Clone)]
 pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+/// What the clones of a store share. Dropping the last one stops the store's thread, waits for
+/// it, closes the connection, and only then releases the file's lock (fields drop in order).
+struct Inner {
     conn: Arc<Mutex<Connection>>,
     path: Arc<str>,
-    jobs: std::sync::mpsc::Sender<Job>,
+    jobs: Option<std::sync::mpsc::Sender<Job>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+    _lock: Option<lock::DbLock>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Closing the channel ends the worker once it has answered every call it took.
+        drop(self.jobs.take());
+        if let Some(w) = self.worker.take()
+            && w.thread().id() != std::thread::current().id()
+        {
+            let _ = w.join();
+        }
+    }
 }
 
 /// What a job answers once its group's transaction has ended: `Ok` when it committed.
@@ -194,6 +380,9 @@ type Job = Box<dyn FnOnce(&mut Connection, &str) -> Answer + Send>;
 
 /// Prepared statements kept per connection (more than the store has).
 const STATEMENT_CACHE: usize = 48;
+
+/// How long a statement waits for another connection's lock on the file.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Most calls committed together.
 const GROUP_MAX: usize = 512;
@@ -239,7 +428,9 @@ fn worker(conn: Arc<Mutex<Connection>>, path: Arc<str>, jobs: std::sync::mpsc::R
 
 impl std::fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SqliteStore").field("path", &self.path).finish()
+        f.debug_struct("SqliteStore")
+            .field("path", &self.inner.path)
+            .finish()
     }
 }
 
@@ -252,14 +443,20 @@ fn now_ms() -> i64 {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path`, in WAL mode, migrating an older schema.
+    ///
+    /// Takes the file's exclusive lock first: [`StoreError::Locked`] when another store (another
+    /// `tether serve`, or another open in this process) has it.
     pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
         Self::open_to(path.as_ref(), SCHEMA_VERSION)
     }
 
-    /// An in-memory database (nothing survives the process): for tests.
+    /// An in-memory database (nothing survives the process): for tests. Private to the store,
+    /// so it takes no lock.
     pub fn open_in_memory() -> Result<Self, StoreError> {
-        let conn = Connection::open_in_memory().map_err(|e| sql(":memory:", e))?;
-        Self::init(conn, ":memory:", SCHEMA_VERSION)
+        let mut conn = Connection::open_in_memory().map_err(|e| sql(":memory:", e))?;
+        configure(&conn, ":memory:")?;
+        migrate(&mut conn, ":memory:", SCHEMA_VERSION)?;
+        Self::start(conn, ":memory:", None)
     }
 
     /// Opens the database migrating it only up to `version`: for testing migrations from an
@@ -269,84 +466,51 @@ impl SqliteStore {
         Self::open_to(path.as_ref(), version.min(SCHEMA_VERSION))
     }
 
-    fn open_to(path: &Path, version: u32) -> Result<Self, StoreError> {
-        let shown = path.display().to_string();
-        let conn = Connection::open(path).map_err(|e| sql(&shown, e))?;
-        Self::init(conn, &shown, version)
+    /// Migrates the database at `path` to the current schema on a connection of its own,
+    /// *without* taking the store's lock, and returns the version it ended at: for testing that
+    /// migrations racing on one file are safe without the lock. Not for use outside tests.
+    #[doc(hidden)]
+    pub fn migrate_unlocked(path: impl AsRef<Path>) -> Result<u32, StoreError> {
+        let shown = path.as_ref().display().to_string();
+        let mut conn = Connection::open(path.as_ref()).map_err(|e| sql(&shown, e))?;
+        configure(&conn, &shown)?;
+        migrate(&mut conn, &shown, SCHEMA_VERSION)
     }
 
-    fn init(mut conn: Connection, path: &str, target: u32) -> Result<Self, StoreError> {
-        conn.busy_timeout(Duration::from_secs(10))
-            .map_err(|e| sql(path, e))?;
-        // Every statement the store runs stays prepared (rusqlite keeps 16 by default; the store
-        // has about 20, and an evicted one is parsed again on its next use).
-        conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
-        // The journal mode: WAL for files (in-memory databases report "memory").
-        let _: String = conn
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .map_err(|e| foreign_or_sql(path, e))?;
-        conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
-            .map_err(|e| sql(path, e))?;
-        let app: i32 = conn
-            .query_row("PRAGMA application_id", [], |r| r.get(0))
-            .map_err(|e| sql(path, e))?;
-        let version: u32 = conn
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|e| sql(path, e))?;
-        if app != 0 && app != APPLICATION_ID {
-            return Err(StoreError::Foreign {
-                path: path.into(),
-                detail: format!("application_id {app:#x}"),
-            });
-        }
-        if app == 0 && version == 0 {
-            let tables: i64 = conn
-                .query_row(
-                    "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
-                    [],
-                    |r| r.get(0),
-                )
-                .map_err(|e| sql(path, e))?;
-            if tables > 0 {
-                return Err(StoreError::Foreign {
-                    path: path.into(),
-                    detail: format!("{tables} tables and no tether schema version"),
-                });
-            }
-        }
-        if version > SCHEMA_VERSION {
-            return Err(StoreError::NewerSchema {
-                path: path.into(),
-                found: version,
-                supported: SCHEMA_VERSION,
-            });
-        }
-        for v in version..target {
-            let tx = conn.transaction().map_err(|e| sql(path, e))?;
-            tx.execute_batch(MIGRATIONS[v as usize])
-                .map_err(|e| sql(path, e))?;
-            tx.execute_batch(&format!(
-                "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {};",
-                v + 1
-            ))
-            .map_err(|e| sql(path, e))?;
-            tx.commit().map_err(|e| sql(path, e))?;
-            tracing::info!(path, version = v + 1, "migrated the tether database");
-        }
+    fn open_to(path: &Path, version: u32) -> Result<Self, StoreError> {
+        let shown = path.display().to_string();
+        // The lock before anything touches the file: a second server must not even migrate it.
+        let lock = lock::DbLock::acquire(path)?;
+        let mut conn = Connection::open(path).map_err(|e| sql(&shown, e))?;
+        configure(&conn, &shown)?;
+        migrate(&mut conn, &shown, version)?;
+        Self::start(conn, &shown, Some(lock))
+    }
+
+    /// Starts the store's thread on a configured, migrated connection.
+    fn start(conn: Connection, path: &str, lock: Option<lock::DbLock>) -> Result<Self, StoreError> {
         let conn = Arc::new(Mutex::new(conn));
         let path: Arc<str> = path.into();
         let (jobs, rx) = std::sync::mpsc::channel::<Job>();
         let (c, p) = (conn.clone(), path.clone());
-        std::thread::Builder::new()
+        let worker = std::thread::Builder::new()
             .name("tether-sqlite".into())
             .spawn(move || worker(c, p, rx))
             .map_err(|e| StoreError::Join(format!("cannot start the store's thread: {e}")))?;
-        Ok(SqliteStore { conn, path, jobs })
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                conn,
+                path,
+                jobs: Some(jobs),
+                worker: Some(worker),
+                _lock: lock,
+            }),
+        })
     }
 
     /// The database file's path as given.
     pub fn path(&self) -> &str {
-        &self.path
+        &self.inner.path
     }
 
     /// The schema version of the open database.
@@ -361,8 +525,8 @@ impl SqliteStore {
         &self,
         f: impl FnOnce(&mut Connection, &str) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
-        let mut g = self.conn.lock().map_err(|_| StoreError::Poisoned)?;
-        f(&mut g, &self.path)
+        let mut g = self.inner.conn.lock().map_err(|_| StoreError::Poisoned)?;
+        f(&mut g, &self.inner.path)
     }
 
     /// Runs `f` on the store's thread, inside a savepoint (rolled back when `f` fails), and
@@ -391,11 +555,64 @@ impl SqliteStore {
                 let _ = tx.send(r);
             })
         });
-        self.jobs
+        self.inner
+            .jobs
+            .as_ref()
+            .ok_or_else(|| StoreError::Join("the store is closing".into()))?
             .send(job)
             .map_err(|_| StoreError::Join("the store's thread has stopped".into()))?;
         rx.await
             .map_err(|_| StoreError::Join("the store's thread dropped a call".into()))?
+    }
+
+    /// [`EventStore::append`] with the store's own error: `Ok(false)` when the event's id is
+    /// already stored (nothing written), [`StoreError::SequenceTaken`] when its sequence number
+    /// is another event's in the session (nothing written; the schema has one event per number).
+    pub async fn append_event(&self, session_id: &str, event: &Event) -> Result<bool, StoreError> {
+        let body = serde_json::to_string(event).map_err(|e| {
+            corrupt(
+                &self.inner.path,
+                format!("event {} does not encode: {e}", event.id),
+            )
+        })?;
+        let (sid, id, seq) = (session_id.to_owned(), event.id.clone(), event.seq);
+        self.blocking(move |c, p| {
+            // Only a repeated id is "already stored"; a repeated sequence number under another id
+            // violates the unique index and is reported, never ignored.
+            let inserted = c
+                .prepare_cached(
+                    "INSERT INTO events (session_id, event_id, seq, body) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (session_id, event_id) DO NOTHING",
+                )
+                .and_then(|mut st| st.execute(params![sid, id, seq.map(|s| s as i64), body]));
+            let n = match inserted {
+                Ok(n) => n,
+                Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) => {
+                    let Some(seq) = seq else { return Err(sql(p, e)) };
+                    let existing: Option<String> = c
+                        .prepare_cached("SELECT event_id FROM events WHERE session_id = ?1 AND seq = ?2")
+                        .and_then(|mut st| st.query_row(params![sid, seq as i64], |r| r.get(0)))
+                        .optional()
+                        .map_err(|e| sql(p, e))?;
+                    return match existing {
+                        Some(existing_event_id) => Err(StoreError::SequenceTaken {
+                            path: p.into(),
+                            session_id: sid,
+                            seq,
+                            event_id: id,
+                            existing_event_id,
+                        }),
+                        None => Err(sql(p, e)),
+                    };
+                }
+                Err(e) => return Err(sql(p, e)),
+            };
+            if n == 1 {
+                touch_session(c, p, &sid)?;
+            }
+            Ok(n == 1)
+        })
+        .await
     }
 
     /// Maps a thread to a session, or updates its agent, session and title (the creation time is
@@ -500,6 +717,96 @@ impl SqliteStore {
         })
         .await
     }
+}
+
+/// Connection settings, before any migration: busy timeout, statement cache, WAL, sync level.
+fn configure(conn: &Connection, path: &str) -> Result<(), StoreError> {
+    conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| sql(path, e))?;
+    // Every statement the store runs stays prepared (rusqlite keeps 16 by default; the store
+    // has about 20, and an evicted one is parsed again on its next use).
+    conn.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    // The journal mode: WAL for files (in-memory databases report "memory"). Two connections
+    // switching a fresh file at once both read it, then both need its exclusive lock: SQLite
+    // answers one of them BUSY at once, without the busy handler (that wait could deadlock), so
+    // the switch is retried here until the other has finished (then it is a no-op).
+    let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+    loop {
+        match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0)) {
+            Ok(_) => break,
+            Err(e)
+                if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DatabaseBusy)
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(foreign_or_sql(path, e)),
+        }
+    }
+    conn.execute_batch("PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON;")
+        .map_err(|e| sql(path, e))?;
+    Ok(())
+}
+
+/// Brings the schema to `target` and returns the version the file is at.
+///
+/// Race-free: the version is read inside a `BEGIN IMMEDIATE` transaction (the write lock taken
+/// before the first read), and every pending migration runs in that same transaction, so two
+/// connections migrating one file at once are serialised: the second reads the version the
+/// first committed and has nothing left to do. (Reading `user_version` before the transaction
+/// let both see an empty file, and the second then failed creating tables that existed.)
+fn migrate(conn: &mut Connection, path: &str, target: u32) -> Result<u32, StoreError> {
+    let tx = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(|e| sql(path, e))?;
+    let app: i32 = tx
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .map_err(|e| sql(path, e))?;
+    let version: u32 = tx
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .map_err(|e| sql(path, e))?;
+    if app != 0 && app != APPLICATION_ID {
+        return Err(StoreError::Foreign {
+            path: path.into(),
+            detail: format!("application_id {app:#x}"),
+        });
+    }
+    if app == 0 && version == 0 {
+        let tables: i64 = tx
+            .query_row(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| sql(path, e))?;
+        if tables > 0 {
+            return Err(StoreError::Foreign {
+                path: path.into(),
+                detail: format!("{tables} tables and no tether schema version"),
+            });
+        }
+    }
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::NewerSchema {
+            path: path.into(),
+            found: version,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if version >= target {
+        return Ok(version);
+    }
+    for v in version..target {
+        check_before(v + 1, &tx, path)?;
+        tx.execute_batch(MIGRATIONS[v as usize])
+            .map_err(|e| sql(path, e))?;
+    }
+    tx.execute_batch(&format!(
+        "PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {target};"
+    ))
+    .map_err(|e| sql(path, e))?;
+    tx.commit().map_err(|e| sql(path, e))?;
+    tracing::info!(path, from = version, to = target, "migrated the tether database");
+    Ok(target)
 }
 
 fn thread_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<ThreadRecord> {
@@ -608,26 +915,7 @@ fn corrupt(p: &str, what: impl std::fmt::Display) -> StoreError {
 #[async_trait]
 impl EventStore for SqliteStore {
     async fn append(&self, session_id: &str, event: &Event) -> tether::Result<bool> {
-        let body = serde_json::to_string(event).map_err(|e| tether::Error::Store(e.to_string()))?;
-        let (sid, id, seq) = (
-            session_id.to_owned(),
-            event.id.clone(),
-            event.seq.map(|s| s as i64),
-        );
-        Ok(self
-            .blocking(move |c, p| {
-                let n = c
-                    .prepare_cached(
-                        "INSERT OR IGNORE INTO events (session_id, event_id, seq, body) VALUES (?1, ?2, ?3, ?4)",
-                    )
-                    .and_then(|mut st| st.execute(params![sid, id, seq, body]))
-                    .map_err(|e| sql(p, e))?;
-                if n == 1 {
-                    touch_session(c, p, &sid)?;
-                }
-                Ok(n == 1)
-            })
-            .await?)
+        Ok(self.append_event(session_id, event).await?)
     }
 
     async fn load(&self, session_id: &str) -> tether::Result<Vec<Event>> {

@@ -13,7 +13,6 @@
 //! (`POST /runtimes/{arn}/stopruntimesession`, recorded like invocations) ends them.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -24,6 +23,8 @@ use axum::response::Response;
 use axum::routing::post;
 use futures_util::StreamExt;
 use serde_json::{Value, json};
+
+use crate::server::{Negotiated, Serve, TestCa};
 
 fn crc32(data: &[u8]) -> u32 {
     let mut crc = 0xffff_ffffu32;
@@ -125,6 +126,14 @@ pub enum Reply {
     StallFrames(Vec<Vec<u8>>),
     /// Like [`Reply::Sse`], then silence with the connection open (until a stop).
     StallSse(String),
+    /// These frames, then `repeat` again and again for as long as the client reads (a stream
+    /// that never ends).
+    EndlessFrames {
+        /// Sent once, first.
+        head: Vec<Vec<u8>>,
+        /// Sent forever after.
+        repeat: Vec<u8>,
+    },
 }
 
 /// A recorded request.
@@ -273,26 +282,36 @@ async fn invoke(State(st): State<Shared>, uri: Uri, headers: HeaderMap, body: By
             .header("content-type", "text/event-stream")
             .body(stalled(vec![Bytes::from(s)], &st))
             .unwrap_or_default(),
+        Some(Reply::EndlessFrames { head, repeat }) => {
+            let repeat = Bytes::from(repeat);
+            let head = futures_util::stream::iter(halves(head).into_iter().map(Ok::<_, std::io::Error>));
+            Response::builder()
+                .status(200)
+                .header("content-type", "application/vnd.amazon.eventstream")
+                .body(Body::from_stream(head.chain(futures_util::stream::repeat_with(
+                    move || Ok(repeat.clone()),
+                ))))
+                .unwrap_or_default()
+        }
         None => aws_error(500, "InternalServerException", "fake: the script is exhausted"),
     }
 }
 
 /// The fake AgentCore data plane.
 pub struct FakeAgentCore {
-    addr: SocketAddr,
+    server: crate::server::Running,
     state: Shared,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeAgentCore {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 impl FakeAgentCore {
     /// Starts a fake answering with `script`, one reply per invocation.
     pub async fn start(script: Vec<Reply>) -> Self {
+        Self::start_with(script, Serve::plain()).await
+    }
+
+    /// Starts a fake answering with `script`, serving as `serve` says (e.g. [`Serve::tls`]:
+    /// TLS with a generated CA, HTTP/2 by ALPN).
+    pub async fn start_with(script: Vec<Reply>, serve: Serve) -> Self {
         let state = Arc::new(Mutex::new(St {
             script: script.into(),
             requests: Vec::new(),
@@ -303,13 +322,23 @@ impl FakeAgentCore {
             .route("/runtimes/{arn}/invocations", post(invoke))
             .route("/runtimes/{arn}/stopruntimesession", post(invoke))
             .with_state(state.clone());
-        let (addr, task) = crate::anthropic::serve(app).await;
-        FakeAgentCore { addr, state, task }
+        let server = crate::anthropic::serve(app, serve).await;
+        FakeAgentCore { server, state }
     }
 
-    /// The origin to use as the endpoint.
+    /// The origin to use as the endpoint (`http://127.0.0.1:<port>`, `https://…` over TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.server.origin()
+    }
+
+    /// The CA to trust when serving TLS (`None` over plain HTTP).
+    pub fn ca(&self) -> Option<&TestCa> {
+        self.server.ca()
+    }
+
+    /// What every request so far arrived over (TLS version, ALPN, HTTP version), in arrival order.
+    pub fn negotiated(&self) -> Vec<Negotiated> {
+        self.server.negotiated()
     }
 
     /// Every request received so far.

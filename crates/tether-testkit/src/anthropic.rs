@@ -7,7 +7,6 @@
 //! without `x-api-key` gets 401, one without `anthropic-version` 400, as the real API does.
 
 use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -16,7 +15,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::Response;
 use axum::routing::post;
+use futures_util::StreamExt;
 use serde_json::{Value, json};
+
+use crate::server::{Negotiated, Serve, TestCa};
 
 /// One scripted answer.
 #[derive(Debug, Clone)]
@@ -25,6 +27,16 @@ pub enum Reply {
     Sse(String),
     /// 200 with this JSON body (a non-streamed message).
     Json(Value),
+    /// 200 with this SSE body, then nothing more: the connection stays open (a stalled stream).
+    SseStall(String),
+    /// 200 with `head`, then `repeat` again and again for as long as the client reads (a model
+    /// that never stops).
+    SseEndless {
+        /// Sent once, first.
+        head: String,
+        /// Sent forever after.
+        repeat: String,
+    },
     /// An error status with a JSON body and extra headers (e.g. `retry-after`).
     Status {
         /// The HTTP status.
@@ -79,15 +91,8 @@ struct St {
 
 /// The fake Messages server.
 pub struct FakeMessages {
-    addr: SocketAddr,
+    server: crate::server::Running,
     state: Arc<Mutex<St>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeMessages {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 /// Builds an SSE body from events: `event: <type>` then `data: <json>` for each.
@@ -143,6 +148,25 @@ async fn messages(State(st): State<Arc<Mutex<St>>>, headers: HeaderMap, body: By
             .header("content-type", "text/event-stream")
             .body(Body::from(body))
             .unwrap_or_default(),
+        Some(Reply::SseStall(body)) => Response::builder()
+            .status(200)
+            .header("content-type", "text/event-stream")
+            .body(Body::from_stream(
+                futures_util::stream::once(async move { Ok::<_, std::io::Error>(Bytes::from(body)) })
+                    .chain(futures_util::stream::pending()),
+            ))
+            .unwrap_or_default(),
+        Some(Reply::SseEndless { head, repeat }) => {
+            let repeat = Bytes::from(repeat);
+            Response::builder()
+                .status(200)
+                .header("content-type", "text/event-stream")
+                .body(Body::from_stream(
+                    futures_util::stream::once(async move { Ok::<_, std::io::Error>(Bytes::from(head)) })
+                        .chain(futures_util::stream::repeat_with(move || Ok(repeat.clone()))),
+                ))
+                .unwrap_or_default()
+        }
         Some(Reply::Json(v)) => Response::builder()
             .status(200)
             .header("content-type", "application/json")
@@ -170,6 +194,12 @@ async fn messages(State(st): State<Arc<Mutex<St>>>, headers: HeaderMap, body: By
 impl FakeMessages {
     /// Starts a fake answering with `script`, one reply per request.
     pub async fn start(script: Vec<Reply>) -> Self {
+        Self::start_with(script, Serve::plain()).await
+    }
+
+    /// Starts a fake answering with `script`, serving as `serve` says (e.g. [`Serve::tls`]:
+    /// TLS with a generated CA, HTTP/2 by ALPN).
+    pub async fn start_with(script: Vec<Reply>, serve: Serve) -> Self {
         let state = Arc::new(Mutex::new(St {
             script: script.into(),
             requests: Vec::new(),
@@ -177,13 +207,23 @@ impl FakeMessages {
         let app = Router::new()
             .route("/v1/messages", post(messages))
             .with_state(state.clone());
-        let (addr, task) = crate::anthropic::serve(app).await;
-        FakeMessages { addr, state, task }
+        let server = crate::anthropic::serve(app, serve).await;
+        FakeMessages { server, state }
     }
 
-    /// The origin to use as the base URL.
+    /// The origin to use as the base URL (`http://127.0.0.1:<port>`, `https://…` over TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.server.origin()
+    }
+
+    /// The CA to trust when serving TLS (`None` over plain HTTP).
+    pub fn ca(&self) -> Option<&TestCa> {
+        self.server.ca()
+    }
+
+    /// What every request so far arrived over (TLS version, ALPN, HTTP version), in arrival order.
+    pub fn negotiated(&self) -> Vec<Negotiated> {
+        self.server.negotiated()
     }
 
     /// Every request received so far.
@@ -192,14 +232,13 @@ impl FakeMessages {
     }
 }
 
-/// Serves `app` on an ephemeral port of 127.0.0.1.
-pub(crate) async fn serve(app: Router) -> (SocketAddr, tokio::task::JoinHandle<()>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind 127.0.0.1:0");
-    let addr = listener.local_addr().expect("local addr");
-    let task = tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    (addr, task)
+/// Serves `app` on an ephemeral port of 127.0.0.1 as `serve` says.
+///
+/// # Panics
+/// When no port on 127.0.0.1 can be bound (a test environment failure).
+pub(crate) async fn serve(app: Router, serve: Serve) -> crate::server::Running {
+    match crate::server::serve(app, &serve).await {
+        Ok(s) => s,
+        Err(e) => panic!("tether-testkit: cannot serve on 127.0.0.1:0: {e}"),
+    }
 }

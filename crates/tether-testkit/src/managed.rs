@@ -18,7 +18,6 @@
 //! scripted without a boundary event stalls: the stream stays open with nothing more on it.
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use axum::Router;
@@ -30,11 +29,17 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use crate::server::{Negotiated, Serve, TestCa};
+
 /// Faults to inject.
 #[derive(Debug, Clone, Default)]
 pub struct ManagedFaults {
     /// Close every open stream right after delivering the first event of this type.
     pub drop_after: Option<String>,
+    /// Right after delivering the first event of this type, the open streams go silent: they
+    /// stay open and get nothing more (no event, no heartbeat), while the session goes on (its
+    /// history keeps growing). A stream opened later is served normally.
+    pub stall_after: Option<String>,
     /// Deliver every event twice on the stream.
     pub duplicate: bool,
     /// Statuses for successive stream opens (then 200).
@@ -55,6 +60,8 @@ struct Sess {
     streams: Vec<mpsc::UnboundedSender<Bytes>>,
     turns: VecDeque<Vec<Value>>,
     waiting: HashSet<String>,
+    /// Streams silenced by `stall_after`: kept open, never written to.
+    parked: Vec<mpsc::UnboundedSender<Bytes>>,
 }
 
 #[derive(Default)]
@@ -64,6 +71,7 @@ struct St {
     sessions: HashMap<String, Sess>,
     next_id: u64,
     dropped: bool,
+    stalled: bool,
     stream_opens: u32,
     posted: Vec<Value>,
     requests: Vec<(String, String)>,
@@ -92,12 +100,20 @@ impl St {
         if drop_now {
             self.dropped = true;
         }
+        let stall_now = !self.stalled && self.faults.stall_after.as_deref() == Some(ty.as_str());
+        if stall_now {
+            self.stalled = true;
+        }
         if let Some(s) = self.sessions.get_mut(sid) {
             s.log.push(ev.clone());
             s.streams.retain(|tx| {
                 let ok = tx.send(frame.clone()).is_ok() && (!dup || tx.send(frame.clone()).is_ok());
                 ok && !drop_now
             });
+            if stall_now {
+                let silenced: Vec<_> = s.streams.drain(..).collect();
+                s.parked.extend(silenced);
+            }
         }
         ev
     }
@@ -412,20 +428,19 @@ async fn archive_session(
 
 /// The fake Managed Agents server.
 pub struct FakeManaged {
-    addr: SocketAddr,
+    server: crate::server::Running,
     state: Shared,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for FakeManaged {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 impl FakeManaged {
     /// Starts a fake whose sessions play `turns` (one per input that unblocks them).
     pub async fn start(turns: Vec<Vec<Value>>, faults: ManagedFaults) -> Self {
+        Self::start_with(turns, faults, Serve::plain()).await
+    }
+
+    /// Starts a fake as [`FakeManaged::start`], serving as `serve` says (e.g. [`Serve::tls`]:
+    /// TLS with a generated CA, HTTP/2 by ALPN).
+    pub async fn start_with(turns: Vec<Vec<Value>>, faults: ManagedFaults, serve: Serve) -> Self {
         let state = Arc::new(Mutex::new(St {
             faults,
             script: turns,
@@ -441,8 +456,8 @@ impl FakeManaged {
             .route("/v1/agents/{id}/archive", post(archive))
             .route("/v1/environments/{id}/archive", post(archive))
             .with_state(state.clone());
-        let (addr, task) = crate::anthropic::serve(app).await;
-        FakeManaged { addr, state, task }
+        let server = crate::anthropic::serve(app, serve).await;
+        FakeManaged { server, state }
     }
 
     /// Creates a session directly (for reattach tests) with `history` already in its log and
@@ -463,9 +478,19 @@ impl FakeManaged {
         id
     }
 
-    /// The origin to use as the base URL.
+    /// The origin to use as the base URL (`http://127.0.0.1:<port>`, `https://…` over TLS).
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.server.origin()
+    }
+
+    /// The CA to trust when serving TLS (`None` over plain HTTP).
+    pub fn ca(&self) -> Option<&TestCa> {
+        self.server.ca()
+    }
+
+    /// What every request so far arrived over (TLS version, ALPN, HTTP version), in arrival order.
+    pub fn negotiated(&self) -> Vec<Negotiated> {
+        self.server.negotiated()
     }
 
     /// Every event the client posted, in order.

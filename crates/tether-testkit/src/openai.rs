@@ -36,13 +36,14 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
+use crate::server::{Negotiated, Serve, TestCa};
+
 /// A scripted fake OpenAI-compatible server on a random 127.0.0.1 port.
 ///
 /// Dropping it stops accepting connections.
 pub struct FakeOpenAi {
-    addr: SocketAddr,
+    server: crate::server::Running,
     state: Arc<Shared>,
-    task: tokio::task::JoinHandle<()>,
 }
 
 impl std::fmt::Debug for FakeOpenAi {
@@ -51,12 +52,6 @@ impl std::fmt::Debug for FakeOpenAi {
             .field("url", &self.url())
             .field("remaining", &self.remaining())
             .finish()
-    }
-}
-
-impl Drop for FakeOpenAi {
-    fn drop(&mut self) {
-        self.task.abort();
     }
 }
 
@@ -111,7 +106,16 @@ impl FakeOpenAi {
     /// When no port on 127.0.0.1 can be bound (a test environment failure); see
     /// [`FakeOpenAi::try_start`] to handle that.
     pub async fn start() -> Self {
-        match Self::try_start().await {
+        Self::start_with(Serve::plain()).await
+    }
+
+    /// Starts the server on a random 127.0.0.1 port, serving as `serve` says (e.g.
+    /// [`Serve::tls`]: TLS with a generated CA, HTTP/2 by ALPN).
+    ///
+    /// # Panics
+    /// When no port on 127.0.0.1 can be bound; see [`FakeOpenAi::try_start_with`].
+    pub async fn start_with(serve: Serve) -> Self {
+        match Self::try_start_with(serve).await {
             Ok(s) => s,
             Err(e) => panic!("FakeOpenAi could not bind 127.0.0.1:0: {e}"),
         }
@@ -119,36 +123,36 @@ impl FakeOpenAi {
 
     /// Starts the server on a random 127.0.0.1 port, reporting a bind failure.
     pub async fn try_start() -> std::io::Result<Self> {
-        // A deep accept queue: benchmarks open 1,000 connections at once, and the default
-        // backlog (128) makes the kernel drop the excess, which the clients retry a second later.
-        let socket = tokio::net::TcpSocket::new_v4()?;
-        socket.bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))?;
-        let listener = socket.listen(4096)?;
-        let addr = listener.local_addr()?;
-        let state = Arc::new(Shared::default());
-        let app = axum::Router::new().fallback(handle).with_state(state.clone());
-        // TCP_NODELAY, as real servers set it: without it a small write waits for the ACK of the
-        // previous one, which the client may delay by 40 ms (Nagle + delayed ACK), and a short
-        // stream takes ~40 ms for nothing.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        let task = tokio::spawn(async move {
-            if let Err(e) = axum::serve(listener, app).await {
-                eprintln!("FakeOpenAi stopped: {e}");
-            }
-        });
-        Ok(FakeOpenAi { addr, state, task })
+        Self::try_start_with(Serve::plain()).await
     }
 
-    /// The base URL, including `/v1` (like `OPENAI_BASE_URL`): `http://127.0.0.1:<port>/v1`.
+    /// Starts the server as `serve` says, reporting a bind failure.
+    pub async fn try_start_with(serve: Serve) -> std::io::Result<Self> {
+        let state = Arc::new(Shared::default());
+        let app = axum::Router::new().fallback(handle).with_state(state.clone());
+        let server = crate::server::serve(app, &serve).await?;
+        Ok(FakeOpenAi { server, state })
+    }
+
+    /// The base URL, including `/v1` (like `OPENAI_BASE_URL`): `http://127.0.0.1:<port>/v1`,
+    /// `https://…` when serving TLS.
     pub fn url(&self) -> String {
-        format!("http://{}/v1", self.addr)
+        format!("{}/v1", self.server.origin())
     }
 
     /// The socket address the server listens on.
     pub fn addr(&self) -> SocketAddr {
-        self.addr
+        self.server.addr()
+    }
+
+    /// The CA to trust when serving TLS (`None` over plain HTTP).
+    pub fn ca(&self) -> Option<&TestCa> {
+        self.server.ca()
+    }
+
+    /// What every request so far arrived over (TLS version, ALPN, HTTP version), in arrival order.
+    pub fn negotiated(&self) -> Vec<Negotiated> {
+        self.server.negotiated()
     }
 
     /// Appends a reply to the script.
@@ -273,6 +277,8 @@ enum Kind {
     Stamped {
         n: usize,
     },
+    /// Content deltas of this text, forever (until the client leaves).
+    Endless(String),
 }
 
 #[derive(Debug, Clone, Default)]
@@ -533,6 +539,12 @@ impl Reply {
         Self::new(Kind::Stamped { n })
     }
 
+    /// A model that never stops: content deltas of `delta`, streamed for as long as the client
+    /// reads (no finish reason, no `[DONE]`), for output caps.
+    pub fn endless(delta: impl Into<String>) -> Self {
+        Self::new(Kind::Endless(delta.into()))
+    }
+
     /// An extra response header (e.g. `retry-after-ms`, `x-should-retry`).
     pub fn header(mut self, name: &str, value: &str) -> Self {
         self.headers.push((name.to_owned(), value.to_owned()));
@@ -582,6 +594,17 @@ impl Reply {
                 v.push(Piece::Bytes(Bytes::from_static(b"data: [DONE]\n\n")));
                 (StatusCode::OK, "text/event-stream", v, End::Close)
             }
+            Kind::Endless(delta) => (
+                StatusCode::OK,
+                "text/event-stream",
+                vec![Piece::Bytes(sse(&chunk(
+                    &id,
+                    model,
+                    json!({"role": "assistant", "content": ""}),
+                    None,
+                )))],
+                End::Repeat(sse(&chunk(&id, model, json!({"content": delta}), None))),
+            ),
             Kind::Completion(c) if stream => {
                 let (p, end) = c.stream_pieces(&id, model);
                 (StatusCode::OK, "text/event-stream", p, end)
@@ -636,6 +659,7 @@ impl Reply {
                         .await;
                 }
                 End::Stall => tx.closed().await,
+                End::Repeat(b) => while tx.send(Ok(b.clone())).await.is_ok() {},
             }
         });
         let body = Body::from_stream(futures_util::stream::unfold(rx, |mut rx| async move {
@@ -657,6 +681,8 @@ enum End {
     Close,
     Abort,
     Stall,
+    /// These bytes again and again, until the client leaves.
+    Repeat(Bytes),
 }
 
 fn resplit(pieces: Vec<Piece>, k: usize) -> Vec<Piece> {

@@ -9,6 +9,11 @@ use crate::event::Role;
 use crate::sink::DeltaSink;
 use crate::types::{ToolSpec, ToolUse, Usage};
 
+/// The default cap on one model response (8 MiB): its text, reasoning and tool-call arguments
+/// together, as the `ChatModel` implementations accumulate them. A model that never stops is cut
+/// there with [`crate::Error::ResponseTooLarge`] instead of growing the process without bound.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 << 20;
+
 /// A tool call inside an assistant message: id, name and the argument text as the model wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatToolCall {

@@ -85,6 +85,16 @@ pub enum Error {
     /// The response could not be understood.
     #[error("malformed response: {0}")]
     Malformed(String),
+    /// A model's response outgrew the cap on one response (its text, reasoning and tool-call
+    /// arguments together, [`crate::chat::DEFAULT_MAX_RESPONSE_BYTES`] unless configured): the
+    /// call was stopped there. Not transient: the same request would do it again.
+    #[error(
+        "the model's response exceeded {limit} bytes of text, reasoning and tool-call arguments, so the call was stopped; if a response that large is expected raise the model's max_response_bytes, otherwise lower its max_tokens"
+    )]
+    ResponseTooLarge {
+        /// The cap, in bytes.
+        limit: u64,
+    },
     /// The run did not finish within its time limit.
     #[error("the run did not finish within {0:?}; in-flight work was torn down")]
     Timeout(Duration),
@@ -111,6 +121,15 @@ pub enum Error {
     /// The event store failed.
     #[error("event store: {0}")]
     Store(String),
+    /// The provider cannot reopen an existing session (an ACP agent that does not advertise
+    /// `loadSession`, say): nothing was sent to it, and nothing recorded was changed.
+    #[error("{provider} cannot resume a session: {reason}")]
+    CannotResume {
+        /// The provider's name.
+        provider: String,
+        /// Why, and what to do instead.
+        reason: String,
+    },
     /// The session is closed and takes no more input.
     #[error("the session is closed")]
     Closed,
@@ -188,12 +207,14 @@ impl Error {
             Error::Transport { .. } => "transport",
             Error::Stream { .. } => "stream_error",
             Error::Malformed(_) => "malformed_response",
+            Error::ResponseTooLarge { .. } => "response_too_large",
             Error::Timeout(_) => "timeout",
             Error::Cancelled => "cancelled",
             Error::Config(_) => "config",
             Error::Guard(_) => "guard",
             Error::Provider { .. } => "provider",
             Error::Store(_) => "store",
+            Error::CannotResume { .. } => "cannot_resume",
             Error::Closed => "closed",
             Error::Io(_) => "io",
         }
@@ -260,5 +281,6 @@ mod tests {
             assert!(e.is_transient());
         }
         assert!(!Error::Cancelled.is_transient());
+        assert!(!Error::ResponseTooLarge { limit: 1 }.is_transient());
     }
 }

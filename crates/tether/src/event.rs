@@ -179,6 +179,17 @@ pub enum EventKind {
         /// What went wrong.
         message: String,
     },
+    /// The live content already delivered for a message is void: a retried or reconnected call
+    /// streamed something other than what the failed attempt had shown (or less of it).
+    ///
+    /// Live-only, never recorded. A consumer that shows live content discards what it shows for
+    /// `message_id` (its text, reasoning and tool calls); the message's content so far follows
+    /// again as live events, from its start, and the stream goes on from there. Emitted by the
+    /// session's [`crate::EventSink`], never by providers.
+    MessageRestart {
+        /// The message whose live content starts over.
+        message_id: String,
+    },
     /// Anything else: see `raw`.
     Other,
 }
@@ -202,6 +213,7 @@ impl EventKind {
             EventKind::Retry { .. } => "retry",
             EventKind::Directive { .. } => "directive",
             EventKind::Error { .. } => "error",
+            EventKind::MessageRestart { .. } => "message_restart",
             EventKind::Other => "other",
         }
     }

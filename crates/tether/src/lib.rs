@@ -12,16 +12,21 @@
 //! - [`local::LocalLoop`]: the in-process agent loop over any [`ChatModel`], with loop guards.
 //! - [`RetryPolicy`]: one retry policy for every provider.
 //! - [`workspace::Workspace`]: a ready handler serving files, searches and commands in a root.
+//! - [`sandbox::Sandbox`]: the confinement (Landlock, seccomp) and the one runner of commands.
 
 #![warn(missing_docs)]
 
 pub mod chat;
 pub mod error;
 pub mod event;
+/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod handler;
 pub mod local;
 pub mod provider;
 pub mod retry;
+pub mod sandbox;
 pub mod session;
 pub mod sink;
 pub mod store;

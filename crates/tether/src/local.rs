@@ -184,12 +184,9 @@ impl LocalLoop {
         };
         let mut retries = 0u32;
         loop {
-            let mid = if retries == 0 {
-                message_id.to_owned()
-            } else {
-                format!("{message_id}-r{retries}")
-            };
-            let deltas = DeltaSink::new(cx.sink.clone(), mid);
+            // Every attempt streams under the message's one id: the sink then shows a retried
+            // message once (a repeat is held back, a different attempt restarts the message).
+            let deltas = DeltaSink::new(cx.sink.clone(), message_id);
             match self.model.chat(&req, &deltas).await {
                 Ok(r) => return Ok(r),
                 Err(e) => {
@@ -217,53 +214,10 @@ impl LocalLoop {
     }
 }
 
-/// The duplicate-call key: the tool name and its arguments, canonical JSON when they parse,
-/// the raw text when they don't.
+/// The duplicate-call key: the tool name and its arguments (see [`ToolUse::fingerprint`]):
+/// canonical JSON when they parse, the raw text when they don't.
 fn call_key(name: &str, arguments: &str) -> String {
-    let canon = match serde_json::from_str::<Value>(arguments) {
-        Ok(v) => {
-            let mut out = String::from("json:");
-            canonical(&v, &mut out);
-            out
-        }
-        Err(_) if arguments.trim().is_empty() => "json:{}".to_owned(),
-        Err(_) => format!("raw:{arguments}"),
-    };
-    format!("{name}\u{0}{canon}")
-}
-
-/// Writes `v` as JSON with object keys sorted, whatever the map's own order: serde_json keeps
-/// insertion order when any crate in the build enables its `preserve_order` feature.
-fn canonical(v: &Value, out: &mut String) {
-    match v {
-        Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                if let Some(x) = m.get(k) {
-                    canonical(x, out);
-                }
-            }
-            out.push('}');
-        }
-        Value::Array(a) => {
-            out.push('[');
-            for (i, x) in a.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                canonical(x, out);
-            }
-            out.push(']');
-        }
-        other => out.push_str(&other.to_string()),
-    }
+    ToolUse::from_arguments("", name, arguments).fingerprint()
 }
 
 #[async_trait]

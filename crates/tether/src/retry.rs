@@ -168,24 +168,40 @@ impl RetryPolicy {
     }
 }
 
+/// The longest delay [`parse_retry_after`] reports (24 hours): a header asking for more (up to
+/// `1e20` seconds, or infinity) reads as this. Any [`RetryPolicy::retry_after_cap`] below it then
+/// declines to retry, which is what such a header means; no value a server sends can overflow a
+/// [`Duration`] or panic.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
+
 /// Parses a `retry-after-ms` or `retry-after` header value into a delay.
 ///
-/// `retry-after-ms` is milliseconds; `retry-after` is seconds (fractions allowed). HTTP dates
-/// are not supported and yield `None` (the policy then falls back to backoff).
+/// `retry-after-ms` is milliseconds; `retry-after` is seconds (fractions allowed). Values are
+/// read with bounds, since they come from the server: negative, NaN or unparsable values are
+/// ignored (the other header, then backoff, applies), and anything above [`MAX_RETRY_AFTER`]
+/// (infinity included) is [`MAX_RETRY_AFTER`]. HTTP dates are not supported and yield `None`
+/// (the policy then falls back to backoff).
 pub fn parse_retry_after(ms: Option<&str>, secs: Option<&str>) -> Option<Duration> {
-    if let Some(v) = ms.and_then(|s| s.trim().parse::<f64>().ok())
-        && v.is_finite()
-        && v >= 0.0
-    {
-        return Some(Duration::from_secs_f64(v / 1000.0));
+    if let Some(d) = ms.and_then(|s| bounded_secs(s, 1000.0)) {
+        return Some(d);
     }
-    if let Some(v) = secs.and_then(|s| s.trim().parse::<f64>().ok())
-        && v.is_finite()
-        && v >= 0.0
-    {
-        return Some(Duration::from_secs_f64(v));
+    secs.and_then(|s| bounded_secs(s, 1.0))
+}
+
+/// `s` as a number of `1/per_sec` seconds, clamped to [`MAX_RETRY_AFTER`]; `None` when it is not
+/// a number, negative or NaN.
+fn bounded_secs(s: &str, per_sec: f64) -> Option<Duration> {
+    let v = s.trim().parse::<f64>().ok()?;
+    if v.is_nan() || v < 0.0 {
+        return None;
     }
-    None
+    let secs = v / per_sec;
+    if secs >= MAX_RETRY_AFTER.as_secs_f64() {
+        return Some(MAX_RETRY_AFTER);
+    }
+    Duration::try_from_secs_f64(secs)
+        .ok()
+        .map(|d| d.min(MAX_RETRY_AFTER))
 }
 
 #[cfg(test)]
@@ -278,5 +294,61 @@ mod tests {
             parse_retry_after(None, Some("Wed, 21 Oct 2015 07:28:00 GMT")),
             None
         );
+    }
+
+    /// `Duration::from_secs_f64(1e20)` panics: a hostile `retry-after` used to take the process
+    /// down. Huge values read as the maximum, which the policy's cap then declines to wait for.
+    #[test]
+    fn hostile_retry_after_values_are_bounded() {
+        for v in ["1e20", "1e400", "inf", "+inf", "18446744073709551616", "1e19"] {
+            assert_eq!(parse_retry_after(None, Some(v)), Some(MAX_RETRY_AFTER), "{v}");
+            assert_eq!(parse_retry_after(Some(v), None), Some(MAX_RETRY_AFTER), "{v} ms");
+        }
+        for v in ["-1", "NaN", "-inf", "nan", "", "  ", "1,5", "0x10"] {
+            assert_eq!(parse_retry_after(None, Some(v)), None, "{v}");
+        }
+        // An invalid ms header falls back to the seconds one.
+        assert_eq!(
+            parse_retry_after(Some("NaN"), Some("2")),
+            Some(Duration::from_secs(2))
+        );
+        assert_eq!(parse_retry_after(None, Some("-0")), Some(Duration::ZERO));
+        let e = Error::Http {
+            status: 429,
+            message: String::new(),
+            code: None,
+            retry_after: parse_retry_after(None, Some("1e20")),
+            should_retry: None,
+            endpoint: "t".into(),
+        };
+        assert_eq!(
+            RetryPolicy::default().delay_for(&e, 0),
+            None,
+            "too long to wait for"
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever a server sends in either header, parsing never panics and the delay is
+        /// bounded; a delay the policy chooses from it is bounded by its caps.
+        #[test]
+        fn any_retry_after_header_is_bounded(ms in proptest::option::of(".{0,40}"), secs in proptest::option::of(".{0,40}")) {
+            let d = parse_retry_after(ms.as_deref(), secs.as_deref());
+            proptest::prop_assert!(d.is_none_or(|d| d <= MAX_RETRY_AFTER));
+            let e = Error::Http { status: 503, message: String::new(), code: None, retry_after: d, should_retry: None, endpoint: "t".into() };
+            let p = RetryPolicy::default();
+            if let Some(w) = p.delay_for(&e, 0) {
+                proptest::prop_assert!(w <= p.retry_after_cap.max(p.max_backoff));
+            }
+        }
+
+        /// Numbers in every notation (huge, tiny, negative, exponents) never panic.
+        #[test]
+        fn any_number_is_bounded(v in proptest::num::f64::ANY, exp in -400i32..400) {
+            for s in [v.to_string(), format!("{v:e}"), format!("1e{exp}"), format!("{}e{exp}", v.abs())] {
+                let d = parse_retry_after(Some(&s), Some(&s));
+                proptest::prop_assert!(d.is_none_or(|d| d <= MAX_RETRY_AFTER), "{}", s);
+            }
+        }
     }
 }

@@ -1,13 +1,14 @@
 //! [`Session`]: the session engine, written once for every provider.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::error::{Error, Result};
 use crate::event::{Event, EventKind};
@@ -202,6 +203,8 @@ impl SessionBuilder {
             held: Vec::new(),
             opened,
             unsaved: false,
+            tasks: TaskTracker::new(),
+            batch: Arc::new(Mutex::new(Vec::new())),
         })
     }
 
@@ -219,29 +222,44 @@ impl SessionBuilder {
     /// ```
     pub async fn run(self, prompt: impl Into<String>) -> Result<SessionResult> {
         let timeout = self.config.timeout;
-        let deadline = tokio::time::Instant::now() + timeout;
+        // A timeout too large for the clock (`Duration::MAX`, a config's `u64::MAX` seconds)
+        // means no deadline, never an overflow panic.
+        let deadline = tokio::time::Instant::now().checked_add(timeout);
         let prompt = prompt.into();
-        let mut session = match tokio::time::timeout_at(deadline, self.open()).await {
-            Ok(s) => s?,
-            Err(_) => return Err(Error::Timeout(timeout)),
+        let opening = self.open();
+        let mut session = match deadline {
+            Some(at) => match tokio::time::timeout_at(at, opening).await {
+                Ok(s) => s?,
+                Err(_) => return Err(Error::Timeout(timeout)),
+            },
+            None => opening.await?,
         };
-        let r = tokio::time::timeout_at(deadline, session.send(prompt)).await;
-        match r {
-            Ok(res) => {
-                let _ = session.provider.close().await;
-                res
-            }
-            Err(_) => {
-                // The deadline has passed: give the provider a short, bounded chance to stop the
-                // remote loop and close, so a hung endpoint cannot hold the caller.
-                let grace = Duration::from_secs(10);
-                let _ = tokio::time::timeout(grace, session.provider.interrupt()).await;
-                let _ = tokio::time::timeout(grace, session.provider.close()).await;
-                Err(Error::Timeout(timeout))
-            }
+        if !session.pending_tool_uses().is_empty() {
+            return Err(Error::Config(
+                "the session waits for tool results: call submit_tool_results (or resume) first".into(),
+            ));
         }
+        let r = session
+            .request(
+                Start::Input(Input::Message(prompt)),
+                CancellationToken::new(),
+                deadline.map(|at| (at, timeout)),
+            )
+            .await;
+        // Bounded: a hung endpoint cannot hold the caller after the deadline.
+        let _ = tokio::time::timeout(PROVIDER_GRACE, session.provider.close()).await;
+        r
     }
 }
+
+/// How long a provider gets to interrupt (after a cancel or a timeout) and to close after a run's
+/// timeout, so a hung endpoint cannot hold the caller.
+const PROVIDER_GRACE: Duration = Duration::from_secs(10);
+
+/// How long the engine waits, after aborting tool tasks (a tool timeout, a cancel), for them to
+/// end. A task ends at its next `.await` once aborted; one blocked outside an `.await` (a
+/// blocking call on an async thread) cannot be stopped and is left behind after this grace.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// A session: one provider driven by the engine, with a handler and a store.
 ///
@@ -250,6 +268,45 @@ impl SessionBuilder {
 /// results, each result recorded in the store's memo before the provider is resumed), applies the
 /// turn limit, the turn guard and the terminal tool, and reconnects dropped streams. For a
 /// long-lived session driven from elsewhere, [`Session::spawn`] returns a [`SessionHandle`].
+///
+/// # Tool uses from the model are checked
+/// A tool use is answered from the memo only when it is *the same tool use* as the one recorded:
+/// same id, same tool name, same arguments ([`ToolUse::memo_key`]). A model that reuses an id
+/// for a different call gets that call run (its result memoized and recorded under its own key,
+/// and handed to the provider under the id the model used, so the provider's history stays well
+/// formed); the same call delivered again (a reconnect, a crash recovery) is answered from the
+/// memo and not run twice. Calls of one turn that share an id but differ are all refused with an
+/// error result (an approval or a result for that id could not say which call it meant); exact
+/// repeats of one call in a turn run once. A call with an empty name, or naming a tool the
+/// handler does not declare, gets an error result listing the available tools, without reaching
+/// the handler (front-end tools, declared by the handler, still pause the request as pending).
+/// Every tool use handed to the engine ends with a recorded result, or is pending (front-end).
+///
+/// # Cancellation and timeouts stop the work
+/// A cancel ([`Session::send_cancellable`], [`SessionHandle::cancel`]), a tool's timeout
+/// ([`SessionConfig::tool_timeout`]) or a run's timeout ([`SessionBuilder::run`]) aborts the tool
+/// tasks it stops and waits (up to 5 s) for them to end: a tool stops at its next `.await`, and
+/// what it owns is dropped (a `tokio::process::Child` spawned with `kill_on_drop` is killed). A
+/// tool blocked outside an `.await` cannot be stopped and finishes on its own. Each tool use the
+/// stop left without a result gets an error result saying so, recorded in the memo and the
+/// record and handed to the provider (its history stays well formed), so a later resume or
+/// reconnect does not run it again; [`Session::forget_tool_result`] makes it run again when the
+/// same tool use is delivered next. What else a stop does depends on the provider's
+/// [`Provider::interrupt`]:
+/// - **local loop** ([`crate::local::LocalLoop`]): the model call in flight is dropped (its HTTP
+///   stream closed, which is how a server learns to stop generating); nothing runs remotely.
+/// - **Claude Managed Agents**: `user.interrupt` is posted, so the remote loop stops working (and
+///   billing); custom tool uses in flight are abandoned, never re-run by a reconnect; the idle the
+///   interrupt forces is not taken for the end of the next request. Built-in tools running
+///   server-side stop as the service decides.
+/// - **Bedrock AgentCore**: in runtime mode `StopRuntimeSession` ends the session's microVM; the
+///   harness API has no stop call, so only the connection is closed and the harness may finish
+///   the invocation server-side (bounded by its `timeoutSeconds`).
+/// - **ACP agents**: `session/cancel` is sent and the agent's pending permission and elicitation
+///   requests are answered `cancelled`; stopping is then up to the agent (it should end its
+///   prompt with `cancelled`); file and terminal requests it already made are served to the end.
+///
+/// The provider gets 10 s to interrupt; the engine does not wait longer for it.
 pub struct Session {
     provider: Box<dyn Provider>,
     cx: TurnContext,
@@ -261,6 +318,11 @@ pub struct Session {
     held: Vec<(ToolUse, Option<ToolResult>)>,
     /// Whether the provider may have changed since its transcript was last saved.
     unsaved: bool,
+    /// The session's tool tasks: a cancel waits on it for the tasks it aborted to end.
+    tasks: TaskTracker,
+    /// The tool batch in flight (set when a turn hands tool uses over, cleared when they are
+    /// answered), so a cancel, a timeout or a halt can answer what it stopped.
+    batch: Arc<Mutex<Vec<Slot>>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -273,10 +335,40 @@ impl std::fmt::Debug for Session {
     }
 }
 
+/// One tool use of the batch in flight.
+struct Slot {
+    tool_use: ToolUse,
+    key: String,
+    state: SlotState,
+}
+
+enum SlotState {
+    NotStarted,
+    Running,
+    /// A front-end tool: waits for a result from outside.
+    Pending,
+    Done(ToolResult),
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// What a request starts from.
+enum Start {
+    /// A provider input.
+    Input(Input),
+    /// Tool uses a reattached session waits on: run them (answers the application wrote for
+    /// them by id count), then continue with their results.
+    Pending(Vec<ToolUse>),
+}
+
 #[derive(Default)]
 struct Acc {
     texts: Vec<String>,
     tool_uses: Vec<ToolUse>,
+    /// The memo keys of `tool_uses`.
+    keys: std::collections::HashSet<String>,
     server_tool_uses: Vec<ToolUse>,
     usage: Usage,
     turns: u32,
@@ -288,13 +380,18 @@ impl Acc {
     fn absorb(&mut self, tr: &TurnResult) {
         self.texts.push(tr.text.clone());
         for u in &tr.tool_uses {
-            if !self.tool_uses.iter().any(|x| x.id == u.id) {
-                self.tool_uses.push(u.clone());
-            }
+            self.add_tool_use(u);
         }
         self.server_tool_uses.extend(tr.server_tool_uses.iter().cloned());
         if let Some(u) = &tr.usage {
             self.usage.add(u);
+        }
+    }
+
+    /// Adds a tool use unless the same tool use (id, name, arguments) is there already.
+    fn add_tool_use(&mut self, u: &ToolUse) {
+        if self.keys.insert(u.memo_key()) {
+            self.tool_uses.push(u.clone());
         }
     }
 }
@@ -354,7 +451,8 @@ impl Session {
     }
 
     /// [`Session::send`], stopped early when `cancel` fires: the turn in flight is dropped, the
-    /// provider asked to interrupt, and [`Error::Cancelled`] returned.
+    /// tool tasks in flight are aborted (see the type's docs), the provider asked to interrupt,
+    /// and [`Error::Cancelled`] returned.
     pub async fn send_cancellable(
         &mut self,
         text: impl Into<String>,
@@ -365,7 +463,8 @@ impl Session {
                 "the session waits for tool results: call submit_tool_results (or resume) first".into(),
             ));
         }
-        self.request(Input::Message(text.into()), cancel).await
+        self.request(Start::Input(Input::Message(text.into())), cancel, None)
+            .await
     }
 
     /// Runs one request from any [`Input`]: a provider-specific raw input such as a Managed
@@ -376,7 +475,7 @@ impl Session {
                 "the session waits for tool results: call submit_tool_results (or resume) first".into(),
             ));
         }
-        self.request(input, cancel).await
+        self.request(Start::Input(input), cancel, None).await
     }
 
     /// Resumes a paused request with results for its pending tool uses (front-end tools), or a
@@ -389,12 +488,16 @@ impl Session {
     ) -> Result<SessionResult> {
         let mut batch: Vec<(ToolUse, Option<ToolResult>)> = std::mem::take(&mut self.held);
         batch.extend(self.pending.drain(..).map(|u| (u, None)));
+        let sid = self.info().session_id.clone();
         for r in results {
-            if let Some(slot) = batch.iter_mut().find(|(u, _)| u.id == r.tool_use_id) {
-                let store = self.cx.sink.store().clone();
-                let sid = self.info().session_id.clone();
-                store.put_tool_result(&sid, &r).await?;
-                record_result(&self.cx.sink, &r).await?;
+            if let Some(slot) = batch
+                .iter_mut()
+                .find(|(u, done)| done.is_none() && u.id == r.tool_use_id)
+            {
+                if let Err(e) = store_result(&self.cx, &sid, &slot.0.memo_key(), &r).await {
+                    self.held = batch;
+                    return Err(e);
+                }
                 slot.1 = Some(r);
             }
         }
@@ -406,7 +509,8 @@ impl Session {
             .into_iter()
             .map(|(u, r)| (u, r.unwrap_or_else(|| ToolResult::error("", ""))))
             .unzip();
-        self.request(Input::ToolResults(uses, results), cancel).await
+        self.request(Start::Input(Input::ToolResults(uses, results)), cancel, None)
+            .await
     }
 
     /// Gives up on the pending tool uses (front-end tools nobody answered): each gets an error
@@ -426,8 +530,7 @@ impl Session {
                 Some(r) => r,
                 None => {
                     let r = ToolResult::error(&u.id, reason);
-                    self.cx.sink.store().put_tool_result(&sid, &r).await?;
-                    record_result(&self.cx.sink, &r).await?;
+                    store_result(&self.cx, &sid, &u.memo_key(), &r).await?;
                     r
                 }
             };
@@ -438,8 +541,39 @@ impl Session {
         self.checkpoint().await
     }
 
+    /// Forgets the recorded result of `tool_use` (matched by id, name and arguments), so the next
+    /// time a provider hands the engine this same tool use (a resume, a reconnect) it is run
+    /// again instead of answered from the memo.
+    ///
+    /// This is how a user asks for a tool that a cancel or a timeout stopped (whose recorded
+    /// result says so) to run again. The memo keeps the old result; the forgetting is itself
+    /// recorded (a `tether.tool_result_forgotten` event), and the next run's result is memoized
+    /// and recorded under a new key. Returns whether a result was recorded to forget.
+    pub async fn forget_tool_result(&mut self, tool_use: &ToolUse) -> Result<bool> {
+        let key = current_key(&self.cx.sink, tool_use).await;
+        let sid = self.info().session_id.clone();
+        if self.cx.sink.store().tool_result(&sid, &key).await?.is_none() {
+            return Ok(false);
+        }
+        self.cx
+            .sink
+            .record(
+                format!("tool_forget:{key}"),
+                "tether.tool_result_forgotten",
+                json!({"tool_use_id": tool_use.id, "name": tool_use.name, "key": key}),
+                EventKind::Other,
+            )
+            .await?;
+        Ok(true)
+    }
+
     /// Resumes a reattached session: re-runs the tool uses it waits on through the handler and
     /// continues. With nothing pending it returns at once with stop reason `idle`.
+    ///
+    /// Answers the application stored for a pending use by its id (an approval's denial, a
+    /// front-end result) count as its result; uses already run (same id, name and arguments) are
+    /// answered from the memo, cancelled and timed-out ones included (see
+    /// [`Session::forget_tool_result`]).
     pub async fn resume(&mut self, cancel: CancellationToken) -> Result<SessionResult> {
         if self.pending.is_empty() && self.held.is_empty() {
             let sid = self.info().session_id.clone();
@@ -460,13 +594,7 @@ impl Session {
             });
         }
         let uses: Vec<ToolUse> = std::mem::take(&mut self.pending);
-        let (results, pending) = run_tools(&self.cx, &self.config, &uses).await?;
-        if !pending.is_empty() {
-            self.held = uses.into_iter().zip(results).collect();
-            return Ok(self.paused_result(Vec::new()).await);
-        }
-        let results = results.into_iter().flatten().collect();
-        self.request(Input::ToolResults(uses, results), cancel).await
+        self.request(Start::Pending(uses), cancel, None).await
     }
 
     /// Closes the provider's side of the session.
@@ -474,24 +602,113 @@ impl Session {
         self.provider.close().await
     }
 
-    async fn request(&mut self, input: Input, cancel: CancellationToken) -> Result<SessionResult> {
+    /// Runs a request until it ends, `cancel` fires ([`Error::Cancelled`]) or the deadline passes
+    /// ([`Error::Timeout`] with the configured duration); a stop tears down the work in flight.
+    async fn request(
+        &mut self,
+        start: Start,
+        cancel: CancellationToken,
+        deadline: Option<(tokio::time::Instant, Duration)>,
+    ) -> Result<SessionResult> {
         // Handlers may change their tools between requests (AG-UI front-end tools do).
         self.cx.tools = declared_tools(self.cx.handler.as_ref(), self.config.terminal_tool.as_ref());
-        let r = tokio::select! {
-            biased;
-            _ = cancel.cancelled() => None,
-            r = self.drive(input) => Some(r),
-        };
-        let r = match r {
-            Some(r) => r,
-            None => {
-                let _ = tokio::time::timeout(Duration::from_secs(10), self.provider.interrupt()).await;
-                let _ = self.cx.sink.take_record().await;
-                Err(Error::Cancelled)
+        lock(&self.batch).clear();
+        let stop = async {
+            match deadline {
+                Some((at, d)) => tokio::select! {
+                    _ = cancel.cancelled() => Error::Cancelled,
+                    _ = tokio::time::sleep_until(at) => Error::Timeout(d),
+                },
+                None => {
+                    cancel.cancelled().await;
+                    Error::Cancelled
+                }
             }
         };
+        let outcome = tokio::select! {
+            biased;
+            e = stop => Err(e),
+            r = self.drive(start) => Ok(r),
+        };
+        let r = match outcome {
+            Ok(r) => r,
+            Err(stopped) => {
+                let why = match &stopped {
+                    Error::Timeout(_) => "the run timed out",
+                    _ => "the request was cancelled",
+                };
+                // The drive future is gone: its tool tasks were aborted as it was dropped.
+                stop_tasks(&self.tasks).await;
+                let _ = tokio::time::timeout(PROVIDER_GRACE, self.provider.interrupt()).await;
+                if let Err(e) = self.settle(why).await {
+                    tracing::warn!(error = %e, "could not record the tool uses a stop left unanswered");
+                }
+                Err(stopped)
+            }
+        };
+        if r.is_err() {
+            // The failed request's events are in the store; the next result must not carry them.
+            let _ = self.cx.sink.take_record().await;
+        }
         self.checkpoint().await?;
         r
+    }
+
+    /// Answers the tool batch in flight after a stop (`why`): uses not yet run, running, or
+    /// waiting on a front-end get an error result (memoized and recorded), and the whole batch is
+    /// handed to the provider, whose history then holds an answer for every call.
+    async fn settle(&mut self, why: &str) -> Result<()> {
+        let slots = std::mem::take(&mut *lock(&self.batch));
+        if slots.is_empty() {
+            return Ok(());
+        }
+        let sid = self.info().session_id.clone();
+        let mut uses = Vec::with_capacity(slots.len());
+        let mut results = Vec::with_capacity(slots.len());
+        for Slot {
+            tool_use: u,
+            key,
+            state,
+        } in slots
+        {
+            let r = match state {
+                SlotState::Done(r) => r,
+                state => {
+                    let text = match state {
+                        SlotState::Running => format!(
+                            "tool `{}` was stopped before it finished: {why}. It may have partly run. It is not run again on resume unless its recorded result is forgotten.",
+                            shown(&u.name)
+                        ),
+                        _ => format!("tool `{}` was not run: {why}.", shown(&u.name)),
+                    };
+                    let r = ToolResult::error(&u.id, text);
+                    store_result(&self.cx, &sid, &key, &r).await?;
+                    // First record wins: a result that landed in the memo first is the answer.
+                    match self.cx.sink.store().tool_result(&sid, &key).await? {
+                        Some(mut m) => {
+                            m.tool_use_id = u.id.clone();
+                            m
+                        }
+                        None => r,
+                    }
+                }
+            };
+            uses.push(u);
+            results.push(r);
+        }
+        self.record_tool_results(&uses, &results).await
+    }
+
+    /// Notes the tool uses a turn handed over, before anything else happens to them.
+    fn hand_over(&self, uses: &[ToolUse]) {
+        *lock(&self.batch) = uses
+            .iter()
+            .map(|u| Slot {
+                tool_use: u.clone(),
+                key: u.memo_key(),
+                state: SlotState::NotStarted,
+            })
+            .collect();
     }
 
     /// Saves the provider's transcript (state key `transcript`) so a crash loses at most the turn
@@ -513,8 +730,29 @@ impl Session {
         }
     }
 
-    async fn drive(&mut self, first: Input) -> Result<SessionResult> {
+    async fn drive(&mut self, start: Start) -> Result<SessionResult> {
         let mut acc = Acc::default();
+        let first = match start {
+            Start::Input(i) => i,
+            Start::Pending(uses) => {
+                self.hand_over(&uses);
+                let (results, pending) = ToolRunner {
+                    cx: &self.cx,
+                    config: &self.config,
+                    tasks: &self.tasks,
+                    batch: &self.batch,
+                }
+                .run(&uses, true)
+                .await?;
+                if !pending.is_empty() {
+                    lock(&self.batch).clear();
+                    self.held = uses.into_iter().zip(results).collect();
+                    return Ok(self.paused_result(Vec::new()).await);
+                }
+                lock(&self.batch).clear();
+                Input::ToolResults(uses, results.into_iter().flatten().collect())
+            }
+        };
         if let Input::Message(text) = &first {
             // The user's side of the conversation belongs in the record too.
             self.cx
@@ -538,6 +776,10 @@ impl Session {
         let terminal_name = self.config.terminal_tool.as_ref().map(|t| t.name.clone());
         loop {
             if acc.turns >= self.config.max_turns {
+                if let Input::ToolResults(uses, results) = &input {
+                    // Answered but never sent: the provider's history still gets the answers.
+                    self.record_tool_results(uses, results).await?;
+                }
                 return Ok(self
                     .finish(
                         acc,
@@ -551,6 +793,9 @@ impl Session {
             let tr = self.turn_with_reconnect(input, &mut acc).await?;
             acc.turns += 1;
             acc.absorb(&tr);
+            if tr.terminal == Terminal::RequiresAction {
+                self.hand_over(&tr.tool_uses);
+            }
             self.checkpoint().await?;
             if let Some(g) = &self.config.turn_guard {
                 let gi = GuardInfo {
@@ -562,6 +807,8 @@ impl Session {
                 match std::panic::catch_unwind(AssertUnwindSafe(|| g(&gi))) {
                     Ok(GuardDecision::Continue) => {}
                     Ok(GuardDecision::Halt(reason)) => {
+                        // The turn's tool uses are answered (not run), so the history stays whole.
+                        self.settle(&format!("the session was halted ({reason})")).await?;
                         let sr = json!({"type": stop_reason::HALTED, "reason": reason});
                         return Ok(self.finish(acc, Terminal::Terminated, sr, Vec::new()).await);
                     }
@@ -570,19 +817,19 @@ impl Session {
             }
             match tr.terminal {
                 Terminal::RequiresAction => {
-                    let mut uses: Vec<ToolUse> = Vec::new();
-                    for u in tr.tool_uses {
-                        if uses.iter().any(|x| x.id == u.id) {
-                            tracing::warn!(tool_use_id = %u.id, "duplicate tool-use id in one turn; keeping the first");
-                        } else {
-                            uses.push(u);
-                        }
-                    }
+                    let uses = tr.tool_uses;
                     if uses.is_empty() {
                         input = Input::Continue;
                         continue;
                     }
-                    let (results, pending) = run_tools(&self.cx, &self.config, &uses).await?;
+                    let (results, pending) = ToolRunner {
+                        cx: &self.cx,
+                        config: &self.config,
+                        tasks: &self.tasks,
+                        batch: &self.batch,
+                    }
+                    .run(&uses, false)
+                    .await?;
                     if let Some(t) = uses.iter().find(|u| Some(&u.name) == terminal_name.as_ref()) {
                         acc.terminal_called = true;
                         acc.final_output = Some(t.input.clone());
@@ -594,6 +841,7 @@ impl Session {
                                     .unwrap_or_else(|| ToolResult::error(&u.id, "not run: the run ended"))
                             })
                             .collect();
+                        lock(&self.batch).clear();
                         self.record_tool_results(&uses, &done).await?;
                         return Ok(self
                             .finish(
@@ -604,6 +852,7 @@ impl Session {
                             )
                             .await);
                     }
+                    lock(&self.batch).clear();
                     if !pending.is_empty() {
                         self.held = uses.into_iter().zip(results).collect();
                         return Ok(self
@@ -682,7 +931,8 @@ impl Session {
             if !self.provider.can_reconnect() || !err.is_transient() {
                 return Err(err);
             }
-            // Back off and reconnect until it works, the error is final, or the tries run out.
+            // Back off and reconnect until it works, the error is final, or the tries run out
+            // (then the last error is returned; every attempt is in the record).
             let pending = loop {
                 let Some(delay) = self.config.reconnect.delay_for(&err, attempts) else {
                     return Err(err);
@@ -713,11 +963,18 @@ impl Session {
                 input = Some(Input::Continue);
             } else {
                 for u in &pending {
-                    if !acc.tool_uses.iter().any(|x| x.id == u.id) {
-                        acc.tool_uses.push(u.clone());
-                    }
+                    acc.add_tool_use(u);
                 }
-                let (results, _pending) = run_tools(&self.cx, &self.config, &pending).await?;
+                self.hand_over(&pending);
+                let (results, _pending) = ToolRunner {
+                    cx: &self.cx,
+                    config: &self.config,
+                    tasks: &self.tasks,
+                    batch: &self.batch,
+                }
+                .run(&pending, true)
+                .await?;
+                lock(&self.batch).clear();
                 let results = results
                     .into_iter()
                     .zip(&pending)
@@ -729,96 +986,306 @@ impl Session {
     }
 }
 
-/// Runs tool uses through the handler, up to `tool_concurrency` at a time, results in order.
-/// `None` marks a use whose tool is not run here (pending); those are also returned apart.
-async fn run_tools(
-    cx: &TurnContext,
-    config: &SessionConfig,
-    uses: &[ToolUse],
-) -> Result<(Vec<Option<ToolResult>>, Vec<ToolUse>)> {
-    let terminal = config.terminal_tool.as_ref().map(|t| t.name.as_str());
-    let sid = cx.sink.info().session_id.clone();
-    type Fut<'a> =
-        std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<ToolResult>>> + Send + 'a>>;
-    let sid = &sid;
-    let futs: Vec<Fut<'_>> = uses
-        .iter()
-        .map(|u| Box::pin(run_one(cx, config, u, terminal, sid)) as Fut<'_>)
-        .collect();
-    let outs: Vec<Result<Option<ToolResult>>> = futures_util::stream::iter(futs)
-        .buffered(config.tool_concurrency.max(1))
-        .collect()
-        .await;
-    let mut results = Vec::with_capacity(uses.len());
-    let mut pending = Vec::new();
-    for (o, u) in outs.into_iter().zip(uses) {
-        let o = o?;
-        if o.is_none() {
-            pending.push(u.clone());
-        }
-        results.push(o);
+/// Waits (bounded) for every tool task of the session to end: after an abort, the tasks end at
+/// their next `.await`.
+async fn stop_tasks(tasks: &TaskTracker) {
+    tasks.close();
+    if tokio::time::timeout(STOP_GRACE, tasks.wait()).await.is_err() {
+        tracing::warn!(
+            "a tool did not stop within {STOP_GRACE:?} of its abort (blocked outside an .await); it is left to finish"
+        );
     }
-    Ok((results, pending))
+    tasks.reopen();
 }
 
-async fn run_one(
-    cx: &TurnContext,
-    config: &SessionConfig,
-    u: &ToolUse,
-    terminal: Option<&str>,
-    sid: &str,
-) -> Result<Option<ToolResult>> {
-    let store = cx.sink.store();
-    if let Some(r) = store.tool_result(sid, &u.id).await? {
-        // The memo is written before the event (`store_result`): a crash between the two leaves a
-        // result the next run answers from but the record lacks. Record it now; `emit` is
-        // exactly-once by id, so a result already in the record is not written again.
-        record_result(&cx.sink, &r).await?;
-        return Ok(Some(r));
+/// Aborts its task when dropped: a tool whose future is dropped (a cancel, a timeout, a request
+/// torn down) must not keep running on its own.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
-    let result = if Some(u.name.as_str()) == terminal {
-        ToolResult::ok(&u.id, "Done.")
-    } else if let Some(err) = &u.input_error {
-        ToolResult::error(
-            &u.id,
-            format!(
-                "the arguments for `{}` are not valid JSON ({err}); call it again with a JSON object",
-                u.name
-            ),
-        )
-    } else {
-        let handler = cx.handler.clone();
-        let info = (*cx.sink.info()).clone();
-        let call = u.clone();
-        let task = tokio::spawn(async move { handler.call_tool(&call, &info).await });
-        let joined = match config.tool_timeout {
-            Some(d) => match tokio::time::timeout(d, task).await {
-                Ok(j) => j,
-                Err(_) => {
-                    let r = ToolResult::error(&u.id, format!("tool `{}` timed out after {d:?}", u.name));
-                    return store_result(cx, sid, r).await.map(Some);
-                }
-            },
-            None => task.await,
-        };
-        match joined {
-            Ok(ToolOutput::Ok(s)) => ToolResult::ok(&u.id, s),
-            Ok(ToolOutput::Error(s)) => ToolResult::error(&u.id, s),
-            Ok(ToolOutput::Pending) => return Ok(None),
-            Err(e) if e.is_panic() => {
-                let msg = panic_message(e.into_panic().as_ref());
-                ToolResult::error(&u.id, format!("tool `{}` panicked: {msg}", u.name))
+}
+
+/// What running a batch of tool uses needs of the session.
+struct ToolRunner<'a> {
+    cx: &'a TurnContext,
+    config: &'a SessionConfig,
+    tasks: &'a TaskTracker,
+    batch: &'a Mutex<Vec<Slot>>,
+}
+
+/// What is done with one tool use of a batch.
+#[derive(Clone)]
+enum Plan {
+    Run,
+    /// An exact repeat (same id, name and arguments) of the use at this index: answered with its
+    /// result.
+    SameAs(usize),
+    /// Refused with this error text.
+    Refuse(String),
+}
+
+impl ToolRunner<'_> {
+    /// Runs tool uses through the handler, up to `tool_concurrency` at a time, results in order.
+    /// `None` marks a use whose tool is not run here (pending); those are also returned apart.
+    ///
+    /// `by_id`: answers stored by the application under a use's bare id (for pending uses of a
+    /// reattached session or a reconnect) count as its result.
+    async fn run(&self, uses: &[ToolUse], by_id: bool) -> Result<(Vec<Option<ToolResult>>, Vec<ToolUse>)> {
+        let sid = self.cx.sink.info().session_id.clone();
+        let mut keys = Vec::with_capacity(uses.len());
+        for u in uses {
+            keys.push(current_key(&self.cx.sink, u).await);
+        }
+        let plan = plan_batch(uses, &keys);
+        {
+            let mut b = lock(self.batch);
+            for (slot, key) in b.iter_mut().zip(&keys) {
+                slot.key = key.clone();
             }
-            Err(e) => ToolResult::error(&u.id, format!("tool `{}` failed: {e}", u.name)),
+        }
+        type Fut<'a> =
+            std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<ToolResult>>> + Send + 'a>>;
+        let sid = &sid;
+        let futs: Vec<Fut<'_>> = uses
+            .iter()
+            .zip(&keys)
+            .zip(&plan)
+            .enumerate()
+            .map(|(i, ((u, key), p))| {
+                Box::pin(async move {
+                    let r = match p {
+                        Plan::SameAs(_) => return Ok(None),
+                        Plan::Refuse(text) => {
+                            let r = ToolResult::error(&u.id, text.clone());
+                            store_result(self.cx, sid, key, &r).await?;
+                            Some(r)
+                        }
+                        Plan::Run => {
+                            self.set_state(i, SlotState::Running);
+                            self.run_one(u, key, by_id, sid).await?
+                        }
+                    };
+                    self.set_state(
+                        i,
+                        match &r {
+                            Some(r) => SlotState::Done(r.clone()),
+                            None => SlotState::Pending,
+                        },
+                    );
+                    Ok(r)
+                }) as Fut<'_>
+            })
+            .collect();
+        let outs: Vec<Result<Option<ToolResult>>> = futures_util::stream::iter(futs)
+            .buffered(self.config.tool_concurrency.max(1))
+            .collect()
+            .await;
+        let mut results: Vec<Option<ToolResult>> = Vec::with_capacity(uses.len());
+        for o in outs {
+            results.push(o?);
+        }
+        for (i, p) in plan.iter().enumerate() {
+            if let Plan::SameAs(j) = p {
+                let r = results[*j].clone();
+                self.set_state(
+                    i,
+                    match &r {
+                        Some(r) => SlotState::Done(r.clone()),
+                        None => SlotState::Pending,
+                    },
+                );
+                results[i] = r;
+            }
+        }
+        let pending = uses
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_none())
+            .map(|(u, _)| u.clone())
+            .collect();
+        Ok((results, pending))
+    }
+
+    fn set_state(&self, i: usize, state: SlotState) {
+        if let Some(s) = lock(self.batch).get_mut(i) {
+            s.state = state;
+        }
+    }
+
+    async fn run_one(&self, u: &ToolUse, key: &str, by_id: bool, sid: &str) -> Result<Option<ToolResult>> {
+        let cx = self.cx;
+        let store = cx.sink.store();
+        if let Some(mut r) = store.tool_result(sid, key).await? {
+            // The same tool use was run before (a redelivery). The memo is written before the
+            // event (`store_result`): a crash between the two leaves a result the next run
+            // answers from but the record lacks. Record it now; `emit` is exactly-once by id, so a
+            // result already in the record is not written again.
+            r.tool_use_id = u.id.clone();
+            record_result(&cx.sink, key, &r).await?;
+            return Ok(Some(r));
+        }
+        // An answer the application stored for this pending use by its id. An id shaped like a
+        // memo key is never looked up bare: a model naming its call after another call's key
+        // would be answered with that call's result.
+        if by_id
+            && !looks_like_memo_key(&u.id)
+            && let Some(r) = store.tool_result(sid, &u.id).await?
+        {
+            record_result(&cx.sink, &u.id, &r).await?;
+            return Ok(Some(r));
+        }
+        let result = if Some(u.name.as_str()) == self.config.terminal_tool.as_ref().map(|t| t.name.as_str()) {
+            ToolResult::ok(&u.id, "Done.")
+        } else if let Some(refusal) = check_call(cx, u) {
+            ToolResult::error(&u.id, refusal)
+        } else {
+            let handler = cx.handler.clone();
+            let info = (*cx.sink.info()).clone();
+            let call = u.clone();
+            let mut task = AbortOnDrop(
+                self.tasks
+                    .spawn(async move { handler.call_tool(&call, &info).await }),
+            );
+            let joined = match self.config.tool_timeout {
+                Some(d) => match tokio::time::timeout(d, &mut task.0).await {
+                    Ok(j) => j,
+                    Err(_) => {
+                        task.0.abort();
+                        if tokio::time::timeout(STOP_GRACE, &mut task.0).await.is_err() {
+                            tracing::warn!(tool = %u.name, "a timed-out tool did not stop within {STOP_GRACE:?}");
+                        }
+                        let r = ToolResult::error(
+                            &u.id,
+                            format!(
+                                "tool `{}` timed out after {d:?} and was stopped; it may have partly run",
+                                shown(&u.name)
+                            ),
+                        );
+                        store_result(cx, sid, key, &r).await?;
+                        return Ok(Some(r));
+                    }
+                },
+                None => (&mut task.0).await,
+            };
+            match joined {
+                Ok(ToolOutput::Ok(s)) => ToolResult::ok(&u.id, s),
+                Ok(ToolOutput::Error(s)) => ToolResult::error(&u.id, s),
+                Ok(ToolOutput::Pending) => return Ok(None),
+                Err(e) if e.is_panic() => {
+                    let msg = panic_message(e.into_panic().as_ref());
+                    ToolResult::error(&u.id, format!("tool `{}` panicked: {msg}", shown(&u.name)))
+                }
+                Err(e) => ToolResult::error(&u.id, format!("tool `{}` failed: {e}", shown(&u.name))),
+            }
+        };
+        store_result(cx, sid, key, &result).await?;
+        Ok(Some(result))
+    }
+}
+
+/// Plans a batch: calls that share an id but differ are all refused (an answer or an approval
+/// for that id could not say which call it meant); exact repeats answer with the first's result.
+fn plan_batch(uses: &[ToolUse], keys: &[String]) -> Vec<Plan> {
+    let mut plan = vec![Plan::Run; uses.len()];
+    for i in 0..uses.len() {
+        let same_id: Vec<usize> = (0..uses.len()).filter(|&j| uses[j].id == uses[i].id).collect();
+        if same_id.len() < 2 {
+            continue;
+        }
+        if same_id.iter().any(|&j| keys[j] != keys[i]) {
+            plan[i] = Plan::Refuse(format!(
+                "refused: {} tool calls in this turn share the id `{}`, which must be unique; none of them was run. Call the tools again, each call with its own id.",
+                same_id.len(),
+                shown(&uses[i].id)
+            ));
+        } else if same_id[0] != i {
+            plan[i] = Plan::SameAs(same_id[0]);
+        }
+    }
+    plan
+}
+
+/// Why a call cannot be run, if it cannot: an empty or unknown tool name (declared tools only:
+/// front-end tools are declared by the handler too), or arguments that are not JSON.
+fn check_call(cx: &TurnContext, u: &ToolUse) -> Option<String> {
+    let available = || {
+        if cx.tools.is_empty() {
+            "none".to_owned()
+        } else {
+            cx.tools
+                .iter()
+                .map(|t| format!("`{}`", t.name))
+                .collect::<Vec<_>>()
+                .join(", ")
         }
     };
-    store_result(cx, sid, result).await.map(Some)
+    if u.name.trim().is_empty() {
+        return Some(format!(
+            "this tool call has no tool name, so nothing was run; call one of the available tools: {}",
+            available()
+        ));
+    }
+    if !cx.tools.iter().any(|t| t.name == u.name) {
+        return Some(format!(
+            "no tool named `{}` is available, so nothing was run; the available tools are: {}",
+            shown(&u.name),
+            available()
+        ));
+    }
+    u.input_error.as_ref().map(|err| {
+        format!(
+            "the arguments for `{}` are not usable ({err}); call it again with a JSON object",
+            u.name
+        )
+    })
 }
 
-async fn store_result(cx: &TurnContext, sid: &str, r: ToolResult) -> Result<ToolResult> {
-    cx.sink.store().put_tool_result(sid, &r).await?;
-    record_result(&cx.sink, &r).await?;
-    Ok(r)
+/// The memo key `u` is answered under now: [`ToolUse::memo_key`], moved on by one generation
+/// each time its result was forgotten ([`Session::forget_tool_result`]).
+async fn current_key(sink: &EventSink, u: &ToolUse) -> String {
+    let base = u.memo_key();
+    let mut key = base.clone();
+    let mut generation = 0u32;
+    while sink.has_seen(&format!("tool_forget:{key}")).await {
+        generation += 1;
+        key = format!("{base}~{generation}");
+    }
+    key
+}
+
+/// Whether `s` has the shape of a memo key ([`ToolUse::memo_key`], with an optional `~n`
+/// generation): `#` and 32 hex digits at its end.
+fn looks_like_memo_key(s: &str) -> bool {
+    let base = match s.rsplit_once('~') {
+        Some((b, n)) if !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()) => b,
+        _ => s,
+    };
+    base.rsplit_once('#')
+        .is_some_and(|(_, h)| h.len() == 32 && h.bytes().all(|c| c.is_ascii_hexdigit()))
+}
+
+/// A name or id from a model, for a message: control characters escaped, at most 64 characters.
+fn shown(s: &str) -> String {
+    let mut out: String = s.chars().take(64).collect::<String>().escape_debug().to_string();
+    if s.chars().nth(64).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// Memoizes a tool use's result under its key, then records it (the record's result carries the
+/// id the provider knows).
+async fn store_result(cx: &TurnContext, sid: &str, key: &str, r: &ToolResult) -> Result<()> {
+    let memo = ToolResult {
+        tool_use_id: key.to_owned(),
+        ..r.clone()
+    };
+    cx.sink.store().put_tool_result(sid, &memo).await?;
+    record_result(&cx.sink, key, r).await?;
+    Ok(())
 }
 
 impl Session {
@@ -868,26 +1335,31 @@ impl Session {
 
     /// Moves the session onto a task and returns a handle to drive it from anywhere.
     pub fn spawn(self) -> SessionHandle {
-        let (cmd_tx, mut cmd_rx) = mpsc::channel::<Command>(16);
+        let (cmd_tx, mut cmd_rx) = mpsc::channel::<(Command, u64)>(16);
         let (res_tx, res_rx) = mpsc::channel(16);
         let sink = self.cx.sink.clone();
-        let current = Arc::new(Mutex::new(CancellationToken::new()));
-        let cur = current.clone();
+        let gate = Arc::new(Mutex::new(Gate::default()));
+        let g = gate.clone();
         let mut session = self;
         let task = tokio::spawn(async move {
-            while let Some(cmd) = cmd_rx.recv().await {
+            while let Some((cmd, generation)) = cmd_rx.recv().await {
                 let token = CancellationToken::new();
-                if let Ok(mut g) = cur.lock() {
-                    *g = token.clone();
-                }
+                let cancelled = {
+                    let mut gate = lock(&g);
+                    gate.current = Some(token.clone());
+                    generation < gate.generation
+                };
                 let r = match cmd {
-                    Command::Send(text) => session.send_cancellable(text, token).await,
-                    Command::ToolResults(rs) => session.submit_tool_results(rs, token).await,
                     Command::Close => {
                         let _ = session.provider.close().await;
                         break;
                     }
+                    // Cancelled while queued: never started.
+                    _ if cancelled => Err(Error::Cancelled),
+                    Command::Send(text) => session.send_cancellable(text, token).await,
+                    Command::ToolResults(rs) => session.submit_tool_results(rs, token).await,
                 };
+                lock(&g).current = None;
                 if res_tx.send(r).await.is_err() {
                     break;
                 }
@@ -897,13 +1369,13 @@ impl Session {
             cmd: cmd_tx,
             results: res_rx,
             sink,
-            current,
+            gate,
             task,
         }
     }
 }
 
-/// The tools declared to the model: the handler's, then the terminal tool.
+/// The declared tools: the handler's, then the terminal tool.
 fn declared_tools(handler: &dyn Handler, terminal: Option<&ToolSpec>) -> Vec<ToolSpec> {
     let mut tools = handler.tools();
     if let Some(t) = terminal {
@@ -913,9 +1385,10 @@ fn declared_tools(handler: &dyn Handler, terminal: Option<&ToolSpec>) -> Vec<Too
     tools
 }
 
-async fn record_result(sink: &EventSink, r: &ToolResult) -> Result<bool> {
+/// Records a tool result, once: its event id is `tool_result:` and the use's memo key.
+async fn record_result(sink: &EventSink, key: &str, r: &ToolResult) -> Result<bool> {
     sink.emit(Event::new(
-        format!("tool_result:{}", r.tool_use_id),
+        format!("tool_result:{key}"),
         "tether.tool_result",
         serde_json::to_value(r).unwrap_or(Value::Null),
         EventKind::ToolResult { result: r.clone() },
@@ -939,12 +1412,21 @@ enum Command {
     Close,
 }
 
+/// What a [`SessionHandle::cancel`] applies to: every command queued under an older generation.
+#[derive(Default)]
+struct Gate {
+    /// Bumped by each cancel.
+    generation: u64,
+    /// The token of the command running now.
+    current: Option<CancellationToken>,
+}
+
 /// Drives a [`Session`] running on its own task: follow-up messages, cancel, live events.
 pub struct SessionHandle {
-    cmd: mpsc::Sender<Command>,
+    cmd: mpsc::Sender<(Command, u64)>,
     results: mpsc::Receiver<Result<SessionResult>>,
     sink: EventSink,
-    current: Arc<Mutex<CancellationToken>>,
+    gate: Arc<Mutex<Gate>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -957,18 +1439,24 @@ impl std::fmt::Debug for SessionHandle {
 }
 
 impl SessionHandle {
+    fn queue(&self) -> u64 {
+        lock(&self.gate).generation
+    }
+
     /// Queues a message; its result arrives through [`SessionHandle::next_result`].
     pub async fn send(&self, text: impl Into<String>) -> Result<()> {
+        let generation = self.queue();
         self.cmd
-            .send(Command::Send(text.into()))
+            .send((Command::Send(text.into()), generation))
             .await
             .map_err(|_| Error::Closed)
     }
 
     /// Queues results for pending tool uses (front-end tools).
     pub async fn submit_tool_results(&self, results: Vec<ToolResult>) -> Result<()> {
+        let generation = self.queue();
         self.cmd
-            .send(Command::ToolResults(results))
+            .send((Command::ToolResults(results), generation))
             .await
             .map_err(|_| Error::Closed)
     }
@@ -978,10 +1466,17 @@ impl SessionHandle {
         self.results.recv().await
     }
 
-    /// Cancels the request in flight (its result is [`Error::Cancelled`]); the session stays up.
+    /// Cancels the request in flight and every request queued before this call (a
+    /// [`SessionHandle::send`] or [`SessionHandle::submit_tool_results`] that began before it):
+    /// each of their results is [`Error::Cancelled`]; queued ones never start (tool results
+    /// queued so are dropped: the session stays paused). A cancel is never lost between requests,
+    /// and never reaches a request queued after it. The session stays up. What stops, per
+    /// provider, is in [`Session`]'s docs.
     pub fn cancel(&self) {
-        if let Ok(g) = self.current.lock() {
-            g.cancel();
+        let mut gate = lock(&self.gate);
+        gate.generation += 1;
+        if let Some(t) = &gate.current {
+            t.cancel();
         }
     }
 
@@ -997,7 +1492,7 @@ impl SessionHandle {
 
     /// Closes the session and waits for its task to end.
     pub async fn close(self) {
-        let _ = self.cmd.send(Command::Close).await;
+        let _ = self.cmd.send((Command::Close, 0)).await;
         drop(self.results);
         let _ = self.task.await;
     }

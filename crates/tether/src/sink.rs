@@ -1,6 +1,7 @@
 //! [`EventSink`]: where providers put what happens, and where the exactly-once record is kept.
 
 use std::collections::HashSet;
+use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
 use std::sync::{Arc, Mutex as StdMutex};
 
 use serde_json::Value;
@@ -19,6 +20,16 @@ use crate::types::SessionInfo;
 /// [`EventSink::emit_live`] delivers without recording (token deltas). Delivery to subscribers
 /// waits for room in their queues: a slow subscriber slows the session, and nothing is dropped.
 ///
+/// **The live stream equals the record.** A model call that is retried (a `Retry` event, after
+/// a 429/503 or a dropped stream) streams its message again from the start. The sink remembers,
+/// for the message streaming now, what it delivered (per part: a run of text or reasoning, a
+/// signature, a tool call and its arguments; a length and a keyed hash, not the text), holds
+/// back the new attempt's pieces while they repeat it, delivers only what goes beyond it, and,
+/// when the new attempt differs (or ends shorter, or the record gets another message instead),
+/// delivers an [`EventKind::MessageRestart`] followed by the new attempt's content so far. So
+/// every consumer (the handler, every subscriber) sees each message once, ending with what the
+/// record keeps, without knowing about retries.
+///
 /// Cloning is cheap; clones share the same record.
 #[derive(Clone)]
 pub struct EventSink {
@@ -30,6 +41,7 @@ struct Inner {
     handler: Arc<dyn Handler>,
     store: Arc<dyn EventStore>,
     record: Mutex<Record>,
+    live: StdMutex<LiveGuard>,
     subscribers: StdMutex<Vec<mpsc::Sender<Box<Event>>>>,
 }
 
@@ -58,6 +70,7 @@ impl EventSink {
                     next_seq: 1,
                     ..Default::default()
                 }),
+                live: StdMutex::new(LiveGuard::default()),
                 subscribers: StdMutex::new(Vec::new()),
             }),
         }
@@ -169,6 +182,21 @@ impl EventSink {
     }
 
     async fn deliver(&self, event: Event) {
+        let rewritten = match self.inner.live.lock() {
+            Ok(mut g) => g.on_event(&event),
+            Err(p) => p.into_inner().on_event(&event),
+        };
+        match rewritten {
+            None => self.deliver_one(event).await,
+            Some(events) => {
+                for e in events {
+                    self.deliver_one(e).await;
+                }
+            }
+        }
+    }
+
+    async fn deliver_one(&self, event: Event) {
         let info = self.info();
         self.inner.handler.on_event(&event, &info).await;
         // Fast path: a subscriber with room takes the event without waiting and without an async
@@ -212,6 +240,513 @@ impl EventSink {
     /// Takes the record accumulated since the last call (one request's events).
     pub async fn take_record(&self) -> Vec<Event> {
         std::mem::take(&mut self.inner.record.lock().await.events)
+    }
+}
+
+/// One part of a message's live content: a run of text, a run of reasoning, a reasoning
+/// signature, or one tool call (whose content is its argument text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum PartKind {
+    Text,
+    Reasoning,
+    Signature,
+    Call { id: String, name: String },
+}
+
+/// A part as delivered: its length and a keyed hash of its bytes (the text itself is not kept).
+struct Shown {
+    kind: PartKind,
+    len: usize,
+    hash: DefaultHasher,
+    ended: bool,
+}
+
+/// A part of the attempt after a retry, held back until it is known to repeat what was shown.
+struct Draft {
+    kind: PartKind,
+    text: String,
+    ended: bool,
+    /// Its first `Shown::len` bytes were checked equal to what was shown.
+    checked: bool,
+}
+
+struct LiveMessage {
+    /// The message id (empty for tool calls that name no message).
+    id: String,
+    shown: Vec<Shown>,
+    /// After a retry: the new attempt so far.
+    replay: Option<Vec<Draft>>,
+    /// More parts than [`MAX_PARTS`] were shown: they are no longer tracked, and a retry
+    /// restarts the message at its first piece.
+    lost: bool,
+}
+
+/// The most parts tracked per message: a model that alternates text and reasoning at every
+/// character cannot make the sink hold a hasher per character.
+const MAX_PARTS: usize = 256;
+
+/// What a live event adds to its message.
+enum Piece<'a> {
+    Append(PartKind, &'a str),
+    Signature(&'a str),
+    Start(&'a str, &'a str),
+    Args(&'a str, &'a str),
+    End(&'a str),
+}
+
+/// Keeps what consumers see of a message equal to what the record keeps, across retries (see
+/// [`EventSink`]). Only the message being streamed is tracked; a durable assistant message ends
+/// the tracking of everything before it.
+#[derive(Default)]
+struct LiveGuard {
+    keys: RandomState,
+    messages: Vec<LiveMessage>,
+    /// The last message the record got: live text for it afterwards (providers whose messages
+    /// arrive whole send it after the durable event) is already confirmed.
+    last_recorded: Option<String>,
+}
+
+fn live_event(kind: EventKind) -> Event {
+    Event::new("", "tether.replay", Value::Null, kind)
+}
+
+impl LiveGuard {
+    /// `None`: deliver the event as it is; `Some(events)`: deliver these instead (maybe none).
+    fn on_event(&mut self, ev: &Event) -> Option<Vec<Event>> {
+        if ev.is_durable() {
+            return match &ev.kind {
+                EventKind::Retry { .. } => {
+                    self.retry();
+                    None
+                }
+                EventKind::Message {
+                    message_id,
+                    role: crate::event::Role::Assistant,
+                    ..
+                } => self.recorded(message_id, ev),
+                _ => None,
+            };
+        }
+        let (message, piece) = match &ev.kind {
+            EventKind::TextDelta { message_id, delta } => {
+                (Some(message_id.as_str()), Piece::Append(PartKind::Text, delta))
+            }
+            EventKind::ReasoningDelta { message_id, delta } => (
+                Some(message_id.as_str()),
+                Piece::Append(PartKind::Reasoning, delta),
+            ),
+            EventKind::ReasoningSignature { message_id, value } => {
+                (Some(message_id.as_str()), Piece::Signature(value))
+            }
+            EventKind::ToolCallStart {
+                tool_use_id,
+                name,
+                message_id,
+            } => (
+                Some(message_id.as_deref().unwrap_or("")),
+                Piece::Start(tool_use_id, name),
+            ),
+            EventKind::ToolCallArgs { tool_use_id, delta } => (None, Piece::Args(tool_use_id, delta)),
+            EventKind::ToolCallEnd { tool_use_id } => (None, Piece::End(tool_use_id)),
+            _ => return None,
+        };
+        let idx = match message {
+            Some(id) => {
+                if self.last_recorded.as_deref() == Some(id) {
+                    return None;
+                }
+                match self.messages.iter().position(|m| m.id == id) {
+                    Some(i) => i,
+                    None => {
+                        self.messages.push(LiveMessage {
+                            id: id.to_owned(),
+                            shown: Vec::new(),
+                            replay: None,
+                            lost: false,
+                        });
+                        self.messages.len() - 1
+                    }
+                }
+            }
+            // Arguments and ends belong to the message whose call they continue.
+            None => {
+                let call = match &piece {
+                    Piece::Args(id, _) | Piece::End(id) => *id,
+                    _ => return None,
+                };
+                self.messages.iter().position(|m| m.has_call(call))?
+            }
+        };
+        let keys = &self.keys;
+        let m = &mut self.messages[idx];
+        if m.replay.is_some() {
+            m.replayed(keys, piece, ev)
+        } else {
+            m.passed(keys, piece)
+        }
+    }
+
+    /// A retry: only the message streaming when the attempt failed can be streamed again.
+    fn retry(&mut self) {
+        let n = self.messages.len();
+        if n > 1 {
+            self.messages.drain(..n - 1);
+        }
+        match self.messages.last_mut() {
+            Some(m) if !m.shown.is_empty() || m.lost => m.replay = Some(Vec::new()),
+            _ => self.messages.clear(),
+        }
+    }
+
+    /// The record got message `id`: what was shown of it must be what it holds, and a failed
+    /// attempt's content the record never got is withdrawn.
+    fn recorded(&mut self, id: &str, ev: &Event) -> Option<Vec<Event>> {
+        self.last_recorded = Some(id.to_owned());
+        let mut out = Vec::new();
+        for m in self.messages.drain(..) {
+            let Some(drafts) = m.replay else { continue };
+            let caught_up = !m.lost
+                && drafts.len() == m.shown.len()
+                && m.shown.iter().zip(&drafts).all(|(p, d)| complete(p, d));
+            if m.id == id && !caught_up {
+                out.extend(restart(&m.id, &drafts));
+            } else if m.id != id {
+                out.push(Event::new(
+                    "",
+                    "tether.restart",
+                    Value::Null,
+                    EventKind::MessageRestart { message_id: m.id },
+                ));
+            }
+        }
+        if out.is_empty() {
+            return None;
+        }
+        out.push(ev.clone());
+        Some(out)
+    }
+}
+
+/// Whether a draft repeats a shown part whole.
+fn complete(p: &Shown, d: &Draft) -> bool {
+    p.kind == d.kind && d.checked && d.text.len() == p.len && (p.ended || !d.ended)
+}
+
+/// A message's content streamed again from its start, after a `MessageRestart`.
+fn restart(message_id: &str, drafts: &[Draft]) -> Vec<Event> {
+    let mut out = vec![Event::new(
+        "",
+        "tether.restart",
+        Value::Null,
+        EventKind::MessageRestart {
+            message_id: message_id.to_owned(),
+        },
+    )];
+    for d in drafts {
+        match &d.kind {
+            PartKind::Text if !d.text.is_empty() => out.push(live_event(EventKind::TextDelta {
+                message_id: message_id.to_owned(),
+                delta: d.text.clone(),
+            })),
+            PartKind::Reasoning if !d.text.is_empty() => out.push(live_event(EventKind::ReasoningDelta {
+                message_id: message_id.to_owned(),
+                delta: d.text.clone(),
+            })),
+            PartKind::Signature => out.push(live_event(EventKind::ReasoningSignature {
+                message_id: message_id.to_owned(),
+                value: d.text.clone(),
+            })),
+            PartKind::Call { id, name } => {
+                out.push(live_event(EventKind::ToolCallStart {
+                    tool_use_id: id.clone(),
+                    name: name.clone(),
+                    message_id: (!message_id.is_empty()).then(|| message_id.to_owned()),
+                }));
+                if !d.text.is_empty() {
+                    out.push(live_event(EventKind::ToolCallArgs {
+                        tool_use_id: id.clone(),
+                        delta: d.text.clone(),
+                    }));
+                }
+                if d.ended {
+                    out.push(live_event(EventKind::ToolCallEnd {
+                        tool_use_id: id.clone(),
+                    }));
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+fn draft_of(drafts: &[Draft], id: &str) -> Option<usize> {
+    drafts
+        .iter()
+        .position(|d| matches!(&d.kind, PartKind::Call { id: c, .. } if c == id))
+}
+
+fn hash_of(keys: &RandomState, s: &str) -> DefaultHasher {
+    let mut h = keys.build_hasher();
+    h.write(s.as_bytes());
+    h
+}
+
+impl LiveMessage {
+    fn has_call(&self, id: &str) -> bool {
+        let is = |k: &PartKind| matches!(k, PartKind::Call { id: c, .. } if c == id);
+        match &self.replay {
+            Some(d) => d.iter().any(|d| is(&d.kind)),
+            None => self.shown.iter().any(|p| is(&p.kind)),
+        }
+    }
+
+    /// No retry in progress: the piece is delivered as it is and counted as shown.
+    fn passed(&mut self, keys: &RandomState, piece: Piece<'_>) -> Option<Vec<Event>> {
+        if self.lost {
+            return None;
+        }
+        let out = self.track(keys, piece);
+        if self.shown.len() > MAX_PARTS {
+            self.shown = Vec::new();
+            self.lost = true;
+        }
+        out
+    }
+
+    fn track(&mut self, keys: &RandomState, piece: Piece<'_>) -> Option<Vec<Event>> {
+        match piece {
+            Piece::Append(kind, s) => match self.shown.last_mut() {
+                Some(p) if p.kind == kind => {
+                    p.hash.write(s.as_bytes());
+                    p.len += s.len();
+                }
+                _ => self.shown.push(Shown {
+                    kind,
+                    len: s.len(),
+                    hash: hash_of(keys, s),
+                    ended: false,
+                }),
+            },
+            Piece::Signature(v) => self.shown.push(Shown {
+                kind: PartKind::Signature,
+                len: v.len(),
+                hash: hash_of(keys, v),
+                ended: true,
+            }),
+            Piece::Start(id, name) => {
+                if self.has_call(id) {
+                    return Some(Vec::new());
+                }
+                self.shown.push(Shown {
+                    kind: PartKind::Call {
+                        id: id.to_owned(),
+                        name: name.to_owned(),
+                    },
+                    len: 0,
+                    hash: keys.build_hasher(),
+                    ended: false,
+                });
+            }
+            Piece::Args(id, s) => {
+                if let Some(p) = self.call_mut(id) {
+                    p.hash.write(s.as_bytes());
+                    p.len += s.len();
+                }
+            }
+            Piece::End(id) => {
+                if let Some(p) = self.call_mut(id) {
+                    if p.ended {
+                        return Some(Vec::new());
+                    }
+                    p.ended = true;
+                }
+            }
+        }
+        None
+    }
+
+    /// Everything shown repeated exactly: the attempt goes on as a plain stream.
+    fn end_replay_if_repeated(&mut self) {
+        if let Some(drafts) = &self.replay
+            && drafts.len() == self.shown.len()
+            && self
+                .shown
+                .iter()
+                .zip(drafts)
+                .all(|(p, d)| complete(p, d) && p.ended == d.ended)
+        {
+            self.replay = None;
+        }
+    }
+
+    fn call_mut(&mut self, id: &str) -> Option<&mut Shown> {
+        self.shown
+            .iter_mut()
+            .find(|p| matches!(&p.kind, PartKind::Call { id: c, .. } if c == id))
+    }
+
+    /// After a retry: the piece joins the new attempt, which is compared with what was shown.
+    fn replayed(&mut self, keys: &RandomState, piece: Piece<'_>, ev: &Event) -> Option<Vec<Event>> {
+        let drafts = self.replay.get_or_insert_with(Vec::new);
+        let draft = |kind, text: &str, ended| Draft {
+            kind,
+            text: text.to_owned(),
+            ended,
+            checked: false,
+        };
+        let i = match piece {
+            Piece::Append(kind, s) => match drafts.last_mut() {
+                Some(d) if d.kind == kind => {
+                    d.text.push_str(s);
+                    drafts.len() - 1
+                }
+                _ => {
+                    drafts.push(draft(kind, s, false));
+                    drafts.len() - 1
+                }
+            },
+            Piece::Signature(v) => {
+                drafts.push(draft(PartKind::Signature, v, true));
+                drafts.len() - 1
+            }
+            Piece::Start(id, name) => {
+                if draft_of(drafts, id).is_some() {
+                    return Some(Vec::new());
+                }
+                let kind = PartKind::Call {
+                    id: id.to_owned(),
+                    name: name.to_owned(),
+                };
+                drafts.push(draft(kind, "", false));
+                drafts.len() - 1
+            }
+            Piece::Args(id, s) => {
+                let i = draft_of(drafts, id)?;
+                drafts[i].text.push_str(s);
+                i
+            }
+            Piece::End(id) => {
+                let i = draft_of(drafts, id)?;
+                drafts[i].ended = true;
+                i
+            }
+        };
+        self.check(keys, i, ev)
+    }
+
+    /// Compares draft `i` with what was shown: hold it back, deliver what goes beyond, or
+    /// restart the message.
+    fn check(&mut self, keys: &RandomState, i: usize, ev: &Event) -> Option<Vec<Event>> {
+        let drafts = self.replay.as_mut()?;
+        let diverged = |m: &mut LiveMessage| {
+            let drafts = m.replay.take().unwrap_or_default();
+            let out = restart(&m.id, &drafts);
+            m.lost = drafts.len() > MAX_PARTS;
+            m.shown = if m.lost {
+                Vec::new()
+            } else {
+                drafts
+                    .into_iter()
+                    .map(|d| Shown {
+                        len: d.text.len(),
+                        hash: hash_of(keys, &d.text),
+                        kind: d.kind,
+                        ended: d.ended,
+                    })
+                    .collect()
+            };
+            Some(out)
+        };
+        if self.lost || drafts.len() > MAX_PARTS {
+            // What was shown is not known part by part: the message starts over.
+            return diverged(self);
+        }
+        if i >= self.shown.len() {
+            // A part the failed attempt never reached: shown once all it did show was repeated.
+            let repeated =
+                i == self.shown.len() && self.shown.iter().zip(drafts.iter()).all(|(p, d)| complete(p, d));
+            if !repeated {
+                return diverged(self);
+            }
+            // It is delivered and joins what was shown; the replay ends once every part is
+            // repeated exactly (a call the consumer saw end must end here too, or get no more
+            // arguments: more would be a restart).
+            let d = &mut drafts[i];
+            d.checked = true;
+            self.shown.push(Shown {
+                len: d.text.len(),
+                hash: hash_of(keys, &d.text),
+                kind: d.kind.clone(),
+                ended: d.ended,
+            });
+            self.end_replay_if_repeated();
+            return None;
+        }
+        let p = &self.shown[i];
+        let d = &mut drafts[i];
+        if p.kind != d.kind {
+            return diverged(self);
+        }
+        if d.text.len() < p.len {
+            return if d.ended { diverged(self) } else { Some(Vec::new()) };
+        }
+        if !d.checked {
+            let same =
+                d.text.is_char_boundary(p.len) && hash_of(keys, &d.text[..p.len]).finish() == p.hash.finish();
+            if !same {
+                return diverged(self);
+            }
+            d.checked = true;
+        }
+        let mut out = Vec::new();
+        if d.text.len() > p.len {
+            // Beyond what was shown: a text or reasoning part only if it was the last one shown
+            // (after everything before it), a tool call while it is still open.
+            let last = i + 1 == self.shown.len();
+            let before_repeated = self.shown[..i]
+                .iter()
+                .zip(drafts.iter())
+                .all(|(p, d)| complete(p, d));
+            let may = match &p.kind {
+                PartKind::Call { .. } => !p.ended,
+                PartKind::Text | PartKind::Reasoning => last && before_repeated,
+                PartKind::Signature => false,
+            };
+            if !may {
+                return diverged(self);
+            }
+            let d = &drafts[i];
+            let delta = d.text[p.len..].to_owned();
+            let kind = match &ev.kind {
+                EventKind::TextDelta { message_id, .. } => EventKind::TextDelta {
+                    message_id: message_id.clone(),
+                    delta: delta.clone(),
+                },
+                EventKind::ReasoningDelta { message_id, .. } => EventKind::ReasoningDelta {
+                    message_id: message_id.clone(),
+                    delta: delta.clone(),
+                },
+                EventKind::ToolCallArgs { tool_use_id, .. } => EventKind::ToolCallArgs {
+                    tool_use_id: tool_use_id.clone(),
+                    delta: delta.clone(),
+                },
+                _ => return diverged(self),
+            };
+            let len = d.text.len();
+            let p = &mut self.shown[i];
+            p.hash.write(delta.as_bytes());
+            p.len = len;
+            let mut e = ev.clone();
+            e.kind = kind;
+            out.push(e);
+        } else if d.ended && !p.ended {
+            // The call the failed attempt left open is now complete.
+            self.shown[i].ended = true;
+            out.push(ev.clone());
+        }
+        self.end_replay_if_repeated();
+        Some(out)
     }
 }
 
@@ -372,5 +907,702 @@ impl DeltaSink {
             },
         )
         .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    use super::*;
+    use crate::event::Role;
+    use crate::types::ToolUse;
+
+    /// What a consumer holds for each message, folded from the live stream the way a front-end
+    /// folds it (a restart discards the message's content).
+    #[derive(Debug, Default, Clone, PartialEq)]
+    struct Held {
+        text: String,
+        reasoning: String,
+        calls: Vec<(String, String, String, bool)>,
+    }
+
+    #[derive(Debug, Default)]
+    struct Consumer {
+        held: HashMap<String, Held>,
+        restarts: usize,
+        text_bytes: usize,
+    }
+
+    impl Consumer {
+        fn fold(&mut self, e: &Event) {
+            match &e.kind {
+                EventKind::TextDelta { message_id, delta } if !e.is_durable() => {
+                    self.text_bytes += delta.len();
+                    self.held
+                        .entry(message_id.clone())
+                        .or_default()
+                        .text
+                        .push_str(delta);
+                }
+                EventKind::ReasoningDelta { message_id, delta } => {
+                    self.held
+                        .entry(message_id.clone())
+                        .or_default()
+                        .reasoning
+                        .push_str(delta);
+                }
+                EventKind::ToolCallStart {
+                    tool_use_id,
+                    name,
+                    message_id,
+                } => {
+                    let h = self
+                        .held
+                        .entry(message_id.clone().unwrap_or_default())
+                        .or_default();
+                    assert!(
+                        !h.calls.iter().any(|c| &c.0 == tool_use_id),
+                        "call {tool_use_id} started twice"
+                    );
+                    h.calls
+                        .push((tool_use_id.clone(), name.clone(), String::new(), false));
+                }
+                EventKind::ToolCallArgs { tool_use_id, delta } => {
+                    let c = self.call(tool_use_id);
+                    assert!(!c.3, "arguments after the end of {tool_use_id}");
+                    c.2.push_str(delta);
+                }
+                EventKind::ToolCallEnd { tool_use_id } => {
+                    let c = self.call(tool_use_id);
+                    assert!(!c.3, "{tool_use_id} ended twice");
+                    c.3 = true;
+                }
+                EventKind::MessageRestart { message_id } => {
+                    self.restarts += 1;
+                    self.held.remove(message_id);
+                }
+                _ => {}
+            }
+        }
+
+        fn call(&mut self, id: &str) -> &mut (String, String, String, bool) {
+            self.held
+                .values_mut()
+                .flat_map(|h| h.calls.iter_mut())
+                .find(|c| c.0 == id)
+                .unwrap_or_else(|| panic!("no call {id}"))
+        }
+    }
+
+    enum Step {
+        Text(&'static str),
+        Reasoning(&'static str),
+        Start(&'static str),
+        Args(&'static str, &'static str),
+        End(&'static str),
+        Retry,
+    }
+
+    async fn play(steps: &[Step], record: (&str, &[(&str, &str)])) -> (Consumer, Vec<Event>) {
+        let sink = EventSink::detached();
+        let mut sub = sink.subscribe(4096).await;
+        let live = |kind| Event::new("", "test", Value::Null, kind);
+        for s in steps {
+            match s {
+                Step::Text(d) => {
+                    sink.emit_live(live(EventKind::TextDelta {
+                        message_id: "m1".into(),
+                        delta: (*d).into(),
+                    }))
+                    .await
+                }
+                Step::Reasoning(d) => {
+                    sink.emit_live(live(EventKind::ReasoningDelta {
+                        message_id: "m1".into(),
+                        delta: (*d).into(),
+                    }))
+                    .await
+                }
+                Step::Start(id) => {
+                    sink.emit_live(live(EventKind::ToolCallStart {
+                        tool_use_id: (*id).into(),
+                        name: "f".into(),
+                        message_id: Some("m1".into()),
+                    }))
+                    .await
+                }
+                Step::Args(id, d) => {
+                    sink.emit_live(live(EventKind::ToolCallArgs {
+                        tool_use_id: (*id).into(),
+                        delta: (*d).into(),
+                    }))
+                    .await
+                }
+                Step::End(id) => {
+                    sink.emit_live(live(EventKind::ToolCallEnd {
+                        tool_use_id: (*id).into(),
+                    }))
+                    .await
+                }
+                Step::Retry => {
+                    sink.record(
+                        "",
+                        "local.retry",
+                        Value::Null,
+                        EventKind::Retry {
+                            attempt: 1,
+                            delay_ms: 0,
+                            error: "dropped".into(),
+                        },
+                    )
+                    .await
+                    .unwrap();
+                }
+            }
+        }
+        let (text, calls) = record;
+        sink.record(
+            "m1",
+            "local.model_response",
+            Value::Null,
+            EventKind::Message {
+                message_id: "m1".into(),
+                role: Role::Assistant,
+                text: text.into(),
+                reasoning: None,
+                tool_uses: calls
+                    .iter()
+                    .map(|(id, args)| ToolUse::from_arguments(*id, "f", args))
+                    .collect(),
+            },
+        )
+        .await
+        .unwrap();
+        drop(sink);
+        let mut events = Vec::new();
+        while let Ok(e) = sub.try_recv() {
+            events.push(e);
+        }
+        let mut c = Consumer::default();
+        for e in &events {
+            c.fold(e);
+        }
+        (c, events)
+    }
+
+    fn held_calls(c: &Consumer) -> Vec<(String, String, bool)> {
+        c.held
+            .get("m1")
+            .map(|h| h.calls.iter().map(|c| (c.0.clone(), c.2.clone(), c.3)).collect())
+            .unwrap_or_default()
+    }
+
+    fn text_of(c: &Consumer) -> String {
+        c.held.get("m1").map(|h| h.text.clone()).unwrap_or_default()
+    }
+
+    #[tokio::test]
+    async fn a_retry_that_repeats_the_text_shows_it_once() {
+        use Step::*;
+        let (c, events) = play(
+            &[Text("Hel"), Retry, Text("He"), Text("llo"), Text(" there")],
+            ("Hello there", &[]),
+        )
+        .await;
+        assert_eq!(text_of(&c), "Hello there");
+        assert_eq!(c.restarts, 0);
+        assert_eq!(
+            c.text_bytes,
+            "Hello there".len(),
+            "nothing delivered twice: {events:#?}"
+        );
+        let deltas: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match &e.kind {
+                EventKind::TextDelta { delta, .. } => Some(delta.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(deltas, ["Hel", "lo", " there"]);
+        // The retry itself is still delivered, in its place.
+        assert!(matches!(events[1].kind, EventKind::Retry { .. }));
+    }
+
+    #[tokio::test]
+    async fn a_retry_that_says_something_else_restarts_the_message() {
+        use Step::*;
+        let (c, events) = play(
+            &[Text("partial"), Retry, Text("after drop "), Text("complete")],
+            ("after drop complete", &[]),
+        )
+        .await;
+        assert_eq!(text_of(&c), "after drop complete");
+        assert_eq!(c.restarts, 1, "{events:#?}");
+        // The restart comes as soon as the new attempt is known to differ (at the length of what
+        // was shown), with the attempt so far, then the stream goes on.
+        let kinds: Vec<&str> = events.iter().map(|e| e.kind.name()).collect();
+        assert_eq!(
+            kinds,
+            [
+                "text_delta",
+                "retry",
+                "message_restart",
+                "text_delta",
+                "text_delta",
+                "message"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn an_attempt_that_ends_shorter_restarts_the_message_before_the_record() {
+        use Step::*;
+        let (c, events) = play(&[Text("Hello there"), Retry, Text("Hello")], ("Hello", &[])).await;
+        assert_eq!(text_of(&c), "Hello");
+        assert_eq!(c.restarts, 1);
+        assert!(matches!(events.last().unwrap().kind, EventKind::Message { .. }));
+    }
+
+    #[tokio::test]
+    async fn a_repeated_tool_call_goes_on_where_it_was_cut() {
+        use Step::*;
+        let (c, _) = play(
+            &[
+                Text("Let me"),
+                Start("c1"),
+                Args("c1", r#"{"a""#),
+                Retry,
+                Text("Let me"),
+                Start("c1"),
+                Args("c1", r#"{"a":1}"#),
+                End("c1"),
+            ],
+            ("Let me", &[("c1", r#"{"a":1}"#)]),
+        )
+        .await;
+        assert_eq!(c.restarts, 0);
+        assert_eq!(text_of(&c), "Let me");
+        assert_eq!(held_calls(&c), [("c1".to_owned(), r#"{"a":1}"#.to_owned(), true)]);
+    }
+
+    #[tokio::test]
+    async fn a_tool_call_under_a_new_id_restarts_the_message() {
+        use Step::*;
+        let (c, _) = play(
+            &[
+                Start("call_a"),
+                Args("call_a", r#"{"x""#),
+                Retry,
+                Start("call_b"),
+                Args("call_b", r#"{"x":2}"#),
+                End("call_b"),
+            ],
+            ("", &[("call_b", r#"{"x":2}"#)]),
+        )
+        .await;
+        assert_eq!(c.restarts, 1);
+        assert_eq!(
+            held_calls(&c),
+            [("call_b".to_owned(), r#"{"x":2}"#.to_owned(), true)]
+        );
+    }
+
+    #[tokio::test]
+    async fn reasoning_is_held_back_like_text() {
+        use Step::*;
+        let (c, _) = play(
+            &[
+                Reasoning("think"),
+                Text("A"),
+                Retry,
+                Reasoning("thi"),
+                Reasoning("nk"),
+                Text("AB"),
+            ],
+            ("AB", &[]),
+        )
+        .await;
+        assert_eq!(c.restarts, 0);
+        assert_eq!(c.held["m1"].reasoning, "think");
+        assert_eq!(text_of(&c), "AB");
+        // Reasoning that changes after the text began is a restart.
+        let (c, _) = play(
+            &[
+                Reasoning("think"),
+                Text("A"),
+                Retry,
+                Reasoning("thinking"),
+                Text("A"),
+            ],
+            ("A", &[]),
+        )
+        .await;
+        assert_eq!(c.restarts, 1);
+        assert_eq!(c.held["m1"].reasoning, "thinking");
+        assert_eq!(text_of(&c), "A");
+    }
+
+    #[tokio::test]
+    async fn a_retry_before_anything_was_shown_changes_nothing() {
+        use Step::*;
+        let (c, events) = play(&[Retry, Text("Hi")], ("Hi", &[])).await;
+        assert_eq!((text_of(&c).as_str(), c.restarts), ("Hi", 0));
+        assert_eq!(events.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn text_sent_after_its_record_is_not_withdrawn_by_a_reconnect() {
+        // Providers whose messages arrive whole (Managed Agents) record the message, then send
+        // its text live; a reconnect later must not take it back.
+        let sink = EventSink::detached();
+        let mut sub = sink.subscribe(64).await;
+        let msg = |id: &str, text: &str| EventKind::Message {
+            message_id: id.into(),
+            role: Role::Assistant,
+            text: text.into(),
+            reasoning: None,
+            tool_uses: Vec::new(),
+        };
+        sink.record("a", "agent.message", json!({}), msg("a", "one"))
+            .await
+            .unwrap();
+        sink.emit_live(Event::new(
+            "",
+            "managed.text_delta",
+            Value::Null,
+            EventKind::TextDelta {
+                message_id: "a".into(),
+                delta: "one".into(),
+            },
+        ))
+        .await;
+        sink.record(
+            "",
+            "tether.reconnect",
+            json!({}),
+            EventKind::Retry {
+                attempt: 1,
+                delay_ms: 0,
+                error: "x".into(),
+            },
+        )
+        .await
+        .unwrap();
+        sink.record("b", "agent.message", json!({}), msg("b", "two"))
+            .await
+            .unwrap();
+        drop(sink);
+        let mut kinds = Vec::new();
+        while let Ok(e) = sub.try_recv() {
+            kinds.push(e.kind.name());
+        }
+        assert_eq!(kinds, ["message", "text_delta", "retry", "message"]);
+    }
+
+    #[tokio::test]
+    async fn a_message_of_countless_parts_is_not_tracked_part_by_part() {
+        // Reasoning and text alternating at every character: a part each.
+        let mut steps = Vec::new();
+        for _ in 0..400 {
+            steps.push(Step::Reasoning("r"));
+            steps.push(Step::Text("t"));
+        }
+        let sink = EventSink::detached();
+        let mut sub = sink.subscribe(8192).await;
+        let live = |kind| Event::new("", "test", Value::Null, kind);
+        for (i, s) in steps.iter().enumerate() {
+            let kind = match s {
+                Step::Reasoning(d) => EventKind::ReasoningDelta {
+                    message_id: "m1".into(),
+                    delta: (*d).into(),
+                },
+                Step::Text(d) => EventKind::TextDelta {
+                    message_id: "m1".into(),
+                    delta: (*d).into(),
+                },
+                _ => unreachable!(),
+            };
+            sink.emit_live(live(kind)).await;
+            let g = sink.inner.live.lock().unwrap();
+            assert!(g.messages[0].shown.len() <= MAX_PARTS, "at step {i}");
+        }
+        sink.record(
+            "",
+            "local.retry",
+            Value::Null,
+            EventKind::Retry {
+                attempt: 1,
+                delay_ms: 0,
+                error: "x".into(),
+            },
+        )
+        .await
+        .unwrap();
+        // The retry says "rt" only: the message starts over at its first piece.
+        for (kind, d) in [(true, "r"), (false, "t")] {
+            let kind = if kind {
+                EventKind::ReasoningDelta {
+                    message_id: "m1".into(),
+                    delta: d.into(),
+                }
+            } else {
+                EventKind::TextDelta {
+                    message_id: "m1".into(),
+                    delta: d.into(),
+                }
+            };
+            sink.emit_live(live(kind)).await;
+        }
+        sink.record(
+            "m1",
+            "local.model_response",
+            Value::Null,
+            EventKind::Message {
+                message_id: "m1".into(),
+                role: Role::Assistant,
+                text: "t".into(),
+                reasoning: Some("r".into()),
+                tool_uses: Vec::new(),
+            },
+        )
+        .await
+        .unwrap();
+        drop(sink);
+        let mut c = Consumer::default();
+        while let Ok(e) = sub.try_recv() {
+            c.fold(&e);
+        }
+        assert_eq!(c.restarts, 1);
+        assert_eq!(
+            (c.held["m1"].reasoning.as_str(), text_of(&c).as_str()),
+            ("r", "t")
+        );
+    }
+
+    /// Splits `s` into pieces at the char boundaries `cuts` pick.
+    fn pieces(s: &str, cuts: &[usize]) -> Vec<String> {
+        let bounds: Vec<usize> = (0..=s.len()).filter(|i| s.is_char_boundary(*i)).collect();
+        let mut at: Vec<usize> = cuts.iter().map(|c| bounds[c % bounds.len()]).collect();
+        at.push(0);
+        at.push(s.len());
+        at.sort_unstable();
+        at.dedup();
+        at.windows(2).map(|w| s[w[0]..w[1]].to_owned()).collect()
+    }
+
+    async fn replay(shown: &[String], again: &[String], record: &str) -> Consumer {
+        let sink = EventSink::detached();
+        let mut sub = sink.subscribe(4096).await;
+        let delta = |d: &String| {
+            Event::new(
+                "",
+                "test",
+                Value::Null,
+                EventKind::TextDelta {
+                    message_id: "m1".into(),
+                    delta: d.clone(),
+                },
+            )
+        };
+        for d in shown {
+            sink.emit_live(delta(d)).await;
+        }
+        sink.record(
+            "",
+            "local.retry",
+            Value::Null,
+            EventKind::Retry {
+                attempt: 1,
+                delay_ms: 0,
+                error: "x".into(),
+            },
+        )
+        .await
+        .unwrap();
+        for d in again {
+            sink.emit_live(delta(d)).await;
+        }
+        sink.record(
+            "m1",
+            "local.model_response",
+            Value::Null,
+            EventKind::Message {
+                message_id: "m1".into(),
+                role: Role::Assistant,
+                text: record.into(),
+                reasoning: None,
+                tool_uses: Vec::new(),
+            },
+        )
+        .await
+        .unwrap();
+        drop(sink);
+        let mut c = Consumer::default();
+        while let Ok(e) = sub.try_recv() {
+            c.fold(&e);
+        }
+        c
+    }
+
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+
+    /// A message's live events: text, reasoning and tool calls (ids by position), each cut into
+    /// pieces by `cuts`.
+    fn message_events(parts: &[(u8, String)], cuts: &[usize]) -> Vec<Event> {
+        let live = |kind| Event::new("", "test", Value::Null, kind);
+        let mut out = Vec::new();
+        for (i, (kind, text)) in parts.iter().enumerate() {
+            let pieces = pieces(text, cuts);
+            match kind % 3 {
+                0 => out.extend(pieces.into_iter().map(|d| {
+                    live(EventKind::TextDelta {
+                        message_id: "m1".into(),
+                        delta: d,
+                    })
+                })),
+                1 => out.extend(pieces.into_iter().map(|d| {
+                    live(EventKind::ReasoningDelta {
+                        message_id: "m1".into(),
+                        delta: d,
+                    })
+                })),
+                _ => {
+                    let id = format!("c{i}");
+                    out.push(live(EventKind::ToolCallStart {
+                        tool_use_id: id.clone(),
+                        name: "f".into(),
+                        message_id: Some("m1".into()),
+                    }));
+                    out.extend(pieces.into_iter().map(|d| {
+                        live(EventKind::ToolCallArgs {
+                            tool_use_id: id.clone(),
+                            delta: d,
+                        })
+                    }));
+                    out.push(live(EventKind::ToolCallEnd { tool_use_id: id }));
+                }
+            }
+        }
+        out
+    }
+
+    fn parts() -> impl Strategy<Value = Vec<(u8, String)>> {
+        proptest::collection::vec((0u8..3, "[ab\u{e9}]{0,5}"), 0..5)
+    }
+
+    proptest! {
+        /// Whatever the failed attempt showed and however both attempts are cut into pieces,
+        /// the consumer ends with the record's text; a repeat adds no byte twice and no restart.
+        /// Text, reasoning and tool calls alike: whatever part of one message the failed
+        /// attempt showed, and whatever the next attempt streams, the consumer ends holding
+        /// exactly the next attempt's message (started and ended once per call).
+        #[test]
+        fn every_part_ends_as_the_last_attempt_streamed_it(
+            first in parts(),
+            other in parts(),
+            mode in 0u8..3,
+            grow in 0usize..8,
+            cut in 0usize..64,
+            cuts in proptest::collection::vec(0usize..64, 0..4),
+            second_cut in proptest::option::of(0usize..64),
+        ) {
+            // The next attempt: the same message, another one, or the same with one part grown
+            // (what a model that goes on differently looks like).
+            let same = mode == 0;
+            let second = match mode {
+                0 => first.clone(),
+                1 => other,
+                _ => {
+                    let mut m = first.clone();
+                    if let Some(p) = m.get_mut(grow % first.len().max(1)) {
+                        p.1.push('b');
+                    }
+                    m
+                }
+            };
+            let shown = message_events(&first, &cuts);
+            let shown = &shown[..cut % (shown.len() + 1)];
+            let again = message_events(&second, &[]);
+            let expected = {
+                let mut c = Consumer::default();
+                for e in &again {
+                    c.fold(e);
+                }
+                c.held.get("m1").cloned().unwrap_or_default()
+            };
+            let c = block_on(async {
+                let sink = EventSink::detached();
+                let mut sub = sink.subscribe(4096).await;
+                for e in shown {
+                    sink.emit_live(e.clone()).await;
+                }
+                let retry = EventKind::Retry {
+                    attempt: 1,
+                    delay_ms: 0,
+                    error: "x".into(),
+                };
+                sink.record("", "local.retry", Value::Null, retry.clone()).await.unwrap();
+                // Maybe the next attempt is cut too, and a third one streams it whole.
+                if let Some(k) = second_cut {
+                    for e in &again[..k % (again.len() + 1)] {
+                        sink.emit_live(e.clone()).await;
+                    }
+                    sink.record("", "local.retry", Value::Null, retry).await.unwrap();
+                }
+                for e in &again {
+                    sink.emit_live(e.clone()).await;
+                }
+                sink.record("m1", "local.model_response", Value::Null, EventKind::Message {
+                    message_id: "m1".into(),
+                    role: Role::Assistant,
+                    text: expected.text.clone(),
+                    reasoning: None,
+                    tool_uses: Vec::new(),
+                }).await.unwrap();
+                drop(sink);
+                let mut c = Consumer::default();
+                while let Ok(e) = sub.try_recv() {
+                    c.fold(&e);
+                }
+                c
+            });
+            prop_assert_eq!(c.held.get("m1").cloned().unwrap_or_default(), expected);
+            if same {
+                prop_assert_eq!(c.restarts, 0, "a repeat never restarts");
+            }
+        }
+
+        #[test]
+        fn the_consumer_ends_with_the_record(
+            answer in "\\PC{0,24}",
+            other in "\\PC{0,24}",
+            cut in 0usize..64,
+            shown_cuts in proptest::collection::vec(0usize..64, 0..6),
+            again_cuts in proptest::collection::vec(0usize..64, 0..6),
+            same in any::<bool>(),
+        ) {
+            let bounds: Vec<usize> = (0..=answer.len()).filter(|i| answer.is_char_boundary(*i)).collect();
+            let shown_text = &answer[..bounds[cut % bounds.len()]];
+            let record = if same { answer.clone() } else { other.clone() };
+            let shown = pieces(shown_text, &shown_cuts);
+            let again = pieces(&record, &again_cuts);
+            let c = block_on(replay(&shown, &again, &record));
+            prop_assert_eq!(text_of(&c), record.clone());
+            if record.starts_with(shown_text) {
+                prop_assert_eq!(c.restarts, 0);
+                prop_assert_eq!(c.text_bytes, record.len());
+            } else {
+                prop_assert_eq!(c.restarts, 1);
+            }
+        }
     }
 }

@@ -11,20 +11,24 @@ use crate::event::Event;
 use crate::types::ToolResult;
 
 /// Durable storage of sessions: events appended exactly once (keyed by event id), tool results
-/// memoized by tool-use id, and small named state values (a provider's transcript, a thread
-/// mapping) so a session can be loaded back after a restart.
+/// memoized by key, and small named state values (a provider's transcript, a thread mapping) so
+/// a session can be loaded back after a restart.
 ///
 /// The memo is what turns at-least-once tool delivery into an exactly-once effect: the engine
 /// looks a tool use up before running it and records the result before resuming the provider.
+/// The engine's key is [`crate::ToolUse::memo_key`] (the id with a digest of the name and
+/// arguments, so a model reusing an id for another call is never answered from the memo); the
+/// result it stores carries that key as its `tool_use_id`. A result an application stores under
+/// a pending use's bare id (an approval's denial) is taken when the session resumes.
 #[async_trait]
 pub trait EventStore: Send + Sync + 'static {
     /// Appends an event; returns `false` (and stores nothing) when its id is already stored.
     async fn append(&self, session_id: &str, event: &Event) -> Result<bool>;
     /// Every stored event of a session, in sequence order.
     async fn load(&self, session_id: &str) -> Result<Vec<Event>>;
-    /// The recorded result of a tool use, if any.
+    /// The result recorded under `tool_use_id` (a memo key), if any.
     async fn tool_result(&self, session_id: &str, tool_use_id: &str) -> Result<Option<ToolResult>>;
-    /// Records a tool use's result (the first record wins).
+    /// Records a result under its `tool_use_id` (a memo key; the first record wins).
     async fn put_tool_result(&self, session_id: &str, result: &ToolResult) -> Result<()>;
     /// Stores a named value for the session (overwriting).
     async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> Result<()>;

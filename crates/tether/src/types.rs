@@ -50,7 +50,8 @@ pub struct ToolUse {
     /// The decoded input (an object; `{}` when the model sent nothing).
     #[serde(default)]
     pub input: Value,
-    /// Set when the model's argument text was not valid JSON: the parse error. The engine then
+    /// Set when the model's argument text was not a JSON object (did not parse, or parsed to an
+    /// array, string, number, boolean or null): why. The engine then
     /// answers the call with an error result naming it, instead of running the tool on `{}`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_error: Option<String>,
@@ -71,18 +72,116 @@ impl ToolUse {
         }
     }
 
-    /// A tool use from the model's raw argument text: empty means `{}`, invalid JSON is kept
-    /// raw with its parse error recorded.
+    /// A tool use from the model's raw argument text: empty means `{}`; invalid JSON, or JSON
+    /// that is not an object (`[1]`, `"x"`, `null`: every tool's input schema is an object), is
+    /// kept raw with the error recorded in `input_error`, and `input` stays `{}`.
     pub fn from_arguments(id: impl Into<String>, name: impl Into<String>, arguments: &str) -> Self {
         let mut u = ToolUse::new(id, name, Value::Object(Default::default()));
         if !arguments.trim().is_empty() {
             match serde_json::from_str::<Value>(arguments) {
-                Ok(v) => u.input = v,
-                Err(e) => u.input_error = Some(e.to_string()),
+                Ok(v @ Value::Object(_)) => u.input = v,
+                Ok(other) => {
+                    let kind = match other {
+                        Value::Array(_) => "an array",
+                        Value::String(_) => "a string",
+                        Value::Number(_) => "a number",
+                        Value::Bool(_) => "a boolean",
+                        _ => "null",
+                    };
+                    u.input_error = Some(format!("the arguments are {kind}, not an object"));
+                }
+                Err(e) => u.input_error = Some(format!("not valid JSON: {e}")),
             }
         }
         u.raw_input = Some(arguments.to_owned());
         u
+    }
+}
+
+impl ToolUse {
+    /// What identifies the call apart from its id: the tool's name and its arguments, canonical
+    /// JSON (object keys sorted, no whitespace) when they parsed, the raw text when they did not
+    /// (so two different malformed calls never compare equal).
+    ///
+    /// Two tool uses are *the same tool use* when their ids and fingerprints are equal: only then
+    /// does the engine answer one from the other's recorded result.
+    pub fn fingerprint(&self) -> String {
+        let mut out = String::with_capacity(self.name.len() + 16);
+        out.push_str(&self.name);
+        out.push('\u{0}');
+        match (&self.input_error, &self.raw_input) {
+            (Some(_), Some(raw)) => {
+                out.push_str("raw:");
+                out.push_str(raw);
+            }
+            _ => {
+                out.push_str("json:");
+                canonical_json(&self.input, &mut out);
+            }
+        }
+        out
+    }
+
+    /// The key the engine memoizes this tool use's result under: its id, `#`, and 32 hex digits
+    /// of the SHA-256 of its [`fingerprint`](Self::fingerprint). An id longer than 128 bytes or
+    /// holding control characters is replaced by `~` and a digest of it, so keys stay bounded.
+    ///
+    /// A model that reuses an id for a different call gets a different key, so the call is run
+    /// rather than answered with the earlier call's result; a redelivery of the same call (a
+    /// reconnect, a crash recovery) gets the same key and is answered from the memo.
+    pub fn memo_key(&self) -> String {
+        let id = if self.id.len() <= 128 && !self.id.chars().any(char::is_control) {
+            self.id.clone()
+        } else {
+            format!("~{}", hex32(self.id.as_bytes()))
+        };
+        format!("{id}#{}", hex32(self.fingerprint().as_bytes()))
+    }
+}
+
+/// The first 16 bytes of the SHA-256 of `data`, as 32 lowercase hex digits.
+fn hex32(data: &[u8]) -> String {
+    use sha2::Digest;
+    use std::fmt::Write;
+    let d = sha2::Sha256::digest(data);
+    let mut out = String::with_capacity(32);
+    for b in d.iter().take(16) {
+        let _ = write!(out, "{b:02x}");
+    }
+    out
+}
+
+/// Writes `v` as JSON with object keys sorted, whatever the map's own order: serde_json keeps
+/// insertion order when any crate in the build enables its `preserve_order` feature.
+pub(crate) fn canonical_json(v: &Value, out: &mut String) {
+    match v {
+        Value::Object(m) => {
+            let mut keys: Vec<&String> = m.keys().collect();
+            keys.sort();
+            out.push('{');
+            for (i, k) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                if let Some(x) = m.get(k) {
+                    canonical_json(x, out);
+                }
+            }
+            out.push('}');
+        }
+        Value::Array(a) => {
+            out.push('[');
+            for (i, x) in a.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
     }
 }
 
@@ -255,7 +354,8 @@ pub struct SessionResult {
     pub text: String,
     /// Every turn's text in order, for callers that want all of it.
     pub texts: Vec<String>,
-    /// Tool uses run in this request, deduplicated by id (first kept).
+    /// Tool uses run in this request, each once (the same id, name and arguments twice count
+    /// once; a reused id with other arguments is another tool use).
     pub tool_uses: Vec<ToolUse>,
     /// Tool uses the remote loop ran itself.
     pub server_tool_uses: Vec<ToolUse>,

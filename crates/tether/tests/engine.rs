@@ -118,6 +118,40 @@ async fn tool_errors_and_panics_become_error_results() {
     assert!(tool[3].content.as_deref().unwrap().contains("not valid JSON"));
 }
 
+/// Arguments that parse but are not an object (`[1]`, `"x"`, `null`, `5`) never reach a tool:
+/// every tool's input schema is an object, and a handler reading `input["path"]` of an array
+/// would act on nothing. Each is answered with an error naming what it was.
+#[tokio::test]
+async fn arguments_that_are_not_an_object_never_reach_the_tool() {
+    let calls: Vec<(String, &str)> = ["[1]", "\"x\"", "null", "5", "true"]
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (format!("c{i}"), *a))
+        .collect();
+    let script: Vec<(&str, &str, &str)> = calls.iter().map(|(id, a)| (id.as_str(), "echo", *a)).collect();
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&script)),
+        Ok(ScriptedModel::text("ok")),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(tools())
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.text, "ok");
+    let msgs = &model.requests()[1].messages;
+    let tool: Vec<_> = msgs.iter().filter(|m| m.tool_call_id.is_some()).collect();
+    assert_eq!(tool.len(), 5);
+    for (m, kind) in tool
+        .iter()
+        .zip(["an array", "a string", "null", "a number", "a boolean"])
+    {
+        assert!(m.is_error, "{m:?}");
+        let text = m.content.as_deref().unwrap_or_default();
+        assert!(text.contains(kind) && text.contains("not an object"), "{text}");
+    }
+}
+
 #[tokio::test]
 async fn a_hung_tool_times_out_into_an_error_result() {
     let model = Arc::new(ScriptedModel::new(vec![
@@ -431,8 +465,10 @@ async fn recorded_tool_results_are_not_run_again() {
     });
     let store = Arc::new(MemoryStore::default());
     use tether::EventStore;
+    // The memo answers the same tool use: same id, name and arguments.
+    let a = ToolUse::from_arguments("a", "side_effect", r#"{"n":1}"#);
     store
-        .put_tool_result("s1", &ToolResult::ok("a", "recorded earlier"))
+        .put_tool_result("s1", &ToolResult::ok(a.memo_key(), "recorded earlier"))
         .await
         .unwrap();
     let model = Arc::new(ScriptedModel::new(vec![
@@ -459,8 +495,14 @@ async fn recorded_tool_results_are_not_run_again() {
             .as_deref(),
         Some("recorded earlier")
     );
+    let b = ToolUse::from_arguments("b", "side_effect", r#"{"n":2}"#);
     assert_eq!(
-        store.tool_result("s1", "b").await.unwrap().unwrap().content,
+        store
+            .tool_result("s1", &b.memo_key())
+            .await
+            .unwrap()
+            .unwrap()
+            .content,
         "did it"
     );
     // A memo answer still lands in the record, once: a crash between the memo and the event
@@ -873,4 +915,217 @@ async fn an_auth_failure_is_not_reconnected() {
     }
     let e = Session::builder(Denied).run("go").await.unwrap_err();
     assert_eq!(e.status(), Some(401));
+}
+
+/// The terminal tool beside other tools in one turn: the other tools run (their effects are
+/// what the model asked for), every call is answered in the transcript and the record, and the
+/// run ends with the terminal tool's input.
+#[tokio::test]
+async fn the_terminal_tool_beside_other_tools_runs_them_and_ends_the_run() {
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let h = ToolSet::new().tool(spec("write"), move |i: Value| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(format!("wrote {}", i["v"]))
+        }
+    });
+    let model = Arc::new(ScriptedModel::new(vec![Ok(ScriptedModel::tool_calls(&[
+        ("w1", "write", r#"{"v":1}"#),
+        ("f", "finish", r#"{"answer":42}"#),
+        ("w2", "write", r#"{"v":2}"#),
+    ]))]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(h)
+        .terminal_tool(ToolSpec::new("finish", "Finish", json!({"type":"object"})))
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.terminal, Terminal::EndTurn);
+    assert_eq!(r.stop_reason, json!("terminal_tool"));
+    assert_eq!(r.final_output, Some(json!({"answer": 42})));
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    assert_eq!(r.turns, 1);
+    let transcript: Vec<tether::ChatMessage> = serde_json::from_value(r.transcript.unwrap()).unwrap();
+    let answered: Vec<_> = transcript.iter().filter_map(|m| m.tool_call_id.clone()).collect();
+    assert_eq!(answered, ["w1", "f", "w2"], "every call answered, in order");
+    // Recorded as they finish (the tools run concurrently), each once.
+    let mut recorded: Vec<_> = r
+        .events
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::ToolResult { result } => Some(result.tool_use_id.clone()),
+            _ => None,
+        })
+        .collect();
+    recorded.sort();
+    assert_eq!(recorded, ["f", "w1", "w2"]);
+    assert_record_is_exactly_once(&r.events);
+}
+
+/// A provider whose stream always drops and whose reconnects always fail, until `healed`.
+struct Broken {
+    healed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl tether::Provider for Broken {
+    fn name(&self) -> &str {
+        "broken"
+    }
+    async fn open(&mut self, _cx: &tether::TurnContext) -> tether::Result<tether::Opened> {
+        Ok(tether::Opened {
+            session_id: "b1".into(),
+            ..Default::default()
+        })
+    }
+    fn can_reconnect(&self) -> bool {
+        true
+    }
+    async fn turn(
+        &mut self,
+        _i: tether::Input,
+        _cx: &tether::TurnContext,
+    ) -> tether::Result<tether::TurnResult> {
+        if self.healed.load(Ordering::SeqCst) {
+            let mut tr = tether::TurnResult::new(Terminal::EndTurn, json!("end_turn"));
+            tr.text = "healed".into();
+            return Ok(tr);
+        }
+        Err(Error::Transport {
+            kind: tether::TransportKind::Closed,
+            message: "stream ended early".into(),
+            endpoint: "fake".into(),
+        })
+    }
+    async fn reconnect(&mut self, _cx: &tether::TurnContext) -> tether::Result<Vec<ToolUse>> {
+        Err(Error::Transport {
+            kind: tether::TransportKind::Refused,
+            message: "still down".into(),
+            endpoint: "fake".into(),
+        })
+    }
+}
+
+/// Reconnect attempts running out: the last error surfaces (typed, as the provider said it),
+/// every attempt is in the stored record, and the next request's result does not carry the
+/// failed request's events (they used to leak into it).
+#[tokio::test]
+async fn reconnect_attempts_running_out_surface_the_last_error_with_the_attempts_recorded() {
+    use tether::EventStore;
+    let sleeper = RecordingSleeper::default();
+    let store = Arc::new(MemoryStore::default());
+    let healed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cfg = tether::SessionConfig {
+        reconnect: RetryPolicy {
+            jitter: false,
+            max_retries: 3,
+            ..RetryPolicy::default().with_sleeper(sleeper.clone())
+        },
+        ..Default::default()
+    };
+    let mut s = Session::builder(Broken {
+        healed: healed.clone(),
+    })
+    .store(store.clone())
+    .config(cfg)
+    .open()
+    .await
+    .unwrap();
+    let e = s.send("go").await.unwrap_err();
+    assert!(
+        matches!(
+            &e,
+            Error::Transport {
+                kind: tether::TransportKind::Refused,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert_eq!(sleeper.slept().len(), 3);
+    let stored = store.load("b1").await.unwrap();
+    let attempts: Vec<u32> = stored
+        .iter()
+        .filter_map(|e| match &e.kind {
+            EventKind::Retry { attempt, .. } if e.raw_type == "tether.reconnect" => Some(*attempt),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(attempts, [1, 2, 3]);
+    healed.store(true, Ordering::SeqCst);
+    let r = s.send("again").await.unwrap();
+    assert_eq!(r.text, "healed");
+    assert!(
+        r.events.iter().all(|e| e.raw_type != "tether.reconnect"),
+        "the failed request's events leaked into this result"
+    );
+    assert_record_is_exactly_once(&store.load("b1").await.unwrap());
+}
+
+/// A request that ends before the tool uses of its last turn are sent back (a halt, the turn
+/// limit) still answers every call in the provider's history: otherwise the next request's
+/// history holds a tool call without an answer, which chat APIs refuse.
+#[tokio::test]
+async fn a_request_ending_with_unsent_tool_calls_still_answers_them_in_the_history() {
+    // The turn guard halts after a turn that asked for a tool: the tool is not run.
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let h = ToolSet::new().tool(spec("echo"), move |_i: Value| {
+        let c = c.clone();
+        async move {
+            c.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>("x".into())
+        }
+    });
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("a", "echo", r#"{"v":"1"}"#)])),
+        Ok(ScriptedModel::text("next")),
+    ]));
+    let halted = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hb = halted.clone();
+    let mut s = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(h.clone())
+        .turn_guard(move |_| {
+            if hb.swap(true, Ordering::SeqCst) {
+                GuardDecision::Continue
+            } else {
+                GuardDecision::Halt("budget".into())
+            }
+        })
+        .open()
+        .await
+        .unwrap();
+    let r = s.send("go").await.unwrap();
+    assert_eq!(r.stop_reason, json!({"type": "halted", "reason": "budget"}));
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    s.send("go on").await.unwrap();
+    let msgs = &model.requests()[1].messages;
+    let a = msgs
+        .iter()
+        .find(|m| m.tool_call_id.as_deref() == Some("a"))
+        .expect("the halted call is answered");
+    assert!(a.is_error && a.content.as_deref().unwrap().contains("halted"));
+
+    // The turn limit ends the request after the tools ran: their results are kept.
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("b", "echo", r#"{"v":"2"}"#)])),
+        Ok(ScriptedModel::text("next")),
+    ]));
+    let mut s = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(h)
+        .max_turns(1)
+        .open()
+        .await
+        .unwrap();
+    let r = s.send("go").await.unwrap();
+    assert_eq!(r.stop_reason, json!("max_turns"));
+    s.send("go on").await.unwrap();
+    let msgs = &model.requests()[1].messages;
+    let b = msgs
+        .iter()
+        .find(|m| m.tool_call_id.as_deref() == Some("b"))
+        .expect("the answered call is in the history");
+    assert_eq!(b.content.as_deref(), Some("x"));
 }

@@ -47,25 +47,21 @@ pub fn fake_agent() -> PathBuf {
         .clone()
 }
 
-/// The TS SDK example agent, or `None` (with a notice) when it is not installed and CI is unset.
-pub fn example_agent() -> Option<PathBuf> {
+/// The TS SDK example agent: the third-party judge of the tests that use it. Missing, it fails
+/// the test with how to install it (never a silent pass, in CI or out of it).
+pub fn example_agent() -> PathBuf {
     let p = repo_root().join("conformance/acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js");
-    if p.exists() {
-        return Some(p);
-    }
-    let msg = format!(
-        "the ACP example agent is not installed at {}; run conformance/acp/setup.sh (npm ci)",
+    assert!(
+        p.exists(),
+        "the ACP SDK example agent, which judges this test, is not installed at {}: \
+         run conformance/acp/setup.sh (npm ci; scripts/test runs it before cargo test)",
         p.display()
     );
-    if std::env::var("CI")
-        .map(|v| v == "true" || v == "1")
-        .unwrap_or(false)
-    {
-        panic!("{msg}");
-    }
-    eprintln!("SKIPPED: {msg}");
-    None
+    p
 }
+
+/// How long a test waits for something that must happen (generous: a loaded 2-core machine).
+pub const WAIT: Duration = Duration::from_secs(60);
 
 pub fn text(s: &str) -> Vec<ContentBlock> {
     vec![ContentBlock::Text(TextContent::new(s))]
@@ -92,6 +88,8 @@ pub struct Recorder {
     pub ext_notes: Mutex<Vec<String>>,
     pub completed: Mutex<Vec<String>>,
     pub update_delay: Option<Duration>,
+    /// Notified whenever anything is recorded (see [`Recorder::wait_until`]).
+    pub changed: tokio::sync::Notify,
 }
 
 impl Recorder {
@@ -113,6 +111,28 @@ impl Recorder {
             ext_notes: Mutex::new(Vec::new()),
             completed: Mutex::new(Vec::new()),
             update_delay,
+            changed: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Waits until `cond` holds, woken by each thing recorded; fails the test after [`WAIT`]
+    /// naming `what`.
+    pub async fn wait_until(&self, what: &str, cond: impl Fn(&Self) -> bool) {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let notified = self.changed.notified();
+            tokio::pin!(notified);
+            // Registered before the check, so a change between the two is not missed.
+            notified.as_mut().enable();
+            if cond(self) {
+                return;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                panic!(
+                    "timed out after {WAIT:?} waiting for {what}; seen: {:?}",
+                    self.kinds()
+                );
+            }
         }
     }
     pub fn texts(&self) -> Vec<String> {
@@ -156,6 +176,7 @@ impl ClientHandler for Recorder {
         }
         self.events.lock().unwrap().push(event.clone());
         self.raw_messages.lock().unwrap().push(message.json().to_owned());
+        self.changed.notify_waiters();
     }
     async fn request_permission_with_message(
         &self,
@@ -166,6 +187,7 @@ impl ClientHandler for Recorder {
             .lock()
             .unwrap()
             .push((request.clone(), message.id()));
+        self.changed.notify_waiters();
         let answer = self.permission.lock().unwrap().clone();
         match answer {
             PermissionAnswer::Select(id) => {
@@ -233,6 +255,7 @@ impl ClientHandler for Recorder {
     }
     async fn elicitation_complete(&self, n: tether_acp::schema::CompleteElicitationNotification) {
         self.completed.lock().unwrap().push(n.elicitation_id.to_string());
+        self.changed.notify_waiters();
     }
     async fn ext_method(
         &self,
@@ -245,5 +268,6 @@ impl ClientHandler for Recorder {
     }
     async fn ext_notification(&self, method: &str, _params: &serde_json::value::RawValue) {
         self.ext_notes.lock().unwrap().push(method.to_owned());
+        self.changed.notify_waiters();
     }
 }

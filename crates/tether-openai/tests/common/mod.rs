@@ -14,11 +14,17 @@ use tether::{
 use tether_openai::OpenAiModel;
 use tether_testkit::openai::FakeOpenAi;
 
-/// A streaming model on the fake, with a short idle timeout for the stall tests.
+/// A streaming model on the fake, with a generous idle timeout: its streams must succeed, even
+/// on a loaded machine.
 pub fn model(fake: &FakeOpenAi) -> OpenAiModel {
+    model_with_idle(fake, Duration::from_secs(30))
+}
+
+/// A streaming model on the fake with this idle timeout (short only where it is under test).
+pub fn model_with_idle(fake: &FakeOpenAi, idle: Duration) -> OpenAiModel {
     OpenAiModel::builder(fake.url())
         .model("fake-model")
-        .stream_idle_timeout(Duration::from_millis(300))
+        .stream_idle_timeout(idle)
         .build()
         .expect("model")
 }

@@ -15,7 +15,7 @@
 //! | `permission` | `session/request_permission` (allow / reject), reports the outcome |
 //! | `wait_cancel` | a permission request, then waits for `session/cancel`; `cancelled` |
 //! | `cancel_request` | a permission request, then `$/cancel_request` for it; reports the answer |
-//! | `dup_id` | two requests with the same id; reports both answers |
+//! | `dup_id` | two requests with the same id; reports each answer as it arrives |
 //! | `ext` | a `_fake/ping` request and a `_fake/note` notification; reports the answer |
 //! | `elicit <form or url>` | `elicitation/create`; reports the answer |
 //! | `tool` | `tool_call` + `tool_call_update` + plan + usage + thought, `end_turn` |
@@ -311,12 +311,12 @@ async fn run_prompt(agent: Agent, id: Value, session: String, text: String) {
             let first = rx.await.unwrap_or(Value::Null);
             let (tx2, rx2) = oneshot::channel();
             agent.pending.lock().await.insert(id, tx2);
+            // Said as soon as it is known (and the second answer can be taken): a client can
+            // wait for it before cancelling the permission question.
+            agent.say(&session, &format!("first {}", describe(&first))).await;
             let second = rx2.await.unwrap_or(Value::Null);
             agent
-                .say(
-                    &session,
-                    &format!("first {} second {}", describe(&first), describe(&second)),
-                )
+                .say(&session, &format!("second {}", describe(&second)))
                 .await;
         }
         "ext" => {

@@ -1,0 +1,9 @@
+//! An ACP agent's stdout into a real AcpClient (framing, dispatch, validation, answers).
+//! The oracle lives in the crate (`fuzzing` module) so the corpus replays on `cargo test`.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    tether_acp::fuzzing::check_connection(data);
+});
