@@ -4,6 +4,12 @@
 #
 #   fuzz/run.sh                 # every target, FUZZ_SECONDS (default 10) each
 #   fuzz/run.sh openai_sse ...  # only these
+#   FUZZ_RUNS=10000 fuzz/run.sh # every target for exactly 10000 inputs from seed FUZZ_SEED
+#                               # (default 1): the same inputs on every machine, as CI runs it
+#
+# A time-bounded run explores differently on every run and machine, so it belongs on a
+# developer's machine; CI uses a fixed seed and input count so that its verdict is reproducible
+# (a crash it reports is there on every run until fixed, and a pass is not luck).
 #
 # New inputs go to a scratch directory, never into the committed corpus (see README.md for how
 # to grow and minimise it). A crash, panic, timeout or leak fails the run, with the input saved
@@ -16,6 +22,13 @@ cd "$(dirname "$0")"
 
 CARGO_FUZZ_VERSION=0.13.2
 SECONDS_EACH="${FUZZ_SECONDS:-10}"
+if [ -n "${FUZZ_RUNS:-}" ]; then
+  BOUND=(-runs="$FUZZ_RUNS" -seed="${FUZZ_SEED:-1}")
+  what="$FUZZ_RUNS inputs from seed ${FUZZ_SEED:-1}"
+else
+  BOUND=(-max_total_time="$SECONDS_EACH")
+  what="${SECONDS_EACH} s"
+fi
 
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
   echo "error: the fuzz step needs the nightly toolchain (cargo-fuzz builds with unstable" >&2
@@ -48,13 +61,13 @@ scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
 failed=()
 for t in "${targets[@]}"; do
-  echo "==> fuzzing $t for ${SECONDS_EACH} s"
+  echo "==> fuzzing $t: $what"
   mkdir -p "$scratch/$t" "corpus/$t"
   dirs=("$scratch/$t" "corpus/$t")
   [ -d "regressions/$t" ] && dirs+=("regressions/$t")
   # -timeout: one input taking 30 s is a hang; -rss_limit_mb: a parser must not need 2 GiB.
   if ! cargo +nightly fuzz run "${FLAGS[@]}" "$t" "${dirs[@]}" -- \
-    -max_total_time="$SECONDS_EACH" -timeout=30 -rss_limit_mb=2048 -print_final_stats=1 \
+    "${BOUND[@]}" -timeout=30 -rss_limit_mb=2048 -print_final_stats=1 \
     2>"$scratch/$t.log"; then
     tail -60 "$scratch/$t.log" >&2
     failed+=("$t")

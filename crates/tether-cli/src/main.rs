@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 mod acp_cmd;
+mod elicit;
 mod print;
 mod providers;
 mod run;

@@ -64,6 +64,15 @@ pub struct RunArgs {
     /// A directory confined commands may also write beneath (repeatable), e.g. a build cache.
     #[arg(long, value_name = "DIR")]
     pub writable: Vec<PathBuf>,
+    /// An MCP server over stdio whose tools the agent gets, as NAME=COMMAND (repeatable), e.g.
+    /// `--mcp fs='npx -y @modelcontextprotocol/server-filesystem .'`.
+    #[arg(long = "mcp", value_name = "NAME=COMMAND")]
+    pub mcp: Vec<String>,
+    /// A JSON file of MCP servers in the `mcpServers` format of Claude Desktop, Claude Code and
+    /// Cursor (stdio `command`/`args`/`env` or HTTP `url`/`headers`, plus tether's `prefix`,
+    /// `allow`, `deny`, `approval`, `timeout_secs`, `sampling`).
+    #[arg(long = "mcp-config", value_name = "FILE")]
+    pub mcp_config: Option<PathBuf>,
     /// Where the loop lives (openai, anthropic, managed, agentcore, acp) and what each needs.
     #[command(flatten)]
     pub provider: crate::providers::ProviderArgs,
@@ -262,12 +271,23 @@ pub async fn run(args: RunArgs) -> ExitCode {
         (args.prompt.clone(), Answers::Stdin)
     };
     let workspace = if args.yes {
-        workspace.policy(Policy::allow_all())
+        // MCP tools marked for approval are asked too: --yes answers them.
+        workspace
+            .policy(Policy::allow_all())
+            .approver(tether::workspace::ApproveAll)
     } else {
         workspace.approver(TerminalApprover { answers })
     };
+    let sampling = match &remote {
+        Some(_) => None,
+        None => sampling_model(&args, &base_url, &model_name),
+    };
+    let (handler, _servers) = match with_mcp(workspace, &args, &root, sampling).await {
+        Ok(h) => h,
+        Err(m) => return fail(m),
+    };
     if let Some(p) = remote {
-        return run_with(p, workspace, &args, &prompt, &base_url, &model_name).await;
+        return run_with(p, handler, &args, &prompt, &base_url, &model_name).await;
     }
     let mut builder = tether_openai::OpenAiModel::builder(&base_url)
         .model(model_name.clone())
@@ -284,12 +304,53 @@ pub async fn run(args: RunArgs) -> ExitCode {
         provider = provider.system_prompt(s.clone());
     }
     let provider: Box<dyn Provider> = Box::new(provider);
-    run_with(provider, workspace, &args, &prompt, &base_url, &model_name).await
+    run_with(provider, handler, &args, &prompt, &base_url, &model_name).await
+}
+
+/// The model that answers MCP servers' sampling requests (those allowed to sample): the run's
+/// own endpoint and model.
+fn sampling_model(args: &RunArgs, base_url: &str, model_name: &str) -> Option<tether_mcp::Sampling> {
+    let mut b = tether_openai::OpenAiModel::builder(base_url).model(model_name.to_owned());
+    if let Some(k) = args.api_key.clone().filter(|k| !k.is_empty()) {
+        b = b.api_key(k);
+    }
+    let model = b.build().ok()?;
+    Some(tether_mcp::Sampling {
+        model: Arc::new(model),
+        model_name: model_name.to_owned(),
+    })
+}
+
+/// The workspace with the MCP servers of `--mcp` and `--mcp-config` added (started now; one that
+/// does not start, or a tool name two of them share without a prefix, is an error).
+async fn with_mcp(
+    workspace: Workspace,
+    args: &RunArgs,
+    root: &std::path::Path,
+    sampling: Option<tether_mcp::Sampling>,
+) -> Result<(Arc<dyn tether::Handler>, Vec<tether_mcp::McpServer>), String> {
+    let mut entries = Vec::new();
+    if let Some(f) = &args.mcp_config {
+        entries.extend(tether_mcp::config::read_file(f).map_err(|e| e.to_string())?);
+    }
+    for m in &args.mcp {
+        entries.push(tether_mcp::config::parse_flag(m).map_err(|e| e.to_string())?);
+    }
+    if entries.is_empty() {
+        return Ok((Arc::new(workspace), Vec::new()));
+    }
+    let (sources, servers) = tether_mcp::config::connect_all(&entries, &[root.to_path_buf()], sampling)
+        .await
+        .map_err(|e| e.to_string())?;
+    let handler =
+        tether::source::WithTools::new(crate::elicit::TerminalPrompts(Arc::new(workspace)), sources)
+            .map_err(|e| format!("MCP servers: {e}"))?;
+    Ok((Arc::new(handler), servers))
 }
 
 async fn run_with(
     provider: Box<dyn Provider>,
-    workspace: Workspace,
+    handler: Arc<dyn tether::Handler>,
     args: &RunArgs,
     prompt: &str,
     base_url: &str,
@@ -297,7 +358,7 @@ async fn run_with(
 ) -> ExitCode {
     let timeout = Duration::from_secs(args.timeout.max(1));
     let session = Session::builder_boxed(provider)
-        .handler_arc(Arc::new(workspace))
+        .handler_arc(handler)
         .max_turns(args.max_turns)
         .timeout(timeout)
         .open();

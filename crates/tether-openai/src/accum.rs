@@ -95,6 +95,32 @@ pub struct StreamAccumulator {
     limit: Limit,
 }
 
+/// Gives the call in `slot`, about to start, an id no started call of this response has.
+///
+/// Two calls of one response sharing an id (a confused or hostile server) would make their
+/// results indistinguishable, in the session's record and in the next request's `tool` messages,
+/// so a repeated id gets the call's index appended (`call_b` at index 1 becomes `call_b_1`).
+fn make_id_unique(calls: &mut [CallAcc], slot: usize) {
+    let taken = |calls: &[CallAcc], id: &str| {
+        calls
+            .iter()
+            .enumerate()
+            .any(|(i, c)| i != slot && c.started && c.id == id)
+    };
+    if !taken(calls, &calls[slot].id) {
+        return;
+    }
+    let base = format!("{}_{}", calls[slot].id, calls[slot].index);
+    let mut id = base.clone();
+    let mut n = 1u32;
+    while taken(calls, &id) {
+        id = format!("{base}_{n}");
+        n += 1;
+    }
+    tracing::warn!(index = calls[slot].index, first = %calls[slot].id, now = %id, "two tool calls of one response share an id; the later one is renamed");
+    calls[slot].id = id;
+}
+
 /// Sets `slot` to `value` if it is empty; returns the bytes added.
 fn set_once(slot: &mut String, value: &str, what: &str, index: u32) -> usize {
     if value.is_empty() {
@@ -363,6 +389,8 @@ impl StreamAccumulator {
             }
         } else if !call.id.is_empty() && !call.name.is_empty() {
             call.started = true;
+            make_id_unique(&mut self.calls, slot);
+            let call = &self.calls[slot];
             self.emits.push(Emit::Start(slot));
             if !call.arguments.is_empty() {
                 self.emits.push(Emit::Args(slot, 0..call.arguments.len()));
@@ -407,9 +435,11 @@ impl StreamAccumulator {
             }
             if !c.started {
                 c.started = true;
+                make_id_unique(&mut self.calls, slot);
                 self.emits.push(Emit::Start(slot));
-                if !c.arguments.is_empty() {
-                    self.emits.push(Emit::Args(slot, 0..c.arguments.len()));
+                let len = self.calls[slot].arguments.len();
+                if len > 0 {
+                    self.emits.push(Emit::Args(slot, 0..len));
                 }
             }
         }
@@ -533,6 +563,20 @@ mod tests {
             .collect();
         assert_eq!(ids.len(), 3);
         assert_eq!(&ids[1..], ["call_b", "call_a"], "{ids:?}");
+    }
+
+    #[test]
+    fn a_repeated_call_id_is_renamed_so_every_call_of_a_response_is_distinct() {
+        let (a, ids) = feed_all(&[
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_b","function":{"name":"read_file","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"call_b","function":{"name":"list_dir","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":2,"id":"call_b_1","function":{"name":"list_dir","arguments":"{}"}}]}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}"#,
+        ]);
+        let r = a.into_response();
+        let got: Vec<_> = r.message.tool_calls.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(got, ["call_b", "call_b_1", "call_b_1_2"]);
+        assert!(ids.iter().any(|d| d == "start:call_b_1:list_dir"), "{ids:?}");
     }
 
     fn feed_all(lines: &[&str]) -> (StreamAccumulator, Vec<String>) {

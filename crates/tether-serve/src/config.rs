@@ -47,6 +47,18 @@
 //!
 //! [agents.coder.terminal_tool]      # the run ends when the model calls it
 //! name = "final_answer"
+//!
+//! [[agents.coder.mcp]]         # an MCP server (started with the server, shared by the agent's runs)
+//! name = "fs"                  # prefixes its tools when asked (fs__read_file)
+//! command = "npx"              # stdio: command, args, env, cwd ...
+//! args = ["-y", "@modelcontextprotocol/server-filesystem", "."]
+//! # url = "https://mcp.example/mcp"                    # ... or streamable HTTP: url, headers
+//! # headers = { Authorization = "Bearer ${MCP_TOKEN}" } # ${VAR}: from the environment
+//! prefix = "on_collision"      # never (a name clash is an error) | always | on_collision
+//! allow = ["read_*"]           # only these tools (`*` wildcards); deny = [...] never these
+//! approval = ["write_file"]    # "always" | "never" | a list: asked in the browser (an interrupt)
+//! timeout_secs = 60            # per call
+//! sampling = false             # true: the server may sample the agent's model
 //! ```
 
 use std::collections::BTreeMap;
@@ -227,6 +239,22 @@ pub struct AgentConfig {
     /// The tool that ends the run.
     #[serde(default)]
     pub terminal_tool: Option<ToolDecl>,
+    /// MCP servers whose tools the agent gets (`[[agents.NAME.mcp]]`).
+    #[serde(default)]
+    pub mcp: Vec<tether_mcp::config::Entry>,
+    /// The agent's running MCP servers, started once at server start and shared by its runs.
+    #[serde(skip)]
+    pub(crate) mcp_running: McpRunning,
+}
+
+/// The MCP servers an agent runs with, once started (shared by every clone of its config).
+#[derive(Clone, Default)]
+pub(crate) struct McpRunning(pub(crate) std::sync::Arc<std::sync::OnceLock<tether::source::ToolSources>>);
+
+impl std::fmt::Debug for McpRunning {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("McpRunning").field(&self.0.get()).finish()
+    }
 }
 
 fn default_provider() -> String {
@@ -403,6 +431,24 @@ impl Config {
                     c.cwd = Some(base_dir.join(d));
                 }
             }
+            let mut servers = std::collections::HashSet::new();
+            for m in a.mcp.iter_mut() {
+                if !servers.insert(m.name.clone()) {
+                    return Err(invalid(format!(
+                        "agent `{name}`: two MCP servers are named `{}`",
+                        m.name
+                    )));
+                }
+                if let Some(d) = &m.cwd
+                    && d.is_relative()
+                {
+                    m.cwd = Some(base_dir.join(d));
+                }
+                // Checked now (names, command or url, approval words), connected at start.
+                m.transport()
+                    .and_then(|_| m.source_options())
+                    .map_err(|e| invalid(format!("agent `{name}`: {e}")))?;
+            }
             for w in a.sandbox.writable.iter_mut() {
                 if w.is_relative() {
                     *w = base_dir.join(&*w);
@@ -542,6 +588,8 @@ impl Config {
                 sandbox: SandboxConfig::default(),
                 frontend_tools: Vec::new(),
                 terminal_tool: None,
+                mcp: Vec::new(),
+                mcp_running: McpRunning::default(),
             },
         );
         Config {

@@ -11,9 +11,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
+use std::sync::Arc;
+
 use tether::sandbox::{CommandSpec, Sandbox};
+use tether::source::{CallContext, ToolEvents, ToolSources};
 use tether::workspace::{Access, Policy, Workspace};
-use tether::{Handler, SessionInfo, ToolOutput, ToolSpec, ToolUse};
+use tether::{ChatModel, Handler, SessionInfo, ToolOutput, ToolSpec, ToolUse};
 
 use crate::config::{AccessConfig, AgentConfig, CommandTool};
 
@@ -38,6 +41,43 @@ pub(crate) struct ServeHandler {
     approved: HashSet<String>,
     tool_timeout: Duration,
     sandbox: Sandbox,
+    /// The agent's MCP servers (started at server start), and the names the handler serves
+    /// itself, which they may not take.
+    mcp: Option<(ToolSources, Vec<String>)>,
+}
+
+/// Starts an agent's MCP servers (once; later calls reuse them). The roots they are given are
+/// the workspace root; sampling, where an entry allows it, is answered by the agent's model. A
+/// server that does not start is the error, naming it and its stderr.
+pub(crate) async fn start_mcp(cfg: &AgentConfig) -> Result<(), String> {
+    if cfg.mcp.is_empty() || cfg.mcp_running.0.get().is_some() {
+        return Ok(());
+    }
+    // The agent's own model (as `server::start` resolves it), for servers allowed to sample.
+    let base_url = cfg
+        .base_url
+        .clone()
+        .or_else(|| std::env::var("OPENAI_BASE_URL").ok())
+        .filter(|s| !s.trim().is_empty())
+        .unwrap_or_else(|| "http://127.0.0.1:8080/v1".into());
+    let key_env = cfg.api_key_env.clone().unwrap_or_else(|| "OPENAI_API_KEY".into());
+    let api_key = std::env::var(&key_env).ok().filter(|s| !s.is_empty());
+    let model_name = cfg
+        .model
+        .clone()
+        .or_else(|| std::env::var("TETHER_MODEL").ok())
+        .unwrap_or_default();
+    let model: Arc<dyn ChatModel> = crate::model::openai(&base_url, api_key, &model_name, false)?;
+    let root = match &cfg.workspace {
+        Some(w) => w.root.clone(),
+        None => std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?,
+    };
+    let sampling = tether_mcp::Sampling { model, model_name };
+    let (sources, _servers) = tether_mcp::config::connect_all(&cfg.mcp, &[root], Some(sampling))
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = cfg.mcp_running.0.set(sources);
+    Ok(())
 }
 
 fn policy_access(a: AccessConfig) -> Access {
@@ -83,7 +123,7 @@ impl ServeHandler {
             .as_ref()
             .map(|w| w.root().to_path_buf())
             .unwrap_or_else(|| PathBuf::from("."));
-        let commands = cfg
+        let commands: Vec<(CommandTool, PathBuf)> = cfg
             .commands
             .iter()
             .map(|c| (c.clone(), c.cwd.clone().unwrap_or_else(|| default_dir.clone())))
@@ -98,7 +138,24 @@ impl ServeHandler {
                 fe.push(t);
             }
         }
+        let mut own: Vec<String> = workspace
+            .as_ref()
+            .map(|w| w.tools().into_iter().map(|t| t.name).collect())
+            .unwrap_or_default();
+        own.extend(commands.iter().map(|(c, _)| c.name.clone()));
+        own.extend(fe.iter().map(|t| t.name.clone()));
+        own.extend(cfg.terminal_tool.iter().map(|t| t.name.clone()));
+        let mcp = match cfg.mcp_running.0.get() {
+            Some(sources) => {
+                // A name an MCP tool shares with one of the agent's own is a configuration error
+                // (checked at start; a front-end tool of a request can collide too).
+                sources.check(&own).map_err(|e| format!("MCP servers: {e}"))?;
+                Some((sources.clone(), own))
+            }
+            None => None,
+        };
         Ok(ServeHandler {
+            mcp,
             workspace,
             ask_reads: ask.0,
             ask_writes: ask.1,
@@ -141,6 +198,17 @@ impl ServeHandler {
                 .map(|(c, _)| ApprovalNeed {
                     class: "tool",
                     summary: format!("{} {}", c.name, u.input),
+                })
+                .or_else(|| {
+                    let (sources, own) = self.mcp.as_ref()?;
+                    let route = sources.route(n, own).filter(|r| r.asks)?;
+                    Some(ApprovalNeed {
+                        class: "tool",
+                        summary: format!(
+                            "{n} (tool `{}` of MCP server `{}`) {}",
+                            route.tool, route.source_name, u.input
+                        ),
+                    })
                 }),
         }
     }
@@ -245,6 +313,9 @@ impl Handler for ServeHandler {
             ));
         }
         out.extend(self.frontend.iter().cloned());
+        if let Some((sources, own)) = &self.mcp {
+            out.extend(sources.tools(own));
+        }
         out
     }
 
@@ -257,6 +328,18 @@ impl Handler for ServeHandler {
         }
         if let Some((c, cwd)) = self.commands.iter().find(|(c, _)| c.name == call.name) {
             return self.run_command_tool(c, cwd, call, info).await;
+        }
+        if let Some((sources, own)) = &self.mcp
+            && let Some(route) = sources.route(&call.name, own)
+        {
+            // The approval (if any) was given above, through the interrupt. A server's
+            // elicitation cannot wait for the browser across requests: it is declined.
+            let cx = CallContext {
+                info: info.clone(),
+                handler: Arc::new(tether::NoTools),
+                events: ToolEvents::current(),
+            };
+            return sources.call_routed(&route, call, cx).await;
         }
         match &self.workspace {
             Some(w) => w.call_tool(call, info).await,

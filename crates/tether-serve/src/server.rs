@@ -200,6 +200,15 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     let store = SqliteStore::open(&opts.db)?;
     let limits = &opts.config.server;
     let shared = Arc::new(Shared::new(store, Duration::from_secs(limits.run_timeout_secs)));
+    // The agents' MCP servers, before anything that must be torn down on an error.
+    for (name, cfg) in &opts.config.agents {
+        crate::handler::start_mcp(cfg)
+            .await
+            .map_err(|message| ServeError::Agent {
+                agent: name.clone(),
+                message,
+            })?;
+    }
     let front = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(front_threads())
         .thread_name("tether-serve-http")

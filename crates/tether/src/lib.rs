@@ -12,6 +12,7 @@
 //! - [`local::LocalLoop`]: the in-process agent loop over any [`ChatModel`], with loop guards.
 //! - [`RetryPolicy`]: one retry policy for every provider.
 //! - [`workspace::Workspace`]: a ready handler serving files, searches and commands in a root.
+//! - [`source`]: tool sources (MCP servers, plugins) composed onto any handler.
 //! - [`sandbox::Sandbox`]: the confinement (Landlock, seccomp) and the one runner of commands.
 
 #![warn(missing_docs)]
@@ -29,6 +30,7 @@ pub mod retry;
 pub mod sandbox;
 pub mod session;
 pub mod sink;
+pub mod source;
 pub mod store;
 pub mod types;
 pub mod workspace;

@@ -920,6 +920,8 @@ impl Session {
 
     async fn turn_with_reconnect(&mut self, input: Input, acc: &mut Acc) -> Result<TurnResult> {
         self.unsaved = true;
+        // A tool source's list may change between turns (an MCP server's `list_changed`).
+        self.cx.tools = declared_tools(self.cx.handler.as_ref(), self.config.terminal_tool.as_ref());
         let mut input = Some(input);
         let mut attempts = 0u32;
         loop {
@@ -1145,9 +1147,11 @@ impl ToolRunner<'_> {
             let handler = cx.handler.clone();
             let info = (*cx.sink.info()).clone();
             let call = u.clone();
+            // The call can report progress into the session (`ToolEvents::current`).
+            let events = crate::source::ToolEvents::new(cx.sink.clone(), &u.id);
             let mut task = AbortOnDrop(
                 self.tasks
-                    .spawn(async move { handler.call_tool(&call, &info).await }),
+                    .spawn(events.scope(async move { handler.call_tool(&call, &info).await })),
             );
             let joined = match self.config.tool_timeout {
                 Some(d) => match tokio::time::timeout(d, &mut task.0).await {
