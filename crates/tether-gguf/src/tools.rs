@@ -263,8 +263,15 @@ impl CallStream {
                     }
                 }
             }
-            // The call closes at `</tool_call>`.
-            if let Some(close) = seg.find(CALL_CLOSE) {
+            // The call closes at the `</tool_call>` after its JSON object (one inside a string of
+            // the arguments is text, not the end).
+            let (len, complete) = value_extent(&seg[open..]);
+            let close = if complete {
+                seg[open + len..].find(CALL_CLOSE).map(|c| open + len + c)
+            } else {
+                None
+            };
+            if let Some(close) = close {
                 let body = seg[..close].trim();
                 let (name, args) = match serde_json::from_str::<Value>(body) {
                     Ok(Value::Object(m)) => (
@@ -383,6 +390,33 @@ mod tests {
                 .count(),
             2
         );
+    }
+
+    /// A string argument holding the closing tag (a model at temperature 0.9 wrote one) is
+    /// part of the arguments, streamed or not.
+    #[test]
+    fn closing_tag_inside_a_string_is_text() {
+        let text = "\n{\"name\": \"write_file\", \"arguments\": {\"path\": \"a\", \"content\": \"x\\n</tool_call>\\n<tool_call>\\n{\\\"y\\\"}\"}}\n</tool_call>";
+        let want = "{\"path\": \"a\", \"content\": \"x\\n</tool_call>\\n<tool_call>\\n{\\\"y\\\"}\"}";
+        let args = |pieces: &[Piece]| -> String {
+            pieces
+                .iter()
+                .filter_map(|p| match p {
+                    Piece::CallArgs { delta, .. } => Some(delta.as_str()),
+                    _ => None,
+                })
+                .collect()
+        };
+        let (pieces, calls) = feed(&[text]);
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert_eq!(calls[0].arguments, want);
+        assert_eq!(args(&pieces), want);
+        let chunks: Vec<String> = text.chars().map(|c| c.to_string()).collect();
+        let refs: Vec<&str> = chunks.iter().map(String::as_str).collect();
+        let (pieces, calls) = feed(&refs);
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert_eq!(calls[0].arguments, want);
+        assert_eq!(args(&pieces), want);
     }
 
     #[test]
