@@ -371,7 +371,14 @@ impl Engine {
                 t
             } else {
                 let mask = match (&mut matcher, in_call) {
-                    (Some(m), true) => Some(m.compute_mask().map_err(|e| GgufError::Grammar(e.to_string()))?),
+                    (Some(m), true) => {
+                        if m.is_stopped() {
+                            // The grammar is complete and allows nothing more (one named call).
+                            finish = "stop";
+                            break;
+                        }
+                        Some(m.compute_mask().map_err(|e| GgufError::Grammar(e.to_string()))?)
+                    }
                     _ => None,
                 };
                 sample(&mut logits, vocab, mask.as_ref(), sampling, &mut rng)

@@ -72,8 +72,10 @@ fn call_schema(tools: &[&ToolSpec]) -> Value {
     schema
 }
 
-/// The Lark grammar for what follows `<tool_call>`: calls of `tools` (all of them, or the named
-/// one), separated by new `<tool_call>` openings, the last one closed.
+/// The Lark grammar for what follows `<tool_call>`: calls of `tools`, separated by new
+/// `<tool_call>` openings, the last one closed; or, for a named tool (`only`), exactly one call
+/// of it (as OpenAI-compatible servers answer a named `tool_choice`: a model made to call one
+/// tool would otherwise repeat the call until its token budget ran out).
 pub fn call_grammar(tools: &[ToolSpec], only: Option<&str>) -> Result<String, String> {
     let chosen: Vec<&ToolSpec> = tools
         .iter()
@@ -86,8 +88,13 @@ pub fn call_grammar(tools: &[ToolSpec], only: Option<&str>) -> Result<String, St
         });
     }
     let schema = serde_json::to_string(&call_schema(&chosen)).map_err(|e| e.to_string())?;
+    let more = if only.is_some() {
+        String::new()
+    } else {
+        format!(" (\"\\n{CALL_OPEN}\\n\" call_json \"\\n{CALL_CLOSE}\")*")
+    };
     Ok(format!(
-        "start: WS? call_json \"\\n{CALL_CLOSE}\" (\"\\n{CALL_OPEN}\\n\" call_json \"\\n{CALL_CLOSE}\")*\n\
+        "start: WS? call_json \"\\n{CALL_CLOSE}\"{more}\n\
          call_json: %json {schema}\n\
          WS: /[ \\t\\n]+/\n"
     ))
@@ -425,5 +432,8 @@ mod tests {
         assert!(call_grammar(&t, Some("b")).is_err());
         let g = call_grammar(&t, Some("a")).unwrap();
         assert!(g.contains("\"const\":\"a\""), "{g}");
+        // A named tool is called once; any tool may be called again.
+        assert!(!g.contains(CALL_OPEN), "{g}");
+        assert!(call_grammar(&t, None).unwrap().contains(CALL_OPEN));
     }
 }

@@ -346,7 +346,8 @@ async fn chat_streams_and_reports_usage() {
         .await
         .expect("chat");
     assert_eq!(resp.finish_reason.as_deref(), Some("tool_calls"));
-    assert_eq!(resp.message.tool_calls.len(), 1);
+    // `required` lets the model make several calls (greedy SmolLM2 repeats list_dir).
+    assert!(!resp.message.tool_calls.is_empty(), "{resp:?}");
     let u = resp.usage.expect("usage");
     assert!(u.input_tokens > 100 && u.output_tokens > 3, "{u:?}");
 }
