@@ -5,8 +5,9 @@ use std::process::{Command, Output, Stdio};
 
 use serde_json::Value;
 
-const CLEARED: [&str; 8] = [
+const CLEARED: [&str; 9] = [
     "OPENAI_BASE_URL",
+    "TETHER_TOKEN",
     "OPENAI_API_KEY",
     "TETHER_MODEL",
     "TETHER_PROVIDER",
@@ -96,6 +97,10 @@ fn forced_tool_call_runs_and_its_result_reaches_the_model() {
     model_cached();
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("zebra-marker.txt"), "stripes").expect("write");
+    // Greedy SmolLM2-135M passes the tool's own name as the path (`{"path": "list_dir"}`); that
+    // directory exists too, so whichever of the two it lists, the listing is real.
+    std::fs::create_dir(dir.path().join("list_dir")).expect("mkdir");
+    std::fs::write(dir.path().join("list_dir/zebra-marker.txt"), "stripes").expect("write");
     let o = tether(
         dir.path(),
         &["run", "--json", "--max-turns", "4", "What files are here?"],
@@ -171,8 +176,11 @@ fn serve_without_config_or_endpoint_runs_on_the_embedded_model() {
     for k in CLEARED {
         cmd.env_remove(k);
     }
+    // The server's token (without one it makes its own and prints it on the terminal).
+    let token = "gguf-serve-test-token";
     let mut child = cmd
         .env("TETHER_GGUF_SEED", "greedy")
+        .env("TETHER_TOKEN", token)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -212,7 +220,7 @@ fn serve_without_config_or_endpoint_runs_on_the_embedded_model() {
     write!(
         s,
         "POST /v1/agents/default/run HTTP/1.1\r\nHost: {addr}\r\nAccept: text/event-stream\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+         Authorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     )
     .expect("send");
