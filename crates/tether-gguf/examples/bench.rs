@@ -44,8 +44,8 @@ fn vm_hwm_kib() -> u64 {
 }
 
 fn llama_bench(
-    exe: &PathBuf,
-    model: &PathBuf,
+    exe: &std::path::Path,
+    model: &std::path::Path,
     threads: usize,
     pp: usize,
     tg: usize,

@@ -283,6 +283,7 @@ impl Engine {
     }
 
     /// Generates an answer to `prompt` (token ids of the rendered conversation).
+    #[allow(clippy::too_many_arguments)] // the options of one generation, each used once
     pub fn generate(
         &self,
         prompt: &[u32],

@@ -284,10 +284,10 @@ impl ChatTemplate {
                     }
                 }
             }
-            if m.role == Role::Tool {
-                if let Some(id) = &m.tool_call_id {
-                    o.insert("tool_call_id".into(), Value::String(id.clone()));
-                }
+            if m.role == Role::Tool
+                && let Some(id) = &m.tool_call_id
+            {
+                o.insert("tool_call_id".into(), Value::String(id.clone()));
             }
             o.insert("role".into(), role.into());
             o.insert("content".into(), Value::String(content));
@@ -323,7 +323,7 @@ impl ChatTemplate {
         ctx.insert("add_generation_prompt".into(), Value::Bool(true));
         ctx.insert("bos_token".into(), Value::String(self.bos.clone()));
         ctx.insert("eos_token".into(), Value::String(self.eos.clone()));
-        tmpl.render(JValue::from_serialize(&Value::Object(ctx)))
+        tmpl.render(JValue::from_serialize(Value::Object(ctx)))
             .map_err(|e| GgufError::Template(format!("{e:#}")))
     }
 
