@@ -283,10 +283,38 @@ impl ClientHandler for Router {
     }
 
     async fn request_permission(&self, req: &RequestPermissionRequest) -> RequestPermissionOutcome {
-        match self.bridge() {
+        // The wait for an answer, shown to a tracer (observer-only marks; nothing is recorded).
+        let sink = lock(&self.state)
+            .turn
+            .as_ref()
+            .map(|t| t.sink.clone())
+            .filter(EventSink::observed);
+        let id = req.tool_call.tool_call_id.to_string();
+        if let Some(s) = &sink {
+            s.observe(&Event::new(
+                "",
+                "tether.permission_request",
+                json!({"type": "tether.permission_request", "tool_use_id": id}),
+                EventKind::Other,
+            ));
+        }
+        let out = match self.bridge() {
             Ok(b) => b.permission(req, &self.info(&req.session_id)).await,
             Err(_) => crate::handler::refuse_permission(req),
+        };
+        if let Some(s) = &sink {
+            let outcome = match &out {
+                RequestPermissionOutcome::Selected(o) => o.option_id.to_string(),
+                _ => "cancelled".to_owned(),
+            };
+            s.observe(&Event::new(
+                "",
+                "tether.permission_outcome",
+                json!({"type": "tether.permission_outcome", "tool_use_id": id, "outcome": outcome}),
+                EventKind::Other,
+            ));
         }
+        out
     }
 
     async fn read_text_file(&self, r: ReadTextFileRequest) -> Result<ReadTextFileResponse, HandlerError> {

@@ -391,6 +391,8 @@ impl AgentCore {
                 rb = rb.header(k.as_str(), v.as_str());
             }
         }
+        // Unsigned (SigV4 signs the headers it lists): the invocation joins the session's trace.
+        let rb = tether_http::with_traceparent(rb, cx.sink.traceparent(""));
         let resp = match rb.send().await {
             Ok(r) => r,
             Err(e) => {

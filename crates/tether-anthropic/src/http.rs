@@ -210,6 +210,8 @@ pub struct ApiClient {
     config: ClientConfig,
     http: reqwest::Client,
     beta: Option<String>,
+    /// The `traceparent` requests carry while the session is traced (shared by clones).
+    trace: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl ApiClient {
@@ -219,7 +221,16 @@ impl ApiClient {
             http: config.client()?,
             config,
             beta,
+            trace: Default::default(),
         })
+    }
+
+    /// Sets the `traceparent` the following requests carry (`None`: none), from the session's
+    /// [`tether::EventSink::traceparent`].
+    pub fn set_traceparent(&self, traceparent: Option<String>) {
+        if let Ok(mut g) = self.trace.lock() {
+            *g = traceparent;
+        }
     }
 
     /// The configuration.
@@ -236,7 +247,8 @@ impl ApiClient {
         if let Some(b) = &self.beta {
             rb = rb.header("anthropic-beta", b);
         }
-        rb
+        let tp = self.trace.lock().ok().and_then(|g| g.clone());
+        tether_http::with_traceparent(rb, tp)
     }
 
     /// Calls `method path` with an optional JSON body; returns the JSON answer (`null` if empty).

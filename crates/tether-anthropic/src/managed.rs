@@ -824,6 +824,8 @@ impl Provider for ManagedAgents {
     }
 
     async fn turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {
+        // The turn's requests join the session's trace (its request span) when it is traced.
+        self.api.set_traceparent(cx.sink.traceparent(""));
         if matches!(input, Input::Continue) {
             if self.stream.is_none() {
                 // A reconnect failed earlier: reconnect and reconcile now.
@@ -895,6 +897,7 @@ impl Provider for ManagedAgents {
     }
 
     async fn reconnect(&mut self, cx: &TurnContext) -> tether::Result<Vec<ToolUse>> {
+        self.api.set_traceparent(cx.sink.traceparent(""));
         self.open_stream().await?;
         self.reconcile(cx, true).await
     }

@@ -627,6 +627,14 @@ impl ChatModel for MessagesModel {
         "anthropic"
     }
 
+    fn default_model(&self) -> &str {
+        &self.model
+    }
+
+    fn endpoint(&self) -> Option<&str> {
+        Some(&self.config.base_url)
+    }
+
     async fn chat(&self, req: &ChatRequest, deltas: &DeltaSink) -> tether::Result<ChatResponse> {
         let body = self.request_body(req)?;
         let endpoint = self.config.url("/v1/messages");
@@ -647,6 +655,7 @@ impl ChatModel for MessagesModel {
         if !self.betas.is_empty() {
             rb = rb.header("anthropic-beta", self.betas.join(","));
         }
+        let rb = tether_http::with_traceparent(rb, deltas.traceparent());
         let deadline = tokio::time::Instant::now().checked_add(self.request_timeout);
         let sent = match deadline {
             Some(at) => tokio::time::timeout_at(at, rb.send()).await,

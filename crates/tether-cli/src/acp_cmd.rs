@@ -335,7 +335,9 @@ pub async fn run(args: AcpArgs) -> ExitCode {
         json: args.json,
         asked: VecDeque::new(),
     };
-    let opening = Session::builder(agent).handler_arc(Arc::new(workspace)).open();
+    let opening = tether_otel::observe_global(Session::builder(agent))
+        .handler_arc(Arc::new(workspace))
+        .open();
     let session = tokio::select! {
         s = opening => s,
         _ = interrupts.recv() => {

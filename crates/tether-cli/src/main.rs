@@ -31,13 +31,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    // The log on stderr (errors, and telemetry's one export warning), and OpenTelemetry export
+    // when OTEL_EXPORTER_OTLP_ENDPOINT is set (off, at no cost, otherwise).
+    let telemetry = tether_otel::init(
+        tracing_subscriber::EnvFilter::try_from_env("TETHER_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error,tether_otel=warn")),
+    );
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
@@ -46,7 +45,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match cli.command {
+    let code = match cli.command {
         Command::Run(args) => {
             let code = rt.block_on(run::run(args));
             // An approval question may still wait on the terminal in a blocking thread after a
@@ -60,5 +59,10 @@ fn main() -> ExitCode {
             code
         }
         Command::Serve(args) => rt.block_on(tether_serve::serve(args)),
+    };
+    if let Some(t) = telemetry {
+        // Exports what is batched; bounded (5 s), so a collector that is down cannot hold us.
+        t.shutdown();
     }
+    code
 }

@@ -357,7 +357,7 @@ async fn run_with(
     model_name: &str,
 ) -> ExitCode {
     let timeout = Duration::from_secs(args.timeout.max(1));
-    let session = Session::builder_boxed(provider)
+    let session = tether_otel::observe_global(Session::builder_boxed(provider))
         .handler_arc(handler)
         .max_turns(args.max_turns)
         .timeout(timeout)

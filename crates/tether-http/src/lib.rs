@@ -172,6 +172,44 @@ pub fn add_root_certificates(
     Ok(builder)
 }
 
+/// The W3C Trace Context header naming the span a request belongs to.
+pub const TRACEPARENT: &str = "traceparent";
+
+/// The hook through which a provider's outgoing requests join a trace: `traceparent` (from
+/// [`tether::DeltaSink::traceparent`] or [`tether::EventSink::traceparent`]) as a header value,
+/// when the work is traced and the value is well formed (`00-` 32 hex digits `-` 16 hex digits
+/// `-` 2 hex digits, not all zero). Anything else gives `None`: a malformed value never reaches a
+/// request (no line break can be smuggled into a header).
+pub fn traceparent_header(traceparent: Option<String>) -> Option<reqwest::header::HeaderValue> {
+    let tp = traceparent?;
+    let parts: Vec<&str> = tp.split('-').collect();
+    let hex = |s: &str, n: usize| {
+        s.len() == n
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    };
+    let zero = |s: &str| s.bytes().all(|b| b == b'0');
+    let ok = parts.len() == 4
+        && parts[0] == "00"
+        && hex(parts[1], 32)
+        && !zero(parts[1])
+        && hex(parts[2], 16)
+        && !zero(parts[2])
+        && hex(parts[3], 2);
+    if !ok {
+        return None;
+    }
+    reqwest::header::HeaderValue::from_str(&tp).ok()
+}
+
+/// `rb` with the `traceparent` header when the work is traced (see [`traceparent_header`]).
+pub fn with_traceparent(rb: reqwest::RequestBuilder, traceparent: Option<String>) -> reqwest::RequestBuilder {
+    match traceparent_header(traceparent) {
+        Some(v) => rb.header(TRACEPARENT, v),
+        None => rb,
+    }
+}
+
 /// A response body read with [`read_body`]: at most the cap, and whether there was more.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Body {
@@ -279,6 +317,27 @@ mod tests {
             "{err:?}"
         );
         assert!(err.is_transient());
+    }
+
+    #[test]
+    fn only_well_formed_traceparents_reach_a_request() {
+        let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(
+            traceparent_header(Some(good.into())).map(|v| v.to_str().map(str::to_owned).ok()),
+            Some(Some(good.to_owned()))
+        );
+        for bad in [
+            "",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01\r\nx-evil: 1",
+        ] {
+            assert!(traceparent_header(Some(bad.into())).is_none(), "{bad:?}");
+        }
+        assert!(traceparent_header(None).is_none());
     }
 
     #[test]

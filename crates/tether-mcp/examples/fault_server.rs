@@ -11,6 +11,7 @@
 //! - `grow`: adds the tool `grown` and sends `notifications/tools/list_changed`.
 //! - `slow {secs}`: sends a progress notification, then sleeps; its cancellation is written to
 //!   `$FAULT_CANCEL_FILE` when the client cancels it.
+//! - `meta`: answers the request's `_meta` as JSON (what a traced client propagates).
 //!
 //! `FAULT_PREFIX` prefixes every tool name; `FAULT_FAIL_START=1` exits before the handshake
 //! after writing to stderr (a server that never starts).
@@ -66,6 +67,7 @@ impl ServerHandler for Fault {
             tool("malformed", "Writes garbage to stdout", json!({})),
             tool("grow", "Adds a tool", json!({})),
             tool("slow", "Sleeps", json!({"secs": {"type": "number"}})),
+            tool("meta", "Answers the request's _meta", json!({})),
         ];
         if self.grown.load(Ordering::SeqCst) {
             tools.push(tool("grown", "Added by grow", json!({})));
@@ -87,6 +89,12 @@ impl ServerHandler for Fault {
         let args = request.arguments.unwrap_or_default();
         match name.as_str() {
             "noop" => text("ok"),
+            // rmcp hands the request's `_meta` to the handler in the context.
+            "meta" => text(
+                serde_json::to_value(&context.meta)
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
             "echo" => text(format!(
                 "{}{}",
                 std::env::var("FAULT_TAG").unwrap_or_default(),

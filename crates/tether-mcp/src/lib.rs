@@ -625,6 +625,7 @@ fn on_down(inner: &Arc<Inner>, generation: u64, why: String) {
 async fn refresh(inner: &Inner, peer: &Peer<RoleClient>) -> Result<(), String> {
     let tools = peer.list_all_tools().await.map_err(|e| e.to_string())?;
     let mut seen = std::collections::HashSet::new();
+    let marks = telemetry_meta(&inner.cfg, peer);
     let specs: Vec<ToolSpec> = tools
         .iter()
         .filter_map(|t| {
@@ -650,12 +651,47 @@ async fn refresh(inner: &Inner, peer: &Peer<RoleClient>) -> Result<(), String> {
                 Some(s @ Value::Object(_)) => s.clone(),
                 _ => json!({"type": "object"}),
             };
-            Some(ToolSpec::new(name, description, schema))
+            let mut spec = ToolSpec::new(name.clone(), description, schema).with_meta("mcp.tool", name);
+            for (k, v) in &marks {
+                spec = spec.with_meta(*k, v.clone());
+            }
+            Some(spec)
         })
         .collect();
     *lock(&inner.tools) = specs;
     inner.tools_tx.send_modify(|n| *n += 1);
     Ok(())
+}
+
+/// What a tracer puts on a tool's `execute_tool` span (the MCP semantic conventions): the
+/// server's name, its transport, the negotiated protocol version and, over HTTP, its address.
+/// Carried in `ToolSpec::meta`, which is never sent to a model (see the `tether-otel` README).
+fn telemetry_meta(cfg: &ServerConfig, peer: &Peer<RoleClient>) -> Vec<(&'static str, Value)> {
+    let mut m = vec![("mcp.server", Value::from(cfg.name.clone()))];
+    match &cfg.transport {
+        Transport::Stdio { .. } => m.push(("mcp.transport", "stdio".into())),
+        Transport::Http { url, .. } => {
+            m.push(("mcp.transport", "http".into()));
+            if let Ok(uri) = url.parse::<http::Uri>()
+                && let Some(host) = uri.host()
+            {
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                m.push(("server.address", host.to_owned().into()));
+                let port = uri.port_u16().or(match uri.scheme_str() {
+                    Some("https") => Some(443),
+                    Some("http") => Some(80),
+                    _ => None,
+                });
+                if let Some(p) = port {
+                    m.push(("server.port", p.into()));
+                }
+            }
+        }
+    }
+    if let Some(info) = peer.peer_info() {
+        m.push(("mcp.protocol.version", info.protocol_version.to_string().into()));
+    }
+    m
 }
 
 /// Whether models accept `name` as a tool name.
@@ -735,9 +771,15 @@ impl McpServer {
             key,
             cancel: None,
         };
-        let req = ClientRequest::CallToolRequest(CallToolRequest::new(
-            CallToolRequestParams::new(call.name.clone()).with_arguments(arguments),
-        ));
+        let mut params = CallToolRequestParams::new(call.name.clone()).with_arguments(arguments);
+        // A traced session hands the call's `execute_tool` span: the server's spans join the
+        // trace (the MCP conventions' `params._meta.traceparent`).
+        if let Some(tp) = &cx.info.traceparent {
+            let mut meta = rmcp::model::RequestMetaObject::new();
+            meta.set_traceparent(tp.clone());
+            params.meta = Some(meta);
+        }
+        let req = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         let handle = match conn
             .peer
             .send_request_with_option(req, PeerRequestOptions::no_options())

@@ -3,7 +3,9 @@
 //! tether `Session` (LocalLoop + OpenAiModel) to a subscriber. Prints both rates and b/a, and
 //! where the time goes: (c) the model alone, (d) with a detached sink, (e) a session whose stream
 //! has a single delta and (f) the minimal client on that stream (e - f: the fixed cost of opening
-//! a session and running a turn, apart from the HTTP round trip).
+//! a session and running a turn, apart from the HTTP round trip); and (g) the session of (b)
+//! traced by `tether-otel`, its spans and metrics exported over OTLP/HTTP to a receiver on
+//! loopback during the run (b and g alternate, round by round).
 //!
 //! Run: `cargo bench -p tether-openai --bench relay`.
 
@@ -51,10 +53,66 @@ async fn raw_client(client: &reqwest::Client, url: &str) -> usize {
     data_lines
 }
 
-/// (b): the same stream through Session + LocalLoop + OpenAiModel to a subscriber.
+/// An OTLP/HTTP receiver on loopback that reads each export and answers 200 (for (g)).
+async fn otlp_sink() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 16 << 10];
+                loop {
+                    // One request: its head, then content-length bytes of body.
+                    let Some(end) = memchr::memmem::find(&buf, b"\r\n\r\n") else {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..end + 4 + len);
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                    if s.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
+}
+
+/// (b): the same stream through Session + LocalLoop + OpenAiModel to a subscriber; (g) the same
+/// with the session traced.
 async fn through_tether(model: &OpenAiModel, deltas: usize) -> usize {
+    through_tether_traced(model, deltas, None).await
+}
+
+async fn through_tether_traced(
+    model: &OpenAiModel,
+    deltas: usize,
+    tracer: Option<&tether_otel::Tracer>,
+) -> usize {
     let provider = LocalLoop::new(model.clone()).retry(RetryPolicy::none());
-    let mut session = Session::builder(provider).open().await.expect("open");
+    let mut builder = Session::builder(provider);
+    if let Some(t) = tracer {
+        builder = builder.observer(t.observer());
+    }
+    let mut session = builder.open().await.expect("open");
     let mut rx = session.sink().subscribe(1024).await;
     let counter = tokio::spawn(async move {
         // Deltas arrive merged per network read, so count the text they carry: every one of the
@@ -99,8 +157,21 @@ fn main() {
             .build()
             .expect("model");
 
+        // (g): traced, exporting to a receiver on loopback (batches every 100 ms, so exports run
+        // during the streams).
+        let telemetry = tether_otel::Telemetry::new(
+            tether_otel::ExportConfig::new(otlp_sink().await)
+                .batch_delay(Duration::from_millis(100))
+                .metrics_interval(Duration::from_secs(1)),
+        )
+        .expect("telemetry");
+        let tracer = telemetry.tracer().agent_name("bench").with_dispatch(telemetry.dispatch());
+        let mut tg = Vec::new();
+
         // Warm up both paths (connections, allocator).
         for _ in 0..3 {
+            fake.push(reply.clone());
+            through_tether_traced(&model, DELTAS, Some(&tracer)).await;
             fake.push(reply.clone());
             raw_client(&client, &fake.url()).await;
             fake.push(reply.clone());
@@ -125,6 +196,12 @@ fn main() {
             let t = Instant::now();
             let n = through_tether(&model, DELTAS).await;
             tb.push(t.elapsed());
+            assert_eq!(n, DELTAS);
+
+            fake.push(reply.clone());
+            let t = Instant::now();
+            let n = through_tether_traced(&model, DELTAS, Some(&tracer)).await;
+            tg.push(t.elapsed());
             assert_eq!(n, DELTAS);
 
             fake.push(tiny.clone());
@@ -158,6 +235,12 @@ fn main() {
         println!("  (a) minimal SSE client : {a:>10.2?} per stream, {ra:>12.0} deltas/s");
         println!("  (b) tether Session     : {b:>10.2?} per stream, {rb:>12.0} deltas/s");
         println!("  ratio b/a              : {:.2} (goal >= 0.8)", rb / ra);
+        let g = med(&mut tg);
+        let rg = DELTAS as f64 / g.as_secs_f64();
+        println!(
+            "  (g) traced, OTLP export: {g:>10.2?} per stream, {rg:>12.0} deltas/s; g/b {:.3} (goal >= 0.95)",
+            rg / rb
+        );
         let (c, d) = (med(&mut tc), med(&mut td));
         let rc = DELTAS as f64 / c.as_secs_f64();
         let rd = DELTAS as f64 / d.as_secs_f64();
@@ -177,5 +260,6 @@ fn main() {
             e.saturating_sub(f),
             b.saturating_sub(c)
         );
+        tokio::task::block_in_place(|| telemetry.shutdown());
     });
 }

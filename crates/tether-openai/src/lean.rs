@@ -114,13 +114,36 @@ impl Lean {
 
     /// Posts `body` to `url` (of this client's endpoint), accepting `accept`; resolves once the
     /// response head has arrived.
+    #[cfg(test)]
     pub(crate) async fn post(
         self: &Arc<Self>,
         url: &str,
         accept: &str,
         body: &[u8],
     ) -> Result<LeanResponse, LeanError> {
-        let request = self.request(url, accept, body)?;
+        self.post_traced(url, accept, body, None).await
+    }
+
+    /// [`Lean::post`], with a `traceparent` header when the request belongs to a trace (a value
+    /// [`tether_http::traceparent_header`] checked: no line break can reach the request).
+    pub(crate) async fn post_traced(
+        self: &Arc<Self>,
+        url: &str,
+        accept: &str,
+        body: &[u8],
+        traceparent: Option<&HeaderValue>,
+    ) -> Result<LeanResponse, LeanError> {
+        let mut request = self.request(url, accept, body)?;
+        if let Some(tp) = traceparent {
+            // Inserted after the request line and `host` (before the other headers).
+            let at = request
+                .windows(2)
+                .position(|w| w == b"\r\n")
+                .map(|i| i + 2)
+                .unwrap_or(0);
+            let line = [b"traceparent: ".as_slice(), tp.as_bytes(), b"\r\n"].concat();
+            request.splice(at..at, line);
+        }
         let mut fresh_only = false;
         loop {
             let (stream, reused) = match self.take_idle(fresh_only) {

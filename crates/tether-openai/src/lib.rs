@@ -720,6 +720,14 @@ impl ChatModel for OpenAiModel {
         "openai"
     }
 
+    fn default_model(&self) -> &str {
+        &self.cfg.model
+    }
+
+    fn endpoint(&self) -> Option<&str> {
+        Some(&self.endpoint)
+    }
+
     async fn chat(&self, req: &ChatRequest, deltas: &DeltaSink) -> Result<ChatResponse> {
         let model = if req.model.is_empty() {
             self.cfg.model.as_str()
@@ -750,7 +758,8 @@ impl ChatModel for OpenAiModel {
         } else {
             "application/json"
         };
-        let send = self.http.post(&self.endpoint, accept, body);
+        let traceparent = tether_http::traceparent_header(deltas.traceparent());
+        let send = self.http.post(&self.endpoint, accept, body, traceparent);
         let resp = match tokio::time::timeout_at(deadline, send).await {
             Err(_) => {
                 return Err(self.transport(

@@ -70,23 +70,28 @@ impl Transport {
     }
 
     /// Posts `body` to `url`, accepting `accept`; resolves with the response head.
+    /// With `traceparent` (checked by [`tether_http::traceparent_header`]) as a header when the
+    /// call is traced.
     pub(crate) async fn post(
         &self,
         url: &str,
         accept: &'static str,
         body: Vec<u8>,
+        traceparent: Option<reqwest::header::HeaderValue>,
     ) -> Result<Response, TransportError> {
         match self {
-            Transport::Reqwest(c) => c
-                .post(url)
-                .header(ACCEPT, accept)
-                .body(body)
-                .send()
-                .await
-                .map(Response::Reqwest)
-                .map_err(TransportError::Reqwest),
+            Transport::Reqwest(c) => {
+                let mut rb = c.post(url).header(ACCEPT, accept).body(body);
+                if let Some(tp) = traceparent {
+                    rb = rb.header(tether_http::TRACEPARENT, tp);
+                }
+                rb.send()
+                    .await
+                    .map(Response::Reqwest)
+                    .map_err(TransportError::Reqwest)
+            }
             Transport::Bounded(l) => l
-                .post(url, accept, &body)
+                .post_traced(url, accept, &body, traceparent.as_ref())
                 .await
                 .map(Response::Lean)
                 .map_err(TransportError::Lean),

@@ -14,6 +14,9 @@
 //! byte) and to the first text, the peak resident memory (VmHWM) of the server process and of
 //! the fake server process, and the CPU time the serving process and the load client used.
 //!
+//! `BENCH_OTEL=1` adds tracing's cost: the relayed load on open connections against two fresh
+//! servers, one traced with OTLP export to a receiver on loopback, in alternating order.
+//!
 //! Each load runs on new connections and on connections opened beforehand; a last burst of
 //! `GET /healthz` on open connections shows the floor: what 1,000 requests at once take on this
 //! machine with no run behind them. The load client is a minimal HTTP/1.1 client on raw sockets
@@ -711,6 +714,54 @@ async fn main() {
     .await;
     floor.cpu = (cpu_secs(server_pid) - cpu0.0, cpu_secs(0) - cpu0.1);
 
+    // BENCH_OTEL=1: tracing's cost. Two fresh servers, one traced and exporting spans and metrics
+    // over OTLP/HTTP to a receiver on loopback, one not, take the same load on open connections,
+    // three times each, in alternating order.
+    let mut otel = None;
+    if std::env::var_os("BENCH_OTEL").is_some() {
+        let sink = otlp_sink().await;
+        let spawn = |traced: bool| {
+            let mut c = Command::new(bin.join("tether-serve"));
+            c.arg("--config")
+                .arg(&cfg)
+                .args(["--bind", "127.0.0.1:0", "--db"])
+                .arg(tmp.join(format!("bench-otel-{traced}.db")));
+            if traced {
+                c.env("OTEL_EXPORTER_OTLP_ENDPOINT", &sink)
+                    .env("OTEL_BSP_SCHEDULE_DELAY", "200");
+            }
+            c
+        };
+        // Each server generates its token and prints the UI's URL carrying it.
+        let url_token = |ui: &str| {
+            ui.split_once("/#token=")
+                .map(|(u, t)| (u.to_owned(), t.to_owned()))
+                .expect("the server prints its URL with the generated token")
+        };
+        let (plain, plain_ui) = spawn_until(&mut spawn(false), "tether serve: open ").await;
+        let (traced, traced_ui) = spawn_until(&mut spawn(true), "tether serve: open ").await;
+        let (plain_url, plain_token) = url_token(&plain_ui);
+        let (traced_url, traced_token) = url_token(&traced_ui);
+        let (plain_addr, _) = split_url(&plain_url);
+        let (traced_addr, _) = split_url(&traced_url);
+        let (mut off, mut on) = (Vec::new(), Vec::new());
+        for round in 0..3 {
+            let traced_first = round % 2 == 1;
+            for is_traced in [traced_first, !traced_first] {
+                let (addr, token) = if is_traced {
+                    (traced_addr, traced_token.clone())
+                } else {
+                    (plain_addr, plain_token.clone())
+                };
+                let f = agui_load(addr, runs, format!("{is_traced}{round}"), token).await;
+                let rate = f.deltas as f64 / f.elapsed.as_secs_f64();
+                if is_traced { on.push(rate) } else { off.push(rate) }
+            }
+        }
+        drop((plain, traced));
+        otel = Some((off, on));
+    }
+
     // Peak memory per run: the phase's peak over the process's RSS when idle before any load.
     report("direct, new connections    ", &direct[0], fake_hwm[0], runs);
     report("direct, open connections   ", &direct[1], fake_hwm[1], runs);
@@ -734,7 +785,106 @@ async fn main() {
         server_hwm[1] as f64 / 1024.0,
         idle_server as f64 / 1024.0
     );
+    if let Some((mut off, mut on)) = otel {
+        let all = |v: &[f64]| v.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", ");
+        println!(
+            "tracing (BENCH_OTEL): untraced deltas/s {}; traced {}",
+            all(&off),
+            all(&on)
+        );
+        let med = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (a, b) = (med(&mut off), med(&mut on));
+        println!(
+            "tracing (BENCH_OTEL), open connections, median of 3 alternating loads: untraced {a:.0} deltas/s, \
+             traced with OTLP export {b:.0} deltas/s; traced/untraced {:.3} (goal >= 0.95); \
+             the receiver got {} exports, {} KiB",
+            b / a,
+            OTLP_GOT[0].load(std::sync::atomic::Ordering::Relaxed),
+            OTLP_GOT[1].load(std::sync::atomic::Ordering::Relaxed) / 1024
+        );
+    }
     drop(server);
     drop(fake);
     let _ = std::fs::remove_dir_all(&tmp);
+}
+
+/// The AG-UI load of the relayed phases, on connections opened beforehand, on threads named
+/// after `tag`.
+async fn agui_load(addr: std::net::SocketAddr, runs: usize, tag: String, token: String) -> Figures {
+    let conns = warm(addr, "/healthz", runs).await;
+    let host = addr.to_string();
+    load(
+        addr,
+        Some(conns),
+        runs,
+        move |i| {
+            let body = serde_json::json!({
+                "threadId": format!("bench-{tag}-{i}-{}", std::process::id()), "runId": "r1",
+                "messages": [{"id": "u1", "role": "user", "content": "go"}]
+            });
+            http_request(
+                &host,
+                "POST",
+                "/v1/agents/bench/run",
+                "text/event-stream",
+                Some(&body),
+                Some(&token),
+            )
+        },
+        Text::AgUi,
+    )
+    .await
+}
+
+/// Exports and bytes the BENCH_OTEL receiver got.
+static OTLP_GOT: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
+
+/// An OTLP/HTTP receiver on loopback that reads each export and answers 200 (BENCH_OTEL).
+async fn otlp_sink() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 16 << 10];
+                loop {
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    let len: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while buf.len() < end + 4 + len {
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..end + 4 + len);
+                    OTLP_GOT[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    OTLP_GOT[1].fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
+                    let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                    if s.write_all(ok).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    url
 }

@@ -245,6 +245,8 @@ impl ServeAgent {
         )
         .await
         .map_err(tether_err)?;
+        // Traced (GenAI spans, linked to the thread's earlier runs) when telemetry is on.
+        tether_otel::attach_global(session.sink(), &self.name).await;
         let mut rx = session.sink().subscribe(256).await;
 
         let mut mapper = Mapper::new(&input, &self.model_name, last_seq);

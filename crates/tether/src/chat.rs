@@ -134,8 +134,20 @@ pub struct ChatResponse {
 /// failures as typed [`crate::Error`]s the shared retry policy can classify.
 #[async_trait]
 pub trait ChatModel: Send + Sync + 'static {
-    /// A short name for logs (`openai`, `anthropic`, ...).
+    /// A short name for logs (`openai`, `anthropic`, ...). Tracing reports it as the model's
+    /// provider (`gen_ai.provider.name`), so an implementation for a provider the OpenTelemetry
+    /// GenAI conventions name uses their spelling (`openai`, `anthropic`, `aws.bedrock`, ...).
     fn name(&self) -> &str;
+    /// The model requested when [`ChatRequest::model`] is empty (the configured default), for
+    /// tracing; empty when unknown.
+    fn default_model(&self) -> &str {
+        ""
+    }
+    /// The URL requests go to, for tracing (`server.address`, `server.port`); `None` for a model
+    /// that makes no request (in-process, scripted).
+    fn endpoint(&self) -> Option<&str> {
+        None
+    }
     /// Makes one call.
     async fn chat(&self, req: &ChatRequest, deltas: &DeltaSink) -> Result<ChatResponse>;
 }

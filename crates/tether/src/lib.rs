@@ -46,7 +46,7 @@ pub use handler::{
 pub use provider::{Input, Opened, Provider, TurnContext};
 pub use retry::{RecordingSleeper, RetryPolicy, Sleeper, TokioSleeper};
 pub use session::{GuardDecision, GuardInfo, Session, SessionBuilder, SessionConfig, SessionHandle};
-pub use sink::{DeltaSink, EventSink, Subscription};
+pub use sink::{DeltaSink, EventObserver, EventSink, Subscription};
 pub use store::{EventStore, MemoryStore};
 /// Cancels a request in flight ([`Session::send_cancellable`]); re-exported from tokio-util.
 pub use tokio_util::sync::CancellationToken;

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 
 use crate::chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse};
 use crate::error::{Error, Result};
-use crate::event::{EventKind, Role};
+use crate::event::{Event, EventKind, Role};
 use crate::provider::{Input, Opened, Provider, TurnContext};
 use crate::retry::RetryPolicy;
 use crate::sink::DeltaSink;
@@ -184,6 +184,27 @@ impl LocalLoop {
         };
         let mut retries = 0u32;
         loop {
+            if cx.sink.observed() {
+                // The model call's start, for a tracer (a mark: not recorded, not delivered).
+                let model = if req.model.is_empty() {
+                    self.model.default_model()
+                } else {
+                    req.model.as_str()
+                };
+                let mut raw = json!({
+                    "type": "local.model_call",
+                    "message_id": message_id,
+                    "attempt": retries + 1,
+                    "model": model,
+                    "provider": self.model.name(),
+                    "endpoint": self.model.endpoint(),
+                });
+                if cx.sink.full_payloads() {
+                    raw["request"] = json!({"messages": req.messages, "tools": req.tools});
+                }
+                cx.sink
+                    .observe(&Event::new("", "local.model_call", raw, EventKind::Other));
+            }
             // Every attempt streams under the message's one id: the sink then shows a retried
             // message once (a repeat is held back, a different attempt restarts the message).
             let deltas = DeltaSink::new(cx.sink.clone(), message_id);

@@ -15,7 +15,7 @@ use crate::event::{Event, EventKind};
 use crate::handler::{Handler, NoTools, ToolOutput};
 use crate::provider::{Input, Opened, Provider, TurnContext};
 use crate::retry::RetryPolicy;
-use crate::sink::EventSink;
+use crate::sink::{EventObserver, EventSink};
 use crate::store::{EventStore, MemoryStore};
 use crate::types::{
     SessionInfo, SessionResult, Terminal, ToolResult, ToolSpec, ToolUse, TurnResult, Usage, stop_reason,
@@ -112,6 +112,8 @@ pub struct SessionBuilder {
     config: SessionConfig,
     /// The session's stored events, when the caller loaded them already.
     stored: Option<Vec<Event>>,
+    /// The observer attached to the session's sink at open (a tracer).
+    observer: Option<Arc<dyn EventObserver>>,
 }
 
 impl SessionBuilder {
@@ -172,12 +174,22 @@ impl SessionBuilder {
         self
     }
 
+    /// An observer for the session's events (a tracer such as `tether-otel`'s), attached to its
+    /// sink before the provider opens, so it sees every request from the first.
+    pub fn observer(mut self, observer: Arc<dyn EventObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
     /// Opens the session (creating or reattaching on the provider's side).
     pub async fn open(self) -> Result<Session> {
         let tools = declared_tools(self.handler.as_ref(), self.config.terminal_tool.as_ref());
         let mut info = SessionInfo::new("", self.provider.name());
         info.metadata = self.config.metadata.clone();
         let sink = EventSink::new(info.clone(), self.handler.clone(), self.store.clone());
+        if let Some(o) = self.observer {
+            sink.set_observer(o);
+        }
         let cx = TurnContext {
             sink,
             handler: self.handler,
@@ -410,6 +422,7 @@ impl Session {
             store: Arc::new(MemoryStore::default()),
             config: SessionConfig::default(),
             stored: None,
+            observer: None,
         }
     }
 
@@ -613,6 +626,21 @@ impl Session {
         // Handlers may change their tools between requests (AG-UI front-end tools do).
         self.cx.tools = declared_tools(self.cx.handler.as_ref(), self.config.terminal_tool.as_ref());
         lock(&self.batch).clear();
+        if self.cx.sink.observed() {
+            let input = match &start {
+                Start::Input(Input::Message(_)) => "message",
+                Start::Input(Input::ToolResults(..)) => "tool_results",
+                Start::Input(Input::Continue) => "continue",
+                Start::Input(Input::Raw(_)) => "raw",
+                Start::Pending(_) => "resume",
+            };
+            self.cx.sink.observe(&Event::new(
+                "",
+                "tether.run_start",
+                json!({"type": "tether.run_start", "provider": self.provider.name(), "input": input}),
+                EventKind::Other,
+            ));
+        }
         let stop = async {
             match deadline {
                 Some((at, d)) => tokio::select! {
@@ -650,7 +678,13 @@ impl Session {
             // The failed request's events are in the store; the next result must not carry them.
             let _ = self.cx.sink.take_record().await;
         }
-        self.checkpoint().await?;
+        let r = match self.checkpoint().await {
+            Ok(()) => r,
+            Err(e) => Err(e),
+        };
+        if self.cx.sink.observed() {
+            self.cx.sink.observe(&run_end(&r));
+        }
         r
     }
 
@@ -1145,7 +1179,18 @@ impl ToolRunner<'_> {
             ToolResult::error(&u.id, refusal)
         } else {
             let handler = cx.handler.clone();
-            let info = (*cx.sink.info()).clone();
+            if cx.sink.observed() {
+                // The tool's start, for a tracer (a mark: not recorded, not delivered).
+                let mut raw = json!({"type": "tether.tool_start", "tool_use_id": u.id, "name": u.name});
+                if cx.sink.full_payloads() {
+                    raw["input"] = u.input.clone();
+                }
+                cx.sink
+                    .observe(&Event::new("", "tether.tool_start", raw, EventKind::Other));
+            }
+            let mut info = (*cx.sink.info()).clone();
+            // The tool call's trace context, for a handler that passes it on (MCP `_meta`).
+            info.traceparent = cx.sink.traceparent(&u.id);
             let call = u.clone();
             // The call can report progress into the session (`ToolEvents::current`).
             let events = crate::source::ToolEvents::new(cx.sink.clone(), &u.id);
@@ -1387,6 +1432,27 @@ fn declared_tools(handler: &dyn Handler, terminal: Option<&ToolSpec>) -> Vec<Too
         tools.push(t.clone());
     }
     tools
+}
+
+/// The `tether.run_end` mark of a request that ended with `r`: its outcome, and for a failure
+/// the error's code, HTTP status and message.
+fn run_end(r: &Result<SessionResult>) -> Event {
+    let raw = match r {
+        Ok(res) => json!({
+            "type": "tether.run_end",
+            "outcome": "ok",
+            "terminal": res.terminal,
+            "stop_reason": res.stop_reason,
+            "usage": res.usage,
+            "pending": res.pending_tool_uses.iter().map(|u| u.id.as_str()).collect::<Vec<_>>(),
+        }),
+        Err(e) => json!({
+            "type": "tether.run_end",
+            "outcome": "error",
+            "error": {"code": e.code(), "status": e.status(), "message": e.to_string()},
+        }),
+    };
+    Event::new("", "tether.run_end", raw, EventKind::Other)
 }
 
 /// Records a tool result, once: its event id is `tool_result:` and the use's memo key.

@@ -1,8 +1,9 @@
 //! [`EventSink`]: where providers put what happens, and where the exactly-once record is kept.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 
 use serde_json::Value;
 use tokio::sync::{Mutex, mpsc};
@@ -43,6 +44,23 @@ struct Inner {
     record: Mutex<Record>,
     live: StdMutex<LiveGuard>,
     subscribers: StdMutex<Vec<mpsc::Sender<Box<Event>>>>,
+    observer: OnceLock<Arc<dyn EventObserver>>,
+    /// W3C `traceparent` values by scope (see [`EventSink::traceparent`]).
+    trace: StdMutex<HashMap<String, String>>,
+    full_payloads: AtomicBool,
+}
+
+/// Sees every event of a session as it is delivered, synchronously, before the handler and the
+/// subscribers, and the *marks* that exist only for it ([`EventSink::observe`]): where a tracer
+/// (`tether-otel`) builds its spans.
+///
+/// It runs on the session's own task, in line: an observer must be quick and must not block. In
+/// exchange it sees each event at the moment it happens (a subscriber's queue lags), and it can
+/// set the trace context ([`EventSink::set_traceparent`]) of a model call or a tool call before
+/// that call leaves the process.
+pub trait EventObserver: Send + Sync + 'static {
+    /// One event (durable, live, or an observer-only mark), with the sink it went through.
+    fn on_event(&self, event: &Event, sink: &EventSink);
 }
 
 #[derive(Default)]
@@ -72,8 +90,79 @@ impl EventSink {
                 }),
                 live: StdMutex::new(LiveGuard::default()),
                 subscribers: StdMutex::new(Vec::new()),
+                observer: OnceLock::new(),
+                trace: StdMutex::new(HashMap::new()),
+                full_payloads: AtomicBool::new(false),
             }),
         }
+    }
+
+    /// Attaches the session's observer (a tracer); there is at most one. Returns `false`, changing
+    /// nothing, when one is attached already.
+    pub fn set_observer(&self, observer: Arc<dyn EventObserver>) -> bool {
+        self.inner.observer.set(observer).is_ok()
+    }
+
+    /// Whether an observer is attached: marks ([`EventSink::observe`]) are only worth building
+    /// when one is.
+    pub fn observed(&self) -> bool {
+        self.inner.observer.get().is_some()
+    }
+
+    /// Shows a *mark* to the observer only: a moment that matters to a tracer but is no part of
+    /// the conversation (a request's start and end, a model call's start). Marks are neither
+    /// recorded nor delivered to the handler or the subscribers, so front-ends and records are
+    /// unchanged by them. Raw types of marks: `tether.run_start`, `tether.run_end`,
+    /// `tether.tool_start` (the engine), `local.model_call` (the local loop),
+    /// `tether.permission_request` and `tether.permission_outcome` (an approval a provider asks
+    /// its handler for during a turn: ACP).
+    pub fn observe(&self, event: &Event) {
+        if let Some(o) = self.inner.observer.get() {
+            o.on_event(event, self);
+        }
+    }
+
+    /// Sets (or with `None` clears) the W3C `traceparent` of the work in progress in `scope`:
+    /// `""` for the session's current model call or request (what an outgoing provider request
+    /// belongs to), a tool use's id for that tool call. Set by the observer; read where a call
+    /// leaves the process (a provider's HTTP request, an MCP request's `_meta`).
+    pub fn set_traceparent(&self, scope: &str, value: Option<String>) {
+        let mut g = match self.inner.trace.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        match value {
+            Some(v) => {
+                g.insert(scope.to_owned(), v);
+            }
+            None => {
+                g.remove(scope);
+            }
+        }
+    }
+
+    /// The W3C `traceparent` of the work in progress in `scope` (see
+    /// [`EventSink::set_traceparent`]); `None` when the session is not traced.
+    pub fn traceparent(&self, scope: &str) -> Option<String> {
+        if !self.observed() {
+            return None;
+        }
+        let g = match self.inner.trace.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        g.get(scope).cloned()
+    }
+
+    /// Asks for full payloads in marks (a model call's request messages), which are left out by
+    /// default because they are large. A tracer recording content sets it.
+    pub fn set_full_payloads(&self, on: bool) {
+        self.inner.full_payloads.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether marks should carry full payloads (see [`EventSink::set_full_payloads`]).
+    pub fn full_payloads(&self) -> bool {
+        self.inner.full_payloads.load(Ordering::Relaxed)
     }
 
     /// A sink that records in memory and delivers to nobody: for using a provider or model alone.
@@ -182,6 +271,9 @@ impl EventSink {
     }
 
     async fn deliver(&self, event: Event) {
+        if let Some(o) = self.inner.observer.get() {
+            o.on_event(&event, self);
+        }
         let rewritten = match self.inner.live.lock() {
             Ok(mut g) => g.on_event(&event),
             Err(p) => p.into_inner().on_event(&event),
@@ -816,6 +908,12 @@ impl DeltaSink {
     /// The id of the assistant message being streamed.
     pub fn message_id(&self) -> &str {
         &self.message_id
+    }
+
+    /// The W3C `traceparent` of this model call when the session is traced: a model sends it
+    /// as the `traceparent` header of its request (see [`EventSink::traceparent`]).
+    pub fn traceparent(&self) -> Option<String> {
+        self.sink.as_ref().and_then(|s| s.traceparent(""))
     }
 
     async fn live(&self, raw_type: &'static str, kind: EventKind) {

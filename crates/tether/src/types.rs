@@ -17,6 +17,13 @@ pub struct ToolSpec {
     /// JSON Schema of the tool's input (an object schema).
     #[serde(default = "empty_object_schema")]
     pub input_schema: Value,
+    /// Facts about the tool for observers, never sent to a model: where it comes from. An MCP
+    /// tool source sets `mcp.server` (the server's name), and where known `mcp.tool` (the
+    /// tool's name on the server), `mcp.transport` (`stdio` or `http`), `mcp.protocol.version`,
+    /// `mcp.session.id`, `server.address` and `server.port`; a tracer (`tether-otel`) puts them
+    /// on the tool call's span.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub meta: serde_json::Map<String, Value>,
 }
 
 fn empty_object_schema() -> Value {
@@ -36,7 +43,14 @@ impl ToolSpec {
             name: name.into(),
             description: description.into(),
             input_schema,
+            meta: Default::default(),
         }
+    }
+
+    /// The spec with one more fact in [`ToolSpec::meta`] (e.g. `mcp.server`).
+    pub fn with_meta(mut self, key: impl Into<String>, value: impl Into<Value>) -> Self {
+        self.meta.insert(key.into(), value.into());
+        self
     }
 }
 
@@ -263,6 +277,12 @@ pub struct SessionInfo {
     /// Caller metadata given at session start.
     #[serde(default)]
     pub metadata: serde_json::Map<String, Value>,
+    /// The W3C `traceparent` of the operation this callback belongs to, when the session is
+    /// traced: in [`crate::Handler::call_tool`], the tool call's `execute_tool` span. A handler
+    /// passes it on to what it calls (an MCP request's `params._meta.traceparent`, an HTTP
+    /// `traceparent` header) so the callee's spans join the trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
 }
 
 impl SessionInfo {
@@ -272,6 +292,7 @@ impl SessionInfo {
             session_id: session_id.into(),
             provider: provider.into(),
             metadata: Default::default(),
+            traceparent: None,
         }
     }
 }

@@ -97,7 +97,8 @@ pub struct ApprovalRequest {
 pub enum Approval {
     /// Allowed this once.
     Once,
-    /// Allowed, and the same class is allowed for the rest of the session.
+    /// Allowed, and the same class is allowed for the rest of the session (for a permission
+    /// request of a kind the workspace does not know, only the same request, by its title).
     Always,
     /// Refused.
     Deny,
@@ -1187,7 +1188,15 @@ impl Handler for Workspace {
             pick(&[PermissionKind::RejectOnce, PermissionKind::RejectAlways])
                 .unwrap_or(PermissionOutcome::Cancelled)
         };
-        let key = (info.session_id.clone(), class.to_owned());
+        // "Always" covers a class the workspace knows (every read, write or command); a request
+        // of a kind it does not know (an MCP tool, an agent's `other`) is remembered by its own
+        // title only, so allowing one such tool always never allows every other one.
+        let scope = if class == "other" {
+            format!("other:{}", req.title)
+        } else {
+            class.to_owned()
+        };
+        let key = (info.session_id.clone(), scope);
         match access {
             Access::Allow => {
                 pick(&[PermissionKind::AllowOnce, PermissionKind::AllowAlways]).unwrap_or_else(reject)

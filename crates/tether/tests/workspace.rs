@@ -219,6 +219,36 @@ async fn writes_and_commands_ask_and_always_is_remembered() {
     assert!(req.option_of(PermissionKind::RejectOnce).is_some());
 }
 
+/// "Always" for a permission of a kind the workspace does not know (an MCP tool, an agent's
+/// `other`) covers that request only: it must not allow every other unknown request.
+#[tokio::test]
+async fn always_for_an_unknown_kind_covers_that_request_only() {
+    let (root, _o) = setup();
+    let n = Arc::new(AtomicU32::new(0));
+    let ws = Workspace::new(root.path())
+        .unwrap()
+        .approver(Count(n.clone(), Approval::Always));
+    let ask = |title: &str| PermissionRequest {
+        tool_use_id: "t".into(),
+        title: title.into(),
+        input: json!({}),
+        kind: None,
+        options: PermissionRequest::standard_options(),
+        raw: json!({}),
+    };
+    let a = ask("search (tool `search` of `web`)");
+    assert!(ws.request_permission(&a, &info()).await.allows(&a));
+    assert!(ws.request_permission(&a, &info()).await.allows(&a));
+    assert_eq!(n.load(Ordering::SeqCst), 1, "the same request is remembered");
+    let b = ask("delete_repo (tool `delete_repo` of `github`)");
+    assert!(ws.request_permission(&b, &info()).await.allows(&b));
+    assert_eq!(
+        n.load(Ordering::SeqCst),
+        2,
+        "another unknown request is asked again"
+    );
+}
+
 #[tokio::test]
 async fn command_output_is_capped_and_terminals_work() {
     let (root, _o) = setup();

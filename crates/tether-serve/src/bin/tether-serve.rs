@@ -13,9 +13,11 @@ struct Cli {
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into());
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-        .with_writer(std::io::stderr)
-        .try_init();
-    tether_serve::serve(Cli::parse().args).await
+    // OpenTelemetry export when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    let telemetry = tether_otel::init(tracing_subscriber::EnvFilter::new(filter));
+    let code = tether_serve::serve(Cli::parse().args).await;
+    if let Some(t) = telemetry {
+        t.shutdown();
+    }
+    code
 }

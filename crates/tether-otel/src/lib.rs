@@ -1,0 +1,460 @@
+//! # tether-otel
+//!
+//! OpenTelemetry traces and metrics for tether sessions, by the GenAI semantic conventions
+//! (pinned: v1.41.0, see [`semconv`]), built from the session's events — so every provider, the
+//! local loop as much as Claude Managed Agents, Bedrock AgentCore or an ACP agent, gets the same
+//! spans:
+//!
+//! - `invoke_agent {agent}` per request (kind `INTERNAL` for the local loop, `CLIENT` for remote
+//!   loops), linked to the session's previous request (after a restart too);
+//! - `chat {model}` per model call, with the request and response model, response id, finish
+//!   reasons and token usage;
+//! - `execute_tool {tool}` per tool call, with the tool's name, type and call id, and the MCP
+//!   attributes for an MCP tool;
+//! - `error.type` on every span of a request that failed, was cancelled or timed out, and on a
+//!   failed tool; retries and reconnects as span events; content only when opted in.
+//!
+//! Metrics: `gen_ai.client.operation.duration` and `gen_ai.client.token.usage`.
+//!
+//! [`Telemetry::from_env`] sets up OTLP/HTTP export from the standard `OTEL_*` variables (none
+//! set: nothing, at no cost); [`Tracer`] makes each session's observer
+//! ([`tether::SessionBuilder::observer`], [`Tracer::attach`]). The spans are `tracing` spans
+//! bridged by `tracing-opentelemetry`, so a `tracing` setup sees the same tree.
+//!
+//! ```no_run
+//! # async fn f() -> tether::Result<()> {
+//! use tether::{Session, ScriptedModel, local::LocalLoop};
+//! use tracing_subscriber::prelude::*;
+//!
+//! let telemetry = tether_otel::Telemetry::from_env()?; // None: OTEL_EXPORTER_OTLP_ENDPOINT unset
+//! tracing_subscriber::registry()
+//!     .with(telemetry.as_ref().map(|t| t.layer()))
+//!     .init();
+//! let mut builder = Session::builder(LocalLoop::new(ScriptedModel::new(vec![])));
+//! if let Some(t) = &telemetry {
+//!     builder = builder.observer(t.tracer().agent_name("helper").observer());
+//! }
+//! let _ = builder.run("hi").await;
+//! if let Some(t) = telemetry {
+//!     t.shutdown();
+//! }
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+
+mod export;
+mod observer;
+pub mod semconv;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
+use tether::Error;
+use tracing_subscriber::Layer;
+use tracing_subscriber::registry::LookupSpan;
+
+pub use observer::{STATE_KEY, SessionTracer, TARGET, Tracer};
+
+static GLOBAL: std::sync::OnceLock<Tracer> = std::sync::OnceLock::new();
+
+/// Makes `tracer` the process's tracer: the one `tether run` and `tether serve` trace sessions
+/// with. Only the first call counts; returns whether this one did.
+pub fn set_global_tracer(tracer: Tracer) -> bool {
+    GLOBAL.set(tracer).is_ok()
+}
+
+/// The process's tracer, when telemetry is on ([`set_global_tracer`]).
+pub fn global_tracer() -> Option<&'static Tracer> {
+    GLOBAL.get()
+}
+
+/// `builder` with an observer from the process's tracer when telemetry is on; unchanged (and
+/// the session untraced, at no cost) when it is off.
+pub fn observe_global(builder: tether::SessionBuilder) -> tether::SessionBuilder {
+    match GLOBAL.get() {
+        Some(t) => builder.observer(t.observer()),
+        None => builder,
+    }
+}
+
+/// Attaches the process's tracer, when telemetry is on, to an open session's sink, naming the
+/// agent `agent` (see [`Tracer::attach`]); does nothing when it is off. Returns whether it
+/// attached.
+pub async fn attach_global(sink: &tether::EventSink, agent: &str) -> bool {
+    match GLOBAL.get() {
+        Some(t) => t.clone().agent_name(agent).attach(sink).await,
+        None => false,
+    }
+}
+
+/// For a binary: installs the global `tracing` subscriber — a log on stderr filtered by
+/// `log_filter`, and, when the environment configures OTLP export ([`Telemetry::from_env`]),
+/// the bridge to it — and the global tracer. Returns the telemetry, to
+/// [`Telemetry::shutdown`] before exiting. A bad configuration is reported as one warning on
+/// stderr, and the program runs untraced.
+pub fn init(log_filter: tracing_subscriber::EnvFilter) -> Option<Telemetry> {
+    use tracing_subscriber::prelude::*;
+    let (telemetry, problem) = match Telemetry::from_env() {
+        Ok(t) => (t, None),
+        Err(e) => (None, Some(e)),
+    };
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(log_filter);
+    let _ = tracing_subscriber::registry()
+        .with(log)
+        .with(telemetry.as_ref().map(|t| t.layer()))
+        .try_init();
+    if let Some(e) = problem {
+        eprintln!("warning: OpenTelemetry export is off: {e}");
+    }
+    if let Some(t) = &telemetry {
+        set_global_tracer(t.tracer());
+    }
+    telemetry
+}
+
+/// The environment variable that opts into content capture (`true`): messages, tool arguments
+/// and results on the spans. The name most GenAI instrumentations read.
+pub const CAPTURE_CONTENT_ENV: &str = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT";
+
+/// How to export, when not from the environment (tests, embedding applications).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ExportConfig {
+    /// The OTLP/HTTP base URL (`http://127.0.0.1:4318`): traces go to `/v1/traces`, metrics to
+    /// `/v1/metrics`.
+    pub endpoint: String,
+    /// Extra request headers (an API key of a hosted collector).
+    pub headers: Vec<(String, String)>,
+    /// `service.name` (default `tether`).
+    pub service_name: String,
+    /// How long spans wait in the batch before export (default 5 s).
+    pub batch_delay: Duration,
+    /// How often metrics are exported (default 60 s).
+    pub metrics_interval: Duration,
+    /// Whether metrics are exported (default yes).
+    pub metrics: bool,
+    /// Whether content is recorded (default no).
+    pub capture_content: bool,
+    /// Per-export timeout (default 10 s).
+    pub timeout: Duration,
+}
+
+impl ExportConfig {
+    /// Export to the OTLP/HTTP collector at `endpoint`, with the defaults.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        ExportConfig {
+            endpoint: endpoint.into(),
+            headers: Vec::new(),
+            service_name: "tether".into(),
+            batch_delay: Duration::from_secs(5),
+            metrics_interval: Duration::from_secs(60),
+            metrics: true,
+            capture_content: false,
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// How long spans wait in the batch before export.
+    pub fn batch_delay(mut self, d: Duration) -> Self {
+        self.batch_delay = d;
+        self
+    }
+
+    /// How often metrics are exported.
+    pub fn metrics_interval(mut self, d: Duration) -> Self {
+        self.metrics_interval = d;
+        self
+    }
+
+    /// Whether content is recorded.
+    pub fn capture_content(mut self, on: bool) -> Self {
+        self.capture_content = on;
+        self
+    }
+
+    /// `service.name`.
+    pub fn service_name(mut self, name: impl Into<String>) -> Self {
+        self.service_name = name.into();
+        self
+    }
+}
+
+/// OTLP/HTTP export of traces and metrics: the SDK providers, and the `tracing` layer that
+/// bridges tether's spans into them. Dropping it without [`Telemetry::shutdown`] loses what is
+/// still batched.
+pub struct Telemetry {
+    traces: SdkTracerProvider,
+    metrics: Option<SdkMeterProvider>,
+    capture_content: bool,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Telemetry")
+            .field("metrics", &self.metrics.is_some())
+            .field("capture_content", &self.capture_content)
+            .finish()
+    }
+}
+
+fn env(k: &str) -> Option<String> {
+    std::env::var(k)
+        .ok()
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty())
+}
+
+fn env_true(k: &str) -> bool {
+    env(k).is_some_and(|v| v.eq_ignore_ascii_case("true") || v == "1")
+}
+
+impl Telemetry {
+    /// Export as the standard environment variables say, or `None` when they configure nothing:
+    /// on when `OTEL_EXPORTER_OTLP_ENDPOINT` (or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set,
+    /// unless `OTEL_SDK_DISABLED=true` or `OTEL_TRACES_EXPORTER=none`. Also read:
+    /// `OTEL_EXPORTER_OTLP[_TRACES|_METRICS]_HEADERS` and `_TIMEOUT`, `OTEL_SERVICE_NAME`
+    /// (default `tether`), `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER[_ARG]`,
+    /// `OTEL_BSP_*`, `OTEL_METRIC_EXPORT_INTERVAL`, `OTEL_METRICS_EXPORTER=none` (no metrics),
+    /// and [`CAPTURE_CONTENT_ENV`].
+    ///
+    /// Errors: [`Error::Config`] for a protocol other than `http/protobuf` (gRPC is not built in:
+    /// it would bring tonic's build) or a malformed endpoint.
+    pub fn from_env() -> tether::Result<Option<Telemetry>> {
+        if env_true("OTEL_SDK_DISABLED") || env("OTEL_TRACES_EXPORTER").as_deref() == Some("none") {
+            return Ok(None);
+        }
+        let Some(endpoint) =
+            env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        else {
+            return Ok(None);
+        };
+        let protocol = env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
+            .unwrap_or_else(|| "http/protobuf".into());
+        if protocol != "http/protobuf" {
+            return Err(Error::Config(format!(
+                "OTEL_EXPORTER_OTLP_PROTOCOL={protocol} is not supported: tether exports OTLP over http/protobuf only \
+                 (a collector's port 4318); set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"
+            )));
+        }
+        let timeout = env("OTEL_EXPORTER_OTLP_TIMEOUT")
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(Duration::from_millis)
+            .unwrap_or(Duration::from_secs(10));
+        let service = match (env("OTEL_SERVICE_NAME"), env("OTEL_RESOURCE_ATTRIBUTES")) {
+            (Some(_), _) => None,
+            (None, Some(a)) if a.split(',').any(|kv| kv.trim().starts_with("service.name=")) => None,
+            _ => Some("tether".to_owned()),
+        };
+        let metrics = env("OTEL_METRICS_EXPORTER").as_deref() != Some("none");
+        Self::build(Build {
+            endpoint: None,
+            shown: endpoint,
+            headers: Vec::new(),
+            service,
+            batch_delay: None,
+            metrics_interval: None,
+            metrics,
+            capture_content: env_true(CAPTURE_CONTENT_ENV),
+            timeout,
+        })
+        .map(Some)
+    }
+
+    /// Export to the collector `config` names (the environment's endpoint and headers are not
+    /// read).
+    pub fn new(config: ExportConfig) -> tether::Result<Telemetry> {
+        let base = config.endpoint.trim_end_matches('/').to_owned();
+        Self::build(Build {
+            endpoint: Some(base.clone()),
+            shown: base,
+            headers: config.headers,
+            service: Some(config.service_name),
+            batch_delay: Some(config.batch_delay),
+            metrics_interval: Some(config.metrics_interval),
+            metrics: config.metrics,
+            capture_content: config.capture_content,
+            timeout: config.timeout,
+        })
+    }
+
+    fn build(b: Build) -> tether::Result<Telemetry> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("tether-otel-export")
+            .enable_all()
+            .build()
+            .map_err(|e| Error::Config(format!("cannot start the OTLP export thread: {e}")))?;
+        let client = export::ExportClient::new(runtime.handle().clone(), b.timeout)?;
+        let mut resource = Resource::builder();
+        if let Some(s) = &b.service {
+            resource = resource.with_service_name(s.clone());
+        }
+        let resource = resource.build();
+        let warned = Arc::new(AtomicBool::new(false));
+        let headers: std::collections::HashMap<String, String> = b.headers.iter().cloned().collect();
+        let bad = |e: opentelemetry_otlp::ExporterBuildError| Error::Config(format!("OTLP exporter: {e}"));
+
+        let mut spans = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_http_client(client.clone())
+            .with_protocol(Protocol::HttpBinary)
+            .with_timeout(b.timeout);
+        if let Some(base) = &b.endpoint {
+            spans = spans.with_endpoint(format!("{base}/v1/traces"));
+        }
+        if !headers.is_empty() {
+            spans = spans.with_headers(headers.clone());
+        }
+        let spans = export::Quiet {
+            inner: spans.build().map_err(bad)?,
+            endpoint: b.shown.clone(),
+            warned: warned.clone(),
+        };
+        let mut batch = BatchConfigBuilder::default();
+        if let Some(d) = b.batch_delay {
+            batch = batch.with_scheduled_delay(d);
+        }
+        let processor = BatchSpanProcessor::builder(spans)
+            .with_batch_config(batch.build())
+            .build();
+        let traces = SdkTracerProvider::builder()
+            .with_span_processor(processor)
+            .with_resource(resource.clone())
+            .build();
+
+        let metrics = if b.metrics {
+            let mut m = opentelemetry_otlp::MetricExporter::builder()
+                .with_http()
+                .with_http_client(client)
+                .with_protocol(Protocol::HttpBinary)
+                .with_timeout(b.timeout);
+            if let Some(base) = &b.endpoint {
+                m = m.with_endpoint(format!("{base}/v1/metrics"));
+            }
+            if !headers.is_empty() {
+                m = m.with_headers(headers);
+            }
+            let exporter = export::Quiet {
+                inner: m.build().map_err(bad)?,
+                endpoint: b.shown.clone(),
+                warned,
+            };
+            let mut reader = PeriodicReader::builder(exporter);
+            if let Some(d) = b.metrics_interval {
+                reader = reader.with_interval(d);
+            }
+            Some(
+                SdkMeterProvider::builder()
+                    .with_reader(reader.build())
+                    .with_resource(resource)
+                    .build(),
+            )
+        } else {
+            None
+        };
+        Ok(Telemetry {
+            traces,
+            metrics,
+            capture_content: b.capture_content,
+            runtime: Some(runtime),
+        })
+    }
+
+    /// The `tracing` layer that turns tether's spans (target [`TARGET`]) into OpenTelemetry
+    /// spans exported by this telemetry. Add it to the application's subscriber.
+    pub fn layer<S>(&self) -> impl Layer<S> + Send + Sync + 'static
+    where
+        S: tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
+    {
+        tracing_opentelemetry::layer()
+            .with_tracer(self.traces.tracer("tether"))
+            .with_location(false)
+            .with_threads(false)
+            .with_tracked_inactivity(false)
+            .with_level(false)
+            .with_target(false)
+            .with_filter(tracing_subscriber::filter::filter_fn(|m| m.target() == TARGET))
+    }
+
+    /// A dispatcher holding only [`Telemetry::layer`]: for a [`Tracer`] whose spans must reach
+    /// this telemetry whatever the global subscriber is (tests, embedding).
+    pub fn dispatch(&self) -> tracing::Dispatch {
+        use tracing_subscriber::prelude::*;
+        tracing::Dispatch::new(tracing_subscriber::registry().with(self.layer()))
+    }
+
+    /// A [`Tracer`] recording this telemetry's metrics, with content as configured; its spans go
+    /// to the current `tracing` dispatcher (install [`Telemetry::layer`] there), or to
+    /// [`Telemetry::dispatch`] with [`Tracer::with_dispatch`].
+    pub fn tracer(&self) -> Tracer {
+        let mut t = Tracer::new().capture_content(self.capture_content);
+        if let Some(m) = &self.metrics {
+            use opentelemetry::metrics::MeterProvider as _;
+            t = t.with_meter(&m.meter("tether"));
+        }
+        t
+    }
+
+    /// Exports what is batched now (bounded by the export timeout).
+    pub fn flush(&self) {
+        let _ = self.traces.force_flush();
+        if let Some(m) = &self.metrics {
+            let _ = m.force_flush();
+        }
+    }
+
+    /// Exports what is batched and stops, waiting at most 5 s: a collector that is down or
+    /// hangs cannot hold the process.
+    pub fn shutdown(mut self) {
+        let traces = self.traces.clone();
+        let metrics = self.metrics.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("tether-otel-shutdown".into())
+            .spawn(move || {
+                let _ = traces.shutdown_with_timeout(Duration::from_secs(4));
+                if let Some(m) = metrics {
+                    let _ = m.shutdown_with_timeout(Duration::from_secs(4));
+                }
+                let _ = tx.send(());
+            });
+        if spawned.is_ok() {
+            let _ = rx.recv_timeout(Duration::from_secs(5));
+        }
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        // Never block (nor panic inside an async context) on drop.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+struct Build {
+    endpoint: Option<String>,
+    shown: String,
+    headers: Vec<(String, String)>,
+    service: Option<String>,
+    batch_delay: Option<Duration>,
+    metrics_interval: Option<Duration>,
+    metrics: bool,
+    capture_content: bool,
+    timeout: Duration,
+}

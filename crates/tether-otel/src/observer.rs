@@ -1,0 +1,1306 @@
+//! The spans and metrics of one session, built from its events as they are delivered.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Instant;
+
+use opentelemetry::KeyValue;
+use opentelemetry::metrics::{Histogram, Meter};
+use opentelemetry::trace::{SpanContext, SpanId, Status, TraceContextExt, TraceFlags, TraceId, TraceState};
+use serde_json::{Map, Value, json};
+use tether::{Event, EventKind, EventObserver, EventSink, Role, ToolUse};
+use tokio::sync::mpsc;
+use tracing::Dispatch;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+
+use crate::semconv as sc;
+
+/// The key of the session state (see [`tether::EventStore::put_state`]) where a traced session
+/// keeps its last request's trace context, so the next request — after a restart too — links to
+/// it: `{"traceparent", "open", "pending": {tool_use_id: traceparent}}`. `open` stays `true`
+/// when the process died during the request.
+pub const STATE_KEY: &str = "tether.otel";
+
+/// The `tracing` target of every span tether-otel makes (filter on it to route them).
+pub const TARGET: &str = "tether_otel";
+
+/// The most characters of an error message kept as a span's status description.
+const MAX_STATUS: usize = 256;
+/// The most characters of a model-given name in a span's name (a tool's).
+const MAX_NAME: usize = 64;
+/// The most characters of a model- or server-given attribute value (a tool name, a call id, a
+/// response id or model).
+const MAX_VALUE: usize = 256;
+/// The most characters of one content attribute (messages, tool arguments, a tool's result).
+const MAX_CONTENT: usize = 64 << 10;
+
+/// `s` as an attribute value from outside (a model, a server): at most `max` characters (cut
+/// with `…`); control characters dropped, except line breaks and tabs in content.
+fn clip(s: &str, max: usize) -> String {
+    let keep = |c: &char| !c.is_control() || (max == MAX_CONTENT && matches!(c, '\n' | '\t' | '\r'));
+    let mut out: String = s.chars().filter(keep).take(max).collect();
+    if s.chars().filter(keep).nth(max).is_some() {
+        out.push('…');
+    }
+    out
+}
+
+/// Builds the GenAI spans and metrics of sessions: make one per application (or per agent), and
+/// give each session an observer from it ([`Tracer::observer`] for
+/// [`tether::SessionBuilder::observer`], or [`Tracer::attach`] for an open session).
+///
+/// Spans are `tracing` spans (target [`TARGET`]) carrying the OpenTelemetry fields
+/// `tracing-opentelemetry` reads, so they reach OpenTelemetry through that bridge and any other
+/// `tracing` layer sees the same tree. A session's first request span is a child of the current
+/// `tracing` span, if any.
+#[derive(Clone)]
+pub struct Tracer {
+    dispatch: Option<Dispatch>,
+    metrics: Option<Arc<Metrics>>,
+    capture_content: bool,
+    agent: AgentMeta,
+    /// The trace state this process last saved, by session: a session's next request (a server
+    /// reopens a thread's session for each run) finds it here instead of reading the store.
+    recent: Arc<Mutex<HashMap<String, Value>>>,
+}
+
+/// The most sessions whose last trace state is remembered in memory.
+const RECENT: usize = 4096;
+
+#[derive(Clone, Default)]
+struct AgentMeta {
+    name: Option<String>,
+    id: Option<String>,
+    description: Option<String>,
+}
+
+impl std::fmt::Debug for Tracer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tracer")
+            .field("metrics", &self.metrics.is_some())
+            .field("capture_content", &self.capture_content)
+            .field("agent", &self.agent.name)
+            .finish()
+    }
+}
+
+impl Default for Tracer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The two histograms of the conventions.
+pub(crate) struct Metrics {
+    duration: Histogram<f64>,
+    tokens: Histogram<u64>,
+}
+
+impl Metrics {
+    fn new(meter: &Meter) -> Self {
+        Metrics {
+            duration: meter
+                .f64_histogram(sc::METRIC_OPERATION_DURATION)
+                .with_unit("s")
+                .with_description("GenAI operation duration.")
+                .with_boundaries(sc::DURATION_BUCKETS.to_vec())
+                .build(),
+            tokens: meter
+                .u64_histogram(sc::METRIC_TOKEN_USAGE)
+                .with_unit("{token}")
+                .with_description("Number of input and output tokens used.")
+                .with_boundaries(sc::TOKEN_BUCKETS.to_vec())
+                .build(),
+        }
+    }
+}
+
+impl Tracer {
+    /// A tracer whose spans go to the `tracing` dispatcher current when an observer is made,
+    /// with no metrics and no content.
+    pub fn new() -> Self {
+        Tracer {
+            dispatch: None,
+            metrics: None,
+            capture_content: false,
+            agent: AgentMeta::default(),
+            recent: Default::default(),
+        }
+    }
+
+    /// Records the metrics (`gen_ai.client.operation.duration`, `gen_ai.client.token.usage`)
+    /// with `meter`.
+    pub fn with_meter(mut self, meter: &Meter) -> Self {
+        self.metrics = Some(Arc::new(Metrics::new(meter)));
+        self
+    }
+
+    /// Sends the spans to `dispatch` instead of the current dispatcher.
+    pub fn with_dispatch(mut self, dispatch: Dispatch) -> Self {
+        self.dispatch = Some(dispatch);
+        self
+    }
+
+    /// Records content (the conventions' opt-in attributes: `gen_ai.input.messages`,
+    /// `gen_ai.output.messages`, `gen_ai.tool.call.arguments`, `gen_ai.tool.call.result`). Off by
+    /// default: messages and tool arguments often hold personal or secret data.
+    pub fn capture_content(mut self, on: bool) -> Self {
+        self.capture_content = on;
+        self
+    }
+
+    /// Whether content is recorded.
+    pub fn captures_content(&self) -> bool {
+        self.capture_content
+    }
+
+    /// The agent's name (`gen_ai.agent.name`, and the request span's name `invoke_agent {name}`).
+    pub fn agent_name(mut self, name: impl Into<String>) -> Self {
+        self.agent.name = Some(name.into()).filter(|s: &String| !s.is_empty());
+        self
+    }
+
+    /// The agent's id (`gen_ai.agent.id`), e.g. a Managed Agents agent id.
+    pub fn agent_id(mut self, id: impl Into<String>) -> Self {
+        self.agent.id = Some(id.into()).filter(|s: &String| !s.is_empty());
+        self
+    }
+
+    /// The agent's description (`gen_ai.agent.description`).
+    pub fn agent_description(mut self, d: impl Into<String>) -> Self {
+        self.agent.description = Some(d.into()).filter(|s: &String| !s.is_empty());
+        self
+    }
+
+    /// An observer for one session (give it to [`tether::SessionBuilder::observer`]). The link
+    /// to the session's previous request is read from the store in the background at its first
+    /// request; [`Tracer::attach`] reads it first.
+    pub fn observer(&self) -> Arc<SessionTracer> {
+        let dispatch = self
+            .dispatch
+            .clone()
+            .unwrap_or_else(|| tracing::dispatcher::get_default(|d| d.clone()));
+        Arc::new(SessionTracer {
+            shared: Arc::new(Shared {
+                tracer: self.clone(),
+                dispatch,
+                state: Mutex::new(State::default()),
+                writer: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Attaches an observer to an open session's sink, having read the session's previous trace
+    /// context from its store (so a thread resumed after a restart links back at once). Returns
+    /// `false` when the sink has an observer already.
+    pub async fn attach(&self, sink: &EventSink) -> bool {
+        let obs = self.observer();
+        let sid = sink.info().session_id.clone();
+        let cached = self.recent.lock().ok().and_then(|m| m.get(&sid).cloned());
+        let prev = match cached {
+            Some(v) => Prev::parse(Some(&v)),
+            None => match sink.store().state(&sid, STATE_KEY).await {
+                Ok(v) => Prev::parse(v.as_ref()),
+                Err(e) => {
+                    tracing::debug!(error = %e, "tether-otel: could not read the session's trace state");
+                    Prev::default()
+                }
+            },
+        };
+        {
+            let mut st = obs.shared.lock();
+            st.prev = Some(prev);
+            st.loaded_for = Some(sid);
+        }
+        sink.set_observer(obs)
+    }
+}
+
+/// One session's tracer (an [`EventObserver`]): turns its events into `invoke_agent`, `chat` and
+/// `execute_tool` spans. Spans still open when it is dropped (the session was dropped in the
+/// middle of a request) end with `error.type` `interrupted`.
+pub struct SessionTracer {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for SessionTracer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionTracer").finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    tracer: Tracer,
+    dispatch: Dispatch,
+    state: Mutex<State>,
+    writer: Mutex<Option<mpsc::UnboundedSender<Write>>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+struct Write {
+    session_id: String,
+    value: Value,
+}
+
+/// What the previous request left in the store.
+#[derive(Default)]
+struct Prev {
+    cx: Option<SpanContext>,
+    open: bool,
+    pending: HashMap<String, SpanContext>,
+}
+
+impl Prev {
+    fn parse(v: Option<&Value>) -> Prev {
+        let Some(v) = v else {
+            return Prev::default();
+        };
+        Prev {
+            cx: v
+                .get("traceparent")
+                .and_then(Value::as_str)
+                .and_then(parse_traceparent),
+            open: v.get("open").and_then(Value::as_bool).unwrap_or(false),
+            pending: v
+                .get("pending")
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, v)| Some((k.clone(), parse_traceparent(v.as_str()?)?)))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    /// The previous request's context; `None` until read from the store.
+    prev: Option<Prev>,
+    /// The session id `prev` was read for.
+    loaded_for: Option<String>,
+    run: Option<Run>,
+    chat: Option<Chat>,
+    tools: HashMap<String, Tool>,
+    /// When each approval in progress was asked, by tool use id.
+    approvals: HashMap<String, Instant>,
+}
+
+/// A span that ends when dropped: with `error.type` `interrupted` unless it was ended first.
+struct Guarded {
+    span: tracing::Span,
+    /// The dispatcher the span belongs to: it is closed under it, because the registry closes a
+    /// parent whose last child closes through the *current* dispatcher.
+    dispatch: Dispatch,
+    open: bool,
+}
+
+impl Guarded {
+    fn set(&self, key: &'static str, value: impl Into<opentelemetry::Value>) {
+        self.span.set_attribute(key, value);
+    }
+
+    fn end(mut self, error: Option<(&str, &str)>) {
+        if let Some((ty, msg)) = error {
+            self.fail(ty, msg);
+        }
+        self.open = false;
+    }
+
+    fn fail(&self, ty: &str, msg: &str) {
+        self.span.set_attribute(sc::ERROR_TYPE, ty.to_owned());
+        let msg: String = msg.chars().take(MAX_STATUS).collect();
+        self.span.set_status(Status::error(msg));
+    }
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        if self.open {
+            self.fail(
+                "interrupted",
+                "the session was dropped before this operation ended",
+            );
+        }
+        let span = std::mem::replace(&mut self.span, tracing::Span::none());
+        tracing::dispatcher::with_default(&self.dispatch, move || drop(span));
+    }
+}
+
+struct Run {
+    g: Guarded,
+    started: Instant,
+    provider: Option<String>,
+    traceparent: Option<String>,
+    linked: bool,
+    input: u64,
+    output: u64,
+    cache_read: u64,
+    /// The handler's tools (description, meta) by name, as of the request's start.
+    specs: HashMap<String, (String, Map<String, Value>)>,
+}
+
+struct Chat {
+    g: Guarded,
+    started: Instant,
+    /// Opened by an explicit start (a model call mark, a `span.model_request_start`), not
+    /// inferred from output.
+    explicit: bool,
+    provider: String,
+    model: String,
+    server: Option<(String, u16)>,
+    text: String,
+    reasoning: String,
+}
+
+struct Tool {
+    g: Guarded,
+}
+
+impl EventObserver for SessionTracer {
+    fn on_event(&self, e: &Event, sink: &EventSink) {
+        // The local loop's token and argument deltas carry nothing a span needs: the hot path
+        // returns before any lock.
+        if e.seq.is_none() && e.raw_type.starts_with("local.") && e.raw_type != "local.model_call" {
+            return;
+        }
+        self.handle(e, sink);
+    }
+}
+
+impl Drop for SessionTracer {
+    fn drop(&mut self) {
+        // Children first, so the request span closes last.
+        let mut st = self.shared.lock();
+        st.chat = None;
+        st.tools.clear();
+        st.run = None;
+    }
+}
+
+fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    let cx = span.context();
+    let s = cx.span();
+    let sc = s.span_context();
+    sc.is_valid().then(|| {
+        format!(
+            "00-{}-{}-{:02x}",
+            sc.trace_id(),
+            sc.span_id(),
+            sc.trace_flags().to_u8()
+        )
+    })
+}
+
+/// A W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`) as a remote span context.
+pub(crate) fn parse_traceparent(s: &str) -> Option<SpanContext> {
+    let mut it = s.trim().split('-');
+    let (v, t, p, f) = (it.next()?, it.next()?, it.next()?, it.next()?);
+    if it.next().is_some() || v != "00" || t.len() != 32 || p.len() != 16 || f.len() != 2 {
+        return None;
+    }
+    let trace = TraceId::from_hex(t).ok()?;
+    let span = SpanId::from_hex(p).ok()?;
+    let flags = u8::from_str_radix(f, 16).ok()?;
+    let cx = SpanContext::new(trace, span, TraceFlags::new(flags), true, TraceState::default());
+    cx.is_valid().then_some(cx)
+}
+
+fn str_of<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
+    v.get(k).and_then(Value::as_str).filter(|s| !s.is_empty())
+}
+
+impl SessionTracer {
+    fn span(&self, parent: Option<&tracing::Span>, name: &str, kind: &'static str) -> Guarded {
+        let span = tracing::dispatcher::with_default(&self.shared.dispatch, || match parent {
+            Some(p) => {
+                tracing::info_span!(target: "tether_otel", parent: p, "gen_ai", otel.name = name, otel.kind = kind)
+            }
+            None => tracing::info_span!(target: "tether_otel", "gen_ai", otel.name = name, otel.kind = kind),
+        });
+        Guarded {
+            span,
+            dispatch: self.shared.dispatch.clone(),
+            open: true,
+        }
+    }
+
+    fn handle(&self, e: &Event, sink: &EventSink) {
+        let shared = &self.shared;
+        let mut st = shared.lock();
+        match e.raw_type.as_str() {
+            "tether.run_start" => return self.run_start(&mut st, e, sink),
+            "tether.run_end" => return self.run_end(&mut st, e, sink),
+            "local.model_call" => return self.model_call(&mut st, e, sink),
+            "tether.tool_start" => {
+                if let Some(id) = str_of(&e.raw, "tool_use_id") {
+                    let name = str_of(&e.raw, "name").unwrap_or_default();
+                    let mut u = ToolUse::new(id, name, e.raw.get("input").cloned().unwrap_or(Value::Null));
+                    u.raw_input = None;
+                    self.open_tool(&mut st, &u, "function", None, sink, true);
+                }
+                return;
+            }
+            "span.model_request_start" => {
+                if st.chat.is_none() {
+                    self.open_chat(&mut st, ChatStart::inferred(true), sink);
+                }
+                return;
+            }
+            "tether.permission_request" | "tether.permission_outcome" => {
+                // An approval asked during a tool call (an ACP agent's permission request): the
+                // wait shows on the tool's span, between these two events.
+                let id = str_of(&e.raw, "tool_use_id").unwrap_or_default().to_owned();
+                let mut attrs = vec![KeyValue::new(sc::TOOL_CALL_ID, id.clone())];
+                let name = if e.raw_type == "tether.permission_request" {
+                    st.approvals.insert(id.clone(), Instant::now());
+                    "tether.approval_requested"
+                } else {
+                    if let Some(o) = str_of(&e.raw, "outcome") {
+                        attrs.push(KeyValue::new("tether.approval.outcome", o.to_owned()));
+                    }
+                    if let Some(t) = st.approvals.remove(&id) {
+                        attrs.push(KeyValue::new(
+                            "tether.approval.wait_ms",
+                            i64::try_from(t.elapsed().as_millis()).unwrap_or(i64::MAX),
+                        ));
+                    }
+                    "tether.approval_answered"
+                };
+                match (st.tools.get(&id), &st.run) {
+                    (Some(t), _) => t.g.span.add_event(name, attrs),
+                    (None, Some(r)) => r.g.span.add_event(name, attrs),
+                    _ => {}
+                }
+                return;
+            }
+            "local.duplicate_tool_call" => {
+                if let Some(t) = str_of(&e.raw, "id").and_then(|id| st.tools.remove(id)) {
+                    t.g.set("tether.tool.duplicate", true);
+                    t.g.end(None);
+                }
+                return;
+            }
+            "agent.tool_result" | "agent.mcp_tool_result" => {
+                if let Some(id) = str_of(&e.raw, "tool_use_id") {
+                    let err = e.raw.get("is_error").and_then(Value::as_bool).unwrap_or(false);
+                    self.end_tool(&mut st, id, err, None, sink);
+                }
+                return;
+            }
+            _ => {}
+        }
+        if st.run.is_none() {
+            return;
+        }
+        let local = e.raw_type.starts_with("local.");
+        match &e.kind {
+            EventKind::TextDelta { delta, .. } | EventKind::ReasoningDelta { delta, .. } if !local => {
+                if st.chat.is_none() {
+                    self.open_chat(&mut st, ChatStart::inferred(false), sink);
+                }
+                if shared.tracer.capture_content
+                    && let Some(c) = st.chat.as_mut()
+                {
+                    if matches!(e.kind, EventKind::TextDelta { .. }) {
+                        c.text.push_str(delta);
+                    } else {
+                        c.reasoning.push_str(delta);
+                    }
+                }
+            }
+            EventKind::Message {
+                role: Role::Assistant,
+                tool_uses,
+                text,
+                ..
+            } if e.is_durable() => {
+                if e.raw_type == "local.model_response" {
+                    self.model_response(&mut st, e, sink);
+                } else {
+                    if st.chat.is_none() {
+                        self.open_chat(&mut st, ChatStart::inferred(false), sink);
+                    }
+                    if shared.tracer.capture_content
+                        && let Some(c) = st.chat.as_mut()
+                        && c.text.is_empty()
+                    {
+                        c.text.push_str(text);
+                    }
+                }
+                let kind = if local { "function" } else { "extension" };
+                for u in tool_uses {
+                    self.open_tool(&mut st, u, kind, Some(e), sink, false);
+                }
+            }
+            EventKind::ToolCall { tool_use, .. } if e.is_durable() => {
+                let kind = if local || e.raw_type == "agent.custom_tool_use" {
+                    "function"
+                } else {
+                    "extension"
+                };
+                self.open_tool(&mut st, tool_use, kind, Some(e), sink, false);
+            }
+            EventKind::ToolCallStart {
+                tool_use_id, name, ..
+            } if e.is_durable() => {
+                let u = ToolUse::new(
+                    tool_use_id,
+                    name,
+                    e.raw.get("rawInput").cloned().unwrap_or(Value::Null),
+                );
+                self.open_tool(&mut st, &u, "extension", Some(e), sink, false);
+            }
+            EventKind::ToolResult { result } => {
+                self.end_tool(
+                    &mut st,
+                    &result.tool_use_id,
+                    result.is_error,
+                    Some(&result.content),
+                    sink,
+                );
+            }
+            EventKind::Usage { usage } if e.raw_type != "local.usage" => {
+                let (i, o, c) = (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens);
+                match st.chat.take() {
+                    Some(chat) => {
+                        self.close_chat(&mut st, chat, ChatEnd::usage(i, o, c, &e.raw), sink);
+                    }
+                    None => {
+                        let (provider, model) = {
+                            let run = st.run.as_ref();
+                            (
+                                run.and_then(|r| r.provider.clone()).unwrap_or_default(),
+                                String::new(),
+                            )
+                        };
+                        self.add_usage(&mut st, (i, o, c), &provider, &model);
+                    }
+                }
+            }
+            EventKind::Other if e.raw_type == "span.model_request_end" => {
+                if let Some(chat) = st.chat.take() {
+                    self.close_chat(&mut st, chat, ChatEnd::usage(0, 0, 0, &e.raw), sink);
+                }
+            }
+            EventKind::Retry {
+                attempt,
+                delay_ms,
+                error,
+            } => {
+                let name = if e.raw_type == "tether.reconnect" {
+                    "tether.reconnect"
+                } else {
+                    "tether.retry"
+                };
+                let mut attrs = vec![
+                    KeyValue::new("tether.retry.attempt", i64::from(*attempt)),
+                    KeyValue::new(
+                        "tether.retry.delay_ms",
+                        i64::try_from(*delay_ms).unwrap_or(i64::MAX),
+                    ),
+                    KeyValue::new(
+                        "exception.message",
+                        error.chars().take(MAX_STATUS).collect::<String>(),
+                    ),
+                ];
+                if let Some(s) = e.raw.get("status").and_then(Value::as_u64) {
+                    attrs.push(KeyValue::new(sc::ERROR_TYPE, s.to_string()));
+                }
+                match (&st.chat, &st.run) {
+                    (Some(c), _) => c.g.span.add_event(name, attrs),
+                    (None, Some(r)) => r.g.span.add_event(name, attrs),
+                    _ => {}
+                }
+            }
+            EventKind::Error { code, message } => {
+                if let Some(r) = &st.run {
+                    r.g.span.add_event(
+                        "tether.provider_error",
+                        vec![
+                            KeyValue::new(sc::ERROR_TYPE, code.clone()),
+                            KeyValue::new(
+                                "exception.message",
+                                message.chars().take(MAX_STATUS).collect::<String>(),
+                            ),
+                        ],
+                    );
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn run_start(&self, st: &mut State, e: &Event, sink: &EventSink) {
+        if let Some(run) = st.run.take() {
+            self.end_children(
+                st,
+                Some(("interrupted", "a new request began before this one ended")),
+                sink,
+                &[],
+            );
+            run.g
+                .end(Some(("interrupted", "a new request began before this one ended")));
+        }
+        let tracer = &self.shared.tracer;
+        if tracer.capture_content && !sink.full_payloads() {
+            sink.set_full_payloads(true);
+        }
+        let tp = str_of(&e.raw, "provider").unwrap_or("local");
+        let local = tp == "local";
+        let provider = sc::provider_of(tp).map(str::to_owned);
+        let name = match &tracer.agent.name {
+            Some(a) => format!("invoke_agent {a}"),
+            None => "invoke_agent".to_owned(),
+        };
+        let g = self.span(None, &name, if local { "internal" } else { "client" });
+        g.set(sc::OPERATION_NAME, "invoke_agent");
+        if let Some(p) = &provider {
+            g.set(sc::PROVIDER_NAME, p.clone());
+        }
+        if let Some(a) = &tracer.agent.name {
+            g.set(sc::AGENT_NAME, a.clone());
+        }
+        if let Some(a) = &tracer.agent.id {
+            g.set(sc::AGENT_ID, a.clone());
+        }
+        if let Some(a) = &tracer.agent.description {
+            g.set(sc::AGENT_DESCRIPTION, a.clone());
+        }
+        let sid = sink.info().session_id.clone();
+        if !sid.is_empty() {
+            g.set(sc::CONVERSATION_ID, sid.clone());
+        }
+        let specs = sink
+            .handler()
+            .tools()
+            .into_iter()
+            .map(|t| (t.name, (t.description, t.meta)))
+            .collect();
+        let mut run = Run {
+            g,
+            started: Instant::now(),
+            provider,
+            traceparent: None,
+            linked: false,
+            input: 0,
+            output: 0,
+            cache_read: 0,
+            specs,
+        };
+        if let Some(prev) = &st.prev {
+            link_prev(&mut run, prev);
+        }
+        run.traceparent = traceparent_of(&run.g.span);
+        sink.set_traceparent("", run.traceparent.clone());
+        let value = json!({"traceparent": run.traceparent, "open": true});
+        st.run = Some(run);
+        self.persist(st, sink, sid, value);
+    }
+
+    fn run_end(&self, st: &mut State, e: &Event, sink: &EventSink) {
+        let Some(mut run) = st.run.take() else {
+            return;
+        };
+        let ok = e.raw.get("outcome").and_then(Value::as_str) == Some("ok");
+        let error = e.raw.get("error").cloned().unwrap_or(Value::Null);
+        let ety = sc::error_type(&error);
+        let msg = str_of(&error, "message")
+            .unwrap_or("the request failed")
+            .to_owned();
+        let pending: Vec<String> = e
+            .raw
+            .get("pending")
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
+            .unwrap_or_default();
+        let fail = (!ok).then_some((ety.as_str(), msg.as_str()));
+        // Spans of tools waiting for an answer from outside (an approval, a front-end tool):
+        // their contexts are kept so the request that runs them links back.
+        let mut waiting = Map::new();
+        for id in &pending {
+            if let Some(t) = st.tools.remove(id) {
+                t.g.set("tether.tool.pending", true);
+                t.g.span.add_event("tether.awaiting_result", Vec::new());
+                if let Some(tp) = traceparent_of(&t.g.span) {
+                    waiting.insert(id.clone(), Value::String(tp));
+                }
+                t.g.end(None);
+            }
+        }
+        st.approvals.clear();
+        self.end_children(st, fail, sink, &pending);
+        // The request's usage as the session summed it (every model call once).
+        if ok && let Some(u) = e.raw.get("usage") {
+            let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+            run.input = n("input_tokens");
+            run.output = n("output_tokens");
+            run.cache_read = n("cache_read_tokens");
+        }
+        // A provider that reported no usage leaves the attributes out rather than claiming 0.
+        if run.input > 0 || run.output > 0 || run.cache_read > 0 {
+            run.g.set(sc::USAGE_INPUT, run.input as i64);
+            run.g.set(sc::USAGE_OUTPUT, run.output as i64);
+        }
+        if run.cache_read > 0 {
+            run.g.set(sc::USAGE_CACHE_READ, run.cache_read as i64);
+        }
+        if !pending.is_empty() {
+            run.g.span.add_event(
+                "tether.awaiting_input",
+                vec![KeyValue::new(
+                    "tether.pending_tool_call.ids",
+                    opentelemetry::Value::Array(
+                        pending
+                            .iter()
+                            .map(|s| opentelemetry::StringValue::from(s.clone()))
+                            .collect::<Vec<_>>()
+                            .into(),
+                    ),
+                )],
+            );
+        }
+        let provider = run.provider.clone().unwrap_or_else(|| "local".into());
+        if run.provider.is_none() {
+            run.g.set(sc::PROVIDER_NAME, provider.clone());
+        }
+        if let Some(m) = &self.shared.tracer.metrics {
+            let mut attrs = vec![
+                KeyValue::new(sc::OPERATION_NAME, "invoke_agent"),
+                KeyValue::new(sc::PROVIDER_NAME, provider),
+            ];
+            if let Some((t, _)) = fail {
+                attrs.push(KeyValue::new(sc::ERROR_TYPE, t.to_owned()));
+            }
+            m.duration.record(run.started.elapsed().as_secs_f64(), &attrs);
+        }
+        let value = json!({"traceparent": run.traceparent, "open": false, "pending": waiting});
+        run.g.end(fail);
+        sink.set_traceparent("", None);
+        let sid = sink.info().session_id.clone();
+        self.persist(st, sink, sid, value);
+    }
+
+    /// Ends the open chat and tool spans (not those in `skip`), with `fail` when the request
+    /// failed.
+    fn end_children(&self, st: &mut State, fail: Option<(&str, &str)>, sink: &EventSink, skip: &[String]) {
+        if let Some(chat) = st.chat.take() {
+            let end = match fail {
+                Some((t, m)) => ChatEnd::failed(t, m),
+                None => ChatEnd::default(),
+            };
+            self.close_chat(st, chat, end, sink);
+        }
+        let ids: Vec<String> = st.tools.keys().filter(|k| !skip.contains(k)).cloned().collect();
+        for id in ids {
+            if let Some(t) = st.tools.remove(&id) {
+                sink.set_traceparent(&id, None);
+                t.g.end(fail);
+            }
+        }
+    }
+
+    fn model_call(&self, st: &mut State, e: &Event, sink: &EventSink) {
+        if st.run.is_none() {
+            return;
+        }
+        let attempt = e.raw.get("attempt").and_then(Value::as_u64).unwrap_or(1);
+        if attempt > 1 && st.chat.as_ref().is_some_and(|c| c.explicit) {
+            // A retry of the call in flight: one span covers all its attempts.
+            return;
+        }
+        if let Some(chat) = st.chat.take() {
+            self.close_chat(st, chat, ChatEnd::default(), sink);
+        }
+        let provider = str_of(&e.raw, "provider").map(str::to_owned);
+        let model = str_of(&e.raw, "model").map(str::to_owned);
+        let endpoint = str_of(&e.raw, "endpoint").map(str::to_owned);
+        let input = e.raw.get("request").and_then(|r| r.get("messages"));
+        // A model in this process (the local loop reports no endpoint for it) is an internal
+        // call; one behind HTTP a client call.
+        let kind = if endpoint.is_some() { "client" } else { "internal" };
+        let start = ChatStart {
+            explicit: true,
+            kind,
+            provider,
+            model,
+            endpoint,
+        };
+        self.open_chat(st, start, sink);
+        if self.shared.tracer.capture_content
+            && let (Some(c), Some(h)) = (&st.chat, input)
+        {
+            c.g.set(
+                sc::INPUT_MESSAGES,
+                clip(&sc::messages(h).to_string(), MAX_CONTENT),
+            );
+        }
+    }
+
+    fn open_chat(&self, st: &mut State, start: ChatStart, sink: &EventSink) {
+        let ChatStart {
+            explicit,
+            kind,
+            provider,
+            model,
+            endpoint,
+        } = start;
+        let Some(run) = st.run.as_mut() else {
+            return;
+        };
+        if run.provider.is_none()
+            && let Some(p) = &provider
+        {
+            run.provider = Some(p.clone());
+            run.g.set(sc::PROVIDER_NAME, p.clone());
+        }
+        let provider = provider
+            .or_else(|| run.provider.clone())
+            .unwrap_or_else(|| "local".into());
+        let model = model.unwrap_or_default();
+        let name = if model.is_empty() {
+            "chat".to_owned()
+        } else {
+            format!("chat {model}")
+        };
+        let g = self.span(Some(&run.g.span), &name, kind);
+        g.set(sc::OPERATION_NAME, "chat");
+        g.set(sc::PROVIDER_NAME, provider.clone());
+        if !model.is_empty() {
+            g.set(sc::REQUEST_MODEL, model.clone());
+        }
+        let sid = sink.info().session_id.clone();
+        if !sid.is_empty() {
+            g.set(sc::CONVERSATION_ID, sid);
+        }
+        let server = endpoint.as_deref().and_then(sc::server_of);
+        if let Some((h, p)) = &server {
+            g.set(sc::SERVER_ADDRESS, h.clone());
+            g.set(sc::SERVER_PORT, i64::from(*p));
+        }
+        sink.set_traceparent("", traceparent_of(&g.span));
+        st.chat = Some(Chat {
+            g,
+            started: Instant::now(),
+            explicit,
+            provider,
+            model,
+            server,
+            text: String::new(),
+            reasoning: String::new(),
+        });
+    }
+
+    fn model_response(&self, st: &mut State, e: &Event, sink: &EventSink) {
+        let Some(chat) = st.chat.take() else {
+            return;
+        };
+        let raw = &e.raw;
+        let resp = raw.get("response").cloned().unwrap_or(Value::Null);
+        let u = raw.get("usage").cloned().unwrap_or(Value::Null);
+        let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+        let mut end = ChatEnd::usage(
+            n("input_tokens"),
+            n("output_tokens"),
+            n("cache_read_tokens"),
+            &resp,
+        );
+        end.has_usage = u.is_object();
+        end.finish = str_of(raw, "finish_reason").map(str::to_owned);
+        if self.shared.tracer.capture_content
+            && let Some(m) = raw.get("message")
+        {
+            end.message = Some(sc::message(m, end.finish.as_deref()));
+        }
+        self.close_chat(st, chat, end, sink);
+    }
+
+    fn close_chat(&self, st: &mut State, chat: Chat, end: ChatEnd, sink: &EventSink) {
+        let g = &chat.g;
+        if let Some(id) = &end.response_id {
+            g.set(sc::RESPONSE_ID, id.clone());
+        }
+        if let Some(m) = &end.response_model {
+            g.set(sc::RESPONSE_MODEL, m.clone());
+        }
+        if let Some(f) = &end.finish {
+            g.set(
+                sc::FINISH_REASONS,
+                opentelemetry::Value::Array(vec![opentelemetry::StringValue::from(f.clone())].into()),
+            );
+        }
+        if end.has_usage {
+            g.set(sc::USAGE_INPUT, end.input as i64);
+            g.set(sc::USAGE_OUTPUT, end.output as i64);
+            if end.cache_read > 0 {
+                g.set(sc::USAGE_CACHE_READ, end.cache_read as i64);
+            }
+        }
+        if self.shared.tracer.capture_content {
+            let output = end.message.clone().or_else(|| {
+                (!chat.text.is_empty() || !chat.reasoning.is_empty()).then(|| {
+                    let mut parts = Vec::new();
+                    if !chat.reasoning.is_empty() {
+                        parts.push(json!({"type": "reasoning", "content": chat.reasoning}));
+                    }
+                    if !chat.text.is_empty() {
+                        parts.push(json!({"type": "text", "content": chat.text}));
+                    }
+                    json!({"role": "assistant", "parts": parts})
+                })
+            });
+            if let Some(o) = output {
+                g.set(
+                    sc::OUTPUT_MESSAGES,
+                    clip(&Value::Array(vec![o]).to_string(), MAX_CONTENT),
+                );
+            }
+        }
+        if let Some(m) = &self.shared.tracer.metrics {
+            let mut attrs = vec![
+                KeyValue::new(sc::OPERATION_NAME, "chat"),
+                KeyValue::new(sc::PROVIDER_NAME, chat.provider.clone()),
+            ];
+            if !chat.model.is_empty() {
+                attrs.push(KeyValue::new(sc::REQUEST_MODEL, chat.model.clone()));
+            }
+            if let Some(rm) = &end.response_model {
+                attrs.push(KeyValue::new(sc::RESPONSE_MODEL, rm.clone()));
+            }
+            if let Some((h, p)) = &chat.server {
+                attrs.push(KeyValue::new(sc::SERVER_ADDRESS, h.clone()));
+                attrs.push(KeyValue::new(sc::SERVER_PORT, i64::from(*p)));
+            }
+            let mut d = attrs.clone();
+            if let Some((t, _)) = &end.error {
+                d.push(KeyValue::new(sc::ERROR_TYPE, t.clone()));
+            }
+            m.duration.record(chat.started.elapsed().as_secs_f64(), &d);
+            if end.has_usage {
+                let mut i = attrs.clone();
+                i.push(KeyValue::new(sc::TOKEN_TYPE, "input"));
+                m.tokens.record(end.input, &i);
+                let mut o = attrs;
+                o.push(KeyValue::new(sc::TOKEN_TYPE, "output"));
+                m.tokens.record(end.output, &o);
+            }
+        }
+        if let Some(run) = st.run.as_mut() {
+            if end.has_usage {
+                run.input += end.input;
+                run.output += end.output;
+                run.cache_read += end.cache_read;
+            }
+            sink.set_traceparent("", run.traceparent.clone());
+        }
+        let Chat { g, .. } = chat;
+        g.end(end.error.as_ref().map(|(t, m)| (t.as_str(), m.as_str())));
+    }
+
+    /// Usage reported outside any model call (no chat span open): counted on the request and in
+    /// the token metric.
+    fn add_usage(&self, st: &mut State, (i, o, c): (u64, u64, u64), provider: &str, model: &str) {
+        if let Some(run) = st.run.as_mut() {
+            run.input += i;
+            run.output += o;
+            run.cache_read += c;
+        }
+        if let Some(m) = &self.shared.tracer.metrics {
+            let mut attrs = vec![
+                KeyValue::new(sc::OPERATION_NAME, "chat"),
+                KeyValue::new(sc::PROVIDER_NAME, provider.to_owned()),
+            ];
+            if !model.is_empty() {
+                attrs.push(KeyValue::new(sc::REQUEST_MODEL, model.to_owned()));
+            }
+            let mut ia = attrs.clone();
+            ia.push(KeyValue::new(sc::TOKEN_TYPE, "input"));
+            m.tokens.record(i, &ia);
+            attrs.push(KeyValue::new(sc::TOKEN_TYPE, "output"));
+            m.tokens.record(o, &attrs);
+        }
+    }
+
+    fn open_tool(
+        &self,
+        st: &mut State,
+        u: &ToolUse,
+        kind: &str,
+        e: Option<&Event>,
+        sink: &EventSink,
+        started: bool,
+    ) {
+        if u.id.is_empty() || st.tools.contains_key(&u.id) {
+            return;
+        }
+        // A tool call ends the model output before it (an inferred chat span).
+        if st.chat.as_ref().is_some_and(|c| !c.explicit)
+            && let Some(chat) = st.chat.take()
+        {
+            self.close_chat(st, chat, ChatEnd::default(), sink);
+        }
+        let Some(run) = st.run.as_ref() else {
+            return;
+        };
+        let name = if u.name.is_empty() {
+            "execute_tool".to_owned()
+        } else {
+            format!("execute_tool {}", clip(&u.name, MAX_NAME))
+        };
+        let g = self.span(Some(&run.g.span), &name, "internal");
+        g.set(sc::OPERATION_NAME, "execute_tool");
+        g.set(sc::TOOL_NAME, clip(&u.name, MAX_VALUE));
+        g.set(sc::TOOL_CALL_ID, clip(&u.id, MAX_VALUE));
+        g.set(sc::TOOL_TYPE, kind.to_owned());
+        let spec = run.specs.get(&u.name);
+        if let Some((d, _)) = spec
+            && !d.is_empty()
+        {
+            g.set(sc::TOOL_DESCRIPTION, d.clone());
+        }
+        // MCP: from the tool's spec (an MCP tool source sets `mcp.server`), or from a Managed
+        // Agents MCP tool use.
+        let mcp_server = spec
+            .and_then(|(_, m)| m.get("mcp.server").and_then(Value::as_str).map(str::to_owned))
+            .or_else(|| {
+                e.filter(|e| e.raw_type == "agent.mcp_tool_use")
+                    .map(|e| str_of(&e.raw, "mcp_server_name").unwrap_or_default().to_owned())
+            });
+        if let Some(server) = mcp_server {
+            g.set(sc::MCP_METHOD_NAME, "tools/call");
+            if !server.is_empty() {
+                g.set("mcp.server.name", server);
+            }
+            if let Some((_, m)) = spec {
+                for (k, attr) in [
+                    ("mcp.session.id", sc::MCP_SESSION_ID),
+                    ("mcp.protocol.version", sc::MCP_PROTOCOL_VERSION),
+                    ("server.address", sc::SERVER_ADDRESS),
+                ] {
+                    if let Some(v) = m.get(k).and_then(Value::as_str) {
+                        g.set(attr, v.to_owned());
+                    }
+                }
+                if let Some(p) = m.get("server.port").and_then(Value::as_i64) {
+                    g.set(sc::SERVER_PORT, p);
+                }
+                match m.get("mcp.transport").and_then(Value::as_str) {
+                    Some("stdio") => g.set(sc::NETWORK_TRANSPORT, "pipe"),
+                    Some("http") => g.set(sc::NETWORK_TRANSPORT, "tcp"),
+                    _ => {}
+                }
+            }
+        }
+        if self.shared.tracer.capture_content && !u.input.is_null() {
+            g.set(sc::TOOL_CALL_ARGUMENTS, clip(&u.input.to_string(), MAX_CONTENT));
+        }
+        // A tool the previous request left waiting (an approval): this run links to its span.
+        if started && let Some(cx) = st.prev.as_ref().and_then(|p| p.pending.get(&u.id)) {
+            g.span.add_link_with_attributes(
+                cx.clone(),
+                vec![KeyValue::new("tether.link.type", "awaited_result")],
+            );
+        }
+        sink.set_traceparent(&u.id, traceparent_of(&g.span));
+        st.tools.insert(u.id.clone(), Tool { g });
+    }
+
+    fn end_tool(&self, st: &mut State, id: &str, is_error: bool, content: Option<&str>, sink: &EventSink) {
+        let Some(t) = st.tools.remove(id) else {
+            return;
+        };
+        sink.set_traceparent(id, None);
+        if self.shared.tracer.capture_content
+            && !is_error
+            && let Some(c) = content
+        {
+            t.g.set(sc::TOOL_CALL_RESULT, clip(c, MAX_CONTENT));
+        }
+        let msg = content.unwrap_or("the tool reported an error").to_owned();
+        t.g.end(is_error.then_some(("tool_error", msg.as_str())));
+    }
+
+    /// Saves the session's trace state (in order, off the session's task); the first save of a
+    /// session reads the previous one first, for the link.
+    fn persist(&self, st: &mut State, sink: &EventSink, session_id: String, value: Value) {
+        if session_id.is_empty() {
+            return;
+        }
+        if let Ok(mut m) = self.shared.tracer.recent.lock() {
+            if m.len() >= RECENT && !m.contains_key(&session_id) {
+                m.clear();
+            }
+            m.insert(session_id.clone(), value.clone());
+        }
+        let mut w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
+        if w.is_none() {
+            let Ok(rt) = tokio::runtime::Handle::try_current() else {
+                return;
+            };
+            let (tx, rx) = mpsc::unbounded_channel();
+            let need_load = st.loaded_for.as_deref() != Some(session_id.as_str());
+            if need_load {
+                st.loaded_for = Some(session_id.clone());
+            }
+            rt.spawn(writer(
+                rx,
+                sink.store().clone(),
+                Arc::downgrade(&self.shared),
+                need_load,
+            ));
+            *w = Some(tx);
+        }
+        if let Some(tx) = w.as_ref() {
+            let _ = tx.send(Write { session_id, value });
+        }
+    }
+}
+
+fn link_prev(run: &mut Run, prev: &Prev) {
+    if run.linked {
+        return;
+    }
+    if let Some(cx) = &prev.cx {
+        let ty = if prev.open {
+            "interrupted_run"
+        } else {
+            "previous_run"
+        };
+        run.g
+            .span
+            .add_link_with_attributes(cx.clone(), vec![KeyValue::new("tether.link.type", ty)]);
+        if prev.open {
+            run.g.span.add_event(
+                "tether.resumed",
+                vec![KeyValue::new(
+                    "tether.resumed.reason",
+                    "the previous request never ended (the process stopped during it)",
+                )],
+            );
+        }
+        run.linked = true;
+    }
+}
+
+async fn writer(
+    mut rx: mpsc::UnboundedReceiver<Write>,
+    store: Arc<dyn tether::EventStore>,
+    shared: Weak<Shared>,
+    mut need_load: bool,
+) {
+    let mut warned = false;
+    while let Some(w) = rx.recv().await {
+        if need_load {
+            need_load = false;
+            let prev = store.state(&w.session_id, STATE_KEY).await.ok().flatten();
+            if let Some(s) = shared.upgrade() {
+                let mut st = s.lock();
+                let prev = Prev::parse(prev.as_ref());
+                if let Some(run) = st.run.as_mut() {
+                    link_prev(run, &prev);
+                }
+                st.prev = Some(prev);
+            }
+        }
+        if let Err(e) = store.put_state(&w.session_id, STATE_KEY, &w.value).await
+            && !warned
+        {
+            warned = true;
+            tracing::warn!(error = %e, "tether-otel: could not save the session's trace context; a resumed session will not link to its earlier spans");
+        }
+    }
+}
+
+/// How a chat span starts: from an explicit start (a model call mark, a
+/// `span.model_request_start`) or inferred from output; its kind, provider, model and endpoint
+/// when known.
+struct ChatStart {
+    explicit: bool,
+    kind: &'static str,
+    provider: Option<String>,
+    model: Option<String>,
+    endpoint: Option<String>,
+}
+
+impl ChatStart {
+    /// A model call of a remote loop, nothing known but that it happens.
+    fn inferred(explicit: bool) -> Self {
+        ChatStart {
+            explicit,
+            kind: "client",
+            provider: None,
+            model: None,
+            endpoint: None,
+        }
+    }
+}
+
+/// How a chat span ends.
+#[derive(Default)]
+struct ChatEnd {
+    has_usage: bool,
+    input: u64,
+    output: u64,
+    cache_read: u64,
+    response_id: Option<String>,
+    response_model: Option<String>,
+    finish: Option<String>,
+    message: Option<Value>,
+    error: Option<(String, String)>,
+}
+
+impl ChatEnd {
+    /// Usage, and the response's `id` and `model` when `raw` has them.
+    fn usage(i: u64, o: u64, c: u64, raw: &Value) -> Self {
+        ChatEnd {
+            has_usage: i > 0 || o > 0 || c > 0,
+            input: i,
+            output: o,
+            cache_read: c,
+            response_id: str_of(raw, "id").map(|s| clip(s, MAX_VALUE)),
+            response_model: str_of(raw, "model").map(|s| clip(s, MAX_VALUE)),
+            ..Default::default()
+        }
+    }
+
+    fn failed(ty: &str, msg: &str) -> Self {
+        ChatEnd {
+            error: Some((ty.to_owned(), msg.to_owned())),
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_from_outside_are_clipped_and_cleaned() {
+        assert_eq!(clip("read\u{1b}[2J_file\n", MAX_NAME), "read[2J_file");
+        assert_eq!(clip(&"x".repeat(70), MAX_NAME), format!("{}…", "x".repeat(64)));
+        assert_eq!(clip("a\nb\u{0}", MAX_CONTENT), "a\nb");
+        assert_eq!(clip("short", MAX_VALUE), "short");
+    }
+
+    #[test]
+    fn traceparents_parse_strictly() {
+        assert!(parse_traceparent("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01").is_some());
+        for bad in [
+            "",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-x",
+            "00-4bf92f3577b34da6a3ce929d0e0e473-00f067aa0ba902b7-01",
+        ] {
+            assert!(parse_traceparent(bad).is_none(), "{bad}");
+        }
+    }
+}

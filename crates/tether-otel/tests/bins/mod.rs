@@ -1,0 +1,88 @@
+//! The real `tether` and `tether-serve` binaries, built on first use.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Builds `bin` of `package` into this test's target directory and returns its path.
+fn built(package: &str, bin: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test exe path");
+    // target/<profile>/deps/<test> → target/<profile>/<bin>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .to_path_buf();
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "-q", "-p", package, "--bin", bin])
+        .current_dir(repo_root())
+        .status()
+        .expect("run cargo build");
+    assert!(status.success(), "building {bin} failed");
+    let path = dir.join(bin);
+    assert!(path.exists(), "{bin} not found at {}", path.display());
+    path
+}
+
+/// The `tether` binary.
+pub fn tether() -> PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| built("tether-cli", "tether")).clone()
+}
+
+/// The `tether-serve` binary.
+pub fn tether_serve() -> PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| built("tether-serve", "tether-serve")).clone()
+}
+
+/// A 127.0.0.1 port nothing listens on (bound, then released).
+pub fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let p = l.local_addr().expect("addr").port();
+    drop(l);
+    p
+}
+
+/// Removes the OTEL_* and tether variables of the test's own environment from `cmd`.
+pub fn clean_env(cmd: &mut tokio::process::Command) {
+    for (k, _) in std::env::vars_os() {
+        if let Some(k) = k.to_str()
+            && (k.starts_with("OTEL_")
+                || k == "OPENAI_BASE_URL"
+                || k == "OPENAI_API_KEY"
+                || k == "TETHER_MODEL")
+        {
+            cmd.env_remove(k);
+        }
+    }
+}
+
+/// The MCP fault server (`tether-mcp`'s example): a real MCP server over stdio.
+pub fn fault_server() -> PathBuf {
+    static P: OnceLock<PathBuf> = OnceLock::new();
+    P.get_or_init(|| {
+        let exe = std::env::current_exe().expect("test exe path");
+        let dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target dir")
+            .to_path_buf();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let status = std::process::Command::new(cargo)
+            .args(["build", "-q", "-p", "tether-mcp", "--example", "fault_server"])
+            .current_dir(repo_root())
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building the fault server failed");
+        let path = dir.join("examples").join("fault_server");
+        assert!(path.exists(), "fault_server not found at {}", path.display());
+        path
+    })
+    .clone()
+}

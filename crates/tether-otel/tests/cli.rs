@@ -1,0 +1,104 @@
+//! `tether run` as a subprocess, exporting to a real OTLP/HTTP receiver — or to a closed port.
+
+mod bins;
+mod common;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{Receiver, one};
+use serde_json::json;
+use tether_testkit::openai::{FakeOpenAi, Reply};
+
+async fn tether_run(
+    fake: &FakeOpenAi,
+    dir: &std::path::Path,
+    env: &[(&str, String)],
+) -> std::process::Output {
+    let bin = tokio::task::spawn_blocking(bins::tether).await.expect("build");
+    let mut cmd = tokio::process::Command::new(bin);
+    bins::clean_env(&mut cmd);
+    cmd.args(["run", "--base-url", &fake.url(), "--model", "m", "say hi"])
+        .current_dir(dir)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    // Generous: the run must succeed; this only stops a hung process from hanging the suite.
+    tokio::time::timeout(Duration::from_secs(120), cmd.output())
+        .await
+        .expect("tether run finished (nothing blocked it)")
+        .expect("tether run ran")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tether_run_exports_its_trace_when_an_endpoint_is_set() {
+    let rx = Receiver::start().await;
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::text("hi there").usage(3, 2));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = tether_run(
+        &fake,
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.url.clone()),
+            ("OTEL_SERVICE_NAME", "cli-test".into()),
+        ],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    // Exported at exit: the run's span and its model call.
+    let spans = rx
+        .wait_spans("the CLI run's spans", |s| {
+            s.iter().any(|s| s.name == "invoke_agent") && s.iter().any(|s| s.name == "chat m")
+        })
+        .await;
+    let run = one(&spans, "invoke_agent");
+    let chat = one(&spans, "chat m");
+    assert_eq!(chat.parent, run.span_id);
+    assert_eq!(run.service.as_deref(), Some("cli-test"));
+    assert_eq!(run.attr("gen_ai.provider.name"), Some(&json!("openai")));
+    assert_eq!(chat.attr("gen_ai.usage.output_tokens"), Some(&json!(2)));
+    assert_eq!(
+        fake.requests()[0].header("traceparent"),
+        Some(format!("00-{}-{}-01", chat.trace_id, chat.span_id).as_str())
+    );
+    assert!(!stderr.contains("could not export"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_collector_port_costs_one_warning_and_nothing_else() {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::text("hi there"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let port = bins::closed_port();
+    let out = tether_run(
+        &fake,
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{port}")),
+            // Export during the run as well as at exit: every attempt fails.
+            ("OTEL_BSP_SCHEDULE_DELAY", "10".into()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "10".into()),
+        ],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the run failed: {stdout}\n{stderr}");
+    assert!(stdout.contains("hi there"), "{stdout}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("could not export"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "expected one export warning, got: {stderr}");
+    assert!(warnings[0].contains(&format!("127.0.0.1:{port}")), "{stderr}");
+    let other: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.contains("could not export") && !l.trim().is_empty())
+        .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.to_lowercase().contains("opentelemetry"))
+        .collect();
+    assert!(other.is_empty(), "more than the one warning: {stderr}");
+}

@@ -1,0 +1,254 @@
+//! An OTLP/HTTP receiver on 127.0.0.1 decoding the official `opentelemetry-proto` messages, and
+//! helpers to read what it got.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::routing::post;
+use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::metrics::v1::metric;
+use prost::Message;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+/// A span as received, ids in hex.
+#[derive(Debug, Clone)]
+pub struct Span {
+    pub trace_id: String,
+    pub span_id: String,
+    pub parent: String,
+    pub name: String,
+    /// 1 internal, 2 server, 3 client.
+    pub kind: i32,
+    pub attrs: BTreeMap<String, Value>,
+    /// 0 unset, 1 ok, 2 error.
+    pub status: i32,
+    pub status_message: String,
+    pub events: Vec<(String, BTreeMap<String, Value>)>,
+    pub links: Vec<(String, String, BTreeMap<String, Value>)>,
+    pub start: u64,
+    pub end: u64,
+    pub service: Option<String>,
+}
+
+impl Span {
+    pub fn attr(&self, k: &str) -> Option<&Value> {
+        self.attrs.get(k)
+    }
+    pub fn keys(&self) -> Vec<&str> {
+        self.attrs.keys().map(String::as_str).collect()
+    }
+}
+
+/// One histogram data point.
+#[derive(Debug, Clone)]
+pub struct Point {
+    pub name: String,
+    pub attrs: BTreeMap<String, Value>,
+    pub count: u64,
+    pub sum: f64,
+    pub bounds: Vec<f64>,
+}
+
+#[derive(Default)]
+struct Got {
+    spans: Vec<Span>,
+    points: Vec<Point>,
+    requests: u64,
+}
+
+/// The receiver.
+pub struct Receiver {
+    pub url: String,
+    got: Arc<Mutex<Got>>,
+    tick: watch::Receiver<u64>,
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn any(v: &AnyValue) -> Value {
+    match &v.value {
+        Some(any_value::Value::StringValue(s)) => json!(s),
+        Some(any_value::Value::BoolValue(b)) => json!(b),
+        Some(any_value::Value::IntValue(i)) => json!(i),
+        Some(any_value::Value::DoubleValue(d)) => json!(d),
+        Some(any_value::Value::ArrayValue(a)) => Value::Array(a.values.iter().map(any).collect()),
+        Some(other) => json!(format!("{other:?}")),
+        None => Value::Null,
+    }
+}
+
+fn attrs(kv: &[KeyValue]) -> BTreeMap<String, Value> {
+    kv.iter()
+        .map(|k| (k.key.clone(), k.value.as_ref().map(any).unwrap_or(Value::Null)))
+        .collect()
+}
+
+type Shared = (Arc<Mutex<Got>>, Arc<watch::Sender<u64>>);
+
+async fn traces(State((got, tx)): State<Shared>, body: Bytes) -> &'static [u8] {
+    if let Ok(req) = ExportTraceServiceRequest::decode(body) {
+        let mut g = got.lock().unwrap();
+        g.requests += 1;
+        for rs in req.resource_spans {
+            let service = rs.resource.as_ref().and_then(|r| {
+                attrs(&r.attributes)
+                    .get("service.name")
+                    .and_then(|v| v.as_str().map(str::to_owned))
+            });
+            for ss in rs.scope_spans {
+                for s in ss.spans {
+                    g.spans.push(Span {
+                        trace_id: hex(&s.trace_id),
+                        span_id: hex(&s.span_id),
+                        parent: hex(&s.parent_span_id),
+                        name: s.name.clone(),
+                        kind: s.kind,
+                        attrs: attrs(&s.attributes),
+                        status: s.status.as_ref().map(|x| x.code).unwrap_or(0),
+                        status_message: s.status.as_ref().map(|x| x.message.clone()).unwrap_or_default(),
+                        events: s
+                            .events
+                            .iter()
+                            .map(|e| (e.name.clone(), attrs(&e.attributes)))
+                            .collect(),
+                        links: s
+                            .links
+                            .iter()
+                            .map(|l| (hex(&l.trace_id), hex(&l.span_id), attrs(&l.attributes)))
+                            .collect(),
+                        start: s.start_time_unix_nano,
+                        end: s.end_time_unix_nano,
+                        service: service.clone(),
+                    });
+                }
+            }
+        }
+    }
+    tx.send_modify(|n| *n += 1);
+    b""
+}
+
+async fn metrics(State((got, tx)): State<Shared>, body: Bytes) -> &'static [u8] {
+    if let Ok(req) = ExportMetricsServiceRequest::decode(body) {
+        let mut g = got.lock().unwrap();
+        g.requests += 1;
+        for rm in req.resource_metrics {
+            for sm in rm.scope_metrics {
+                for m in sm.metrics {
+                    if let Some(metric::Data::Histogram(h)) = &m.data {
+                        for p in &h.data_points {
+                            g.points.push(Point {
+                                name: m.name.clone(),
+                                attrs: attrs(&p.attributes),
+                                count: p.count,
+                                sum: p.sum.unwrap_or(0.0),
+                                bounds: p.explicit_bounds.clone(),
+                            });
+                        }
+                    }
+                }
+            }
+        }
+    }
+    tx.send_modify(|n| *n += 1);
+    b""
+}
+
+impl Receiver {
+    pub async fn start() -> Receiver {
+        let got = Arc::new(Mutex::new(Got::default()));
+        let (tx, rx) = watch::channel(0u64);
+        let app = Router::new()
+            .route("/v1/traces", post(traces))
+            .route("/v1/metrics", post(metrics))
+            .with_state((got.clone(), Arc::new(tx)));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the receiver");
+        let url = format!("http://{}", l.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        });
+        Receiver { url, got, tick: rx }
+    }
+
+    pub fn spans(&self) -> Vec<Span> {
+        self.got.lock().unwrap().spans.clone()
+    }
+
+    pub fn points(&self) -> Vec<Point> {
+        self.got.lock().unwrap().points.clone()
+    }
+
+    /// Waits (up to 60 s) until `pred` holds over the spans received; returns them.
+    pub async fn wait_spans(&self, what: &str, pred: impl Fn(&[Span]) -> bool) -> Vec<Span> {
+        let mut tick = self.tick.clone();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let spans = self.spans();
+            if pred(&spans) {
+                return spans;
+            }
+            match tokio::time::timeout_at(deadline, tick.changed()).await {
+                Ok(Ok(())) => {}
+                _ => panic!("timed out waiting for {what}; got {:#?}", self.spans()),
+            }
+        }
+    }
+
+    /// Waits (up to 60 s) until `pred` holds over the metric points received.
+    pub async fn wait_points(&self, what: &str, pred: impl Fn(&[Point]) -> bool) -> Vec<Point> {
+        let mut tick = self.tick.clone();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let points = self.points();
+            if pred(&points) {
+                return points;
+            }
+            match tokio::time::timeout_at(deadline, tick.changed()).await {
+                Ok(Ok(())) => {}
+                _ => panic!("timed out waiting for {what}; got {:#?}", self.points()),
+            }
+        }
+    }
+}
+
+/// The spans of one trace that are named `name`.
+pub fn named<'a>(spans: &'a [Span], name: &str) -> Vec<&'a Span> {
+    spans.iter().filter(|s| s.name == name).collect()
+}
+
+/// The one span named `name`.
+pub fn one<'a>(spans: &'a [Span], name: &str) -> &'a Span {
+    let v = named(spans, name);
+    assert_eq!(
+        v.len(),
+        1,
+        "expected one span `{name}`, got {}: {spans:#?}",
+        v.len()
+    );
+    v[0]
+}
+
+pub const INTERNAL: i32 = 1;
+pub const CLIENT: i32 = 3;
+pub const ERROR: i32 = 2;
+
+/// The content attributes, never on a span unless opted in.
+pub const CONTENT: [&str; 5] = [
+    "gen_ai.input.messages",
+    "gen_ai.output.messages",
+    "gen_ai.system_instructions",
+    "gen_ai.tool.call.arguments",
+    "gen_ai.tool.call.result",
+];
