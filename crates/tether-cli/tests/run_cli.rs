@@ -167,14 +167,17 @@ async fn an_escape_attempt_is_refused() {
 async fn errors_say_what_to_do() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path().to_path_buf();
-    let o = tokio::task::spawn_blocking(move || tether(&d, &["run", "hi"], ""))
-        .await
-        .unwrap();
+    // No endpoint runs the embedded model (tests/gguf_cli.rs); a GGUF that is not there says
+    // what to do instead.
+    let o =
+        tokio::task::spawn_blocking(move || tether(&d, &["run", "--gguf", "/nonexistent/m.gguf", "hi"], ""))
+            .await
+            .unwrap();
     assert_eq!(o.status.code(), Some(2));
+    let err = text(&o).1;
     assert!(
-        text(&o)
-            .1
-            .contains("no model endpoint configured: pass --base-url or set OPENAI_BASE_URL")
+        err.contains("no model file at /nonexistent/m.gguf") && err.contains("--base-url"),
+        "{err}"
     );
 
     // Nothing listens on this port: bind, note the port, close.

@@ -9,6 +9,11 @@
 //! shutdown_grace_secs = 30     # running turns get this long to finish on shutdown
 //! allowed_origins = ["http://localhost:5173"]   # other web origins that may call the API (CORS)
 //!
+//! [agents.local]
+//! provider = "gguf"            # a GGUF model run in-process: no server, no key
+//! gguf = "models/qwen2.5-1.5b-instruct-q4_k_m.gguf"   # default: $TETHER_GGUF, else SmolLM2-135M
+//!                                                      # (fetched into ~/.cache/tether/models)
+//!
 //! [agents.coder]
 //! provider = "openai"          # any OpenAI-compatible /v1/chat/completions endpoint
 //! base_url = "http://127.0.0.1:8080/v1"   # default: $OPENAI_BASE_URL
@@ -190,11 +195,15 @@ pub enum AccessConfig {
 #[serde(deny_unknown_fields)]
 pub struct AgentConfig {
     /// Where the agent's loop lives: `openai` (the local loop over an OpenAI-compatible
-    /// chat-completions endpoint, the default), `anthropic` (the local loop over the Anthropic
+    /// chat-completions endpoint, the default), `gguf` (a GGUF model run in-process), `anthropic` (the local loop over the Anthropic
     /// Messages API), `managed` (Claude Managed Agents), `agentcore` (Amazon Bedrock AgentCore)
     /// or `acp` (an ACP agent subprocess, `command`).
     #[serde(default = "default_provider")]
     pub provider: String,
+    /// For `gguf`: the model file (relative to the config file; default: `$TETHER_GGUF`, else the
+    /// default model, SmolLM2-135M-Instruct, fetched into the user's cache on first use).
+    #[serde(default)]
+    pub gguf: Option<PathBuf>,
     /// The endpoint's base URL: openai, with `/v1` (default: `$OPENAI_BASE_URL`); anthropic and
     /// managed, the API origin (default `https://api.anthropic.com`); agentcore, the data-plane
     /// origin (default: the region's).
@@ -293,7 +302,8 @@ impl AgentConfig {
             Ok(tether_anthropic::ClientConfig::new(key).base_url(origin))
         };
         Ok(Some(match self.provider.as_str() {
-            "openai" => return Ok(None),
+            // Built by the server itself (its own local loop).
+            "openai" | "gguf" => return Ok(None),
             "anthropic" => ProviderSpec::Anthropic {
                 client: anthropic()?,
                 model: some(&self.model).unwrap_or_else(|| crate::providers::DEFAULT_ANTHROPIC_MODEL.into()),
@@ -362,7 +372,7 @@ impl std::fmt::Debug for McpRunning {
 }
 
 /// The providers `tether serve` hosts (`provider = "…"`).
-pub const PROVIDERS: [&str; 5] = ["openai", "anthropic", "managed", "agentcore", "acp"];
+pub const PROVIDERS: [&str; 6] = ["openai", "gguf", "anthropic", "managed", "agentcore", "acp"];
 
 fn default_provider() -> String {
     "openai".into()
@@ -528,6 +538,11 @@ impl Config {
                     a.provider
                 )));
             }
+            if let Some(g) = &mut a.gguf
+                && g.is_relative()
+            {
+                *g = base_dir.join(&*g);
+            }
             if let Some(w) = &mut a.workspace
                 && w.root.is_relative()
             {
@@ -674,14 +689,20 @@ impl Config {
     }
 
     /// The configuration used without a file: one agent, `default`, on the OpenAI-compatible
-    /// endpoint from the environment, with the workspace tools over `cwd`, read-only unless the
-    /// user approves each write or command.
+    /// endpoint from the environment (`OPENAI_BASE_URL`), else on the embedded GGUF model, with
+    /// the workspace tools over `cwd`, read-only unless the user approves each write or command.
     pub fn default_for(cwd: &Path) -> Config {
+        let endpoint = std::env::var("OPENAI_BASE_URL").is_ok_and(|v| !v.trim().is_empty());
         let mut agents = BTreeMap::new();
         agents.insert(
             "default".to_owned(),
             AgentConfig {
-                provider: default_provider(),
+                provider: if endpoint {
+                    default_provider()
+                } else {
+                    "gguf".into()
+                },
+                gguf: None,
                 base_url: None,
                 api_key_env: None,
                 model: None,

@@ -270,12 +270,11 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
             .or_else(|| std::env::var("TETHER_MODEL").ok())
             .filter(|m| !m.trim().is_empty())
             .unwrap_or_else(|| crate::config::DEFAULT_MODEL.into());
-        let model = crate::model::openai(&base_url, api_key, &model_name, cfg.stream).map_err(|message| {
-            ServeError::Agent {
+        let model =
+            crate::model::of(cfg, &base_url, api_key, &model_name).map_err(|message| ServeError::Agent {
                 agent: name.clone(),
                 message,
-            }
-        })?;
+            })?;
         let handler =
             crate::handler::ServeHandler::new(cfg, Vec::new(), Default::default()).map_err(|message| {
                 ServeError::Agent {
