@@ -5,8 +5,9 @@
 //!   ([`tether::Handler::needs_approval`]) waits, durably, in the thread (the engine's pending
 //!   tool use, [`tether::Waiting::Approval`]); it survives restarts;
 //! - **permission requests** a remote loop makes mid-turn (an ACP agent's
-//!   `session/request_permission`, a Managed Agents tool confirmation): the turn waits on them,
-//!   so the adapter holds the session live in memory until the answer comes.
+//!   `session/request_permission`, a Managed Agents tool confirmation), and **elicitations** (an
+//!   MCP server asking the user for input during a tool call): the turn waits on them, so the
+//!   adapter holds the session live in memory until the answer comes.
 //!
 //! Both end the run with an AG-UI interrupt. Its id is 128 random bits from the OS
 //! (`approval_<32 hex>`), recorded in the thread's state (key [`INTERRUPTS`]) with the thread,
@@ -24,13 +25,18 @@
 //! thread in between.
 //!
 //! Fail closed: only `status: "resolved"` with a payload holding `approved: true` (the JSON
-//! boolean) approves; every other answer to an issued interrupt is a denial.
+//! boolean) approves; every other answer to an issued interrupt is a denial. An elicitation is
+//! accepted only by `{"action": "accept", "content": {...}}` ([`elicitation_answer`]); anything
+//! else declines (or cancels).
 
 use std::collections::{BTreeMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tether::{EventStore, PermissionKind, PermissionOutcome, PermissionRequest, ToolUse};
+use tether::{
+    ElicitationMode, ElicitationRequest, ElicitationResponse, EventStore, PermissionKind, PermissionOutcome,
+    PermissionRequest, ToolUse,
+};
 
 use crate::types::{ResumeEntry, ResumeStatus};
 
@@ -46,6 +52,63 @@ pub enum Asked {
     Tool,
     /// A permission request a remote loop made mid-turn (held live).
     Permission,
+    /// An elicitation (an MCP server asking the user for input) made mid-turn (held live).
+    Elicitation,
+}
+
+impl Asked {
+    /// Whether the question is held live in memory (lost when the process holding it ends).
+    pub fn is_live(self) -> bool {
+        !matches!(self, Asked::Tool)
+    }
+}
+
+/// A question held live while the turn that asked it waits.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Held<'a> {
+    /// A permission request.
+    Permission(&'a PermissionRequest),
+    /// An elicitation.
+    Elicitation(&'a ElicitationRequest),
+}
+
+impl Held<'_> {
+    /// The record an interrupt for this question carries (`thread`, `run` issued it).
+    fn issued(&self, thread: &str, run: &str) -> Issued {
+        match self {
+            Held::Permission(req) => Issued {
+                kind: Asked::Permission,
+                thread_id: thread.to_owned(),
+                run_id: run.to_owned(),
+                tool_use_id: req.tool_use_id.clone(),
+                tool_name: req.title.clone(),
+                args_digest: digest(&req.input),
+            },
+            Held::Elicitation(req) => Issued {
+                kind: Asked::Elicitation,
+                thread_id: thread.to_owned(),
+                run_id: run.to_owned(),
+                tool_use_id: req.id.clone().unwrap_or_default(),
+                tool_name: req.message.chars().take(200).collect(),
+                args_digest: elicitation_digest(req),
+            },
+        }
+    }
+
+    /// Whether `rec` was issued for this question.
+    pub fn matches(&self, rec: &Issued) -> bool {
+        let mine = self.issued(&rec.thread_id, &rec.run_id);
+        rec.kind == mine.kind
+            && rec.tool_use_id == mine.tool_use_id
+            && rec.tool_name == mine.tool_name
+            && rec.args_digest == mine.args_digest
+    }
+}
+
+/// A digest of what an elicitation shows the user (its message and mode).
+fn elicitation_digest(req: &ElicitationRequest) -> String {
+    digest(&serde_json::json!({"message": req.message, "mode": req.mode}))
 }
 
 /// One interrupt a thread issued.
@@ -79,6 +142,8 @@ pub struct Answers {
     pub denied: Vec<String>,
     /// The held permission request's answer, when the resume answered it.
     pub permission: Option<PermissionOutcome>,
+    /// The held elicitation's answer, when the resume answered it.
+    pub elicitation: Option<ElicitationResponse>,
     /// The interrupt ids answered (removed from the outstanding set before anything runs).
     pub used: Vec<String>,
     /// Answered interrupts whose question is gone (a permission request the process that held
@@ -187,14 +252,6 @@ fn same_call(rec: &Issued, u: &ToolUse) -> bool {
         && rec.args_digest == digest(&u.input)
 }
 
-/// Whether `req` is the permission request `rec` was issued for.
-fn same_request(rec: &Issued, req: &PermissionRequest) -> bool {
-    rec.kind == Asked::Permission
-        && rec.tool_use_id == req.tool_use_id
-        && rec.tool_name == req.title
-        && rec.args_digest == digest(&req.input)
-}
-
 /// Reads a thread's outstanding interrupts (none when the record is missing or unreadable: an
 /// unreadable record approves nothing).
 pub async fn load(store: &dyn EventStore, record: &str) -> tether::Result<Outstanding> {
@@ -216,8 +273,8 @@ pub async fn save(store: &dyn EventStore, record: &str, out: &Outstanding) -> te
 pub struct Waiting<'a> {
     /// Tool uses waiting for approval.
     pub calls: &'a [ToolUse],
-    /// The permission request held live, if any.
-    pub held: Option<&'a PermissionRequest>,
+    /// The question held live, if any.
+    pub held: Option<Held<'a>>,
 }
 
 /// Checks a resume against what is outstanding. `waiting`, when known, is what the thread
@@ -261,10 +318,11 @@ pub fn decide(
                     answers.denied.push(call.id.clone());
                 }
             }
-            Asked::Permission => match w.held {
-                Some(req) if same_request(rec, req) => {
-                    answers.permission = Some(permission_answer(req, r));
-                }
+            Asked::Permission | Asked::Elicitation => match w.held {
+                Some(h) if h.matches(rec) => match h {
+                    Held::Permission(req) => answers.permission = Some(permission_answer(req, r)),
+                    Held::Elicitation(req) => answers.elicitation = Some(elicitation_answer(req, r)),
+                },
                 Some(_) => return Err(not_issued()),
                 None => answers.lost.push(rec.clone()),
             },
@@ -308,15 +366,45 @@ pub fn permission_answer(req: &PermissionRequest, r: &ResumeEntry) -> Permission
     )
 }
 
+/// The most an accepted elicitation's content may hold (its JSON text, in bytes).
+pub const MAX_ELICITATION_CONTENT: usize = 64 * 1024;
+
+/// The answer to a held elicitation, failing closed: `resolved` with a payload whose `action` is
+/// `"accept"` accepts, with `content` (a JSON object of at most [`MAX_ELICITATION_CONTENT`]
+/// bytes; required for a form, ignored for a URL); `"cancel"`, or a `cancelled` status, cancels;
+/// anything else (no payload, another action, content that is not an object or too big)
+/// declines.
+pub fn elicitation_answer(req: &ElicitationRequest, r: &ResumeEntry) -> ElicitationResponse {
+    if !matches!(r.status, ResumeStatus::Resolved) {
+        return ElicitationResponse::Cancel;
+    }
+    let Some(p) = r.payload.as_ref() else {
+        return ElicitationResponse::Decline;
+    };
+    match p.get("action").and_then(Value::as_str) {
+        Some("accept") => match (&req.mode, p.get("content")) {
+            (ElicitationMode::Url { .. }, _) => ElicitationResponse::Accept { content: None },
+            (_, Some(c @ Value::Object(_))) if c.to_string().len() <= MAX_ELICITATION_CONTENT => {
+                ElicitationResponse::Accept {
+                    content: Some(c.clone()),
+                }
+            }
+            _ => ElicitationResponse::Decline,
+        },
+        Some("cancel") => ElicitationResponse::Cancel,
+        _ => ElicitationResponse::Decline,
+    }
+}
+
 /// The interrupts a run ends with: the outstanding record of each tool call waiting for
 /// approval, keeping the id already issued for the same call (a client that asks again gets the
-/// same question), else a fresh one; and a fresh one for the permission request held, if any.
+/// same question), else a fresh one; and a fresh one for the question held live, if any.
 pub fn reissue(
     previous: &Outstanding,
     thread: &str,
     run: &str,
     calls: &[&ToolUse],
-    held: Option<&PermissionRequest>,
+    held: Option<Held<'_>>,
 ) -> std::io::Result<Outstanding> {
     let mut out = Outstanding::new();
     for u in calls {
@@ -342,18 +430,8 @@ pub fn reissue(
             }
         }
     }
-    if let Some(req) = held {
-        out.insert(
-            new_id()?,
-            Issued {
-                kind: Asked::Permission,
-                thread_id: thread.to_owned(),
-                run_id: run.to_owned(),
-                tool_use_id: req.tool_use_id.clone(),
-                tool_name: req.title.clone(),
-                args_digest: digest(&req.input),
-            },
-        );
+    if let Some(h) = held {
+        out.insert(new_id()?, h.issued(thread, run));
     }
     Ok(out)
 }
@@ -507,11 +585,11 @@ mod tests {
     #[test]
     fn a_permission_interrupt_answers_only_the_request_held_and_fails_closed() {
         let req = request();
-        let out = reissue(&Outstanding::new(), "t", "r1", &[], Some(&req)).unwrap();
+        let out = reissue(&Outstanding::new(), "t", "r1", &[], Some(Held::Permission(&req))).unwrap();
         let id = out.keys().next().unwrap().clone();
         let held = Some(Waiting {
             calls: &[],
-            held: Some(&req),
+            held: Some(Held::Permission(&req)),
         });
         let pick = |payload: Value| {
             decide(&out, "t", &[entry(&id, payload)], held)
@@ -551,7 +629,7 @@ mod tests {
             )],
             Some(Waiting {
                 calls: &[],
-                held: Some(&other),
+                held: Some(Held::Permission(&other)),
             }),
         )
         .unwrap_err();
@@ -572,5 +650,121 @@ mod tests {
         .unwrap();
         assert_eq!(lost.lost.len(), 1);
         assert!(lost.permission.is_none() && lost.approved.is_empty());
+    }
+
+    fn form() -> ElicitationRequest {
+        ElicitationRequest {
+            id: None,
+            message: "Your name?".into(),
+            mode: ElicitationMode::Form {
+                schema: json!({"type": "object", "properties": {"name": {"type": "string"}}}),
+            },
+            raw: Value::Null,
+        }
+    }
+
+    #[test]
+    fn an_elicitation_answer_fails_closed() {
+        let req = form();
+        let answer = |v: Value| elicitation_answer(&req, &entry("i", v));
+        assert_eq!(
+            answer(
+                json!({"status": "resolved", "payload": {"action": "accept", "content": {"name": "Ada"}}})
+            ),
+            ElicitationResponse::Accept {
+                content: Some(json!({"name": "Ada"}))
+            }
+        );
+        for v in [
+            json!({"status": "resolved"}),
+            json!({"status": "resolved", "payload": {}}),
+            json!({"status": "resolved", "payload": {"action": "accept"}}),
+            json!({"status": "resolved", "payload": {"action": "accept", "content": "Ada"}}),
+            json!({"status": "resolved", "payload": {"action": "accept", "content": ["Ada"]}}),
+            json!({"status": "resolved", "payload": {"action": "ACCEPT", "content": {}}}),
+            json!({"status": "resolved", "payload": {"action": "decline", "content": {"name": "x"}}}),
+            json!({"status": "resolved", "payload": {"action": "accept",
+                "content": {"name": "x".repeat(MAX_ELICITATION_CONTENT)}}}),
+        ] {
+            assert_eq!(answer(v.clone()), ElicitationResponse::Decline, "{v}");
+        }
+        assert_eq!(
+            answer(json!({"status": "resolved", "payload": {"action": "cancel"}})),
+            ElicitationResponse::Cancel
+        );
+        assert_eq!(
+            answer(json!({"status": "cancelled", "payload": {"action": "accept", "content": {}}})),
+            ElicitationResponse::Cancel
+        );
+        // A URL elicitation's acceptance carries no content.
+        let url = ElicitationRequest {
+            mode: ElicitationMode::Url {
+                url: "https://example.com/auth".into(),
+            },
+            ..form()
+        };
+        assert_eq!(
+            elicitation_answer(
+                &url,
+                &entry(
+                    "i",
+                    json!({"status": "resolved", "payload": {"action": "accept", "content": {"x": 1}}})
+                )
+            ),
+            ElicitationResponse::Accept { content: None }
+        );
+    }
+
+    #[test]
+    fn an_elicitation_interrupt_answers_only_the_elicitation_held() {
+        let req = form();
+        let out = reissue(&Outstanding::new(), "t", "r1", &[], Some(Held::Elicitation(&req))).unwrap();
+        let (id, rec) = out.iter().next().unwrap();
+        assert_eq!(rec.kind, Asked::Elicitation);
+        let yes = json!({"status": "resolved", "payload": {"action": "accept", "content": {"name": "Ada"}}});
+        let held = |r: &ElicitationRequest| {
+            decide(
+                &out,
+                "t",
+                &[entry(id, yes.clone())],
+                Some(Waiting {
+                    calls: &[],
+                    held: Some(Held::Elicitation(r)),
+                }),
+            )
+        };
+        assert!(matches!(
+            held(&req).unwrap().elicitation,
+            Some(ElicitationResponse::Accept { .. })
+        ));
+        let mut other = form();
+        other.message = "Your password?".into();
+        assert_eq!(held(&other).unwrap_err().code(), "INTERRUPT_NOT_ISSUED");
+        // A permission request held under it: not what was shown.
+        let perm = request();
+        let e = decide(
+            &out,
+            "t",
+            &[entry(id, yes.clone())],
+            Some(Waiting {
+                calls: &[],
+                held: Some(Held::Permission(&perm)),
+            }),
+        )
+        .unwrap_err();
+        assert_eq!(e.code(), "INTERRUPT_NOT_ISSUED");
+        // Nothing held: lost.
+        let lost = decide(
+            &out,
+            "t",
+            &[entry(id, yes)],
+            Some(Waiting {
+                calls: &[],
+                held: None,
+            }),
+        )
+        .unwrap();
+        assert_eq!(lost.lost.len(), 1);
+        assert!(lost.elicitation.is_none());
     }
 }

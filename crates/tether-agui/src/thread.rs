@@ -11,8 +11,9 @@
 //!   memory between requests ([`ThreadAgent::keep_alive`]: an ACP agent's process, say).
 //! - **One approval protocol** ([`crate::approval`]): a tool call that needs approval waits
 //!   durably and the run ends with an interrupt; a permission request a remote loop makes
-//!   mid-turn ends the run with an interrupt too, while the session is held live until the next
-//!   request's `resume[]` answers it. Interrupt ids are random, recorded, bound to the thread, the
+//!   mid-turn, or an elicitation a tool's server makes during a call (through
+//!   [`asking_handler`]), ends the run with an interrupt too, while the session is held live until
+//!   the next request's `resume[]` answers it. Interrupt ids are random, recorded, bound to the thread, the
 //!   run and the question, usable once; anything else is refused before anything runs.
 //! - **Front-end tools** (`RunAgentInput.tools`) are declared to the model; a call to one ends the
 //!   run as a success with it in `pendingToolCallIds`, and the `tool` message the next request
@@ -90,12 +91,81 @@ pub enum PermissionPolicy {
     Deny,
 }
 
-/// A question a remote loop asked mid-turn, waiting for the user.
+/// A question asked mid-turn, waiting for the user, with the way back to the turn.
+enum Question {
+    /// A remote loop's permission request.
+    Permission {
+        request: PermissionRequest,
+        answer: oneshot::Sender<PermissionOutcome>,
+    },
+    /// An elicitation (an MCP server asking the user for input during a tool call).
+    Elicitation {
+        request: ElicitationRequest,
+        answer: oneshot::Sender<ElicitationResponse>,
+    },
+}
+
+/// A question asked mid-turn, waiting for the user.
 struct Ask {
-    request: PermissionRequest,
+    question: Question,
     /// The thread's record key (from the session's identity).
     record: String,
-    answer: oneshot::Sender<PermissionOutcome>,
+}
+
+impl Ask {
+    fn held(&self) -> approval::Held<'_> {
+        match &self.question {
+            Question::Permission { request, .. } => approval::Held::Permission(request),
+            Question::Elicitation { request, .. } => approval::Held::Elicitation(request),
+        }
+    }
+
+    /// Answers the question from a resume's answers; a question the resume did not answer is
+    /// refused (a permission request) or declined (an elicitation).
+    fn answer(self, answers: &approval::Answers) {
+        match self.question {
+            Question::Permission { request, answer } => {
+                let _ = answer.send(answers.permission.clone().unwrap_or_else(|| reject(&request)));
+            }
+            Question::Elicitation { answer, .. } => {
+                let _ = answer.send(
+                    answers
+                        .elicitation
+                        .clone()
+                        .unwrap_or(ElicitationResponse::Decline),
+                );
+            }
+        }
+    }
+
+    /// Refuses the question (nobody will answer it).
+    fn refuse(self) {
+        self.answer(&approval::Answers::default());
+    }
+
+    /// The AG-UI interrupt that asks it.
+    fn interrupt(&self, id: &str, known_call: impl Fn(&str) -> bool) -> Interrupt {
+        match &self.question {
+            Question::Permission { request, .. } => {
+                permission_interrupt(id, request, known_call(&request.tool_use_id))
+            }
+            Question::Elicitation { request, .. } => elicitation_interrupt(id, request),
+        }
+    }
+}
+
+tokio::task_local! {
+    static ASKING: Arc<dyn Handler>;
+}
+
+/// The handler of the [`ThreadAgent`] session whose tool call is running on this task, if any.
+///
+/// A tool source whose server asks the user something during a call (an MCP elicitation) asks
+/// through it ([`tether::source::CallContext::handler`]): the run ends with an elicitation
+/// interrupt and the call waits for the next request's answer. Outside a `ThreadAgent`'s tool
+/// call it is `None`.
+pub fn asking_handler() -> Option<Arc<dyn Handler>> {
+    ASKING.try_with(Arc::clone).ok()
 }
 
 /// The handler a thread's session runs with: the factory's handler, plus the request's
@@ -107,9 +177,23 @@ struct RunHandler {
     approval: Arc<HashSet<String>>,
     policy: PermissionPolicy,
     asks: mpsc::Sender<Ask>,
+    /// This handler, for the tool calls it runs ([`asking_handler`]).
+    me: std::sync::Weak<RunHandler>,
 }
 
 impl RunHandler {
+    /// Asks the user a question through the run: `None` when no run takes it (the agent's runs
+    /// are gone), else the answer (`None` inside when the question was dropped unanswered).
+    async fn ask<T>(&self, record: &str, question: impl FnOnce(oneshot::Sender<T>) -> Question) -> Option<T> {
+        let (tx, rx) = oneshot::channel();
+        let ask = Ask {
+            question: question(tx),
+            record: record.to_owned(),
+        };
+        self.asks.send(ask).await.ok()?;
+        rx.await.ok()
+    }
+
     fn is_frontend(&self, name: &str) -> bool {
         self.frontend
             .read()
@@ -142,7 +226,14 @@ impl Handler for RunHandler {
         if self.is_frontend(&call.name) {
             return ToolOutput::Pending;
         }
-        self.inner.call_tool(call, info).await
+        match self.me.upgrade() {
+            Some(me) => {
+                ASKING
+                    .scope(me as Arc<dyn Handler>, self.inner.call_tool(call, info))
+                    .await
+            }
+            None => self.inner.call_tool(call, info).await,
+        }
     }
 
     fn needs_approval(&self, call: &ToolUse) -> Option<String> {
@@ -174,17 +265,13 @@ impl Handler for RunHandler {
             PermissionPolicy::Allow => pick(true),
             PermissionPolicy::Deny => pick(false),
             PermissionPolicy::Interrupt => {
-                let (tx, rx) = oneshot::channel();
-                let ask = Ask {
-                    request: req.clone(),
-                    record: info.session_id.clone(),
-                    answer: tx,
-                };
-                if self.asks.send(ask).await.is_err() {
-                    return PermissionOutcome::Cancelled;
-                }
                 // Fail closed: no answer (the question was dropped) is a cancellation.
-                rx.await.unwrap_or(PermissionOutcome::Cancelled)
+                self.ask(&info.session_id, |answer| Question::Permission {
+                    request: req.clone(),
+                    answer,
+                })
+                .await
+                .unwrap_or(PermissionOutcome::Cancelled)
             }
         }
     }
@@ -214,7 +301,19 @@ impl Handler for RunHandler {
     }
 
     async fn elicit(&self, req: &ElicitationRequest, info: &SessionInfo) -> ElicitationResponse {
-        self.inner.elicit(req, info).await
+        match self.policy {
+            PermissionPolicy::Delegate => self.inner.elicit(req, info).await,
+            PermissionPolicy::Allow | PermissionPolicy::Deny => ElicitationResponse::Decline,
+            PermissionPolicy::Interrupt => {
+                // Fail closed: no answer (the question was dropped) is a decline.
+                self.ask(&info.session_id, |answer| Question::Elicitation {
+                    request: req.clone(),
+                    answer,
+                })
+                .await
+                .unwrap_or(ElicitationResponse::Decline)
+            }
+        }
     }
 
     async fn elicitation_complete(&self, id: &str, info: &SessionInfo) {
@@ -360,7 +459,7 @@ async fn steps(
     // interrupt still outstanding was lost with the process that held it.
     let lost: Vec<approval::Issued> = outstanding
         .values()
-        .filter(|rec| rec.kind == approval::Asked::Permission)
+        .filter(|rec| rec.kind.is_live())
         .cloned()
         .collect();
     if !answers.used.is_empty() || !lost.is_empty() {
@@ -368,7 +467,7 @@ async fn steps(
         for id in &answers.used {
             outstanding.remove(id);
         }
-        outstanding.retain(|_, rec| rec.kind != approval::Asked::Permission);
+        outstanding.retain(|_, rec| !rec.kind.is_live());
         approval::save(store, &record, &outstanding).await?;
     }
     let sink = session.sink().clone();
@@ -468,6 +567,7 @@ async fn record_lost(sink: &tether::EventSink, lost: &approval::Issued) -> tethe
         "",
         tether::raw::QUESTION_LOST,
         json!({
+            "kind": lost.kind,
             "tool_use_id": lost.tool_use_id,
             "title": lost.tool_name,
             "run_id": lost.run_id,
@@ -722,7 +822,7 @@ impl<S> ThreadAgent<S> {
                 && let Live::Asking(a) = std::mem::take(&mut *l)
             {
                 let Asking { work, ask, .. } = *a;
-                let _ = ask.answer.send(reject(&ask.request));
+                ask.refuse();
                 // The turn goes on with the refusal; its session is closed when it ends.
                 tokio::spawn(async move {
                     if let Ok((Some(s), _)) = work.await {
@@ -811,6 +911,42 @@ fn permission_interrupt(id: &str, req: &PermissionRequest, known_call: bool) -> 
     meta.insert("input".into(), req.input.clone());
     if let Some(k) = &req.kind {
         meta.insert("kind".into(), json!(k));
+    }
+    i.metadata = Some(meta);
+    i
+}
+
+/// The AG-UI interrupt of an elicitation held live: reason `elicitation`, the server's message,
+/// and in `metadata` the mode with the requested schema (a form) or the URL to visit; the
+/// response schema asks for `{"action": "accept" | "decline" | "cancel", "content": {...}}`.
+fn elicitation_interrupt(id: &str, req: &ElicitationRequest) -> Interrupt {
+    let mut meta = serde_json::Map::new();
+    let content = match &req.mode {
+        tether::ElicitationMode::Form { schema } => {
+            meta.insert("mode".into(), json!("form"));
+            meta.insert("requestedSchema".into(), schema.clone());
+            schema.clone()
+        }
+        tether::ElicitationMode::Url { url } => {
+            meta.insert("mode".into(), json!("url"));
+            meta.insert("url".into(), json!(url));
+            json!({"type": "object"})
+        }
+        _ => json!({"type": "object"}),
+    };
+    if let Some(eid) = &req.id {
+        meta.insert("elicitationId".into(), json!(eid));
+    }
+    let mut i = Interrupt::new(id, "elicitation").with_message(req.message.clone());
+    if let Value::Object(s) = json!({
+        "type": "object",
+        "properties": {
+            "action": {"type": "string", "enum": ["accept", "decline", "cancel"]},
+            "content": content
+        },
+        "required": ["action"]
+    }) {
+        i = i.with_response_schema(s);
     }
     i.metadata = Some(meta);
     i
@@ -945,7 +1081,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                         &plan.resume,
                         Some(approval::Waiting {
                             calls: &[],
-                            held: Some(&ask.request),
+                            held: Some(ask.held()),
                         }),
                     ) {
                         Ok(a) => a,
@@ -967,17 +1103,14 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                     }
                     // The held question is answered now, whatever this request says: a request
                     // that does not answer it moved on, which refuses it.
-                    outstanding.retain(|_, rec| {
-                        !(rec.kind == approval::Asked::Permission
-                            && rec.tool_use_id == ask.request.tool_use_id)
-                    });
+                    let question = ask.held();
+                    outstanding.retain(|_, rec| !(rec.kind.is_live() && question.matches(rec)));
                     approval::save(store.as_ref(), &ask.record, &outstanding)
                         .await
                         .map_err(tether_error)?;
                     // Answered by the user in this request: its resume entries are used up.
                     plan.resume.clear();
-                    let answer = answers.permission.unwrap_or_else(|| reject(&ask.request));
-                    let _ = ask.answer.send(answer);
+                    ask.answer(&answers);
                     handler.set_frontend(self.frontend_specs(ctx.input()));
                     let plan = Arc::new(plan);
                     let cancel = cancel.clone();
@@ -1033,12 +1166,13 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                     let hs = handler_slot.clone();
                     let mut builder = builder
                         .map_handler(move |inner| {
-                            let h = Arc::new(RunHandler {
+                            let h = Arc::new_cyclic(|me| RunHandler {
                                 inner,
                                 frontend: RwLock::new(fe),
                                 approval,
                                 policy,
                                 asks: tx,
+                                me: me.clone(),
                             });
                             if let Ok(mut s) = hs.lock() {
                                 *s = Some(h.clone());
@@ -1114,7 +1248,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                     let mut outstanding = approval::load(store.as_ref(), &ask.record)
                         .await
                         .map_err(tether_error)?;
-                    let issued = approval::reissue(&Outstanding::new(), thread.as_str(), ctx.run_id().as_str(), &[], Some(&ask.request))
+                    let issued = approval::reissue(&Outstanding::new(), thread.as_str(), ctx.run_id().as_str(), &[], Some(ask.held()))
                         .map_err(|e| Error::agent("INTERNAL", e.to_string()))?;
                     let Some((id, _)) = issued.iter().next().map(|(k, v)| (k.clone(), v.clone())) else {
                         return Err(Error::agent("INTERNAL", "no interrupt was issued"));
@@ -1123,7 +1257,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                     approval::save(store.as_ref(), &ask.record, &outstanding)
                         .await
                         .map_err(tether_error)?;
-                    let interrupt = permission_interrupt(&id, &ask.request, mapping.mapper.knows_call(&ask.request.tool_use_id));
+                    let interrupt = ask.interrupt(&id, |call| mapping.mapper.knows_call(call));
                     mapping.update(ctx, Update::Finished { waiting: true })?;
                     // The turn goes on (waiting for the answer) on its own task; the next request
                     // on this thread answers the question and takes the turn over.

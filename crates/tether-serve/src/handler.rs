@@ -355,10 +355,12 @@ impl ServeHandler {
             && let Some(route) = sources.route(&call.name, own)
         {
             // The approval (if any) was given above, through the interrupt. A server's
-            // elicitation cannot wait for the browser across requests: it is declined.
+            // elicitation asks the browser through the ThreadAgent running the call (the run
+            // ends with an elicitation interrupt, the call waits for the answer); on serve's own
+            // `openai` loop, which cannot hold a call across requests, it is declined.
             let cx = CallContext {
                 info: info.clone(),
-                handler: Arc::new(tether::NoTools),
+                handler: tether_agui::thread::asking_handler().unwrap_or_else(|| Arc::new(tether::NoTools)),
                 events: ToolEvents::current(),
             };
             return sources.call_routed(&route, call, cx).await;
