@@ -530,3 +530,108 @@ async fn a_question_held_by_a_process_that_ended_is_recorded_as_lost() {
     let ev = serve(&b, resume_with(&id, json!({"approved": true}))).await;
     assert_eq!(ev.last().unwrap()["code"], "INTERRUPT_NOT_ISSUED");
 }
+
+/// A remote loop whose turn asks the user for input (as a tool's MCP server does through the
+/// session's handler), then says what it was told.
+struct Elicitor {
+    answers: Arc<std::sync::Mutex<Vec<tether::ElicitationResponse>>>,
+}
+
+#[async_trait::async_trait]
+impl tether::Provider for Elicitor {
+    fn name(&self) -> &str {
+        "elicitor"
+    }
+    async fn open(&mut self, _cx: &tether::TurnContext) -> tether::Result<tether::Opened> {
+        Ok(tether::Opened {
+            session_id: "e-1".into(),
+            ..Default::default()
+        })
+    }
+    async fn resume(
+        &mut self,
+        from: tether::Resume<'_>,
+        _cx: &tether::TurnContext,
+    ) -> tether::Result<tether::Opened> {
+        Ok(tether::Opened {
+            session_id: from.session_id.unwrap_or_default().into(),
+            resumed: true,
+            ..Default::default()
+        })
+    }
+    async fn turn(
+        &mut self,
+        input: tether::Input,
+        cx: &tether::TurnContext,
+    ) -> tether::Result<tether::TurnResult> {
+        let tether::Input::Message(_) = input else {
+            return Ok(tether::TurnResult::new(tether::Terminal::EndTurn, "stop"));
+        };
+        let req = tether::ElicitationRequest {
+            id: Some("el-1".into()),
+            message: "Your name?".into(),
+            mode: tether::ElicitationMode::Form {
+                schema: json!({"type": "object", "properties": {"name": {"type": "string"}}}),
+            },
+            raw: Value::Null,
+        };
+        let answer = cx.handler.elicit(&req, &cx.info()).await;
+        self.answers.lock().unwrap().push(answer);
+        Ok(tether::TurnResult::new(tether::Terminal::EndTurn, "end_turn"))
+    }
+}
+
+/// An elicitation held by a process that ended is recorded as lost (like a permission request),
+/// its answer accepts nothing, and the thread goes on.
+#[tokio::test]
+async fn an_elicitation_held_by_a_process_that_ended_is_recorded_as_lost() {
+    use tether::{EventStore, ThreadStore};
+    let store = Arc::new(MemoryStore::default());
+    let answers = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let make = |store: Arc<MemoryStore>| {
+        let answers = answers.clone();
+        Arc::new(ThreadAgent::new("a", store, move |_input| {
+            Ok(Session::builder(Elicitor {
+                answers: answers.clone(),
+            }))
+        }))
+    };
+    let a = make(store.clone());
+    let ev = serve(&a, input()).await;
+    let intr = ev.last().unwrap()["outcome"]["interrupts"][0].clone();
+    assert_eq!(intr["reason"], "elicitation", "{ev:?}");
+    assert_eq!(intr["message"], "Your name?");
+    assert_eq!(intr["metadata"]["elicitationId"], "el-1");
+    let id = intr["id"].as_str().unwrap().to_owned();
+    drop(a); // the process that held the turn is gone
+
+    let b = make(store.clone());
+    let answer = resume_with(&id, json!({"action": "accept", "content": {"name": "Ada"}}));
+    b.check_resume(&answer).await.expect("it was issued");
+    let ev = serve(&b, answer.clone()).await;
+    assert_eq!(ev.last().unwrap()["type"], "RUN_FINISHED", "{ev:?}");
+    let record = store
+        .thread(&tether::ThreadId::new("t1").unwrap())
+        .await
+        .unwrap()
+        .unwrap()
+        .record;
+    let all = store.load(&record).await.unwrap();
+    let lost: Vec<_> = all
+        .iter()
+        .filter(|e| e.raw_type == tether::raw::QUESTION_LOST)
+        .collect();
+    assert_eq!(lost.len(), 1, "{all:#?}");
+    assert_eq!(lost[0].raw["kind"], "elicitation");
+    assert!(
+        !answers
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|a| matches!(a, tether::ElicitationResponse::Accept { .. })),
+        "the lost question accepted nothing"
+    );
+    // Answered once: not again.
+    let ev = serve(&b, answer).await;
+    assert_eq!(ev.last().unwrap()["code"], "INTERRUPT_NOT_ISSUED", "{ev:?}");
+}
