@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tether::{EventStore, Handler, SessionInfo, ToolOutput, ToolSpec, ToolUse};
-use tether_agui::{ResumeEntry, ResumeStatus};
+use tether_agui::ResumeEntry;
 
 use crate::handler::ServeHandler;
 
@@ -108,23 +108,13 @@ impl std::fmt::Display for Refusal {
     }
 }
 
-/// A fresh interrupt id: 128 bits from the OS's random source.
-pub(crate) fn new_id() -> std::io::Result<String> {
-    use rand::TryRngCore;
-    let mut b = [0u8; 16];
-    rand::rngs::OsRng
-        .try_fill_bytes(&mut b)
-        .map_err(|e| std::io::Error::other(format!("the OS random source failed: {e}")))?;
-    Ok(format!("approval_{}", crate::hex(&b)))
-}
+// The id, the argument digest and what counts as an approval are tether-agui's (the
+// ThreadAgent protocol), so both adapters issue and accept interrupts the same way.
+pub(crate) use tether_agui::approval::{is_approval, new_id};
 
-/// FNV-1a over the arguments' JSON: ties a record to the exact call it was issued for.
+/// FNV-1a over the arguments' JSON ([`tether_agui::approval::digest`]).
 pub(crate) fn args_digest(u: &ToolUse) -> String {
-    let text = u.input.to_string();
-    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
-    format!("{h:016x}")
+    tether_agui::approval::digest(&u.input)
 }
 
 /// Whether `u` is the tool use `rec` was issued for.
@@ -186,15 +176,6 @@ pub(crate) fn decide(
         }
     }
     Ok(answers)
-}
-
-/// Fail closed: approved only by `resolved` with `{"approved": true}`.
-pub(crate) fn is_approval(r: &ResumeEntry) -> bool {
-    matches!(r.status, ResumeStatus::Resolved)
-        && r.payload
-            .as_ref()
-            .and_then(|p| p.get("approved"))
-            .is_some_and(|v| *v == Value::Bool(true))
 }
 
 /// The interrupts a run ends with: the outstanding record of each call waiting for approval,
