@@ -333,6 +333,21 @@ try {
     check(`accepting a URL request (${url.split(":")[0]}) sends no content`, JSON.stringify(hostileResume?.[0]?.payload) === '{"action":"accept"}', JSON.stringify(hostileResume));
   }
   check("still no script of the server's ran", (await page.evaluate(() => window.__pwned)) === undefined);
+
+  // 6. An approval whose text hides a bidi override (a model names the tool call's summary) still
+  //    opens the approval dialog, with the override shown escaped; Deny answers it.
+  at = "the approval with a bidi override";
+  issue = { id: hostileId, reason: "approval", message: "Allow write_file \u202etxt.exe?" };
+  hostileResume = null;
+  await page.click("#new-thread");
+  await page.fill("#prompt", "anything");
+  await page.press("#prompt", "Enter");
+  await page.waitForSelector("#approval[open]", { timeout: 30000 });
+  const asked = (await page.textContent("#approval-text")) || "";
+  check("an approval's bidi override is shown escaped", asked === "Allow write_file \\u{202e}txt.exe?", asked);
+  await page.click("#deny");
+  await page.waitForFunction(() => document.querySelector("#status").textContent === "idle", null, { timeout: 10000 });
+  check("Deny answers the approval as cancelled", hostileResume?.[0]?.status === "cancelled", JSON.stringify(hostileResume));
   await page.unroute("**/v1/agents/main/run");
 
   const agui = warnings.filter((w) => /AG-UI|verify|protocol|Cannot/i.test(w));

@@ -1,7 +1,7 @@
 // The tether serve web UI: pick an agent, chat over AG-UI (@ag-ui/client), approve interrupts,
 // answer a tool server's questions (MCP elicitations), watch the state panel, reopen past threads.
 import { HttpAgent } from "@ag-ui/client";
-import { answer, collect, parseElicitation, visible } from "./elicit.js";
+import { LIMITS, answer, collect, parseElicitation, visible } from "./elicit.js";
 
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "tether.token";
@@ -163,11 +163,13 @@ function newAgent(threadId, messages) {
 function approve(interrupt) {
   return new Promise((resolve) => {
     const d = $("approval");
-    $("approval-text").textContent = interrupt.message || `Allow ${interrupt.reason}?`;
+    // What the user approves comes from the model or a remote agent: shown as text, bounded, and
+    // with control and bidi characters visible (they could make it read as something else).
+    $("approval-text").textContent = visible(interrupt.message || `Allow ${interrupt.reason}?`, LIMITS.message);
     let args = "";
     for (const m of agent.messages)
       for (const c of m.toolCalls || []) if (c.id === interrupt.toolCallId) args = prettyArgs(c.function.arguments);
-    $("approval-args").textContent = args;
+    $("approval-args").textContent = visible(args, LIMITS.string);
     d.onclose = () => resolve(d.returnValue === "approve");
     d.returnValue = "";
     d.showModal();
