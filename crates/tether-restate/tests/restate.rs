@@ -1,0 +1,229 @@
+//! tether threads on a real Restate server (from npm, `conformance/restate`), with the real
+//! service process (`tether-restate-demo`) and the testkit's OpenAI fake as the model.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use tether::EventKind;
+use tether_testkit::openai::{FakeOpenAi, Reply};
+
+struct Setup {
+    restate: Restate,
+    fake: FakeOpenAi,
+    config: ServiceConfig,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup() -> Setup {
+    let restate = Restate::start().await;
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ServiceConfig {
+        listen: format!("127.0.0.1:{}", free_port()),
+        admin: restate.admin.clone(),
+        model_url: fake.url(),
+        db: dir.path().join("threads.db"),
+        effects: dir.path().join("effects.log"),
+    };
+    Setup {
+        restate,
+        fake,
+        config,
+        _dir: dir,
+    }
+}
+
+fn turn(id: &str, text: &str) -> serde_json::Value {
+    json!({"message_id": id, "text": text})
+}
+
+/// A turn with a tool call completes; the tool ran once; the record has every event once, in a
+/// gapless sequence; a second turn continues the thread from that record.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_with_a_tool_call_completes_and_is_recorded_once() {
+    let s = setup().await;
+    let service = Service::start(&s.config);
+    s.fake
+        .push(Reply::tool_calls(&[(
+            "call_1",
+            "append_line",
+            r#"{"text":"one"}"#,
+        )]))
+        .push(Reply::text("Appended."));
+    let (status, out) = call(&s.restate.ingress, "t-1", "turn", &turn("m1", "append one")).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["text"], "Appended.", "{out}");
+    assert_eq!(out["tool_uses"], json!(["call_1"]));
+    assert_eq!(effects(&s.config.effects), vec!["append_line call_1 one"]);
+    let added = out["events_added"].as_u64().expect("events_added");
+
+    // The second turn's model call sees the first turn's history, rebuilt from the record.
+    s.fake.push(Reply::text("Still here."));
+    let (status, out2) = call(&s.restate.ingress, "t-1", "turn", &turn("m2", "and now?")).await;
+    assert_eq!(status, 200, "{out2}");
+    assert_eq!(out2["text"], "Still here.");
+    let last = s.fake.requests().pop().expect("a request");
+    let history = serde_json::to_string(last.messages()).unwrap_or_default();
+    for want in ["append one", "call_1", "appended one", "and now?"] {
+        assert!(history.contains(want), "history lacks {want}: {history}");
+    }
+    assert_eq!(
+        s.fake.requests().len(),
+        3,
+        "one model call per step, none repeated"
+    );
+    service.kill();
+
+    let events = check_record(&s.config.db, "t-1").await;
+    assert_eq!(
+        events.len() as u64,
+        added + out2["events_added"].as_u64().unwrap_or(0)
+    );
+    let results = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::ToolResult { .. }))
+        .count();
+    assert_eq!(results, 1, "one tool result recorded: {events:#?}");
+}
+
+/// A turn waiting for approval is approved by a second request (the shared `approve` handler
+/// completing the turn's awakeable); an approval naming another tool use is refused, and the
+/// tool does not run before the approval.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_from_a_second_request_resumes_the_turn() {
+    let s = setup().await;
+    let _service = Service::start(&s.config);
+    s.fake
+        .push(Reply::tool_calls(&[(
+            "call_g",
+            "guarded_append",
+            r#"{"text":"two"}"#,
+        )]))
+        .push(Reply::text("Done after approval."));
+    let ingress = s.restate.ingress.clone();
+    let inv = send_turn(&ingress, "t-approve", &turn("m1", "append two, carefully")).await;
+
+    let waiting = until("the turn to wait for approval", async || {
+        let (status, v) = call(&ingress, "t-approve", "waiting", &json!(null)).await;
+        (status == 200 && v.as_array().is_some_and(|a| !a.is_empty())).then_some(v)
+    })
+    .await;
+    assert_eq!(waiting[0]["id"], "call_g", "{waiting}");
+    assert!(
+        effects(&s.config.effects).is_empty(),
+        "the tool ran before its approval"
+    );
+
+    let (status, v) = call(
+        &ingress,
+        "t-approve",
+        "approve",
+        &json!({"decision": "answer", "tool_use_id": "call_other", "approved": true}),
+    )
+    .await;
+    assert_eq!(status, 409, "an approval for a tool use nobody waits on: {v}");
+    assert!(effects(&s.config.effects).is_empty());
+
+    let (status, v) = call(
+        &ingress,
+        "t-approve",
+        "approve",
+        &json!({"decision": "answer", "tool_use_id": "call_g", "approved": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, out) = attach(&ingress, &inv).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["text"], "Done after approval.");
+    assert_eq!(effects(&s.config.effects), vec!["guarded_append call_g two"]);
+}
+
+/// SIGKILL the service between a tool's effect and the end of the turn, at a different point
+/// each time (after the first, second or third of three tool calls, while the next model call
+/// is in flight): after a restart every turn finishes, every tool effect happened exactly once
+/// (counted by invocation: each run appends a line), and every record is gapless and without
+/// duplicates. `TETHER_RESTATE_CRASHES` sets the number of crashes (default 20).
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_between_steps_never_repeats_a_tool_effect() {
+    let crashes: usize = std::env::var("TETHER_RESTATE_CRASHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let s = setup().await;
+    let ingress = s.restate.ingress.clone();
+    let mut config = s.config.clone();
+    for i in 0..crashes {
+        // A model of its own per crash, so a reply the killed call took is not left for the next.
+        let fake = FakeOpenAi::start().await;
+        config.model_url = fake.url();
+        let service = Service::start(&config);
+        let thread = format!("crash-{i}");
+        // Kill while model call `k` (2..=4) is in flight: k - 1 tool effects happened before.
+        let k = 2 + (i % 3);
+        let mut script = vec![
+            Reply::tool_calls(&[(
+                &format!("c{i}a") as &str,
+                "append_line",
+                &format!(r#"{{"text":"{i}a"}}"#) as &str,
+            )]),
+            Reply::tool_calls(&[(
+                &format!("c{i}b") as &str,
+                "append_line",
+                &format!(r#"{{"text":"{i}b"}}"#) as &str,
+            )]),
+            Reply::tool_calls(&[(
+                &format!("c{i}c") as &str,
+                "append_line",
+                &format!(r#"{{"text":"{i}c"}}"#) as &str,
+            )]),
+            Reply::text(format!("done {i}")),
+        ];
+        // The call the kill interrupts never ends on its own; after the restart the step runs
+        // again and gets the real reply.
+        let real = std::mem::replace(&mut script[k - 1], Reply::text("never").stall_after(1));
+        script.insert(k, real);
+        fake.push_all(script);
+
+        let inv = send_turn(&ingress, &thread, &turn("m1", "append three lines")).await;
+        until("the model call to interrupt", async || {
+            (fake.requests().len() >= k).then_some(())
+        })
+        .await;
+        let before = effects(&config.effects);
+        service.kill();
+        assert_eq!(
+            before.iter().filter(|l| l.contains(&format!(" c{i}"))).count(),
+            k - 1,
+            "crash {i}: the tool effects before the kill"
+        );
+
+        let service = Service::start(&config);
+        let (status, out) = attach(&ingress, &inv).await;
+        assert_eq!(status, 200, "crash {i}: {out}\n{}", s.restate.log());
+        assert_eq!(out["text"], format!("done {i}"), "crash {i}");
+        let lines = effects(&config.effects);
+        for step in ["a", "b", "c"] {
+            let n = lines
+                .iter()
+                .filter(|l| l.ends_with(&format!(" {i}{step}")))
+                .count();
+            assert_eq!(n, 1, "crash {i}: tool {step} ran {n} times: {lines:#?}");
+        }
+        assert_eq!(
+            fake.requests().len(),
+            5,
+            "crash {i}: the interrupted model call alone ran again"
+        );
+        service.kill();
+    }
+    for i in 0..crashes {
+        let events = check_record(&config.db, &format!("crash-{i}")).await;
+        let results = events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::ToolResult { .. }))
+            .count();
+        assert_eq!(results, 3, "crash {i}: {events:#?}");
+    }
+    assert_eq!(effects(&config.effects).len(), 3 * crashes);
+}
