@@ -4,5 +4,7 @@
 # script makes it present.
 set -euo pipefail
 cd "$(dirname "$0")"
+# The package depends on @scarf/scarf, which reports installs unless told not to.
+export SCARF_ANALYTICS=false
 npm ci --no-audit --no-fund --loglevel=error
 ./node_modules/.bin/restate-server --version

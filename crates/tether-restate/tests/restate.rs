@@ -227,3 +227,151 @@ async fn sigkill_between_steps_never_repeats_a_tool_effect() {
     }
     assert_eq!(effects(&config.effects).len(), 3 * crashes);
 }
+
+/// SIGKILL the service after a tool's effect, while the turn waits for the approval of a second
+/// tool: after a restart the turn still waits, the approval resumes it, and each tool ran once.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_while_waiting_for_approval_keeps_the_turn_and_its_effects() {
+    let s = setup().await;
+    let service = Service::start(&s.config);
+    s.fake
+        .push(Reply::tool_calls(&[(
+            "call_a",
+            "append_line",
+            r#"{"text":"first"}"#,
+        )]))
+        .push(Reply::tool_calls(&[(
+            "call_g",
+            "guarded_append",
+            r#"{"text":"second"}"#,
+        )]))
+        .push(Reply::text("Both done."));
+    let ingress = s.restate.ingress.clone();
+    let inv = send_turn(&ingress, "t-crash-approve", &turn("m1", "append two lines")).await;
+    let waiting = async || {
+        let (status, v) = call(&ingress, "t-crash-approve", "waiting", &json!(null)).await;
+        (status == 200 && v.as_array().is_some_and(|a| !a.is_empty())).then_some(v)
+    };
+    until("the turn to wait for approval", waiting).await;
+    assert_eq!(effects(&s.config.effects), vec!["append_line call_a first"]);
+    service.kill();
+
+    let _service = Service::start(&s.config);
+    let (status, v) = call(
+        &ingress,
+        "t-crash-approve",
+        "approve",
+        &json!({"decision": "answer", "tool_use_id": "call_g", "approved": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, out) = attach(&ingress, &inv).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["text"], "Both done.");
+    assert_eq!(
+        effects(&s.config.effects),
+        vec!["append_line call_a first", "guarded_append call_g second"]
+    );
+    assert_eq!(s.fake.requests().len(), 3, "no model call ran twice");
+    drop(_service);
+    check_record(&s.config.db, "t-crash-approve").await;
+}
+
+/// A denial is an error result for the model, and the tool never runs; a cancel of a turn that
+/// waits for approval ends it (409) with the waiting tool use answered by an error in the record,
+/// so the next turn starts cleanly.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_denial_and_a_cancel_never_run_the_tool() {
+    let s = setup().await;
+    let service = Service::start(&s.config);
+    let ingress = s.restate.ingress.clone();
+    let waiting = async |thread: &str| {
+        until("the turn to wait for approval", async || {
+            let (status, v) = call(&ingress, thread, "waiting", &json!(null)).await;
+            (status == 200 && v.as_array().is_some_and(|a| !a.is_empty())).then_some(v)
+        })
+        .await
+    };
+
+    s.fake
+        .push(Reply::tool_calls(&[(
+            "call_d",
+            "guarded_append",
+            r#"{"text":"denied"}"#,
+        )]))
+        .push(Reply::text("Understood, not appending."));
+    let inv = send_turn(&ingress, "t-deny", &turn("m1", "append")).await;
+    waiting("t-deny").await;
+    let (status, v) = call(
+        &ingress,
+        "t-deny",
+        "approve",
+        &json!({"decision": "answer", "tool_use_id": "call_d", "approved": false}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, out) = attach(&ingress, &inv).await;
+    assert_eq!(status, 200, "{out}");
+    let last = s.fake.requests().pop().expect("a request");
+    let history = serde_json::to_string(last.messages()).unwrap_or_default();
+    assert!(history.contains("denied this tool call"), "{history}");
+
+    s.fake
+        .push(Reply::tool_calls(&[(
+            "call_c",
+            "guarded_append",
+            r#"{"text":"cancelled"}"#,
+        )]))
+        .push(Reply::text("Fresh start."));
+    let inv = send_turn(&ingress, "t-cancel", &turn("m1", "append")).await;
+    waiting("t-cancel").await;
+    let (status, v) = call(&ingress, "t-cancel", "cancel", &json!(null)).await;
+    assert_eq!((status, v.clone()), (200, json!(true)), "{v}");
+    let (status, out) = attach(&ingress, &inv).await;
+    assert_eq!(status, 409, "{out}");
+    let (status, out) = call(&ingress, "t-cancel", "turn", &turn("m2", "start again")).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["text"], "Fresh start.");
+    assert!(
+        effects(&s.config.effects).is_empty(),
+        "a denied or cancelled tool ran"
+    );
+    service.kill();
+    let events = check_record(&s.config.db, "t-cancel").await;
+    let cancelled = events.iter().any(|e| match &e.kind {
+        EventKind::ToolResult { result } => result.is_error && result.tool_use_id == "call_c",
+        _ => false,
+    });
+    assert!(
+        cancelled,
+        "the cancelled tool use has an error result: {events:#?}"
+    );
+}
+
+/// Hostile input is refused before the engine runs: a thread id with a control character, an
+/// empty or oversized message id, an oversized text, an unknown decision (each a 4xx, nothing
+/// sent to the model, nothing recorded).
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_requests_are_refused_before_any_step() {
+    let s = setup().await;
+    let service = Service::start(&s.config);
+    let ingress = s.restate.ingress.clone();
+    let cases = [
+        ("bad%0Aid", turn("m1", "hi")),
+        ("t-bad", turn("", "hi")),
+        ("t-bad", turn(&"x".repeat(257), "hi")),
+        ("t-bad", turn("m\u{1b}1", "hi")),
+        ("t-bad", turn("m1", &"x".repeat((1 << 20) + 1))),
+    ];
+    for (thread, body) in cases {
+        let (status, v) = call(&ingress, thread, "turn", &body).await;
+        assert_eq!(status, 400, "{thread}: {v}");
+    }
+    let (status, v) = call(&ingress, "t-bad", "approve", &json!({"decision": "yes please"})).await;
+    assert!((400..500).contains(&status), "{status} {v}");
+    assert!(s.fake.requests().is_empty());
+    service.kill();
+    let store = tether_sqlite::SqliteStore::open(&s.config.db).expect("open");
+    use tether::ThreadStore;
+    assert!(store.threads(None).await.expect("threads").is_empty());
+}
