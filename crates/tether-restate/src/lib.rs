@@ -24,7 +24,7 @@ pub mod steps;
 
 use std::time::Duration;
 
-use restate_sdk::prelude::{Endpoint, HttpServer};
+use restate_sdk::prelude::Endpoint;
 use tokio::net::TcpListener;
 
 pub use object::{TetherThread, TurnOutcome, TurnRequest, WaitingToolUse};
@@ -59,12 +59,33 @@ pub enum RegisterError {
     },
 }
 
-/// Serves `thread` on `listener` (HTTP/2, as Restate calls deployments) until the process is
-/// interrupted.
+/// Serves `thread` on `listener` (HTTP/2, as Restate calls deployments) until the listener fails.
+///
+/// Every connection gets `TCP_NODELAY`: a step is a small frame each way between the service
+/// and Restate, and with Nagle's algorithm against delayed acknowledgments a step waited tens of
+/// milliseconds for nothing (the SDK's own `HttpServer` leaves the option off).
 pub async fn serve(thread: TetherThread, listener: TcpListener) {
-    HttpServer::new(Endpoint::builder().bind(thread).build())
-        .serve(listener)
-        .await
+    let endpoint = restate_sdk::hyper::HyperEndpoint::new(Endpoint::builder().bind(thread).build());
+    loop {
+        let (stream, remote) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("accepting a connection failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::warn!("TCP_NODELAY on a connection from {remote}: {e}");
+        }
+        let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), endpoint.clone());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("connection from {remote} ended: {e}");
+            }
+        });
+    }
 }
 
 /// Registers the deployment at `uri` (this service's endpoint) with the Restate admin API at
