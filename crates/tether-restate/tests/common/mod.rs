@@ -65,19 +65,57 @@ pub struct Restate {
 }
 
 impl Restate {
+    /// A single-node server.
     pub async fn start() -> Restate {
+        let fabric = free_port();
+        Restate::start_node("n1", fabric, None).await
+    }
+
+    /// A cluster of `n` nodes on loopback, replication 2 (logs and partitions), the first node
+    /// provisioning it; returns once every node is healthy.
+    pub async fn start_cluster(n: usize) -> Vec<Restate> {
+        let fabrics: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let addresses: Vec<String> = fabrics
+            .iter()
+            .map(|p| format!("\"http://127.0.0.1:{p}\""))
+            .collect();
+        let cluster = |i: usize| {
+            format!(
+                "cluster-name = \"tether-test\"\ndefault-replication = 2\nauto-provision = {}\n",
+                i == 0
+            )
+        };
+        let tables = format!(
+            "\n[metadata-client]\naddresses = [{}]\n\n[bifrost]\ndefault-provider = \"replicated\"\n",
+            addresses.join(", ")
+        );
+        let starts = (0..n).map(|i| {
+            let extra = (cluster(i), tables.clone());
+            let fabric = fabrics[i];
+            async move { Restate::start_node(&format!("n{}", i + 1), fabric, Some(extra)).await }
+        });
+        futures_util::future::join_all(starts).await
+    }
+
+    /// One node: `cluster` is (top-level keys, tables) added to `conformance/restate/restate.toml`.
+    async fn start_node(name: &str, fabric: u16, cluster: Option<(String, String)>) -> Restate {
         let bin = restate_server_bin();
         let dir = tempfile::tempdir().expect("tempdir");
-        let (admin, ingress, fabric) = (free_port(), free_port(), free_port());
+        let (admin, ingress) = (free_port(), free_port());
+        let base = std::fs::read_to_string(conformance_dir().join("restate.toml")).expect("restate.toml");
+        let (top, tables) = cluster.unwrap_or_default();
+        // Top-level keys before the base file's tables, tables after.
+        let config = dir.path().join("restate.toml");
+        std::fs::write(&config, format!("{top}\n{base}\n{tables}")).expect("write config");
         let log = std::fs::File::create(dir.path().join("restate.log")).expect("log file");
         let child = Command::new(bin)
             .arg("--no-logo")
             .args(["--listen-mode", "tcp"])
             .arg("--config-file")
-            .arg(conformance_dir().join("restate.toml"))
+            .arg(&config)
             .arg("--base-dir")
             .arg(dir.path())
-            .args(["--node-name", "n1"])
+            .args(["--node-name", name])
             .env("RESTATE_ADMIN__BIND_ADDRESS", format!("127.0.0.1:{admin}"))
             .env("RESTATE_INGRESS__BIND_ADDRESS", format!("127.0.0.1:{ingress}"))
             .env("RESTATE_BIND_ADDRESS", format!("127.0.0.1:{fabric}"))
@@ -103,6 +141,12 @@ impl Restate {
         })
         .await;
         r
+    }
+
+    /// SIGKILLs the node.
+    pub fn kill(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     pub fn log(&self) -> String {
