@@ -1,6 +1,6 @@
 //! The cost of a durable step, in one run: the same turn (N tool calls, so 2N + 1 steps: N + 1
 //! model calls and N tool calls, the model an instant fake) run through Restate (a real server
-//! and the real service process) and run directly (the same engine in process, on a SQLite
+//! and the real service process, on one node and on a 3-node cluster) and run directly (the same engine in process, on a SQLite
 //! store). Prints the numbers; asserts nothing about time.
 //!
 //! `cargo test -p tether-restate --test bench -- --ignored --nocapture` (debug build unless
@@ -86,46 +86,66 @@ async fn durable_step_overhead() {
     }
     assert_eq!(effects(&effects_path).len(), 2 * n);
 
-    // Through Restate: one node, the service a separate process.
-    let restate = Restate::start().await;
+    // Through Restate: one node, then a 3-node cluster (replication 2); the service a separate
+    // process.
+    let single = Restate::start().await;
+    let one = through_restate(&single.admin, &single.ingress, n, dir.path(), "one").await;
+    drop(single);
+    let cluster = Restate::start_cluster(3).await;
+    let three = through_restate(&cluster[0].admin, &cluster[1].ingress, n, dir.path(), "three").await;
+    drop(cluster);
+
+    let per = |d: std::time::Duration| d.as_secs_f64() * 1000.0 / steps;
+    println!(
+        "{n} tool calls, {steps} steps: direct {:.1} ms ({:.2} ms/step); restate 1 node {:.1} ms ({:.2} ms/step, +{:.2}); restate 3 nodes {:.1} ms ({:.2} ms/step, +{:.2})",
+        direct.as_secs_f64() * 1000.0,
+        per(direct),
+        one.as_secs_f64() * 1000.0,
+        per(one),
+        per(one) - per(direct),
+        three.as_secs_f64() * 1000.0,
+        per(three),
+        per(three) - per(direct),
+    );
+}
+
+/// Runs the turn through Restate (after a warm-up turn) and returns its wall time.
+async fn through_restate(
+    admin: &str,
+    ingress: &str,
+    n: usize,
+    dir: &std::path::Path,
+    tag: &str,
+) -> std::time::Duration {
     let fake = FakeOpenAi::start().await;
     let config = ServiceConfig {
         listen: format!("127.0.0.1:{}", free_port()),
-        admin: restate.admin.clone(),
+        admin: admin.to_owned(),
         model_url: fake.url(),
-        db: dir.path().join("restate.db"),
-        effects: dir.path().join("restate.log"),
+        db: dir.join(format!("{tag}.db")),
+        effects: dir.join(format!("{tag}.log")),
     };
     let _service = Service::start(&config);
     // A warm-up turn (connections, the deployment's first call).
+    // A node other than the one registered with learns of the deployment shortly after.
     fake.push(Reply::text("warm"));
-    let warm = call(
-        &restate.ingress,
-        "warm",
-        "turn",
-        &json!({"message_id": "w", "text": "hi"}),
-    )
+    until("the ingress to know the service", async || {
+        let (status, v) = call(ingress, "warm", "turn", &json!({"message_id": "w", "text": "hi"})).await;
+        assert!(status == 200 || status == 404, "{status} {v}");
+        (status == 200).then_some(())
+    })
     .await;
-    assert_eq!(warm.0, 200, "{}", warm.1);
     fake.push_all(script(n, "r"));
     let started = Instant::now();
     let (status, out) = call(
-        &restate.ingress,
+        ingress,
         "bench",
         "turn",
         &json!({"message_id": "m1", "text": "go"}),
     )
     .await;
-    let durable = started.elapsed();
+    let took = started.elapsed();
     assert_eq!(status, 200, "{out}");
     assert_eq!(effects(&config.effects).len(), n);
-
-    let per_direct = direct.as_secs_f64() * 1000.0 / steps;
-    let per_durable = durable.as_secs_f64() * 1000.0 / steps;
-    println!(
-        "{n} tool calls, {steps} steps: direct {:.1} ms ({per_direct:.2} ms/step), restate {:.1} ms ({per_durable:.2} ms/step), overhead {:.2} ms per durable step",
-        direct.as_secs_f64() * 1000.0,
-        durable.as_secs_f64() * 1000.0,
-        per_durable - per_direct
-    );
+    took
 }
