@@ -426,3 +426,44 @@ async fn drive(session: &mut Session, steps: &StepClient, req: TurnRequest) -> t
         events_added: 0,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions_parse_strictly() {
+        let d: Decision = serde_json::from_value(
+            serde_json::json!({"decision": "answer", "tool_use_id": "c", "approved": true}),
+        )
+        .expect("an answer");
+        assert_eq!(
+            d,
+            Decision::Answer {
+                tool_use_id: "c".into(),
+                approved: true
+            }
+        );
+        for bad in [
+            serde_json::json!({"decision": "answer", "tool_use_id": "c", "approved": "yes"}),
+            serde_json::json!({"decision": "answer", "tool_use_id": "c"}),
+            serde_json::json!({"decision": "approve_all"}),
+            serde_json::json!({"tool_use_id": "c", "approved": true}),
+        ] {
+            assert!(serde_json::from_value::<Decision>(bad.clone()).is_err(), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        /// A turn request is accepted exactly when its message id is 1 to 256 bytes without
+        /// control characters and its text at most 1 MiB; nothing panics.
+        #[test]
+        fn turn_requests_are_checked(id in "\\PC{0,300}|[\\x00-\\x1f]{1,3}", len in 0usize..4) {
+            let text = "x".repeat([0, 10, MAX_TEXT, MAX_TEXT + 1][len]);
+            let ok = check_request(&TurnRequest { message_id: id.clone(), text: text.clone() }).is_ok();
+            let valid = !id.is_empty() && id.len() <= MAX_MESSAGE_ID && !id.chars().any(char::is_control)
+                && text.len() <= MAX_TEXT;
+            proptest::prop_assert_eq!(ok, valid);
+        }
+    }
+}
