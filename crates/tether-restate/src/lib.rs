@@ -27,7 +27,7 @@ use std::time::Duration;
 use restate_sdk::prelude::Endpoint;
 use tokio::net::TcpListener;
 
-pub use object::{TetherThread, TurnOutcome, TurnRequest, WaitingToolUse};
+pub use object::{LiveEvent, TetherThread, TurnOutcome, TurnRequest, WaitingToolUse};
 pub use steps::Decision;
 
 /// The virtual object's service name in Restate (`/TetherThread/{thread}/turn` at the ingress).

@@ -82,6 +82,36 @@ pub struct TetherThread {
     agent: String,
     system_prompt: Option<String>,
     model_name: Option<String>,
+    live: Option<tokio::sync::broadcast::Sender<LiveEvent>>,
+}
+
+/// An event of a running turn, as the service process sees it (out of band: not journaled).
+///
+/// Live events (`seq == None`: token deltas) are sent while the model step runs; they are never
+/// sent again. Durable events are sent as the engine records them; a turn replayed after a crash
+/// sends them again with the same id and `seq`, so a consumer keeps what it has not seen by id.
+#[derive(Debug, Clone)]
+pub struct LiveEvent {
+    /// The thread.
+    pub thread: ThreadId,
+    /// The event.
+    pub event: tether::Event,
+}
+
+/// Forwards a turn's events to the live channel.
+struct LiveObserver {
+    thread: ThreadId,
+    tx: tokio::sync::broadcast::Sender<LiveEvent>,
+}
+
+impl tether::EventObserver for LiveObserver {
+    fn on_event(&self, event: &tether::Event, _sink: &tether::EventSink) {
+        // No subscriber is not an error: the record holds every durable event anyway.
+        let _ = self.tx.send(LiveEvent {
+            thread: self.thread.clone(),
+            event: event.clone(),
+        });
+    }
 }
 
 impl TetherThread {
@@ -99,7 +129,15 @@ impl TetherThread {
             agent: agent.into(),
             system_prompt: None,
             model_name: None,
+            live: None,
         }
+    }
+
+    /// Sends every turn's events to `tx` as they happen (token deltas included): the out-of-band
+    /// stream a front-end relays (see [`LiveEvent`]).
+    pub fn live(mut self, tx: tokio::sync::broadcast::Sender<LiveEvent>) -> Self {
+        self.live = Some(tx);
+        self
     }
 
     /// The system prompt of the local loop.
@@ -349,13 +387,18 @@ impl TetherThread {
             ..SessionConfig::default()
         };
         let handler: Arc<dyn Handler> = Arc::new(StepHandler::new(self.handler.clone(), steps.clone()));
-        let opened = Session::builder(provider)
+        let mut builder = Session::builder(provider)
             .handler_arc(handler)
             .config(config)
             .thread(mem.clone(), thread.clone(), self.agent.clone())
-            .title(req.text.chars().take(80).collect::<String>())
-            .open()
-            .await;
+            .title(req.text.chars().take(80).collect::<String>());
+        if let Some(tx) = &self.live {
+            builder = builder.observer(Arc::new(LiveObserver {
+                thread: thread.clone(),
+                tx: tx.clone(),
+            }));
+        }
+        let opened = builder.open().await;
         let outcome = match opened {
             Ok(mut session) => {
                 let r = drive(&mut session, &steps, req).await;

@@ -124,6 +124,7 @@ async fn through_restate(
         model_url: fake.url(),
         db: dir.join(format!("{tag}.db")),
         effects: dir.join(format!("{tag}.log")),
+        live: None,
     };
     let _service = Service::start(&config);
     // A warm-up turn (connections, the deployment's first call).

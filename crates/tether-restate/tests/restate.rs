@@ -25,6 +25,7 @@ async fn setup() -> Setup {
         model_url: fake.url(),
         db: dir.path().join("threads.db"),
         effects: dir.path().join("effects.log"),
+        live: None,
     };
     Setup {
         restate,
@@ -374,4 +375,57 @@ async fn bad_requests_are_refused_before_any_step() {
     let store = tether_sqlite::SqliteStore::open(&s.config.db).expect("open");
     use tether::ThreadStore;
     assert!(store.threads(None).await.expect("threads").is_empty());
+}
+
+/// Token deltas leave the model step out of band while the turn runs (the journal keeps only
+/// the complete response): a subscriber to the service's live route sees the answer arrive in
+/// pieces that add up to the recorded message, before it.
+#[tokio::test(flavor = "multi_thread")]
+async fn token_deltas_stream_out_of_band_while_the_turn_runs() {
+    use futures_util::StreamExt;
+    let mut s = setup().await;
+    let live = format!("127.0.0.1:{}", free_port());
+    s.config.live = Some(live.clone());
+    let service = Service::start(&s.config);
+    let answer = "Hello out of band, in pieces.";
+    s.fake
+        .push(Reply::tool_calls(&[("call_1", "append_line", r#"{"text":"x"}"#)]))
+        .push(Reply::text(answer).chunk_chars(4));
+    let stream = reqwest::get(format!("http://{live}/live/t-live"))
+        .await
+        .expect("the live route");
+    assert_eq!(stream.status(), 200);
+    let mut body = stream.bytes_stream();
+    let (status, out) = call(&s.restate.ingress, "t-live", "turn", &turn("m1", "say hello")).await;
+    assert_eq!(status, 200, "{out}");
+
+    let mut buf = String::new();
+    let mut deltas = String::new();
+    let mut pieces = 0;
+    let message = tokio::time::timeout(PATIENCE, async {
+        while let Some(chunk) = body.next().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk.expect("a chunk")));
+            while let Some(end) = buf.find("\n\n") {
+                let frame: String = buf.drain(..end + 2).collect();
+                let data = frame.trim().strip_prefix("data: ").expect("an SSE data line");
+                let event: tether::Event = serde_json::from_str(data).expect("an event");
+                match event.kind {
+                    EventKind::TextDelta { delta, .. } => {
+                        assert!(event.seq.is_none(), "a delta is live only");
+                        deltas.push_str(&delta);
+                        pieces += 1;
+                    }
+                    EventKind::Message { text, .. } if text == answer => return text,
+                    _ => {}
+                }
+            }
+        }
+        panic!("the live stream ended before the answer's message");
+    })
+    .await
+    .expect("the answer's message on the live stream");
+    assert_eq!(deltas, message, "the deltas add up to the recorded message");
+    assert!(pieces > 1, "the answer came in pieces: {pieces}");
+    service.kill();
+    check_record(&s.config.db, "t-live").await;
 }

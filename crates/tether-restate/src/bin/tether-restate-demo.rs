@@ -11,6 +11,10 @@
 //! Its tools append a line to the `--effects` file each time they run (so a test can count
 //! effects by invocation): `append_line {"text"}`, and `guarded_append {"text"}`, which needs
 //! approval. It prints `ready` on stdout once registered.
+//!
+//! With `--live 127.0.0.1:PORT` it also serves every turn's events as they happen (token deltas
+//! included) at `GET /live/{thread}` as server-sent events, one `data: <event JSON>` each: the
+//! out-of-band stream. Unauthenticated: for loopback only.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -28,11 +32,13 @@ struct Args {
     model_url: String,
     db: PathBuf,
     effects: PathBuf,
+    live: Option<String>,
 }
 
 fn args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let (mut listen, mut admin, mut model_url, mut db, mut effects) = (None, None, None, None, None);
+    let mut live = None;
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
@@ -41,6 +47,7 @@ fn args() -> Result<Args, String> {
             "--model-url" => model_url = Some(value),
             "--db" => db = Some(value),
             "--effects" => effects = Some(value),
+            "--live" => live = Some(value),
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -51,6 +58,7 @@ fn args() -> Result<Args, String> {
         model_url: need(model_url, "--model-url")?,
         db: PathBuf::from(need(db, "--db")?),
         effects: PathBuf::from(need(effects, "--effects")?),
+        live,
     })
 }
 
@@ -142,7 +150,19 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let thread = TetherThread::new("demo", model, Arc::new(Effects { path: args.effects }), store);
+    let mut thread = TetherThread::new("demo", model, Arc::new(Effects { path: args.effects }), store);
+    if let Some(addr) = &args.live {
+        let (tx, _) = tokio::sync::broadcast::channel(4096);
+        let live = match tokio::net::TcpListener::bind(addr).await {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("tether-restate-demo: cannot listen on {addr}: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        };
+        tokio::spawn(serve_live(live, tx.clone()));
+        thread = thread.live(tx);
+    }
     let server = tokio::spawn(tether_restate::serve(thread, listener));
     let uri = format!("http://{}", args.listen);
     if let Err(e) = tether_restate::register(&args.admin, &uri, Duration::from_secs(60)).await {
@@ -153,4 +173,51 @@ async fn main() -> std::process::ExitCode {
     let _ = std::io::stdout().flush();
     let _ = server.await;
     std::process::ExitCode::SUCCESS
+}
+
+/// `GET /live/{thread}`: the thread's events as they happen, as server-sent events.
+async fn serve_live(
+    listener: tokio::net::TcpListener,
+    tx: tokio::sync::broadcast::Sender<tether_restate::LiveEvent>,
+) {
+    use axum::extract::{Path, State};
+    use axum::response::IntoResponse;
+    async fn live(
+        State(tx): State<tokio::sync::broadcast::Sender<tether_restate::LiveEvent>>,
+        Path(thread): Path<String>,
+    ) -> axum::response::Response {
+        let rx = tx.subscribe();
+        let stream = futures_util::stream::unfold(rx, move |mut rx| {
+            let thread = thread.clone();
+            async move {
+                loop {
+                    match rx.recv().await {
+                        Ok(e) if e.thread.as_str() == thread => {
+                            let json = serde_json::to_string(&e.event).unwrap_or_default();
+                            let chunk = bytes::Bytes::from(format!("data: {json}\n\n"));
+                            return Some((Ok::<_, std::io::Error>(chunk), rx));
+                        }
+                        Ok(_) => continue,
+                        // A subscriber too slow for the channel ends its stream; it reads the rest
+                        // from the record.
+                        Err(_) => return None,
+                    }
+                }
+            }
+        });
+        (
+            [
+                ("content-type", "text/event-stream"),
+                ("cache-control", "no-cache"),
+            ],
+            axum::body::Body::from_stream(stream),
+        )
+            .into_response()
+    }
+    let app = axum::Router::new()
+        .route("/live/{thread}", axum::routing::get(live))
+        .with_state(tx);
+    if let Err(e) = axum::serve(listener, app).await {
+        eprintln!("tether-restate-demo: the live route stopped: {e}");
+    }
 }

@@ -174,6 +174,8 @@ pub struct ServiceConfig {
     pub model_url: String,
     pub db: PathBuf,
     pub effects: PathBuf,
+    /// Where the service serves its live events (`--live`), if anywhere.
+    pub live: Option<String>,
 }
 
 impl Service {
@@ -192,6 +194,7 @@ impl Service {
             .arg(&c.db)
             .arg("--effects")
             .arg(&c.effects)
+            .args(c.live.iter().flat_map(|l| ["--live", l.as_str()]))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
