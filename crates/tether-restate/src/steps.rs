@@ -39,9 +39,9 @@ pub enum Step {
     /// One tool call; its output is journaled.
     Tool {
         /// The call.
-        call: ToolUse,
+        call: Box<ToolUse>,
         /// The session the call belongs to.
-        info: SessionInfo,
+        info: Box<SessionInfo>,
         /// The tool's output.
         reply: oneshot::Sender<ToolOutput>,
     },
@@ -205,8 +205,8 @@ impl Handler for StepHandler {
             .steps
             .tx
             .send(Step::Tool {
-                call: call.clone(),
-                info: info.clone(),
+                call: Box::new(call.clone()),
+                info: Box::new(info.clone()),
                 reply,
             })
             .await;
