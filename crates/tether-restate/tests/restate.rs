@@ -429,3 +429,23 @@ async fn token_deltas_stream_out_of_band_while_the_turn_runs() {
     service.kill();
     check_record(&s.config.db, "t-live").await;
 }
+
+/// A redelivered request (the same message id again, as a client retrying after a lost response
+/// sends it) is recorded once and not sent to the model again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redelivered_message_is_neither_recorded_nor_sent_twice() {
+    let s = setup().await;
+    let service = Service::start(&s.config);
+    s.fake.push(Reply::text("Once."));
+    let (status, out) = call(&s.restate.ingress, "t-redo", "turn", &turn("m1", "hello")).await;
+    assert_eq!(status, 200, "{out}");
+    let (status, again) = call(&s.restate.ingress, "t-redo", "turn", &turn("m1", "hello")).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["stop_reason"], "idle", "{again}");
+    assert_eq!(again["events_added"], 0, "{again}");
+    assert_eq!(s.fake.requests().len(), 1, "the model was asked once");
+    service.kill();
+    let events = check_record(&s.config.db, "t-redo").await;
+    let users = events.iter().filter(|e| e.id == "user:m1").count();
+    assert_eq!(users, 1, "{events:#?}");
+}
