@@ -29,6 +29,9 @@
 //! - **No controlling terminal**: the command runs in a session of its own (`setsid`), so it
 //!   cannot open `/dev/tty` to draw on or read from the user's terminal, and its whole process
 //!   group is killed when the call ends, times out, is cancelled or its future is dropped.
+//! - **Dies with tether** (Linux): the command gets `SIGKILL` when tether's thread that
+//!   started it ends (`PR_SET_PDEATHSIG`), so a killed or crashed tether leaves no command
+//!   running on (its own children, if it started any, are not covered).
 //! - **Secrets in the environment**: inherited variables whose name contains `KEY`, `TOKEN`,
 //!   `SECRET`, `PASSWORD` or `CREDENTIAL` (API keys, `TETHER_TOKEN`) are not passed on. Variables
 //!   the caller sets in [`CommandSpec::env`] always are.
@@ -283,12 +286,26 @@ impl Sandbox {
             } else {
                 None
             };
-            // SAFETY: the closure only makes system calls (setsid, prctl, landlock_restrict_self,
-            // seccomp) on data built before the fork; it allocates nothing and takes no lock.
+            let parent = std::process::id();
+            // SAFETY: the closure only makes system calls (setsid, prctl, getppid,
+            // landlock_restrict_self, seccomp) on data built before the fork; it allocates nothing
+            // and takes no lock.
             unsafe {
                 cmd.pre_exec(move || {
                     if libc::setsid() < 0 {
                         return Err(std::io::Error::last_os_error());
+                    }
+                    // The command dies with tether: a killed server's command must not go on
+                    // (a late second effect of a tool the restarted server runs again, a forked
+                    // child holding the server's files). The signal follows the thread that
+                    // spawned it, which is a runtime worker living as long as tether's runtime;
+                    // a `Process` dropped earlier kills the group anyway. A parent that died
+                    // before the prctl is caught by the getppid check.
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    if libc::getppid() as u32 != parent {
+                        return Err(std::io::Error::other("tether exited while starting the command"));
                     }
                     match &prepared {
                         Some(p) => p.apply_in_child(),
