@@ -158,6 +158,10 @@ pub struct ManagedAgents {
     /// A turn boundary reached while disconnected (found in history by a reconnect).
     stashed: Option<TurnResult>,
     unposted: Option<Unposted>,
+    /// How many `user.message` events the session's history held at the last reconcile: a
+    /// resume compares it with the user messages tether recorded, to find one a crash kept from
+    /// being posted.
+    remote_user_messages: usize,
     /// Set by [`Provider::interrupt`]: the idle it forces is stale for the next turn, whose
     /// boundaries count only once the echo of this input type (processed) has been seen.
     after_interrupt: bool,
@@ -196,6 +200,7 @@ impl ManagedAgents {
             acc: TurnAcc::default(),
             stashed: None,
             unposted: None,
+            remote_user_messages: 0,
             after_interrupt: false,
             awaiting_echo: None,
             archived: false,
@@ -354,8 +359,12 @@ impl ManagedAgents {
         let mut last_boundary: Option<(usize, Value)> = None;
         let mut last_requires: Option<Vec<String>> = None;
         let mut unposted_arrived = false;
+        self.remote_user_messages = 0;
         for (i, ev) in history.iter().enumerate() {
             let ty = ev["type"].as_str().unwrap_or_default();
+            if ty == "user.message" {
+                self.remote_user_messages += 1;
+            }
             let id = ev["id"].as_str().unwrap_or_default().to_owned();
             let fresh = !id.is_empty() && !cx.sink.has_seen(&id).await;
             if record {
@@ -768,6 +777,24 @@ async fn live_text(cx: &TurnContext, ev: &Value) {
     }
 }
 
+/// The user messages tether recorded that the session never received: a crash between
+/// recording a message and posting it leaves the record with more `tether.user_message`s than
+/// the session's history has `user.message`s. The last ones (in record order) are the unposted;
+/// the engine sends them again, as one message, with the next request. A session that received
+/// more messages than tether recorded (posted by another client) has none unposted.
+fn unposted_messages(record: &[Event], remote: usize) -> Option<String> {
+    let local: Vec<&str> = record
+        .iter()
+        .filter(|e| e.raw_type == tether::raw::USER_MESSAGE)
+        .filter_map(|e| match &e.kind {
+            EventKind::Message { text, .. } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    let missing = local.len().checked_sub(remote).filter(|n| *n > 0)?;
+    Some(local[local.len() - missing..].join("\n\n"))
+}
+
 fn to_event(ev: &Value) -> Event {
     Event::new(
         ev["id"].as_str().unwrap_or_default(),
@@ -843,11 +870,12 @@ impl Provider for ManagedAgents {
         // What the history held belongs to earlier requests; nothing counts as this one's turn.
         self.stashed = None;
         self.acc = TurnAcc::default();
+        let unanswered = unposted_messages(from.events, self.remote_user_messages);
         Ok(Opened {
             session_id: sid,
             resumed: true,
             pending,
-            ..Opened::default()
+            unanswered,
         })
     }
 

@@ -571,3 +571,82 @@ async fn a_thread_resumes_after_its_process_died_mid_tool() {
         );
     }
 }
+
+/// A Managed Agents thread whose process died after recording a user message and before posting
+/// it (the conformance crash test's SIGKILL found it): the resumed session finds the message
+/// unanswered, because the session's history has fewer `user.message`s than the record, and the
+/// client's request carrying the same message (recorded already, so not recorded again) posts it
+/// then. Before, the request did nothing and the thread never went on.
+#[tokio::test]
+async fn a_message_recorded_but_never_posted_is_posted_after_a_resume() {
+    use tether::{
+        EventStore, Input, MemoryStore, Opened, Provider, ThreadId, ThreadStore, TurnContext, TurnResult,
+        UserMessage,
+    };
+    let turns = vec![vec![
+        json!({"type": "agent.message", "content": [{"type": "text", "text": "x is 42"}]}),
+        json!({"type": "session.status_idle", "stop_reason": {"type": "end_turn"}}),
+    ]];
+    let fake = FakeManaged::start(turns, ManagedFaults::default()).await;
+    let store = Arc::new(MemoryStore::default());
+    let thread = ThreadId::new("m-unposted").unwrap();
+
+    /// The first process: opens the real session, then "dies" before its first turn posts anything.
+    struct DiesBeforePosting(ManagedAgents);
+    #[async_trait]
+    impl Provider for DiesBeforePosting {
+        fn name(&self) -> &str {
+            self.0.name()
+        }
+        async fn open(&mut self, cx: &TurnContext) -> tether::Result<Opened> {
+            self.0.open(cx).await
+        }
+        async fn turn(&mut self, _input: Input, _cx: &TurnContext) -> tether::Result<TurnResult> {
+            std::future::pending().await
+        }
+    }
+    let mut s = Session::builder(DiesBeforePosting(provider(&fake)))
+        .thread(store.clone(), thread.clone(), "remote")
+        .open()
+        .await
+        .expect("open");
+    let msg = || vec![UserMessage::with_id("c1", "What is x?")];
+    let sent = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        s.send_messages(msg(), tokio_util::sync::CancellationToken::new()),
+    )
+    .await;
+    assert!(sent.is_err(), "the first process dies mid-request");
+    std::mem::forget(s);
+    assert!(
+        fake.posted().iter().all(|e| e["type"] != "user.message"),
+        "nothing was posted"
+    );
+
+    let mut s = Session::builder(provider(&fake))
+        .thread(store.clone(), thread.clone(), "remote")
+        .open()
+        .await
+        .expect("resume");
+    assert!(s.opened().resumed);
+    assert_eq!(s.opened().unanswered.as_deref(), Some("What is x?"));
+    let r = s
+        .send_messages(msg(), tokio_util::sync::CancellationToken::new())
+        .await
+        .expect("the same request again");
+    assert_eq!(r.text, "x is 42");
+    let posted: Vec<Value> = fake
+        .posted()
+        .into_iter()
+        .filter(|e| e["type"] == "user.message")
+        .collect();
+    assert_eq!(posted.len(), 1, "posted once: {posted:?}");
+    assert_eq!(posted[0]["content"][0]["text"], "What is x?");
+    let t = store.thread(&thread).await.unwrap().unwrap();
+    let all = store.load(&t.record).await.unwrap();
+    let users = all
+        .iter()
+        .filter(|e| e.raw_type == tether::raw::USER_MESSAGE)
+        .count();
+    assert_eq!(users, 1, "the message is recorded once");
+}
