@@ -1,7 +1,8 @@
 //! A thread's record as AG-UI messages: the one projection from tether events to the messages a
 //! client shows when it reopens a thread (`GET /v1/threads/{id}/messages`, a `MESSAGES_SNAPSHOT`).
 //!
-//! Durable events only: user messages ([`tether::raw::USER_MESSAGE`]), every provider's assistant
+//! Durable events only: user messages ([`tether::raw::USER_MESSAGE`], and
+//! [`tether::raw::LEGACY_SERVE_USER_MESSAGE`] in an older `tether serve`'s records), every provider's assistant
 //! messages (with the tool calls they made), tool calls a remote loop reported on their own
 //! (an ACP agent's, a Managed Agents custom tool use), and tool results. Everything else
 //! (usage, retries, directives, provider bookkeeping) is not a message.
@@ -29,6 +30,9 @@ fn call(id: &str, name: &str, arguments: String) -> ToolCall {
 pub fn thread_messages(events: &[Event]) -> Vec<Message> {
     let mut out = Vec::new();
     let mut calls: HashSet<String> = HashSet::new();
+    // The earlier `tether serve` recorded each user message twice: its own copy, then the
+    // engine's (the texts joined) right after. The engine's copy that follows its own is skipped.
+    let mut legacy_copy = false;
     for e in events.iter().filter(|e| e.is_durable()) {
         match &e.kind {
             EventKind::Message {
@@ -36,7 +40,12 @@ pub fn thread_messages(events: &[Event]) -> Vec<Message> {
                 role: Role::User,
                 text,
                 ..
-            } if e.raw_type == raw::USER_MESSAGE => {
+            } if e.raw_type == raw::USER_MESSAGE || e.raw_type == raw::LEGACY_SERVE_USER_MESSAGE => {
+                let legacy = e.raw_type == raw::LEGACY_SERVE_USER_MESSAGE;
+                if !legacy && std::mem::take(&mut legacy_copy) {
+                    continue;
+                }
+                legacy_copy = legacy;
                 out.push(Message::user(message_id.as_str(), text.clone()));
             }
             EventKind::Message {

@@ -66,7 +66,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::providers::{ManagedStart, ProviderSpec};
+use crate::providers::{LocalSpec, ManagedStart, ProviderSpec};
 use serde_json::Value;
 
 /// Why a configuration could not be loaded.
@@ -280,10 +280,10 @@ pub struct AgentConfig {
 }
 
 impl AgentConfig {
-    /// The provider of a non-`openai` agent, its options resolved (credentials read from the
-    /// environment variables the configuration names); `None` for `openai` (the server builds
-    /// that local loop itself). Errors name what to set.
-    pub fn provider_spec(&self, agent: &str) -> Result<Option<ProviderSpec>, String> {
+    /// The agent's provider, its options resolved (credentials read from the environment
+    /// variables the configuration names). For `openai` and `gguf` this builds the model (a GGUF
+    /// file is loaded here, once: agents naming the same file share it). Errors name what to set.
+    pub fn provider_spec(&self, agent: &str) -> Result<ProviderSpec, String> {
         let some = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
         let anthropic = || -> Result<tether_anthropic::ClientConfig, String> {
             let env = some(&self.api_key_env).unwrap_or_else(|| "ANTHROPIC_API_KEY".into());
@@ -301,9 +301,23 @@ impl AgentConfig {
                 some(&self.base_url).unwrap_or_else(|| tether_anthropic::http::DEFAULT_BASE_URL.into());
             Ok(tether_anthropic::ClientConfig::new(key).base_url(origin))
         };
-        Ok(Some(match self.provider.as_str() {
-            // Built by the server itself (its own local loop).
-            "openai" | "gguf" => return Ok(None),
+        Ok(match self.provider.as_str() {
+            "openai" | "gguf" => {
+                let base_url = some(&self.base_url)
+                    .or_else(|| std::env::var("OPENAI_BASE_URL").ok())
+                    .filter(|s| !s.trim().is_empty())
+                    .unwrap_or_else(|| "http://127.0.0.1:8080/v1".into());
+                let key_env = some(&self.api_key_env).unwrap_or_else(|| "OPENAI_API_KEY".into());
+                let api_key = std::env::var(&key_env).ok().filter(|s| !s.is_empty());
+                // As `tether run`: the configured name, else $TETHER_MODEL, else `default`.
+                let model_name = some(&self.model)
+                    .or_else(|| std::env::var("TETHER_MODEL").ok())
+                    .filter(|m| !m.trim().is_empty())
+                    .unwrap_or_else(|| DEFAULT_MODEL.into());
+                let model = crate::model::of(self, &base_url, api_key, &model_name)
+                    .map_err(|e| format!("agent `{agent}`: {e}"))?;
+                ProviderSpec::Local(LocalSpec::new(model, model_name, self.system_prompt.clone()))
+            }
             "anthropic" => ProviderSpec::Anthropic {
                 client: anthropic()?,
                 model: some(&self.model).unwrap_or_else(|| crate::providers::DEFAULT_ANTHROPIC_MODEL.into()),
@@ -357,7 +371,7 @@ impl AgentConfig {
                 }
             }
             other => return Err(format!("agent `{agent}`: unknown provider `{other}`")),
-        }))
+        })
     }
 }
 

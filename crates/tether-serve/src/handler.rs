@@ -1,11 +1,12 @@
-//! The handler an agent's sessions run with: the workspace tools, shell-command tools, and the
-//! front-end tools, with the approval gate that turns a permission request into an interrupt.
+//! The handler an agent's sessions run with: the workspace tools, shell-command tools, the
+//! agent's MCP servers and its configured front-end tools. It names the calls that need the
+//! user's approval ([`Handler::needs_approval`]); the session engine holds them and
+//! `tether_agui::ThreadAgent` turns them into approval interrupts.
 //!
 //! Command tools run through the same runner and sandbox as the workspace's `run_command`
 //! (`tether::sandbox`): confined per the agent's `[sandbox]`, output capped, the whole process
 //! group killed at the tool timeout or when the call is cancelled.
 
-use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -22,15 +23,6 @@ use crate::config::{AccessConfig, AgentConfig, CommandTool};
 
 const OUTPUT_CAP: usize = 64 * 1024;
 
-/// What a tool call waiting for the user is about.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ApprovalNeed {
-    /// `write`, `command`, `read`, or `tool`.
-    pub class: &'static str,
-    /// One line for people.
-    pub summary: String,
-}
-
 pub(crate) struct ServeHandler {
     workspace: Option<Workspace>,
     ask_reads: bool,
@@ -38,7 +30,6 @@ pub(crate) struct ServeHandler {
     ask_commands: bool,
     commands: Vec<(CommandTool, PathBuf)>,
     frontend: Vec<ToolSpec>,
-    approved: HashSet<String>,
     tool_timeout: Duration,
     sandbox: Sandbox,
     /// The agent's MCP servers (started at server start), and the names the handler serves
@@ -89,13 +80,8 @@ fn policy_access(a: AccessConfig) -> Access {
 }
 
 impl ServeHandler {
-    /// The handler for one request of an agent. `frontend` are the input's front-end tools (the
-    /// agent's configured ones are added); `approved` the tool-use ids the user approved.
-    pub(crate) fn new(
-        cfg: &AgentConfig,
-        frontend: Vec<ToolSpec>,
-        approved: HashSet<String>,
-    ) -> Result<Self, String> {
+    /// The handler of an agent's sessions.
+    pub(crate) fn new(cfg: &AgentConfig) -> Result<Self, String> {
         let sandbox = cfg.sandbox.sandbox();
         let (workspace, ask) = match &cfg.workspace {
             Some(w) => {
@@ -128,16 +114,11 @@ impl ServeHandler {
             .iter()
             .map(|c| (c.clone(), c.cwd.clone().unwrap_or_else(|| default_dir.clone())))
             .collect();
-        let mut fe: Vec<ToolSpec> = cfg
+        let fe: Vec<ToolSpec> = cfg
             .frontend_tools
             .iter()
             .map(|t| ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone())))
             .collect();
-        for t in frontend {
-            if !fe.iter().any(|x| x.name == t.name) {
-                fe.push(t);
-            }
-        }
         let mut own: Vec<String> = workspace
             .as_ref()
             .map(|w| w.tools().into_iter().map(|t| t.name).collect())
@@ -162,17 +143,9 @@ impl ServeHandler {
             ask_commands: ask.2,
             commands,
             frontend: fe,
-            approved,
             tool_timeout: Duration::from_secs(cfg.tool_timeout_secs.max(1)),
             sandbox,
         })
-    }
-
-    /// Leaves approvals to the session engine: [`Handler::needs_approval`] names the calls that
-    /// need one (the engine holds them until `Session::approve`), and `call_tool` runs what it
-    /// is given. For the agents `tether_agui::ThreadAgent` serves.
-    pub(crate) fn engine_gated(self) -> EngineGated {
-        EngineGated(self)
     }
 
     /// Whether `name` is run by the browser.
@@ -181,41 +154,30 @@ impl ServeHandler {
     }
 
     /// Whether a call needs the user's approval before it runs (and what to tell them).
-    pub(crate) fn approval_need(&self, u: &ToolUse) -> Option<ApprovalNeed> {
+    pub(crate) fn approval_need(&self, u: &ToolUse) -> Option<String> {
         let arg = |k: &str| u.input.get(k).and_then(Value::as_str).unwrap_or("?").to_owned();
         match u.name.as_str() {
-            "write_file" | "edit_file" if self.workspace.is_some() && self.ask_writes => Some(ApprovalNeed {
-                class: "write",
-                summary: format!("{} {}", u.name, arg("path")),
-            }),
-            "run_command" if self.workspace.is_some() && self.ask_commands => Some(ApprovalNeed {
-                class: "command",
-                summary: format!("run `{}`", arg("command")),
-            }),
+            "write_file" | "edit_file" if self.workspace.is_some() && self.ask_writes => {
+                Some(format!("{} {}", u.name, arg("path")))
+            }
+            "run_command" if self.workspace.is_some() && self.ask_commands => {
+                Some(format!("run `{}`", arg("command")))
+            }
             "read_file" | "list_dir" | "search_files" if self.workspace.is_some() && self.ask_reads => {
-                Some(ApprovalNeed {
-                    class: "read",
-                    summary: format!("{} {}", u.name, arg("path")),
-                })
+                Some(format!("{} {}", u.name, arg("path")))
             }
             n => self
                 .commands
                 .iter()
                 .find(|(c, _)| c.name == n && c.approve)
-                .map(|(c, _)| ApprovalNeed {
-                    class: "tool",
-                    summary: format!("{} {}", c.name, u.input),
-                })
+                .map(|(c, _)| format!("{} {}", c.name, u.input))
                 .or_else(|| {
                     let (sources, own) = self.mcp.as_ref()?;
                     let route = sources.route(n, own).filter(|r| r.asks)?;
-                    Some(ApprovalNeed {
-                        class: "tool",
-                        summary: format!(
-                            "{n} (tool `{}` of MCP server `{}`) {}",
-                            route.tool, route.source_name, u.input
-                        ),
-                    })
+                    Some(format!(
+                        "{n} (tool `{}` of MCP server `{}`) {}",
+                        route.tool, route.source_name, u.input
+                    ))
                 }),
         }
     }
@@ -265,38 +227,13 @@ impl ServeHandler {
             timeout: self.tool_timeout,
             ..CommandSpec::shell(&c.command, cwd)
         };
-        let out = match self.sandbox.run(&spec).await {
-            Ok(o) => o,
-            Err(e) => return ToolOutput::Error(format!("tool `{}`: {e}", c.name)),
-        };
-        if out.timed_out {
-            return ToolOutput::Error(format!(
-                "tool `{}` did not finish within {:?} and was killed\n{}",
-                c.name, self.tool_timeout, out.output
-            ));
-        }
-        let success = out.success();
-        let mut text = out.output;
-        if out.truncated {
-            text.push_str(&format!(
-                "\n[output truncated: only the last {OUTPUT_CAP} bytes kept]"
-            ));
-        }
-        if success {
-            ToolOutput::Ok(if text.is_empty() {
-                "(no output)".into()
-            } else {
-                text
-            })
-        } else {
-            ToolOutput::Error(format!(
-                "exit code {}\n{text}",
-                out.exit
-                    .exit_code
-                    .map(|c| c.to_string())
-                    .or(out.exit.signal)
-                    .unwrap_or_else(|| "killed".into())
-            ))
+        match self.sandbox.run(&spec).await {
+            // As the workspace's `run_command` reports it (a failure is its `HandlerError`).
+            Ok(out) => match out.report(&format!("tool `{}`", c.name), &spec) {
+                Ok(text) => ToolOutput::Ok(text),
+                Err(text) => ToolOutput::Error(tether::HandlerError::Failed(text).to_string()),
+            },
+            Err(e) => ToolOutput::Error(format!("tool `{}`: {e}", c.name)),
         }
     }
 }
@@ -313,6 +250,34 @@ pub(crate) fn schema_or_empty(v: Option<Value>) -> Value {
     match v {
         Some(v @ Value::Object(_)) => v,
         _ => json!({"type": "object", "properties": {}}),
+    }
+}
+
+impl ServeHandler {
+    /// Runs a call (the engine held it until approved, when it needs approval).
+    async fn run(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
+        if self.is_frontend(&call.name) {
+            return ToolOutput::Pending;
+        }
+        if let Some((c, cwd)) = self.commands.iter().find(|(c, _)| c.name == call.name) {
+            return self.run_command_tool(c, cwd, call, info).await;
+        }
+        if let Some((sources, own)) = &self.mcp
+            && let Some(route) = sources.route(&call.name, own)
+        {
+            // A server's elicitation asks the browser through the ThreadAgent running the call:
+            // the run ends with an elicitation interrupt, the call waits for the answer.
+            let cx = CallContext {
+                info: info.clone(),
+                handler: tether_agui::thread::asking_handler().unwrap_or_else(|| Arc::new(tether::NoTools)),
+                events: ToolEvents::current(),
+            };
+            return sources.call_routed(&route, call, cx).await;
+        }
+        match &self.workspace {
+            Some(w) => w.call_tool(call, info).await,
+            None => ToolOutput::Error(format!("no tool named `{}`", call.name)),
+        }
     }
 }
 
@@ -335,62 +300,14 @@ impl Handler for ServeHandler {
     }
 
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
-        if self.approval_need(call).is_some() && !self.approved.contains(&call.id) {
-            return ToolOutput::Pending;
-        }
         self.run(call, info).await
-    }
-}
-
-impl ServeHandler {
-    /// Runs a call the gate let through (approved, or needing no approval).
-    async fn run(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
-        if self.is_frontend(&call.name) {
-            return ToolOutput::Pending;
-        }
-        if let Some((c, cwd)) = self.commands.iter().find(|(c, _)| c.name == call.name) {
-            return self.run_command_tool(c, cwd, call, info).await;
-        }
-        if let Some((sources, own)) = &self.mcp
-            && let Some(route) = sources.route(&call.name, own)
-        {
-            // The approval (if any) was given above, through the interrupt. A server's
-            // elicitation asks the browser through the ThreadAgent running the call (the run
-            // ends with an elicitation interrupt, the call waits for the answer); on serve's own
-            // `openai` loop, which cannot hold a call across requests, it is declined.
-            let cx = CallContext {
-                info: info.clone(),
-                handler: tether_agui::thread::asking_handler().unwrap_or_else(|| Arc::new(tether::NoTools)),
-                events: ToolEvents::current(),
-            };
-            return sources.call_routed(&route, call, cx).await;
-        }
-        match &self.workspace {
-            Some(w) => w.call_tool(call, info).await,
-            None => ToolOutput::Error(format!("no tool named `{}`", call.name)),
-        }
-    }
-}
-
-/// A [`ServeHandler`] whose approvals the session engine gates ([`ServeHandler::engine_gated`]),
-/// serving a remote loop's file and terminal requests from the workspace too.
-pub(crate) struct EngineGated(ServeHandler);
-
-#[async_trait]
-impl Handler for EngineGated {
-    fn tools(&self) -> Vec<ToolSpec> {
-        self.0.tools()
-    }
-
-    async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
-        self.0.run(call, info).await
     }
 
     fn needs_approval(&self, call: &ToolUse) -> Option<String> {
-        if self.0.is_frontend(&call.name) {
+        if self.is_frontend(&call.name) {
             return None;
         }
-        self.0.approval_need(call).map(|n| n.summary)
+        self.approval_need(call)
     }
 
     // A remote loop's file and terminal requests (an ACP agent's `fs/*`, `terminal/*`) are
@@ -404,10 +321,10 @@ impl Handler for EngineGated {
         req: &tether::ReadTextFile,
         info: &SessionInfo,
     ) -> Result<String, tether::HandlerError> {
-        if self.0.ask_reads {
+        if self.ask_reads {
             return Err(refused_ask("reads"));
         }
-        match &self.0.workspace {
+        match &self.workspace {
             Some(w) => w.read_text_file(req, info).await,
             None => Err(tether::HandlerError::Unsupported(
                 "reading files (no workspace)".into(),
@@ -420,10 +337,10 @@ impl Handler for EngineGated {
         req: &tether::WriteTextFile,
         info: &SessionInfo,
     ) -> Result<(), tether::HandlerError> {
-        if self.0.ask_writes {
+        if self.ask_writes {
             return Err(refused_ask("writes"));
         }
-        match &self.0.workspace {
+        match &self.workspace {
             Some(w) => w.write_text_file(req, info).await,
             None => Err(tether::HandlerError::Unsupported(
                 "writing files (no workspace)".into(),
@@ -436,10 +353,10 @@ impl Handler for EngineGated {
         req: &tether::TerminalRequest,
         info: &SessionInfo,
     ) -> Result<tether::TerminalResponse, tether::HandlerError> {
-        if self.0.ask_commands {
+        if self.ask_commands {
             return Err(refused_ask("commands"));
         }
-        match &self.0.workspace {
+        match &self.workspace {
             Some(w) => w.terminal(req, info).await,
             None => Err(tether::HandlerError::Unsupported(
                 "terminals (no workspace)".into(),
@@ -448,7 +365,7 @@ impl Handler for EngineGated {
     }
 
     fn capabilities(&self) -> tether::Capabilities {
-        match &self.0.workspace {
+        match &self.workspace {
             Some(w) => w.capabilities(),
             None => tether::Capabilities::default(),
         }
@@ -459,15 +376,13 @@ impl Handler for EngineGated {
 mod tests {
     use super::*;
 
-    fn gated(dir: &std::path::Path, writes: &str) -> EngineGated {
+    fn gated(dir: &std::path::Path, writes: &str) -> ServeHandler {
         let text = format!(
             "[agents.a]\nprovider = \"acp\"\ncommand = [\"agent\"]\n[agents.a.workspace]\nroot = \"{}\"\nwrites = \"{writes}\"\n",
             dir.display()
         );
         let cfg = crate::config::Config::parse(&text, "t.toml", dir).unwrap();
-        ServeHandler::new(&cfg.agents["a"], Vec::new(), Default::default())
-            .unwrap()
-            .engine_gated()
+        ServeHandler::new(&cfg.agents["a"]).unwrap()
     }
 
     /// An ACP agent's direct `fs/write_text_file` under `writes = "ask"` cannot be asked about
@@ -499,5 +414,66 @@ mod tests {
         };
         assert_eq!(h.read_text_file(&read, &info).await.unwrap(), "hi");
         assert!(h.needs_approval(&call).is_none());
+    }
+
+    /// Issue 12 item 4: a command tool of the config and the workspace's `run_command` run the
+    /// same script through one runner and report it in one format: the exit status first, the
+    /// output, the truncation note at the same cap; an error exactly when the exit code is not 0.
+    #[tokio::test]
+    async fn command_tools_and_run_command_report_in_one_format() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!(
+            r#"[agents.a]
+[agents.a.workspace]
+root = "{root}"
+commands = "allow"
+[[agents.a.commands]]
+name = "fails"
+command = 'printf "err\n" >&2; exit 3'
+[[agents.a.commands]]
+name = "works"
+command = 'printf "fine\n"'
+[[agents.a.commands]]
+name = "floods"
+command = 'head -c 70000 /dev/zero | tr "\0" a; printf "END\n"'
+"#,
+            root = dir.path().display()
+        );
+        let cfg = crate::config::Config::parse(&text, "t.toml", dir.path()).unwrap();
+        let h = ServeHandler::new(&cfg.agents["a"]).unwrap();
+        let info = SessionInfo::new("s", "local");
+        for (tool, script) in [
+            ("fails", r#"printf "err\n" >&2; exit 3"#),
+            ("works", r#"printf "fine\n""#),
+            ("floods", r#"head -c 70000 /dev/zero | tr "\0" a; printf "END\n""#),
+        ] {
+            let own = h.call_tool(&ToolUse::new("c1", tool, json!({})), &info).await;
+            let ws = h
+                .call_tool(
+                    &ToolUse::new("c2", "run_command", json!({"command": script})),
+                    &info,
+                )
+                .await;
+            assert_eq!(own, ws, "{tool}");
+            let text = match &own {
+                ToolOutput::Ok(t) | ToolOutput::Error(t) => t.clone(),
+                other => panic!("{other:?}"),
+            };
+            match tool {
+                "fails" => {
+                    assert!(matches!(own, ToolOutput::Error(_)));
+                    assert_eq!(text, "failed: exit code: 3\nerr\n");
+                }
+                "works" => assert_eq!(own, ToolOutput::Ok("exit code: 0\nfine\n".into())),
+                _ => {
+                    assert!(text.starts_with("exit code: 0\n"), "{}", &text[..40]);
+                    assert!(
+                        text.ends_with("END\n\n[output truncated: only the last 65536 bytes kept]"),
+                        "{}",
+                        &text[text.len() - 80..]
+                    );
+                }
+            }
+        }
     }
 }

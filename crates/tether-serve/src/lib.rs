@@ -9,22 +9,20 @@
 //! `GET /v1/threads/{thread}/messages`, `GET /healthz`, and the UI at `/`.
 //!
 //! Threads (AG-UI `threadId`) map to sessions in the database and resume across requests and
-//! restarts. An `openai` agent's request rebuilds the session from its checkpoint and the events
-//! recorded after it, answers pending tool uses from the tool-result memo, and re-sends a user
-//! message that a crash left unanswered. Every other provider (`anthropic`, `managed`,
-//! `agentcore`, `acp`; built by [`providers`]) is served by `tether_agui::ThreadAgent`, whose
-//! sessions the engine resumes through the `Provider` seam. A tool that needs the user's approval ends the run with an AG-UI
-//! interrupt; the next request's `resume[]` carries the answer.
+//! restarts. Every agent, whatever its provider (`openai`, `gguf`, `anthropic`, `managed`,
+//! `agentcore`, `acp`; built by [`providers`]), is served by `tether_agui::ThreadAgent`, whose
+//! sessions the engine resumes through the `Provider` seam (a local loop rebuilds its history
+//! from its checkpoint and the events after it; pending tool uses are answered from the
+//! tool-result memo). A tool that needs the user's approval ends the run with an AG-UI
+//! interrupt; the next request's `resume[]` carries the answer. This crate keeps the config,
+//! the routes, the trust boundary, the limits and the UI; no session logic.
 
 #![warn(missing_docs)]
 
-mod agent;
-mod approval;
 pub mod config;
 mod handler;
 mod model;
 pub mod providers;
-mod rebuild;
 mod server;
 mod ui;
 

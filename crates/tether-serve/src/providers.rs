@@ -1,14 +1,16 @@
 //! One place that turns a provider's options into a [`Provider`]: `tether run --provider …` and
-//! each agent of `tether serve` build their remote providers (and the Anthropic local loop) here.
+//! each agent of `tether serve` build their providers here (the remote loops, the Anthropic local
+//! loop, and in `tether serve` the local loop over an OpenAI-compatible or embedded model).
 //!
 //! The options are already resolved by the caller (flags or a config file, credentials read from
 //! the environment variables it names); [`ProviderSpec::build`] only assembles, so both front
 //! doors build the same provider from the same options.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use tether::Provider;
 use tether::local::LocalLoop;
+use tether::{ChatModel, Provider};
 use tether_acp::{AcpAgent, AgentCommand, ClientOptions};
 use tether_agentcore::{AgentCore, AgentCoreConfig};
 use tether_anthropic::{ClientConfig, ManagedAgents, ManagedConfig, MessagesModel};
@@ -35,10 +37,48 @@ pub enum ManagedStart {
     },
 }
 
+/// The local loop over a chat model built once by the caller (an OpenAI-compatible endpoint's
+/// client, an embedded GGUF model) and shared by every session built from it: a server builds
+/// one provider per request, and the model's connections and weights must not be rebuilt each
+/// time.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct LocalSpec {
+    /// The model.
+    pub model: Arc<dyn ChatModel>,
+    /// The model name sent with every request (empty: the model's default).
+    pub model_name: String,
+    /// The system prompt.
+    pub system: Option<String>,
+}
+
+impl LocalSpec {
+    /// The local loop over `model`, asking for `model_name`, with the system prompt `system`.
+    pub fn new(model: Arc<dyn ChatModel>, model_name: impl Into<String>, system: Option<String>) -> Self {
+        LocalSpec {
+            model,
+            model_name: model_name.into(),
+            system,
+        }
+    }
+}
+
+impl std::fmt::Debug for LocalSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalSpec")
+            .field("model", &self.model.name())
+            .field("model_name", &self.model_name)
+            .field("system", &self.system.is_some())
+            .finish()
+    }
+}
+
 /// A provider's resolved options: what [`ProviderSpec::build`] turns into a [`Provider`].
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum ProviderSpec {
+    /// The local loop over a model already built ([`LocalSpec`]).
+    Local(LocalSpec),
     /// The local loop over the Anthropic Messages API.
     Anthropic {
         /// The API client's key and origin.
@@ -73,9 +113,10 @@ pub enum ProviderSpec {
 }
 
 impl ProviderSpec {
-    /// The provider's short name (`anthropic`, `managed`, `agentcore`, `acp`).
+    /// The provider's short name (`local`, `anthropic`, `managed`, `agentcore`, `acp`).
     pub fn kind(&self) -> &'static str {
         match self {
+            ProviderSpec::Local(_) => "local",
             ProviderSpec::Anthropic { .. } => "anthropic",
             ProviderSpec::Managed { .. } => "managed",
             ProviderSpec::AgentCore(_) => "agentcore",
@@ -86,6 +127,13 @@ impl ProviderSpec {
     /// Builds the provider. Errors are messages a person can act on.
     pub fn build(&self) -> Result<Box<dyn Provider>, String> {
         match self {
+            ProviderSpec::Local(l) => {
+                let mut p = LocalLoop::with_model(l.model.clone()).model_name(l.model_name.clone());
+                if let Some(s) = l.system.clone().filter(|s| !s.trim().is_empty()) {
+                    p = p.system_prompt(s);
+                }
+                Ok(Box::new(p))
+            }
             ProviderSpec::Anthropic {
                 client,
                 model,

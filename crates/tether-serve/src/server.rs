@@ -31,13 +31,17 @@ use axum::routing::get;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tether_agui::server::Admit;
+use tether_agui::thread::Update;
 use tether_agui::{AgUiRouterExt, EndpointOptions, RunAgentInput, StreamGuard, ThreadAgent};
 use tether_sqlite::SqliteStore;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
-use crate::agent::{ServeAgent, Shared, thread_messages};
 use crate::config::Config;
+
+/// An agent as `tether serve` runs it: every provider through [`ThreadAgent`], with the state
+/// panel the web UI shows ([`panel`]).
+pub(crate) type ServedAgent = ThreadAgent<Value>;
 
 /// Why the server did not start.
 #[derive(Debug, thiserror::Error)]
@@ -154,11 +158,8 @@ impl Server {
 
 #[derive(Clone)]
 struct AppState {
-    shared: Arc<Shared>,
+    store: SqliteStore,
     agents: Arc<Vec<AgentInfo>>,
-    /// The agents served by [`ThreadAgent`] (their records are the session engine's own, read
-    /// back with `tether_agui::thread_messages`).
-    thread_agents: Arc<std::collections::HashSet<String>>,
     boundary: Arc<Boundary>,
 }
 
@@ -202,7 +203,7 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     }
     let store = SqliteStore::open(&opts.db)?;
     let limits = &opts.config.server;
-    let shared = Arc::new(Shared::new(store, Duration::from_secs(limits.run_timeout_secs)));
+    let run_timeout = Duration::from_secs(limits.run_timeout_secs);
     // The agents' MCP servers, before anything that must be torn down on an error.
     for (name, cfg) in &opts.config.agents {
         crate::handler::start_mcp(cfg)
@@ -234,91 +235,23 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     };
     let mut app: Router<AppState> = Router::new();
     let mut infos = Vec::new();
-    let mut thread_agents = std::collections::HashSet::new();
     for (name, cfg) in &opts.config.agents {
         let agent_err = |message: String| ServeError::Agent {
             agent: name.clone(),
             message,
         };
-        if let Some(spec) = cfg.provider_spec(name).map_err(agent_err)? {
-            let (agent, info) = thread_agent(name, cfg, spec, &shared).map_err(agent_err)?;
-            infos.push(info);
-            thread_agents.insert(name.clone());
-            let options = EndpointOptions {
-                admit: Some(admission(
-                    Resumes::Thread(agent.clone()),
-                    runs.clone(),
-                    shutdown.clone(),
-                )),
-                ..endpoint.clone()
-            };
-            app = app.route_agui_with(&format!("/v1/agents/{name}/run"), agent, options);
-            continue;
-        }
-        let base_url = cfg
-            .base_url
-            .clone()
-            .or_else(|| std::env::var("OPENAI_BASE_URL").ok())
-            .filter(|s| !s.trim().is_empty())
-            .unwrap_or_else(|| "http://127.0.0.1:8080/v1".into());
-        let key_env = cfg.api_key_env.clone().unwrap_or_else(|| "OPENAI_API_KEY".into());
-        let api_key = std::env::var(&key_env).ok().filter(|s| !s.is_empty());
-        // As `tether run`: the configured name, else $TETHER_MODEL, else `default`.
-        let model_name = cfg
-            .model
-            .clone()
-            .or_else(|| std::env::var("TETHER_MODEL").ok())
-            .filter(|m| !m.trim().is_empty())
-            .unwrap_or_else(|| crate::config::DEFAULT_MODEL.into());
-        let model =
-            crate::model::of(cfg, &base_url, api_key, &model_name).map_err(|message| ServeError::Agent {
-                agent: name.clone(),
-                message,
-            })?;
-        let handler =
-            crate::handler::ServeHandler::new(cfg, Vec::new(), Default::default()).map_err(|message| {
-                ServeError::Agent {
-                    agent: name.clone(),
-                    message,
-                }
-            })?;
-        let mut tools: Vec<String> = tether::Handler::tools(&handler)
-            .into_iter()
-            .map(|t| t.name)
-            .collect();
-        if let Some(t) = &cfg.terminal_tool {
-            tools.push(t.name.clone());
-        }
-        infos.push(AgentInfo {
-            name: name.clone(),
-            description: cfg.description.clone(),
-            model: model_name.clone(),
-            tools,
-        });
-        let agent = ServeAgent {
-            name: name.clone(),
-            cfg: cfg.clone(),
-            model,
-            model_name,
-            shared: shared.clone(),
-        };
+        let spec = cfg.provider_spec(name).map_err(agent_err)?;
+        let (agent, info) = thread_agent(name, cfg, spec, &store, run_timeout).map_err(agent_err)?;
+        infos.push(info);
         let options = EndpointOptions {
-            admit: Some(admission(
-                Resumes::Serve {
-                    agent: name.clone(),
-                    shared: shared.clone(),
-                },
-                runs.clone(),
-                shutdown.clone(),
-            )),
+            admit: Some(admission(agent.clone(), runs.clone(), shutdown.clone())),
             ..endpoint.clone()
         };
         app = app.route_agui_with(&format!("/v1/agents/{name}/run"), agent, options);
     }
     let state = AppState {
-        shared,
+        store,
         agents: Arc::new(infos),
-        thread_agents: Arc::new(thread_agents),
         boundary: Arc::new(Boundary {
             loopback_only: loopback,
             allowed_origins: opts.config.server.allowed_origins.clone().into_boxed_slice(),
@@ -382,8 +315,8 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
 /// The admission of one agent's runs, once the request body is read (a client still sending
 /// its body holds no run slot): not while shutting down (503), within the concurrent-run limit
 /// (429; the slot lives as long as the run's stream), and a resume only for interrupts
-/// outstanding on the thread (409, see [`crate::approval`]).
-fn admission(resumes: Resumes, runs: Arc<Semaphore>, shutdown: CancellationToken) -> Admit {
+/// outstanding on the thread (409, see `tether_agui::approval`).
+fn admission(agent: Arc<ServedAgent>, runs: Arc<Semaphore>, shutdown: CancellationToken) -> Admit {
     Admit::new(move |input: &RunAgentInput| {
         if shutdown.is_cancelled() {
             return refuse(json_error(
@@ -406,77 +339,49 @@ fn admission(resumes: Resumes, runs: Arc<Semaphore>, shutdown: CancellationToken
         if input.resume.is_empty() {
             return Box::pin(std::future::ready(Ok(Some(guard))));
         }
-        match &resumes {
-            Resumes::Serve { agent, shared } => {
-                let thread = input.thread_id.to_string();
-                let resume = input.resume.clone();
-                let shared = shared.clone();
-                let agent = agent.clone();
-                Box::pin(async move {
-                    let verdict = check_resume(&shared, &agent, &thread, &resume).await;
-                    match verdict {
-                        Ok(()) => Ok(Some(guard)),
-                        Err(r) => Err(r),
-                    }
-                })
+        let agent = agent.clone();
+        let input = input.clone();
+        Box::pin(async move {
+            match agent.check_resume(&input).await {
+                Ok(()) => Ok(Some(guard)),
+                Err(tether_agui::CheckError::Refused(r)) => {
+                    Err(json_error(r.status(), r.code(), r.to_string()))
+                }
+                Err(tether_agui::CheckError::Store(e)) => Err(json_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "STORE",
+                    e.to_string(),
+                )),
+                Err(e) => Err(json_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "INTERNAL",
+                    format!("{e:?}"),
+                )),
             }
-            Resumes::Thread(agent) => {
-                let agent = agent.clone();
-                let input = input.clone();
-                Box::pin(async move {
-                    match agent.check_resume(&input).await {
-                        Ok(()) => Ok(Some(guard)),
-                        Err(tether_agui::CheckError::Refused(r)) => {
-                            Err(json_error(r.status(), r.code(), r.to_string()))
-                        }
-                        Err(tether_agui::CheckError::Store(e)) => Err(json_error(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "STORE",
-                            e.to_string(),
-                        )),
-                        Err(e) => Err(json_error(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "INTERNAL",
-                            format!("{e:?}"),
-                        )),
-                    }
-                })
-            }
-        }
+        })
     })
-}
-
-/// Whose interrupts a resume is checked against at admission.
-enum Resumes {
-    /// An `openai` agent's ([`crate::approval`], kept by [`ServeAgent`]).
-    Serve {
-        /// The agent's name.
-        agent: String,
-        /// The server's store.
-        shared: Arc<Shared>,
-    },
-    /// An agent served by [`ThreadAgent`] (every other provider).
-    Thread(Arc<ThreadAgent>),
 }
 
 /// How many threads of an ACP agent keep their agent process between requests (the rest
 /// reload their session with `session/load` on their next request).
 const ACP_LIVE_THREADS: usize = 16;
 
-/// An agent whose loop is not the server's own `openai` local loop, served by [`ThreadAgent`]:
-/// each request opens the thread's session from the store (the provider resumes it: the
-/// Anthropic local loop from its checkpoint, Managed Agents and AgentCore by their session id,
-/// an ACP agent with `session/load`), the approval interrupts are the adapter's, and an ACP
-/// agent's permission requests end the run with an interrupt while its process waits.
+/// An agent served by [`ThreadAgent`], whatever its provider: each request opens the thread's
+/// session from the store (the provider resumes it: a local loop from its checkpoint and the
+/// events after it, Managed Agents and AgentCore by their session id, an ACP agent with
+/// `session/load`), the approval interrupts are the adapter's, and an ACP agent's permission
+/// requests (and an MCP server's elicitations) end the run with an interrupt while the turn waits.
 fn thread_agent(
     name: &str,
     cfg: &crate::config::AgentConfig,
     spec: crate::providers::ProviderSpec,
-    shared: &Arc<Shared>,
-) -> Result<(Arc<ThreadAgent>, AgentInfo), String> {
+    store: &SqliteStore,
+    run_timeout: Duration,
+) -> Result<(Arc<ServedAgent>, AgentInfo), String> {
     use crate::handler::{ServeHandler, schema_or_empty};
+    use crate::providers::ProviderSpec;
     // Checked once here, so a bad workspace is a start-up error rather than every run's.
-    let handler = ServeHandler::new(cfg, Vec::new(), Default::default())?;
+    let handler = ServeHandler::new(cfg)?;
     let mut tools: Vec<String> = tether::Handler::tools(&handler)
         .into_iter()
         .map(|t| t.name)
@@ -485,7 +390,8 @@ fn thread_agent(
         tools.push(t.name.clone());
     }
     let model = match &spec {
-        crate::providers::ProviderSpec::Anthropic { model, .. } => model.clone(),
+        ProviderSpec::Local(l) => l.model_name.clone(),
+        ProviderSpec::Anthropic { model, .. } => model.clone(),
         other => other.kind().to_owned(),
     };
     let info = AgentInfo {
@@ -511,7 +417,7 @@ fn thread_agent(
             .map(|t| tether::ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone()))),
         ..tether::SessionConfig::default()
     };
-    let keep_alive = if matches!(spec, crate::providers::ProviderSpec::Acp { .. }) {
+    let keep_alive = if matches!(spec, ProviderSpec::Acp { .. }) {
         ACP_LIVE_THREADS
     } else {
         0
@@ -519,57 +425,105 @@ fn thread_agent(
     let agent_cfg = cfg.clone();
     let factory = move |_input: &RunAgentInput| -> tether::Result<tether::SessionBuilder> {
         let provider = spec.build().map_err(tether::Error::Config)?;
-        let handler = ServeHandler::new(&agent_cfg, Vec::new(), Default::default())
-            .map_err(tether::Error::Config)?
-            .engine_gated();
-        Ok(tether::Session::builder_boxed(provider)
+        let handler = ServeHandler::new(&agent_cfg).map_err(tether::Error::Config)?;
+        let builder = tether::Session::builder_boxed(provider)
             .handler(handler)
-            .config(config.clone()))
+            .config(config.clone());
+        // Traced (GenAI spans) when telemetry is on.
+        Ok(tether_otel::observe_global(builder))
     };
-    let store: Arc<dyn tether::ThreadStore> = Arc::new(shared.store.clone());
+    let store: Arc<dyn tether::ThreadStore> = Arc::new(store.clone());
     let agent = ThreadAgent::new(name, store, factory)
         .frontend_tools(frontend)
         .model(model)
-        .run_timeout(shared.run_timeout)
-        .keep_alive(keep_alive);
+        .run_timeout(run_timeout)
+        .keep_alive(keep_alive)
+        .with_state(panel);
     Ok((Arc::new(agent), info))
+}
+
+/// The state panel the web UI shows next to a run (`STATE_SNAPSHOT`, then `STATE_DELTA`s): the
+/// agent and thread, the run's status (`running`, then `idle` or `waiting`), the model turns it
+/// took and each tool call's state (`called`, `done`, `error`). Whatever else the client's
+/// state holds is kept.
+fn panel(state: &mut Value, update: Update<'_>) -> bool {
+    if !state.is_object() {
+        *state = json!({});
+    }
+    let Value::Object(s) = state else {
+        return false;
+    };
+    match update {
+        Update::Started { agent, thread } => {
+            s.insert("agent".into(), json!(agent));
+            s.insert("thread".into(), json!(thread));
+            s.insert("status".into(), json!("running"));
+            s.insert("turns".into(), json!(0));
+            s.insert("tools".into(), json!({}));
+            true
+        }
+        Update::Finished { waiting } => {
+            s.insert("status".into(), json!(if waiting { "waiting" } else { "idle" }));
+            true
+        }
+        Update::Event(ev) => {
+            let tools = s.entry("tools").or_insert_with(|| json!({}));
+            if !tools.is_object() {
+                *tools = json!({});
+            }
+            match &ev.kind {
+                tether::EventKind::Message {
+                    role: tether::Role::Assistant,
+                    tool_uses,
+                    ..
+                } if ev.is_durable() => {
+                    if let Value::Object(t) = tools {
+                        for u in tool_uses {
+                            t.insert(u.id.clone(), json!({"name": u.name, "status": "called"}));
+                        }
+                    }
+                    let turns = s.get("turns").and_then(Value::as_u64).unwrap_or(0) + 1;
+                    s.insert("turns".into(), json!(turns));
+                    true
+                }
+                tether::EventKind::ToolCall { tool_use, .. } => {
+                    if let Value::Object(t) = tools
+                        && !t.contains_key(&tool_use.id)
+                    {
+                        t.insert(
+                            tool_use.id.clone(),
+                            json!({"name": tool_use.name, "status": "called"}),
+                        );
+                        return true;
+                    }
+                    false
+                }
+                tether::EventKind::ToolResult { result } => {
+                    let status = if result.is_error { "error" } else { "done" };
+                    if let Value::Object(t) = tools {
+                        let name = t
+                            .get(&result.tool_use_id)
+                            .and_then(|v| v.get("name"))
+                            .cloned()
+                            .unwrap_or_else(|| json!(""));
+                        t.insert(
+                            result.tool_use_id.clone(),
+                            json!({"name": name, "status": status}),
+                        );
+                    }
+                    true
+                }
+                _ => false,
+            }
+        }
+        _ => false,
+    }
 }
 
 fn refuse(
     r: Response,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = tether_agui::server::Admission> + Send>> {
     Box::pin(std::future::ready(Err(r)))
-}
-
-/// A resume checked against the thread's outstanding interrupts, before `RUN_STARTED`. (The run
-/// checks again under the thread's lock, and uses the answers up before any tool runs.)
-async fn check_resume(
-    shared: &Shared,
-    agent: &str,
-    thread: &str,
-    resume: &[tether_agui::ResumeEntry],
-) -> Result<(), Response> {
-    let store_err =
-        |e: &dyn std::fmt::Display| json_error(StatusCode::INTERNAL_SERVER_ERROR, "STORE", e.to_string());
-    let Ok(id) = tether::ThreadId::new(thread) else {
-        // The run says the thread id is invalid.
-        return Ok(());
-    };
-    let outstanding = match tether::ThreadStore::thread(&shared.store, &id).await {
-        Ok(Some(rec)) if rec.agent != agent => {
-            // The run says THREAD_AGENT_MISMATCH; nothing of this agent is outstanding there.
-            return Ok(());
-        }
-        Ok(Some(rec)) => crate::approval::load(shared.store_dyn.as_ref(), &rec.record)
-            .await
-            .map_err(|e| store_err(&e))?,
-        Ok(None) => Default::default(),
-        Err(e) => return Err(store_err(&e)),
-    };
-    match crate::approval::decide(&outstanding, thread, resume, None) {
-        Ok(_) => Ok(()),
-        Err(refusal) => Err(json_error(refusal.status(), refusal.code(), refusal.to_string())),
-    }
 }
 
 /// How long a connection may take to send a request head before it is closed (slow clients
@@ -720,7 +674,7 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 
 /// A client-supplied string for an error message: at most 100 characters, control characters
 /// escaped (it may end up on a terminal).
-pub(crate) fn printable(s: &str) -> String {
+fn printable(s: &str) -> String {
     let mut out: String = s
         .chars()
         .take(100)
@@ -985,7 +939,7 @@ fn thread_json(t: &tether::Thread) -> Value {
 }
 
 async fn list_threads(State(st): State<AppState>, Query(q): Query<ThreadsQuery>) -> Response {
-    match tether::ThreadStore::threads(&st.shared.store, q.agent.as_deref()).await {
+    match tether::ThreadStore::threads(&st.store, q.agent.as_deref()).await {
         Ok(ts) => {
             axum::Json(json!({"threads": ts.iter().map(thread_json).collect::<Vec<_>>()})).into_response()
         }
@@ -1001,7 +955,7 @@ async fn load_thread(st: &AppState, thread: &str) -> Result<(tether::Thread, Vec
             format!("no thread {} (see GET /v1/threads)", printable(thread)),
         ));
     };
-    let rec = match tether::ThreadStore::thread(&st.shared.store, &id).await {
+    let rec = match tether::ThreadStore::thread(&st.store, &id).await {
         Ok(Some(r)) => r,
         Ok(None) => {
             return Err(json_error(
@@ -1018,7 +972,7 @@ async fn load_thread(st: &AppState, thread: &str) -> Result<(tether::Thread, Vec
             ));
         }
     };
-    match st.shared.store_dyn.load(&rec.record).await {
+    match tether::EventStore::load(&st.store, &rec.record).await {
         Ok(ev) => Ok((rec, ev)),
         Err(e) => Err(json_error(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -1044,11 +998,7 @@ async fn thread_messages_route(State(st): State<AppState>, Path(thread): Path<St
     match load_thread(&st, &thread).await {
         Ok((rec, events)) => axum::Json(json!({
             "thread": thread_json(&rec),
-            "messages": if st.thread_agents.contains(&rec.agent) {
-                tether_agui::thread_messages(&events)
-            } else {
-                thread_messages(&events)
-            },
+            "messages": tether_agui::thread_messages(&events),
         }))
         .into_response(),
         Err(r) => r,
@@ -1058,6 +1008,24 @@ async fn thread_messages_route(State(st): State<AppState>, Path(thread): Path<St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every concurrent run holds its future in its task: keep it small (the adapter and the
+    /// engine box their futures where they are awaited).
+    #[tokio::test]
+    async fn a_runs_future_stays_small() {
+        let store = SqliteStore::open_in_memory().unwrap();
+        let cfg: Config =
+            toml::from_str("[agents.a]\nmodel = \"m\"\nbase_url = \"http://127.0.0.1:1/v1\"\n").unwrap();
+        let (_, acfg) = cfg.agents.iter().next().unwrap();
+        let spec = acfg.provider_spec("a").unwrap();
+        let (agent, _) = thread_agent("a", acfg, spec, &store, Duration::from_secs(5)).unwrap();
+        let input: RunAgentInput =
+            serde_json::from_value(json!({"threadId": "t", "runId": "r", "messages": []})).unwrap();
+        let (mut ctx, _rx) = tether_agui::RunContext::<Value>::new(input, &Default::default());
+        let f = tether_agui::Agent::run(agent.as_ref(), &mut ctx);
+        let size = std::mem::size_of_val(&f);
+        assert!(size <= 6 * 1024, "the run future is {size} bytes");
+    }
 
     #[test]
     fn loopback_hosts() {

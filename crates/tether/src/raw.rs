@@ -9,6 +9,10 @@
 /// A user message, recorded once by the engine before the turn that sends it. Its event id is
 /// `user:` and the caller's message id when it has one; its raw payload is `{"id", "text"}`.
 pub const USER_MESSAGE: &str = "tether.user_message";
+/// A user message as `tether serve` recorded it before its agents moved onto the session
+/// engine's own record (same event id and payload as [`USER_MESSAGE`]). Written no more; read
+/// as a user message, so a database of that version keeps its threads readable and resumable.
+pub const LEGACY_SERVE_USER_MESSAGE: &str = "serve.user_message";
 /// A tool result, recorded once (event id `tool_result:` and the use's memo key).
 pub const TOOL_RESULT: &str = "tether.tool_result";
 /// A dropped stream the engine reconnects (attempt, delay, error).

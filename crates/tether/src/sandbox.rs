@@ -482,6 +482,34 @@ impl CommandOutput {
     pub fn success(&self) -> bool {
         self.exit.exit_code == Some(0) && !self.timed_out
     }
+
+    /// How it ended, in the one format every command tool reports (the workspace's
+    /// `run_command`, `tether serve`'s command tools), for the model to read: `exit code: N`
+    /// (or the signal that ended it, or `killed`) on the first line, then the output, then a
+    /// note when older output was dropped at `spec`'s cap; a command killed at `spec`'s timeout
+    /// says so instead. `what` names the command in that message. `Ok` only for exit code 0.
+    pub fn report(&self, what: &str, spec: &CommandSpec) -> std::result::Result<String, String> {
+        let mut text = if self.timed_out {
+            format!(
+                "{what} timed out after {:?} and was killed (with every process it started)\n{}",
+                spec.timeout, self.output
+            )
+        } else {
+            let status = match (&self.exit.exit_code, &self.exit.signal) {
+                (Some(c), _) => c.to_string(),
+                (None, Some(s)) => s.clone(),
+                (None, None) => "killed".to_owned(),
+            };
+            format!("exit code: {status}\n{}", self.output)
+        };
+        if self.truncated {
+            text.push_str(&format!(
+                "\n[output truncated: only the last {} bytes kept]",
+                spec.output_cap
+            ));
+        }
+        if self.success() { Ok(text) } else { Err(text) }
+    }
 }
 
 /// Kills a process group; shared so a terminal can be killed while another task waits on it.

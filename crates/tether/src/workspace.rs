@@ -558,32 +558,8 @@ impl Workspace {
             .await?;
         let spec = self.spec("sh", vec!["-c".into(), command.into()], self.root.clone());
         let out = self.sandbox.run(&spec).await?;
-        if out.timed_out {
-            return Err(HandlerError::Failed(format!(
-                "`{command}` timed out after {:?} and was killed (with every process it started)\n{}",
-                self.command_timeout, out.output
-            )));
-        }
-        let mut text = format!(
-            "exit code: {}\n{}",
-            out.exit.exit_code.map(|c| c.to_string()).unwrap_or_else(|| out
-                .exit
-                .signal
-                .clone()
-                .unwrap_or_else(|| "killed".into())),
-            out.output
-        );
-        if out.truncated {
-            text.push_str(&format!(
-                "\n[output truncated: only the last {} bytes kept]",
-                self.output_cap
-            ));
-        }
-        if out.success() {
-            Ok(text)
-        } else {
-            Err(HandlerError::Failed(text))
-        }
+        out.report(&format!("`{command}`"), &spec)
+            .map_err(HandlerError::Failed)
     }
 }
 

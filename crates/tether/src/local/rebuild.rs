@@ -116,9 +116,17 @@ pub(crate) async fn rebuild(
     }
 
     let store = store.as_ref();
+    // The earlier `tether serve` recorded each user message twice: its own copy, then the
+    // engine's (the texts joined) right after. The engine's copy that follows its own is skipped.
+    let mut legacy_copy = false;
     for e in from.since_checkpoint() {
         match (e.raw_type.as_str(), &e.kind) {
-            (raw::USER_MESSAGE, _) => {
+            (raw::USER_MESSAGE | raw::LEGACY_SERVE_USER_MESSAGE, _) => {
+                let legacy = e.raw_type == raw::LEGACY_SERVE_USER_MESSAGE;
+                if !legacy && std::mem::take(&mut legacy_copy) {
+                    continue;
+                }
+                legacy_copy = legacy;
                 flush(store, &sid, &mut batch, &mut results, &mut history).await?;
                 let text = e
                     .raw
