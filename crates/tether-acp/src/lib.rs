@@ -12,8 +12,28 @@
 //! - [`schema`]: the protocol types, re-exported from `agent-client-protocol-schema` (v1).
 //!
 //! This crate knows no front-end.
+//!
+//! An ACP agent is a [`tether::Provider`] ([`AcpAgent`]): nothing starts until a session opens,
+//! which spawns the agent, initializes it and opens an ACP session in `cwd`.
+//!
+//! ```
+//! use tether::{Session, SessionResult};
+//! use tether_acp::{AcpAgent, AgentCommand};
+//!
+//! async fn ask(agent: AcpAgent, prompt: &str) -> tether::Result<SessionResult> {
+//!     // The agent's file, terminal and permission requests go to the session's handler.
+//!     let handler = tether::workspace::Workspace::new(".").map_err(|e| tether::Error::Io(e.to_string()))?;
+//!     Session::builder(agent).handler(handler).run(prompt).await
+//! }
+//!
+//! let command = AgentCommand::from_argv(&["npx", "@zed-industries/claude-code-acp"]).expect("a program");
+//! let agent = AcpAgent::new(command, std::env::current_dir()?);
+//! assert!(agent.client().is_none()); // not spawned yet
+//! # let _ = ask;
+//! # Ok::<(), std::io::Error>(())
+//! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod bridge;
 mod client;

@@ -4,13 +4,19 @@
 //! `POST {base_url}/chat/completions` (OpenAI, llama.cpp `llama-server`, llama-cpp-python, vLLM,
 //! and the like), streaming (SSE) or not.
 //!
-//! ```no_run
-//! # async fn f() -> tether::Result<()> {
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> tether::Result<()> {
+//! # // A scripted OpenAI-compatible server on 127.0.0.1 stands in for llama-server here.
+//! # let server = tether_testkit::openai::FakeOpenAi::start().await;
+//! # server.push(tether_testkit::openai::Reply::text("Hi!"));
+//! # let base_url = server.url();
 //! use tether::{Session, local::LocalLoop};
 //! use tether_openai::OpenAiModel;
-//! let model = OpenAiModel::builder("http://127.0.0.1:8080/v1").model("qwen").build()?;
+//! // base_url: e.g. "http://127.0.0.1:8080/v1" (llama-server) or "https://api.openai.com/v1".
+//! let model = OpenAiModel::builder(base_url).model("qwen").build()?;
 //! let result = Session::builder(LocalLoop::new(model)).run("Say hi").await?;
-//! println!("{}", result.text);
+//! assert_eq!(result.text, "Hi!");
 //! # Ok(()) }
 //! ```
 //!
@@ -27,7 +33,7 @@
 //! a stream idle for too long, a body cut before any `finish_reason`), [`Error::Stream`] (an
 //! `error` object inside a 200 stream) and [`Error::Malformed`].
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod accum;
 mod fast;

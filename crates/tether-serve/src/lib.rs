@@ -15,8 +15,25 @@
 //! `agentcore`, `acp`; built by [`providers`]) is served by `tether_agui::ThreadAgent`, whose
 //! sessions the engine resumes through the `Provider` seam. A tool that needs the user's approval ends the run with an AG-UI
 //! interrupt; the next request's `resume[]` carries the answer.
+//!
+//! ```
+//! use std::path::Path;
+//! let config = tether_serve::Config::parse(
+//!     r#"
+//!     [agents.coder]
+//!     provider = "openai"
+//!     base_url = "http://127.0.0.1:8080/v1"
+//!     model = "qwen3"
+//!     "#,
+//!     "tether.toml",
+//!     Path::new("."),
+//! )?;
+//! assert!(config.agents.contains_key("coder"));
+//! // tether_serve::start(config, options) then serves it (see [`Server`]).
+//! # Ok::<(), tether_serve::ConfigError>(())
+//! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod agent;
 mod approval;
