@@ -53,10 +53,10 @@ pub use agent_client_protocol_schema::v1 as schema;
 
 pub use bridge::HandlerBridge;
 pub use client::{AcpClient, AgentCommand, PromptOutcome, Received};
-pub use error::{AcpError, Direction, HandlerError, codes};
+pub use error::{AcpError, ClientError, Direction, codes};
 pub use handler::{
-    AcpUpdate, ClientHandler, HandlerSupport, RawMessage, RefusingHandler, SessionUpdateEvent,
-    TerminalRequest, TerminalResponse, TerminateReason, refuse_permission,
+    AcpTerminalRequest, AcpTerminalResponse, AcpUpdate, ClientHandler, HandlerSupport, RawMessage,
+    RefusingHandler, SessionUpdateEvent, TerminateReason, refuse_permission,
 };
 pub use options::ClientOptions;
 pub use provider::AcpAgent;
