@@ -37,7 +37,8 @@
 
 mod accum;
 mod fast;
-/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+// Entry points for the fuzz targets in `fuzz/`; not part of the API (its own docs say so: an
+// outer doc here would make rustdoc resolve the module doc's links from the crate root).
 #[doc(hidden)]
 pub mod fuzzing;
 mod lean;
@@ -254,8 +255,8 @@ impl OpenAiBuilder {
     /// so a model that would never stop is asked to. Raise it for reasoning models (their
     /// reasoning counts against it); lower it, or [`no_max_tokens`](Self::no_max_tokens), for a
     /// server that counts it against a small context (vLLM refuses a request whose prompt plus
-    /// `max_tokens` exceeds `max_model_len`). Whatever it is, [`max_response_bytes`]
-    /// (Self::max_response_bytes) still caps what one response may bring.
+    /// `max_tokens` exceeds `max_model_len`). Whatever it is,
+    /// [`max_response_bytes`](Self::max_response_bytes) still caps what one response may bring.
     pub fn max_tokens(mut self, n: u32) -> Self {
         self.max_tokens = Some(n);
         self

@@ -53,6 +53,9 @@ pub use server::{ServeError, Server, ServerOptions, start};
 
 /// The arguments of `tether serve`.
 #[derive(Debug, Clone, clap::Args)]
+// The field docs are `tether serve --help` text too: "[server]" there names the TOML section,
+// not a Rust item, so rustdoc's link lint is quieted rather than the help text changed.
+#[allow(rustdoc::private_intra_doc_links)]
 pub struct ServeArgs {
     /// The agents' configuration file (default: ./tether.toml when it exists; otherwise one agent,
     /// `default`, on $OPENAI_BASE_URL / $OPENAI_API_KEY / $TETHER_MODEL with the workspace tools
