@@ -54,6 +54,7 @@ step crash-managed env CRASH_PROVIDER=managed timeout 600 node "$here/crash.mjs"
 step crash-acp env CRASH_PROVIDER=acp timeout 600 node "$here/crash.mjs"
 step browser timeout 600 node "$here/browser.mjs"
 step browser-acp timeout 600 node "$here/browser_acp.mjs"
+step browser-elicit timeout 600 node "$here/browser_elicit.mjs"
 step cross-origin timeout 600 node "$here/cross_origin.mjs"
 step ui-build ui_reproducible
 echo "$passed passed, $failed failed"

@@ -1,6 +1,7 @@
 // The tether serve web UI: pick an agent, chat over AG-UI (@ag-ui/client), approve interrupts,
-// watch the state panel, reopen past threads.
+// answer a tool server's questions (MCP elicitations), watch the state panel, reopen past threads.
 import { HttpAgent } from "@ag-ui/client";
+import { LIMITS, answer, collect, parseElicitation, visible } from "./elicit.js";
 
 const $ = (id) => document.getElementById(id);
 const TOKEN_KEY = "tether.token";
@@ -9,6 +10,7 @@ let agentName = "";
 let agent = null; // the HttpAgent of the current thread
 let running = false;
 let renderQueued = false;
+let stateSeen = false; // whether the current thread's agent has published state (STATE_SNAPSHOT/DELTA)
 
 // The token: `tether serve` prints the UI's URL with it in the fragment (#token=…), which a
 // browser never sends to a server (so it stays out of logs and Referer). Taken from there once,
@@ -136,8 +138,12 @@ function queueRender() {
   }
 }
 
+// The state panel shows only what the agent published: an agent that publishes none (those
+// served by ThreadAgent, for one) gets a note, not an invented `{}`.
 function showState(state) {
-  $("state").textContent = JSON.stringify(state ?? {}, null, 2);
+  const s = $("state");
+  s.classList.toggle("none", !stateSeen);
+  s.textContent = stateSeen ? JSON.stringify(state ?? {}, null, 2) : "This agent has published no state.";
 }
 
 function newAgent(threadId, messages) {
@@ -148,7 +154,8 @@ function newAgent(threadId, messages) {
     initialMessages: messages || [],
     initialState: {},
   });
-  showState({});
+  stateSeen = false;
+  showState();
   render();
   markCurrent();
 }
@@ -156,14 +163,173 @@ function newAgent(threadId, messages) {
 function approve(interrupt) {
   return new Promise((resolve) => {
     const d = $("approval");
-    $("approval-text").textContent = interrupt.message || `Allow ${interrupt.reason}?`;
+    // What the user approves comes from the model or a remote agent: shown as text, bounded, and
+    // with control and bidi characters visible (they could make it read as something else).
+    $("approval-text").textContent = visible(interrupt.message || `Allow ${interrupt.reason}?`, LIMITS.message);
     let args = "";
     for (const m of agent.messages)
       for (const c of m.toolCalls || []) if (c.id === interrupt.toolCallId) args = prettyArgs(c.function.arguments);
-    $("approval-args").textContent = args;
+    $("approval-args").textContent = visible(args, LIMITS.string);
     d.onclose = () => resolve(d.returnValue === "approve");
     d.returnValue = "";
     d.showModal();
+  });
+}
+
+// The tool calls of the thread still waiting for their result (the one whose server asks).
+function pendingTools() {
+  const done = new Set(agent.messages.filter((m) => m.role === "tool").map((m) => m.toolCallId));
+  const names = [];
+  for (const m of agent.messages) for (const c of m.toolCalls || []) if (!done.has(c.id)) names.push(c.function.name);
+  return names;
+}
+
+let fieldSeq = 0;
+
+// One field of an elicitation form: its element, and a reader of the user's input. Element ids
+// are our own (never the server's field names, which could collide with the page's).
+function fieldInput(f) {
+  const id = `elicit-f${++fieldSeq}`;
+  const box = el(f.kind === "multiselect" ? "fieldset" : "div", "field");
+  box.dataset.field = f.name;
+  const title = `${f.label}${f.required ? " (required)" : ""}`;
+  const desc = f.description ? el("div", "desc", f.description) : null;
+  const err = el("div", "err");
+  let read = () => undefined;
+  if (f.kind === "unsupported") {
+    box.classList.add("unsupported");
+    box.append(el("label", "", title), el("div", "desc", `Unsupported: ${f.unsupported}`));
+    if (desc) box.append(desc);
+    return { box, read, err };
+  }
+  if (f.kind === "boolean") {
+    const input = el("input");
+    input.type = "checkbox";
+    input.id = id;
+    input.checked = f.default === true;
+    const label = el("label");
+    label.htmlFor = id;
+    label.append(input, document.createTextNode(` ${title}`));
+    box.append(label);
+    if (desc) box.append(desc);
+    box.append(err);
+    return { box, read: () => input.checked, err };
+  }
+  if (f.kind === "multiselect") {
+    box.append(el("legend", "", title));
+    if (desc) box.append(desc);
+    const boxes = f.options.map((o) => {
+      const input = el("input");
+      input.type = "checkbox";
+      input.value = o.value;
+      input.checked = Array.isArray(f.default) && f.default.includes(o.value);
+      const label = el("label", "choice");
+      label.append(input, document.createTextNode(` ${o.label}`));
+      box.append(label);
+      return input;
+    });
+    box.append(err);
+    return { box, read: () => boxes.filter((b) => b.checked).map((b) => b.value), err };
+  }
+  const label = el("label", "", title);
+  label.htmlFor = id;
+  box.append(label);
+  if (desc) box.append(desc);
+  let input;
+  if (f.kind === "select") {
+    input = el("select");
+    input.append(new Option(f.required ? "— choose —" : "(none)", ""));
+    for (const o of f.options) input.append(new Option(o.label, o.value));
+    input.value = f.default ?? "";
+    read = () => input.value;
+  } else if (f.kind === "number" || f.kind === "integer") {
+    input = el("input");
+    input.type = "number";
+    input.step = f.kind === "integer" ? "1" : "any";
+    if (f.minimum !== undefined) input.min = String(f.minimum);
+    if (f.maximum !== undefined) input.max = String(f.maximum);
+    if (f.default !== undefined) input.value = String(f.default);
+    // A number input reports text it cannot read as empty: say so instead.
+    read = () => (input.validity.badInput ? "not a number" : input.value);
+  } else {
+    input = el("input");
+    input.type = { email: "email", uri: "url", date: "date" }[f.format] || "text";
+    if (f.format === "date-time") input.placeholder = "2026-12-01T09:30:00Z";
+    input.maxLength = f.maxLength;
+    if (f.minLength) input.minLength = f.minLength;
+    if (f.default !== undefined) input.value = f.default;
+    read = () => input.value;
+  }
+  input.id = id;
+  input.autocomplete = "off";
+  box.append(input, err);
+  return { box, read, err };
+}
+
+// Asks the user an elicitation: the server's message (as text), the form its schema describes,
+// Accept (only once the input is valid, and never for a request that is not fully understood),
+// Decline, Cancel (also Escape). Resolves with the resume entry.
+function elicit(interrupt) {
+  return new Promise((resolve) => {
+    const d = $("elicit");
+    const form = $("elicit-form");
+    const parsed = parseElicitation(interrupt);
+    const pending = pendingTools();
+    $("elicit-source").textContent = pending.length
+      ? `The server of the tool ${visible(pending.join(", "), 200)} asks, while the call waits:`
+      : "A tool's server asks, while its call waits:";
+    $("elicit-text").textContent = parsed.message || "(no message)";
+    const url = $("elicit-url");
+    url.replaceChildren();
+    url.hidden = parsed.mode !== "url";
+    if (parsed.mode === "url") {
+      url.append(document.createTextNode("It asks you to open: "));
+      if (parsed.href) {
+        const a = el("a", "", parsed.url);
+        a.href = parsed.href;
+        a.target = "_blank";
+        a.rel = "noopener noreferrer";
+        url.append(a);
+      } else url.append(el("code", "", parsed.url));
+    }
+    const problems = $("elicit-problems");
+    problems.replaceChildren(...parsed.problems.map((p) => el("li", "", p)));
+    problems.hidden = !parsed.problems.length;
+    const fields = parsed.fields.map((f) => [f, fieldInput(f)]);
+    $("elicit-fields").replaceChildren(...fields.map(([, x]) => x.box));
+    const error = $("elicit-error");
+    error.hidden = true;
+    const blocked = parsed.mode === "unsupported" || parsed.problems.length > 0;
+    $("elicit-accept").disabled = blocked;
+    $("elicit-accept").title = blocked ? "This request is not fully supported: decline or cancel it." : "";
+    let content = null;
+    // Enter in a field must not submit (the first button is Cancel, and nothing is sent unread).
+    form.onkeydown = (e) => {
+      if (e.key === "Enter" && e.target instanceof HTMLInputElement) e.preventDefault();
+    };
+    form.onsubmit = (e) => {
+      if (e.submitter?.value !== "accept") return;
+      if (parsed.mode === "url") return;
+      const r = collect(parsed, new Map(fields.map(([f, x]) => [f.name, x.read()])));
+      for (const [f, x] of fields) x.err.textContent = r.errors.get(f.name) || "";
+      error.textContent = r.errors.get("") || (r.blocked ? "This request can only be declined or cancelled." : "Check the fields marked above.");
+      error.hidden = r.content !== null;
+      if (r.content === null) {
+        e.preventDefault();
+        return;
+      }
+      content = r.content;
+    };
+    d.onclose = () => {
+      const v = d.returnValue;
+      if (v === "accept" && !blocked && (parsed.mode === "url" || content)) resolve(answer(interrupt.id, "accept", content));
+      else resolve(answer(interrupt.id, v === "decline" ? "decline" : "cancel"));
+    };
+    d.returnValue = "";
+    d.showModal();
+    $("elicit-fields").scrollTop = 0;
+    // Start in the first field (the dialog would focus the first scrollable box).
+    $("elicit-fields").querySelector("input, select")?.focus();
   });
 }
 
@@ -174,6 +340,12 @@ async function runOnce(resume) {
     { runId: uid("run_"), resume },
     {
       onMessagesChanged: () => queueRender(),
+      onStateSnapshotEvent: () => {
+        stateSeen = true;
+      },
+      onStateDeltaEvent: () => {
+        stateSeen = true;
+      },
       onStateChanged: ({ state }) => showState(state),
       onRunStartedEvent: () => setStatus("running"),
       onRunFinishedEvent: ({ event }) => {
@@ -201,9 +373,13 @@ async function send(text) {
       render();
       const interrupts = fin?.outcome?.type === "interrupt" ? fin.outcome.interrupts : [];
       if (!interrupts.length) break;
-      setStatus("waiting for approval");
+      setStatus("waiting for you");
       resume = [];
       for (const i of interrupts) {
+        if (i.reason === "elicitation") {
+          resume.push(await elicit(i));
+          continue;
+        }
         const yes = await approve(i);
         resume.push(
           yes

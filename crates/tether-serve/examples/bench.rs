@@ -86,6 +86,9 @@ fn reset_hwm(pid: u32) {
     let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
 }
 
+/// Alternating loads per server in the BENCH_OTEL phase (odd, so a median exists).
+const OTEL_ROUNDS: usize = 5;
+
 /// CPU time (user + system) a process has used so far; `pid` 0 is this process.
 fn cpu_secs(pid: u32) -> f64 {
     let path = match pid {
@@ -744,8 +747,15 @@ async fn main() {
         let (traced_url, traced_token) = url_token(&traced_ui);
         let (plain_addr, _) = split_url(&plain_url);
         let (traced_addr, _) = split_url(&traced_url);
+        let (plain_pid, traced_pid) = (
+            plain.id().expect("the untraced server runs"),
+            traced.id().expect("the traced server runs"),
+        );
         let (mut off, mut on) = (Vec::new(), Vec::new());
-        for round in 0..3 {
+        // CPU seconds each server spent per million deltas: unlike deltas/s, this does not move
+        // with what else the machine runs, so it shows tracing's cost on a busy machine too.
+        let (mut off_cpu, mut on_cpu) = (Vec::new(), Vec::new());
+        for round in 0..OTEL_ROUNDS {
             let traced_first = round % 2 == 1;
             for is_traced in [traced_first, !traced_first] {
                 let (addr, token) = if is_traced {
@@ -753,13 +763,22 @@ async fn main() {
                 } else {
                     (plain_addr, plain_token.clone())
                 };
+                let pid = if is_traced { traced_pid } else { plain_pid };
+                let cpu0 = cpu_secs(pid);
                 let f = agui_load(addr, runs, format!("{is_traced}{round}"), token).await;
+                let cpu = (cpu_secs(pid) - cpu0) / (f.deltas.max(1) as f64 / 1e6);
                 let rate = f.deltas as f64 / f.elapsed.as_secs_f64();
-                if is_traced { on.push(rate) } else { off.push(rate) }
+                if is_traced {
+                    on.push(rate);
+                    on_cpu.push(cpu);
+                } else {
+                    off.push(rate);
+                    off_cpu.push(cpu);
+                }
             }
         }
         drop((plain, traced));
-        otel = Some((off, on));
+        otel = Some((off, on, off_cpu, on_cpu));
     }
 
     // Peak memory per run: the phase's peak over the process's RSS when idle before any load.
@@ -785,8 +804,9 @@ async fn main() {
         server_hwm[1] as f64 / 1024.0,
         idle_server as f64 / 1024.0
     );
-    if let Some((mut off, mut on)) = otel {
+    if let Some((mut off, mut on, mut off_cpu, mut on_cpu)) = otel {
         let all = |v: &[f64]| v.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", ");
+        let all_cpu = |v: &[f64]| v.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(", ");
         println!(
             "tracing (BENCH_OTEL): untraced deltas/s {}; traced {}",
             all(&off),
@@ -798,12 +818,23 @@ async fn main() {
         };
         let (a, b) = (med(&mut off), med(&mut on));
         println!(
-            "tracing (BENCH_OTEL), open connections, median of 3 alternating loads: untraced {a:.0} deltas/s, \
+            "tracing (BENCH_OTEL), open connections, median of {OTEL_ROUNDS} alternating loads: untraced {a:.0} deltas/s, \
              traced with OTLP export {b:.0} deltas/s; traced/untraced {:.3} (goal >= 0.95); \
              the receiver got {} exports, {} KiB",
             b / a,
             OTLP_GOT[0].load(std::sync::atomic::Ordering::Relaxed),
             OTLP_GOT[1].load(std::sync::atomic::Ordering::Relaxed) / 1024
+        );
+        println!(
+            "tracing (BENCH_OTEL): server CPU seconds per million deltas, untraced {}; traced {}",
+            all_cpu(&off_cpu),
+            all_cpu(&on_cpu)
+        );
+        let (c, d) = (med(&mut off_cpu), med(&mut on_cpu));
+        println!(
+            "tracing (BENCH_OTEL), median server CPU per million deltas: untraced {c:.3} s, traced {d:.3} s; \
+             untraced/traced {:.3} (the deltas/s ratio a CPU-bound server would show; goal >= 0.95)",
+            c / d
         );
     }
     drop(server);

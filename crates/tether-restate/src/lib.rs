@@ -1,0 +1,131 @@
+//! # tether-restate
+//!
+//! Threads on [Restate](https://restate.dev): a tether thread is a Restate virtual object keyed
+//! by its thread id, a turn is one exclusive invocation on it, and every model call and every
+//! tool call of the turn is a journaled step (`ctx.run`), so a crash of the service never runs a
+//! recorded step again. See the crate README for the design.
+//!
+//! - [`object::TetherThread`]: the virtual object (`turn`, `approve`, `waiting`, `cancel`).
+//! - [`steps`]: the seam between tether's engine and the journal ([`steps::StepModel`],
+//!   [`steps::StepHandler`]): the engine stays ordinary async Rust, and only this crate knows
+//!   the 0.x SDK.
+//! - [`record`]: the thread's record stays in tether's store, read and written in journaled
+//!   steps.
+//! - [`serve`] and [`register`]: the HTTP endpoint on a listener, and its registration with the
+//!   Restate admin API.
+
+#![warn(missing_docs)]
+
+// The object macro generates undocumented items (its service trait and `serve`).
+#[allow(missing_docs)]
+pub mod object;
+pub mod record;
+pub mod steps;
+
+use std::time::Duration;
+
+use restate_sdk::prelude::Endpoint;
+use tokio::net::TcpListener;
+
+pub use object::{LiveEvent, TetherThread, TurnOutcome, TurnRequest, WaitingToolUse};
+pub use steps::Decision;
+
+/// The virtual object's service name in Restate (`/TetherThread/{thread}/turn` at the ingress).
+pub const SERVICE: &str = "TetherThread";
+
+/// Why the service could not be registered with Restate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RegisterError {
+    /// The admin API could not be reached before the deadline.
+    #[error("the Restate admin API at {admin} could not be reached within {waited:?}: {message}")]
+    Unreachable {
+        /// The admin URL.
+        admin: String,
+        /// How long registration kept trying.
+        waited: Duration,
+        /// The last failure.
+        message: String,
+    },
+    /// The admin API refused the deployment.
+    #[error("the Restate admin API refused the deployment {uri} ({status}): {body}")]
+    Refused {
+        /// The deployment URI.
+        uri: String,
+        /// The HTTP status.
+        status: u16,
+        /// The response body (at most 2 KiB).
+        body: String,
+    },
+}
+
+/// Serves `thread` on `listener` (HTTP/2, as Restate calls deployments) until the listener fails.
+///
+/// Every connection gets `TCP_NODELAY`: a step is a small frame each way between the service
+/// and Restate, and with Nagle's algorithm against delayed acknowledgments a step waited tens of
+/// milliseconds for nothing (the SDK's own `HttpServer` leaves the option off).
+pub async fn serve(thread: TetherThread, listener: TcpListener) {
+    let endpoint = restate_sdk::hyper::HyperEndpoint::new(Endpoint::builder().bind(thread).build());
+    loop {
+        let (stream, remote) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!("accepting a connection failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::warn!("TCP_NODELAY on a connection from {remote}: {e}");
+        }
+        let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), endpoint.clone());
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("connection from {remote} ended: {e}");
+            }
+        });
+    }
+}
+
+/// Registers the deployment at `uri` (this service's endpoint) with the Restate admin API at
+/// `admin` (`POST /deployments`, forced so a restarted service on the same URI re-registers),
+/// retrying while the admin API is not up yet, for up to `wait`.
+pub async fn register(admin: &str, uri: &str, wait: Duration) -> Result<(), RegisterError> {
+    let client = reqwest::Client::new();
+    let url = format!("{}/deployments", admin.trim_end_matches('/'));
+    let started = std::time::Instant::now();
+    loop {
+        let sent = client
+            .post(&url)
+            .json(&serde_json::json!({"uri": uri, "force": true}))
+            .timeout(Duration::from_secs(30))
+            .send()
+            .await;
+        let message = match sent {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let body: String = r.text().await.unwrap_or_default().chars().take(2048).collect();
+                // Restate answers 5xx while it starts; anything else is a refusal.
+                if status < 500 {
+                    return Err(RegisterError::Refused {
+                        uri: uri.to_owned(),
+                        status,
+                        body,
+                    });
+                }
+                format!("{status}: {body}")
+            }
+            Err(e) => e.to_string(),
+        };
+        if started.elapsed() >= wait {
+            return Err(RegisterError::Unreachable {
+                admin: admin.to_owned(),
+                waited: wait,
+                message,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,512 @@
+//! The thread as a Restate virtual object (`TetherThread`, keyed by thread id).
+//!
+//! - `turn` (exclusive): runs one turn of the thread with the local loop; every model call and
+//!   every tool call is a `ctx.run` step, an approval an awakeable.
+//! - `approve` (shared): completes the awakeable the turn waits on, after checking that the tool
+//!   use it names is one the turn waits for.
+//! - `cancel` (shared): cancels the turn in flight (Restate cancels the invocation: the step in
+//!   flight ends, a waiting approval ends as a cancel, and the turn records what it did).
+
+use std::sync::Arc;
+
+use restate_sdk::prelude::*;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tether::local::LocalLoop;
+use tether::{
+    CancellationToken, ChatModel, Error, Handler, RetryPolicy, Session, SessionConfig, ThreadId, ThreadStore,
+    ToolResult, UserMessage, Waiting,
+};
+
+use crate::record::{self, Commit, Snapshot};
+use crate::steps::{Decision, JournaledOutput, Step, StepClient, StepHandler, StepModel};
+
+/// The longest message text a turn accepts, in bytes.
+pub const MAX_TEXT: usize = 1 << 20;
+/// The longest client message id, in bytes.
+pub const MAX_MESSAGE_ID: usize = 256;
+
+/// State key: the running turn's invocation id (for `cancel`).
+const STATE_TURN: &str = "turn";
+/// State key: what the turn waits for ([`Waiting`] as the approver sees it).
+const STATE_PENDING: &str = "pending";
+
+/// The body of a `turn` call.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TurnRequest {
+    /// The client's id of the message (recorded once: a redelivered request is not sent twice).
+    pub message_id: String,
+    /// The user's message.
+    pub text: String,
+}
+
+/// What a turn returns.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TurnOutcome {
+    /// The thread's record key in the store.
+    pub record: String,
+    /// The answer.
+    pub text: String,
+    /// The last model turn's stop reason.
+    pub stop_reason: Value,
+    /// Ids of the tool uses run.
+    pub tool_uses: Vec<String>,
+    /// Ids of tool uses left waiting for a front-end (not run here).
+    pub pending: Vec<String>,
+    /// Events the turn added to the record.
+    pub events_added: usize,
+}
+
+/// A tool use as the approver sees it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WaitingToolUse {
+    /// The tool use's id.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// What the handler said needs approving.
+    pub summary: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct PendingState {
+    awakeable: String,
+    tool_uses: Vec<WaitingToolUse>,
+}
+
+/// The virtual object's implementation: the model, the tools and the store a turn uses.
+pub struct TetherThread {
+    model: Arc<dyn ChatModel>,
+    handler: Arc<dyn Handler>,
+    store: Arc<dyn ThreadStore>,
+    agent: String,
+    system_prompt: Option<String>,
+    model_name: Option<String>,
+    live: Option<tokio::sync::broadcast::Sender<LiveEvent>>,
+}
+
+/// An event of a running turn, as the service process sees it (out of band: not journaled).
+///
+/// Live events (`seq == None`: token deltas) are sent while the model step runs; they are never
+/// sent again. Durable events are sent as the engine records them; a turn replayed after a crash
+/// sends them again with the same id and `seq`, so a consumer keeps what it has not seen by id.
+#[derive(Debug, Clone)]
+pub struct LiveEvent {
+    /// The thread.
+    pub thread: ThreadId,
+    /// The event.
+    pub event: tether::Event,
+}
+
+/// Forwards a turn's events to the live channel.
+struct LiveObserver {
+    thread: ThreadId,
+    tx: tokio::sync::broadcast::Sender<LiveEvent>,
+}
+
+impl tether::EventObserver for LiveObserver {
+    fn on_event(&self, event: &tether::Event, _sink: &tether::EventSink) {
+        // No subscriber is not an error: the record holds every durable event anyway.
+        let _ = self.tx.send(LiveEvent {
+            thread: self.thread.clone(),
+            event: event.clone(),
+        });
+    }
+}
+
+impl TetherThread {
+    /// Threads of `agent` over `model` with `handler`'s tools, recorded in `store`.
+    pub fn new(
+        agent: impl Into<String>,
+        model: Arc<dyn ChatModel>,
+        handler: Arc<dyn Handler>,
+        store: Arc<dyn ThreadStore>,
+    ) -> Self {
+        TetherThread {
+            model,
+            handler,
+            store,
+            agent: agent.into(),
+            system_prompt: None,
+            model_name: None,
+            live: None,
+        }
+    }
+
+    /// Sends every turn's events to `tx` as they happen (token deltas included): the out-of-band
+    /// stream a front-end relays (see [`LiveEvent`]).
+    pub fn live(mut self, tx: tokio::sync::broadcast::Sender<LiveEvent>) -> Self {
+        self.live = Some(tx);
+        self
+    }
+
+    /// The system prompt of the local loop.
+    pub fn system_prompt(mut self, prompt: impl Into<String>) -> Self {
+        self.system_prompt = Some(prompt.into());
+        self
+    }
+
+    /// The model name the local loop asks for.
+    pub fn model_name(mut self, name: impl Into<String>) -> Self {
+        self.model_name = Some(name.into());
+        self
+    }
+}
+
+/// A failure inside a step: a transient one is retried by Restate (the step runs again), any
+/// other is journaled as the step's terminal failure.
+fn step_error(e: Error) -> HandlerError {
+    if e.is_transient() {
+        HandlerError::from(e)
+    } else {
+        TerminalError::new(e.to_string()).into()
+    }
+}
+
+/// A terminal failure of a journaled operation, as the engine sees it.
+fn engine_error(e: TerminalError) -> Error {
+    if e.code() == 409 {
+        Error::Cancelled
+    } else {
+        Error::Provider {
+            provider: "restate".into(),
+            message: e.message().to_owned(),
+        }
+    }
+}
+
+fn check_request(req: &TurnRequest) -> Result<(), TerminalError> {
+    let bad = |m: &str| Err(TerminalError::new_with_code(400, m));
+    if req.message_id.is_empty() || req.message_id.len() > MAX_MESSAGE_ID {
+        return bad("message_id must be 1 to 256 bytes");
+    }
+    if req.message_id.chars().any(char::is_control) {
+        return bad("message_id must not hold control characters");
+    }
+    if req.text.len() > MAX_TEXT {
+        return bad("text is longer than 1 MiB");
+    }
+    Ok(())
+}
+
+#[restate_sdk::object]
+impl TetherThread {
+    /// Runs one turn of the thread (the object's key is the thread id).
+    #[handler]
+    async fn turn(
+        &self,
+        ctx: ObjectContext<'_>,
+        req: Json<TurnRequest>,
+    ) -> Result<Json<TurnOutcome>, HandlerError> {
+        let req = req.into_inner();
+        let thread =
+            ThreadId::new(ctx.key()).map_err(|e| TerminalError::new_with_code(400, e.to_string()))?;
+        check_request(&req)?;
+        ctx.set(STATE_TURN, ctx.invocation_id().to_owned());
+
+        let store = self.store.clone();
+        let agent = self.agent.clone();
+        let title: String = req.text.chars().take(80).collect();
+        let t = thread.clone();
+        let snapshot = ctx
+            .run(|| async move {
+                record::load(store.as_ref(), &t, &agent, &title)
+                    .await
+                    .map(Json)
+                    .map_err(step_error)
+            })
+            .name("load record")
+            .await?
+            .into_inner();
+
+        let (steps, mut rx) = StepClient::channel();
+        let engine = self.run_engine(&snapshot, &thread, req, steps);
+        tokio::pin!(engine);
+        let (outcome, commit) = loop {
+            tokio::select! {
+                out = &mut engine => break out,
+                Some(step) = rx.recv() => self.serve_step(&ctx, step).await,
+            }
+        };
+
+        let mut added = 0;
+        if let Some(c) = commit {
+            let store = self.store.clone();
+            added = ctx
+                .run(|| async move {
+                    record::commit(store.as_ref(), &c)
+                        .await
+                        .map(|n| n as u64)
+                        .map_err(step_error)
+                })
+                .name("commit record")
+                .await?;
+        }
+        ctx.clear(STATE_PENDING);
+        ctx.clear(STATE_TURN);
+        match outcome {
+            Ok(mut o) => {
+                o.events_added = added as usize;
+                Ok(Json(o))
+            }
+            Err(Error::Cancelled) => Err(TerminalError::new_with_code(409, "the turn was cancelled").into()),
+            Err(e) => Err(TerminalError::new_with_code(500, e.to_string()).into()),
+        }
+    }
+
+    /// Answers a tool use the running turn waits on (`{"decision":"answer","tool_use_id":…,
+    /// "approved":true}`), or cancels the waiting turn (`{"decision":"cancel"}`). Refused (409)
+    /// when no turn waits for that tool use.
+    #[handler]
+    async fn approve(
+        &self,
+        ctx: SharedObjectContext<'_>,
+        decision: Json<Decision>,
+    ) -> Result<(), HandlerError> {
+        let decision = decision.into_inner();
+        let Some(Json(pending)) = ctx.get::<Json<PendingState>>(STATE_PENDING).await? else {
+            return Err(
+                TerminalError::new_with_code(409, "no turn of this thread waits for an approval").into(),
+            );
+        };
+        if let Decision::Answer { tool_use_id, .. } = &decision
+            && !pending.tool_uses.iter().any(|u| &u.id == tool_use_id)
+        {
+            return Err(TerminalError::new_with_code(
+                409,
+                "the turn does not wait for an approval of that tool use",
+            )
+            .into());
+        }
+        ctx.resolve_awakeable(&pending.awakeable, Json(decision));
+        Ok(())
+    }
+
+    /// What the running turn waits for: the tool uses waiting for approval (empty when none).
+    #[handler]
+    async fn waiting(&self, ctx: SharedObjectContext<'_>) -> Result<Json<Vec<WaitingToolUse>>, HandlerError> {
+        let pending = ctx.get::<Json<PendingState>>(STATE_PENDING).await?;
+        Ok(Json(
+            pending.map(|p| p.into_inner().tool_uses).unwrap_or_default(),
+        ))
+    }
+
+    /// Cancels the running turn, if any: the step in flight is abandoned, and the turn records
+    /// error results for what it did not run. Returns whether a turn was running.
+    #[handler]
+    async fn cancel(&self, ctx: SharedObjectContext<'_>) -> Result<bool, HandlerError> {
+        match ctx.get::<String>(STATE_TURN).await? {
+            Some(id) => {
+                ctx.invocation_handle(id).cancel();
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+}
+
+impl TetherThread {
+    /// Serves one step the engine asked for, inside the invocation's journal.
+    async fn serve_step(&self, ctx: &ObjectContext<'_>, step: Step) {
+        match step {
+            Step::Model {
+                request,
+                deltas,
+                reply,
+            } => {
+                let model = self.model.clone();
+                let r = ctx
+                    .run(|| async move { model.chat(&request, &deltas).await.map(Json).map_err(step_error) })
+                    .name("model")
+                    .await;
+                let _ = reply.send(r.map(Json::into_inner).map_err(engine_error));
+            }
+            Step::Tool { call, info, reply } => {
+                let handler = self.handler.clone();
+                let name = format!("tool {}", call.name.chars().take(64).collect::<String>());
+                let r =
+                    ctx.run(|| async move {
+                        Ok(Json(JournaledOutput::from(handler.call_tool(&call, &info).await)))
+                    })
+                    .name(name)
+                    .await;
+                let out = match r {
+                    Ok(Json(o)) => o.into(),
+                    Err(e) => tether::ToolOutput::Error(format!("the tool step failed: {}", e.message())),
+                };
+                let _ = reply.send(out);
+            }
+            Step::Approval { pending, reply } => {
+                let tool_uses = pending
+                    .iter()
+                    .filter_map(|p| match &p.waiting {
+                        Waiting::Approval { summary } => Some(WaitingToolUse {
+                            id: p.tool_use.id.clone(),
+                            name: p.tool_use.name.clone(),
+                            summary: summary.clone(),
+                        }),
+                        _ => None,
+                    })
+                    .collect();
+                let (awakeable, decision) = ctx.awakeable::<Json<Decision>>();
+                ctx.set(STATE_PENDING, Json(PendingState { awakeable, tool_uses }));
+                let d = decision.await;
+                ctx.clear(STATE_PENDING);
+                let _ = reply.send(d.map(Json::into_inner).map_err(engine_error));
+            }
+        }
+    }
+
+    /// Runs the turn's engine against an in-memory copy of the snapshot; returns the outcome
+    /// and what to commit (also after a failure: what the turn did is recorded).
+    async fn run_engine(
+        &self,
+        snapshot: &Snapshot,
+        thread: &ThreadId,
+        req: TurnRequest,
+        steps: StepClient,
+    ) -> (tether::Result<TurnOutcome>, Option<Commit>) {
+        let mem = match record::seed(snapshot).await {
+            Ok(m) => m,
+            Err(e) => return (Err(e), None),
+        };
+        let model: Arc<dyn ChatModel> = Arc::new(StepModel::new(self.model.clone(), steps.clone()));
+        // One attempt per model step: a transient failure is retried by Restate inside the step.
+        let mut provider = LocalLoop::with_model(model)
+            .session_id(snapshot.thread.record.clone())
+            .retry(RetryPolicy::none());
+        if let Some(p) = &self.system_prompt {
+            provider = provider.system_prompt(p.clone());
+        }
+        if let Some(m) = &self.model_name {
+            provider = provider.model_name(m.clone());
+        }
+        // One tool step at a time: the journal's order must be the engine's on every replay.
+        let config = SessionConfig {
+            tool_concurrency: 1,
+            ..SessionConfig::default()
+        };
+        let handler: Arc<dyn Handler> = Arc::new(StepHandler::new(self.handler.clone(), steps.clone()));
+        let mut builder = Session::builder(provider)
+            .handler_arc(handler)
+            .config(config)
+            .thread(mem.clone(), thread.clone(), self.agent.clone())
+            .title(req.text.chars().take(80).collect::<String>());
+        if let Some(tx) = &self.live {
+            builder = builder.observer(Arc::new(LiveObserver {
+                thread: thread.clone(),
+                tx: tx.clone(),
+            }));
+        }
+        let opened = builder.open().await;
+        let outcome = match opened {
+            Ok(mut session) => {
+                let r = drive(&mut session, &steps, req).await;
+                r.map(|mut o| {
+                    o.record = snapshot.thread.record.clone();
+                    o
+                })
+            }
+            Err(e) => Err(e),
+        };
+        let commit = record::diff(snapshot, &mem).await.ok();
+        (outcome, commit)
+    }
+}
+
+/// Sends the message, then answers approvals as they come until the turn ends.
+async fn drive(session: &mut Session, steps: &StepClient, req: TurnRequest) -> tether::Result<TurnOutcome> {
+    let mut result = session
+        .send_messages(
+            vec![UserMessage::with_id(req.message_id, req.text)],
+            CancellationToken::new(),
+        )
+        .await?;
+    let mut answered: Vec<String> = Vec::new();
+    loop {
+        let waiting: Vec<_> = session
+            .pending()
+            .into_iter()
+            .filter(|p| matches!(p.waiting, Waiting::Approval { .. }) && !answered.contains(&p.tool_use.id))
+            .collect();
+        if waiting.is_empty() {
+            if answered.is_empty() {
+                break;
+            }
+            answered.clear();
+            result = session.resume(CancellationToken::new()).await?;
+            continue;
+        }
+        match steps.approval(waiting).await {
+            Ok(Decision::Answer {
+                tool_use_id,
+                approved,
+            }) => {
+                if approved {
+                    session.approve(&tool_use_id).await;
+                } else {
+                    session
+                        .answer_tool_use(ToolResult::error(&tool_use_id, "the user denied this tool call"))
+                        .await?;
+                }
+                answered.push(tool_use_id);
+            }
+            Ok(Decision::Cancel) | Err(Error::Cancelled) => {
+                session
+                    .abandon_pending_tools("cancelled: the turn was cancelled while it waited for approval")
+                    .await?;
+                return Err(Error::Cancelled);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(TurnOutcome {
+        record: String::new(),
+        text: result.text,
+        stop_reason: result.stop_reason,
+        tool_uses: result.tool_uses.into_iter().map(|u| u.id).collect(),
+        pending: result.pending_tool_uses.into_iter().map(|u| u.id).collect(),
+        events_added: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decisions_parse_strictly() {
+        let d: Decision = serde_json::from_value(
+            serde_json::json!({"decision": "answer", "tool_use_id": "c", "approved": true}),
+        )
+        .expect("an answer");
+        assert_eq!(
+            d,
+            Decision::Answer {
+                tool_use_id: "c".into(),
+                approved: true
+            }
+        );
+        for bad in [
+            serde_json::json!({"decision": "answer", "tool_use_id": "c", "approved": "yes"}),
+            serde_json::json!({"decision": "answer", "tool_use_id": "c"}),
+            serde_json::json!({"decision": "approve_all"}),
+            serde_json::json!({"tool_use_id": "c", "approved": true}),
+        ] {
+            assert!(serde_json::from_value::<Decision>(bad.clone()).is_err(), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        /// A turn request is accepted exactly when its message id is 1 to 256 bytes without
+        /// control characters and its text at most 1 MiB; nothing panics.
+        #[test]
+        fn turn_requests_are_checked(id in "\\PC{0,300}|[\\x00-\\x1f]{1,3}", len in 0usize..4) {
+            let text = "x".repeat([0, 10, MAX_TEXT, MAX_TEXT + 1][len]);
+            let ok = check_request(&TurnRequest { message_id: id.clone(), text: text.clone() }).is_ok();
+            let valid = !id.is_empty() && id.len() <= MAX_MESSAGE_ID && !id.chars().any(char::is_control)
+                && text.len() <= MAX_TEXT;
+            proptest::prop_assert_eq!(ok, valid);
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! The cost of a durable step, in one run: the same turn (N tool calls, so 2N + 1 steps: N + 1
+//! model calls and N tool calls, the model an instant fake) run through Restate (a real server
+//! and the real service process, on one node and on a 3-node cluster) and run directly (the same engine in process, on a SQLite
+//! store). Prints the numbers; asserts nothing about time.
+//!
+//! `cargo test -p tether-restate --test bench -- --ignored --nocapture` (debug build unless
+//! `--release`; `TETHER_RESTATE_BENCH_TOOLS` sets N, default 40; at most 49: the engine's default turn limit is 50).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use common::*;
+use serde_json::json;
+use tether::local::LocalLoop;
+use tether::{Session, ThreadId, ToolSet, ToolSpec, UserMessage};
+use tether_testkit::openai::{FakeOpenAi, Reply};
+
+fn script(n: usize, tag: &str) -> Vec<Reply> {
+    let mut v: Vec<Reply> = (0..n)
+        .map(|i| {
+            Reply::tool_calls(&[(
+                &format!("{tag}{i}") as &str,
+                "append_line",
+                &format!(r#"{{"text":"{tag}{i}"}}"#) as &str,
+            )])
+        })
+        .collect();
+    v.push(Reply::text("done"));
+    v
+}
+
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: run with --ignored --nocapture"]
+async fn durable_step_overhead() {
+    let n: usize = std::env::var("TETHER_RESTATE_BENCH_TOOLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(40);
+    let steps = (2 * n + 1) as f64;
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // Directly: the engine in process, the record in SQLite.
+    let fake = FakeOpenAi::start().await;
+    fake.push_all(script(n, "d"));
+    let effects_path = dir.path().join("direct.log");
+    let p = effects_path.clone();
+    let tools = Arc::new(ToolSet::new().tool(
+        ToolSpec::new("append_line", "Appends a line.", json!({"type": "object"})),
+        move |input: serde_json::Value| {
+            let p = p.clone();
+            async move {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&p)?;
+                f.write_all(format!("{}\n", input["text"].as_str().unwrap_or("")).as_bytes())?;
+                f.sync_data()?;
+                Ok::<_, std::io::Error>("appended".to_owned())
+            }
+        },
+    ));
+    let store = Arc::new(tether_sqlite::SqliteStore::open(dir.path().join("direct.db")).expect("store"));
+    let mut direct = std::time::Duration::ZERO;
+    // The first turn warms up (connections, the store); the second is measured.
+    for (round, thread) in ["warm", "bench"].into_iter().enumerate() {
+        if round == 1 {
+            fake.push_all(script(n, "d"));
+        }
+        let model = tether_openai::OpenAiModel::builder(fake.url())
+            .model("fake-model")
+            .build()
+            .expect("model");
+        let started = Instant::now();
+        let mut session = Session::builder(LocalLoop::new(model))
+            .handler_arc(tools.clone())
+            .thread(store.clone(), ThreadId::new(thread).expect("id"), "bench")
+            .open()
+            .await
+            .expect("open");
+        let r = session
+            .send_messages(vec![UserMessage::with_id("m1", "go")], Default::default())
+            .await
+            .expect("direct turn");
+        direct = started.elapsed();
+        assert_eq!(r.text, "done");
+    }
+    assert_eq!(effects(&effects_path).len(), 2 * n);
+
+    // Through Restate: one node, then a 3-node cluster (replication 2); the service a separate
+    // process.
+    let single = Restate::start().await;
+    let one = through_restate(&single.admin, &single.ingress, n, dir.path(), "one").await;
+    drop(single);
+    let cluster = Restate::start_cluster(3).await;
+    let three = through_restate(&cluster[0].admin, &cluster[1].ingress, n, dir.path(), "three").await;
+    drop(cluster);
+
+    let per = |d: std::time::Duration| d.as_secs_f64() * 1000.0 / steps;
+    println!(
+        "{n} tool calls, {steps} steps: direct {:.1} ms ({:.2} ms/step); restate 1 node {:.1} ms ({:.2} ms/step, +{:.2}); restate 3 nodes {:.1} ms ({:.2} ms/step, +{:.2})",
+        direct.as_secs_f64() * 1000.0,
+        per(direct),
+        one.as_secs_f64() * 1000.0,
+        per(one),
+        per(one) - per(direct),
+        three.as_secs_f64() * 1000.0,
+        per(three),
+        per(three) - per(direct),
+    );
+}
+
+/// Runs the turn through Restate (after a warm-up turn) and returns its wall time.
+async fn through_restate(
+    admin: &str,
+    ingress: &str,
+    n: usize,
+    dir: &std::path::Path,
+    tag: &str,
+) -> std::time::Duration {
+    let fake = FakeOpenAi::start().await;
+    let config = ServiceConfig {
+        listen: format!("127.0.0.1:{}", free_port()),
+        admin: admin.to_owned(),
+        model_url: fake.url(),
+        db: dir.join(format!("{tag}.db")),
+        effects: dir.join(format!("{tag}.log")),
+        live: None,
+    };
+    let _service = Service::start(&config);
+    // A warm-up turn (connections, the deployment's first call).
+    // A node other than the one registered with learns of the deployment shortly after.
+    fake.push(Reply::text("warm"));
+    until("the ingress to know the service", async || {
+        let (status, v) = call(ingress, "warm", "turn", &json!({"message_id": "w", "text": "hi"})).await;
+        assert!(status == 200 || status == 404, "{status} {v}");
+        (status == 200).then_some(())
+    })
+    .await;
+    fake.push_all(script(n, "r"));
+    let started = Instant::now();
+    let (status, out) = call(
+        ingress,
+        "bench",
+        "turn",
+        &json!({"message_id": "m1", "text": "go"}),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(effects(&config.effects).len(), n);
+    took
+}

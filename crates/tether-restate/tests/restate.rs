@@ -1,0 +1,451 @@
+//! tether threads on a real Restate server (from npm, `conformance/restate`), with the real
+//! service process (`tether-restate-demo`) and the testkit's OpenAI fake as the model.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+use tether::EventKind;
+use tether_testkit::openai::{FakeOpenAi, Reply};
+
+struct Setup {
+    restate: Restate,
+    fake: FakeOpenAi,
+    config: ServiceConfig,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup() -> Setup {
+    let restate = Restate::start().await;
+    let fake = FakeOpenAi::start().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ServiceConfig {
+        listen: format!("127.0.0.1:{}", free_port()),
+        admin: restate.admin.clone(),
+        model_url: fake.url(),
+        db: dir.path().join("threads.db"),
+        effects: dir.path().join("effects.log"),
+        live: None,
+    };
+    Setup {
+        restate,
+        fake,
+        config,
+        _dir: dir,
+    }
+}
+
+fn turn(id: &str, text: &str) -> serde_json::Value {
+    json!({"message_id": id, "text": text})
+}
+
+/// A turn with a tool call completes; the tool ran once; the record has every event once, in a
+/// gapless sequence; a second turn continues the thread from that record.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_with_a_tool_call_completes_and_is_recorded_once() {
+    let s = setup().await;
+    let service = Service::start(&s.config);
+    s.fake
+        .push(Reply::tool_calls(&[(
+            "call_1",
+            "append_line",
+            r#"{"text":"one"}"#,
+        )]))
+        .push(Reply::text("Appended."));
+    let (status, out) = call(&s.restate.ingress, "t-1", "turn", &turn("m1", "append one")).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["text"], "Appended.", "{out}");
+    assert_eq!(out["tool_uses"], json!(["call_1"]));
+    assert_eq!(effects(&s.config.effects), vec!["append_line call_1 one"]);
+    let added = out["events_added"].as_u64().expect("events_added");
+
+    // The second turn's model call sees the first turn's history, rebuilt from the record.
+    s.fake.push(Reply::text("Still here."));
+    let (status, out2) = call(&s.restate.ingress, "t-1", "turn", &turn("m2", "and now?")).await;
+    assert_eq!(status, 200, "{out2}");
+    assert_eq!(out2["text"], "Still here.");
+    let last = s.fake.requests().pop().expect("a request");
+    let history = serde_json::to_string(last.messages()).unwrap_or_default();
+    for want in ["append one", "call_1", "appended one", "and now?"] {
+        assert!(history.contains(want), "history lacks {want}: {history}");
+    }
+    assert_eq!(
+        s.fake.requests().len(),
+        3,
+        "one model call per step, none repeated"
+    );
+    service.kill();
+
+    let events = check_record(&s.config.db, "t-1").await;
+    assert_eq!(
+        events.len() as u64,
+        added + out2["events_added"].as_u64().unwrap_or(0)
+    );
+    let results = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventKind::ToolResult { .. }))
+        .count();
+    assert_eq!(results, 1, "one tool result recorded: {events:#?}");
+}
+
+/// A turn waiting for approval is approved by a second request (the shared `approve` handler
+/// completing the turn's awakeable); an approval naming another tool use is refused, and the
+/// tool does not run before the approval.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_from_a_second_request_resumes_the_turn() {
+    let s = setup().await;
+    let _service = Service::start(&s.config);
+    s.fake
+        .push(Reply::tool_calls(&[(
+            "call_g",
+            "guarded_append",
+            r#"{"text":"two"}"#,
+        )]))
+        .push(Reply::text("Done after approval."));
+    let ingress = s.restate.ingress.clone();
+    let inv = send_turn(&ingress, "t-approve", &turn("m1", "append two, carefully")).await;
+
+    let waiting = until("the turn to wait for approval", async || {
+        let (status, v) = call(&ingress, "t-approve", "waiting", &json!(null)).await;
+        (status == 200 && v.as_array().is_some_and(|a| !a.is_empty())).then_some(v)
+    })
+    .await;
+    assert_eq!(waiting[0]["id"], "call_g", "{waiting}");
+    assert!(
+        effects(&s.config.effects).is_empty(),
+        "the tool ran before its approval"
+    );
+
+    let (status, v) = call(
+        &ingress,
+        "t-approve",
+        "approve",
+        &json!({"decision": "answer", "tool_use_id": "call_other", "approved": true}),
+    )
+    .await;
+    assert_eq!(status, 409, "an approval for a tool use nobody waits on: {v}");
+    assert!(effects(&s.config.effects).is_empty());
+
+    let (status, v) = call(
+        &ingress,
+        "t-approve",
+        "approve",
+        &json!({"decision": "answer", "tool_use_id": "call_g", "approved": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, out) = attach(&ingress, &inv).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["text"], "Done after approval.");
+    assert_eq!(effects(&s.config.effects), vec!["guarded_append call_g two"]);
+}
+
+/// SIGKILL the service between a tool's effect and the end of the turn, at a different point
+/// each time (after the first, second or third of three tool calls, while the next model call
+/// is in flight): after a restart every turn finishes, every tool effect happened exactly once
+/// (counted by invocation: each run appends a line), and every record is gapless and without
+/// duplicates. `TETHER_RESTATE_CRASHES` sets the number of crashes (default 20).
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_between_steps_never_repeats_a_tool_effect() {
+    let crashes: usize = std::env::var("TETHER_RESTATE_CRASHES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let s = setup().await;
+    let ingress = s.restate.ingress.clone();
+    let mut config = s.config.clone();
+    for i in 0..crashes {
+        // A model of its own per crash, so a reply the killed call took is not left for the next.
+        let fake = FakeOpenAi::start().await;
+        config.model_url = fake.url();
+        let service = Service::start(&config);
+        let thread = format!("crash-{i}");
+        // Kill while model call `k` (2..=4) is in flight: k - 1 tool effects happened before.
+        let k = 2 + (i % 3);
+        let mut script = vec![
+            Reply::tool_calls(&[(
+                &format!("c{i}a") as &str,
+                "append_line",
+                &format!(r#"{{"text":"{i}a"}}"#) as &str,
+            )]),
+            Reply::tool_calls(&[(
+                &format!("c{i}b") as &str,
+                "append_line",
+                &format!(r#"{{"text":"{i}b"}}"#) as &str,
+            )]),
+            Reply::tool_calls(&[(
+                &format!("c{i}c") as &str,
+                "append_line",
+                &format!(r#"{{"text":"{i}c"}}"#) as &str,
+            )]),
+            Reply::text(format!("done {i}")),
+        ];
+        // The call the kill interrupts never ends on its own; after the restart the step runs
+        // again and gets the real reply.
+        let real = std::mem::replace(&mut script[k - 1], Reply::text("never").stall_after(1));
+        script.insert(k, real);
+        fake.push_all(script);
+
+        let inv = send_turn(&ingress, &thread, &turn("m1", "append three lines")).await;
+        until("the model call to interrupt", async || {
+            (fake.requests().len() >= k).then_some(())
+        })
+        .await;
+        let before = effects(&config.effects);
+        service.kill();
+        assert_eq!(
+            before.iter().filter(|l| l.contains(&format!(" c{i}"))).count(),
+            k - 1,
+            "crash {i}: the tool effects before the kill"
+        );
+
+        let service = Service::start(&config);
+        let (status, out) = attach(&ingress, &inv).await;
+        assert_eq!(status, 200, "crash {i}: {out}\n{}", s.restate.log());
+        assert_eq!(out["text"], format!("done {i}"), "crash {i}");
+        let lines = effects(&config.effects);
+        for step in ["a", "b", "c"] {
+            let n = lines
+                .iter()
+                .filter(|l| l.ends_with(&format!(" {i}{step}")))
+                .count();
+            assert_eq!(n, 1, "crash {i}: tool {step} ran {n} times: {lines:#?}");
+        }
+        assert_eq!(
+            fake.requests().len(),
+            5,
+            "crash {i}: the interrupted model call alone ran again"
+        );
+        service.kill();
+    }
+    for i in 0..crashes {
+        let events = check_record(&config.db, &format!("crash-{i}")).await;
+        let results = events
+            .iter()
+            .filter(|e| matches!(e.kind, EventKind::ToolResult { .. }))
+            .count();
+        assert_eq!(results, 3, "crash {i}: {events:#?}");
+    }
+    assert_eq!(effects(&config.effects).len(), 3 * crashes);
+}
+
+/// SIGKILL the service after a tool's effect, while the turn waits for the approval of a second
+/// tool: after a restart the turn still waits, the approval resumes it, and each tool ran once.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_while_waiting_for_approval_keeps_the_turn_and_its_effects() {
+    let s = setup().await;
+    let service = Service::start(&s.config);
+    s.fake
+        .push(Reply::tool_calls(&[(
+            "call_a",
+            "append_line",
+            r#"{"text":"first"}"#,
+        )]))
+        .push(Reply::tool_calls(&[(
+            "call_g",
+            "guarded_append",
+            r#"{"text":"second"}"#,
+        )]))
+        .push(Reply::text("Both done."));
+    let ingress = s.restate.ingress.clone();
+    let inv = send_turn(&ingress, "t-crash-approve", &turn("m1", "append two lines")).await;
+    let waiting = async || {
+        let (status, v) = call(&ingress, "t-crash-approve", "waiting", &json!(null)).await;
+        (status == 200 && v.as_array().is_some_and(|a| !a.is_empty())).then_some(v)
+    };
+    until("the turn to wait for approval", waiting).await;
+    assert_eq!(effects(&s.config.effects), vec!["append_line call_a first"]);
+    service.kill();
+
+    let _service = Service::start(&s.config);
+    let (status, v) = call(
+        &ingress,
+        "t-crash-approve",
+        "approve",
+        &json!({"decision": "answer", "tool_use_id": "call_g", "approved": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, out) = attach(&ingress, &inv).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["text"], "Both done.");
+    assert_eq!(
+        effects(&s.config.effects),
+        vec!["append_line call_a first", "guarded_append call_g second"]
+    );
+    assert_eq!(s.fake.requests().len(), 3, "no model call ran twice");
+    drop(_service);
+    check_record(&s.config.db, "t-crash-approve").await;
+}
+
+/// A denial is an error result for the model, and the tool never runs; a cancel of a turn that
+/// waits for approval ends it (409) with the waiting tool use answered by an error in the record,
+/// so the next turn starts cleanly.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_denial_and_a_cancel_never_run_the_tool() {
+    let s = setup().await;
+    let service = Service::start(&s.config);
+    let ingress = s.restate.ingress.clone();
+    let waiting = async |thread: &str| {
+        until("the turn to wait for approval", async || {
+            let (status, v) = call(&ingress, thread, "waiting", &json!(null)).await;
+            (status == 200 && v.as_array().is_some_and(|a| !a.is_empty())).then_some(v)
+        })
+        .await
+    };
+
+    s.fake
+        .push(Reply::tool_calls(&[(
+            "call_d",
+            "guarded_append",
+            r#"{"text":"denied"}"#,
+        )]))
+        .push(Reply::text("Understood, not appending."));
+    let inv = send_turn(&ingress, "t-deny", &turn("m1", "append")).await;
+    waiting("t-deny").await;
+    let (status, v) = call(
+        &ingress,
+        "t-deny",
+        "approve",
+        &json!({"decision": "answer", "tool_use_id": "call_d", "approved": false}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, out) = attach(&ingress, &inv).await;
+    assert_eq!(status, 200, "{out}");
+    let last = s.fake.requests().pop().expect("a request");
+    let history = serde_json::to_string(last.messages()).unwrap_or_default();
+    assert!(history.contains("denied this tool call"), "{history}");
+
+    s.fake
+        .push(Reply::tool_calls(&[(
+            "call_c",
+            "guarded_append",
+            r#"{"text":"cancelled"}"#,
+        )]))
+        .push(Reply::text("Fresh start."));
+    let inv = send_turn(&ingress, "t-cancel", &turn("m1", "append")).await;
+    waiting("t-cancel").await;
+    let (status, v) = call(&ingress, "t-cancel", "cancel", &json!(null)).await;
+    assert_eq!((status, v.clone()), (200, json!(true)), "{v}");
+    let (status, out) = attach(&ingress, &inv).await;
+    assert_eq!(status, 409, "{out}");
+    let (status, out) = call(&ingress, "t-cancel", "turn", &turn("m2", "start again")).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["text"], "Fresh start.");
+    assert!(
+        effects(&s.config.effects).is_empty(),
+        "a denied or cancelled tool ran"
+    );
+    service.kill();
+    let events = check_record(&s.config.db, "t-cancel").await;
+    let cancelled = events.iter().any(|e| match &e.kind {
+        EventKind::ToolResult { result } => result.is_error && result.tool_use_id == "call_c",
+        _ => false,
+    });
+    assert!(
+        cancelled,
+        "the cancelled tool use has an error result: {events:#?}"
+    );
+}
+
+/// Hostile input is refused before the engine runs: a thread id with a control character, an
+/// empty or oversized message id, an oversized text, an unknown decision (each a 4xx, nothing
+/// sent to the model, nothing recorded).
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_requests_are_refused_before_any_step() {
+    let s = setup().await;
+    let service = Service::start(&s.config);
+    let ingress = s.restate.ingress.clone();
+    let cases = [
+        ("bad%0Aid", turn("m1", "hi")),
+        ("t-bad", turn("", "hi")),
+        ("t-bad", turn(&"x".repeat(257), "hi")),
+        ("t-bad", turn("m\u{1b}1", "hi")),
+        ("t-bad", turn("m1", &"x".repeat((1 << 20) + 1))),
+    ];
+    for (thread, body) in cases {
+        let (status, v) = call(&ingress, thread, "turn", &body).await;
+        assert_eq!(status, 400, "{thread}: {v}");
+    }
+    let (status, v) = call(&ingress, "t-bad", "approve", &json!({"decision": "yes please"})).await;
+    assert!((400..500).contains(&status), "{status} {v}");
+    assert!(s.fake.requests().is_empty());
+    service.kill();
+    let store = tether_sqlite::SqliteStore::open(&s.config.db).expect("open");
+    use tether::ThreadStore;
+    assert!(store.threads(None).await.expect("threads").is_empty());
+}
+
+/// Token deltas leave the model step out of band while the turn runs (the journal keeps only
+/// the complete response): a subscriber to the service's live route sees the answer arrive in
+/// pieces that add up to the recorded message, before it.
+#[tokio::test(flavor = "multi_thread")]
+async fn token_deltas_stream_out_of_band_while_the_turn_runs() {
+    use futures_util::StreamExt;
+    let mut s = setup().await;
+    let live = format!("127.0.0.1:{}", free_port());
+    s.config.live = Some(live.clone());
+    let service = Service::start(&s.config);
+    let answer = "Hello out of band, in pieces.";
+    s.fake
+        .push(Reply::tool_calls(&[("call_1", "append_line", r#"{"text":"x"}"#)]))
+        .push(Reply::text(answer).chunk_chars(4));
+    let stream = reqwest::get(format!("http://{live}/live/t-live"))
+        .await
+        .expect("the live route");
+    assert_eq!(stream.status(), 200);
+    let mut body = stream.bytes_stream();
+    let (status, out) = call(&s.restate.ingress, "t-live", "turn", &turn("m1", "say hello")).await;
+    assert_eq!(status, 200, "{out}");
+
+    let mut buf = String::new();
+    let mut deltas = String::new();
+    let mut pieces = 0;
+    let message = tokio::time::timeout(PATIENCE, async {
+        while let Some(chunk) = body.next().await {
+            buf.push_str(&String::from_utf8_lossy(&chunk.expect("a chunk")));
+            while let Some(end) = buf.find("\n\n") {
+                let frame: String = buf.drain(..end + 2).collect();
+                let data = frame.trim().strip_prefix("data: ").expect("an SSE data line");
+                let event: tether::Event = serde_json::from_str(data).expect("an event");
+                match event.kind {
+                    EventKind::TextDelta { delta, .. } => {
+                        assert!(event.seq.is_none(), "a delta is live only");
+                        deltas.push_str(&delta);
+                        pieces += 1;
+                    }
+                    EventKind::Message { text, .. } if text == answer => return text,
+                    _ => {}
+                }
+            }
+        }
+        panic!("the live stream ended before the answer's message");
+    })
+    .await
+    .expect("the answer's message on the live stream");
+    assert_eq!(deltas, message, "the deltas add up to the recorded message");
+    assert!(pieces > 1, "the answer came in pieces: {pieces}");
+    service.kill();
+    check_record(&s.config.db, "t-live").await;
+}
+
+/// A redelivered request (the same message id again, as a client retrying after a lost response
+/// sends it) is recorded once and not sent to the model again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_redelivered_message_is_neither_recorded_nor_sent_twice() {
+    let s = setup().await;
+    let service = Service::start(&s.config);
+    s.fake.push(Reply::text("Once."));
+    let (status, out) = call(&s.restate.ingress, "t-redo", "turn", &turn("m1", "hello")).await;
+    assert_eq!(status, 200, "{out}");
+    let (status, again) = call(&s.restate.ingress, "t-redo", "turn", &turn("m1", "hello")).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(again["stop_reason"], "idle", "{again}");
+    assert_eq!(again["events_added"], 0, "{again}");
+    assert_eq!(s.fake.requests().len(), 1, "the model was asked once");
+    service.kill();
+    let events = check_record(&s.config.db, "t-redo").await;
+    let users = events.iter().filter(|e| e.id == "user:m1").count();
+    assert_eq!(users, 1, "{events:#?}");
+}
