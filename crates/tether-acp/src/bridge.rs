@@ -13,8 +13,10 @@ use serde_json::{Value, json};
 use tether::handler as th;
 use tether::{Handler, SessionInfo};
 
-use crate::error::{HandlerError, codes};
-use crate::handler::{ClientHandler, HandlerSupport, SessionUpdateEvent, TerminalRequest, TerminalResponse};
+use crate::error::{ClientError, codes};
+use crate::handler::{
+    AcpTerminalRequest, AcpTerminalResponse, ClientHandler, HandlerSupport, SessionUpdateEvent,
+};
 use crate::schema::{
     CompleteElicitationNotification, CreateElicitationRequest, CreateElicitationResponse,
     CreateTerminalResponse, ElicitationAction, ElicitationMode, ElicitationScope, KillTerminalResponse,
@@ -25,14 +27,14 @@ use crate::schema::{
 };
 
 /// Maps a tether handler error onto a JSON-RPC error.
-pub fn handler_error(e: th::HandlerError) -> HandlerError {
+pub fn handler_error(e: th::HandlerError) -> ClientError {
     let code = match &e {
         th::HandlerError::Unsupported(_) => codes::METHOD_NOT_FOUND,
         th::HandlerError::OutsideRoot(_) | th::HandlerError::Invalid(_) => codes::INVALID_PARAMS,
         th::HandlerError::NotFound(_) => codes::RESOURCE_NOT_FOUND,
         _ => codes::INTERNAL_ERROR,
     };
-    HandlerError::new(code, e.to_string())
+    ClientError::new(code, e.to_string())
 }
 
 /// The [`HandlerSupport`] a tether handler's capabilities imply.
@@ -97,25 +99,25 @@ fn exit_status(e: th::ExitStatus) -> TerminalExitStatus {
 }
 
 /// Converts an ACP terminal request into tether's.
-pub fn terminal_request(req: &TerminalRequest) -> th::TerminalRequest {
+pub fn terminal_request(req: &AcpTerminalRequest) -> th::TerminalRequest {
     match req {
-        TerminalRequest::Create(c) => th::TerminalRequest::Create {
+        AcpTerminalRequest::Create(c) => th::TerminalRequest::Create {
             command: c.command.clone(),
             args: c.args.clone(),
             env: c.env.iter().map(|v| (v.name.clone(), v.value.clone())).collect(),
             cwd: c.cwd.clone(),
             output_byte_limit: c.output_byte_limit,
         },
-        TerminalRequest::Output(r) => th::TerminalRequest::Output {
+        AcpTerminalRequest::Output(r) => th::TerminalRequest::Output {
             terminal_id: r.terminal_id.to_string(),
         },
-        TerminalRequest::WaitForExit(r) => th::TerminalRequest::WaitForExit {
+        AcpTerminalRequest::WaitForExit(r) => th::TerminalRequest::WaitForExit {
             terminal_id: r.terminal_id.to_string(),
         },
-        TerminalRequest::Kill(r) => th::TerminalRequest::Kill {
+        AcpTerminalRequest::Kill(r) => th::TerminalRequest::Kill {
             terminal_id: r.terminal_id.to_string(),
         },
-        TerminalRequest::Release(r) => th::TerminalRequest::Release {
+        AcpTerminalRequest::Release(r) => th::TerminalRequest::Release {
             terminal_id: r.terminal_id.to_string(),
         },
     }
@@ -123,29 +125,29 @@ pub fn terminal_request(req: &TerminalRequest) -> th::TerminalRequest {
 
 /// Converts tether's terminal answer back, shaped for the request it answers.
 pub fn terminal_response(
-    req: &TerminalRequest,
+    req: &AcpTerminalRequest,
     resp: th::TerminalResponse,
-) -> Result<TerminalResponse, HandlerError> {
-    let mismatch = |m: &str| HandlerError::internal(format!("the handler gave a wrong answer to {m}"));
+) -> Result<AcpTerminalResponse, ClientError> {
+    let mismatch = |m: &str| ClientError::internal(format!("the handler gave a wrong answer to {m}"));
     Ok(match (req, resp) {
-        (TerminalRequest::Create(_), th::TerminalResponse::Created { terminal_id }) => {
-            TerminalResponse::Create(CreateTerminalResponse::new(terminal_id))
+        (AcpTerminalRequest::Create(_), th::TerminalResponse::Created { terminal_id }) => {
+            AcpTerminalResponse::Create(CreateTerminalResponse::new(terminal_id))
         }
         (
-            TerminalRequest::Output(_),
+            AcpTerminalRequest::Output(_),
             th::TerminalResponse::Output {
                 output,
                 truncated,
                 exit_status: exit,
             },
-        ) => TerminalResponse::Output(
+        ) => AcpTerminalResponse::Output(
             TerminalOutputResponse::new(output, truncated).exit_status(exit.map(exit_status)),
         ),
-        (TerminalRequest::WaitForExit(_), th::TerminalResponse::Exited(e)) => {
-            TerminalResponse::WaitForExit(WaitForTerminalExitResponse::new(exit_status(e)))
+        (AcpTerminalRequest::WaitForExit(_), th::TerminalResponse::Exited(e)) => {
+            AcpTerminalResponse::WaitForExit(WaitForTerminalExitResponse::new(exit_status(e)))
         }
-        (TerminalRequest::Kill(_), _) => TerminalResponse::Kill(KillTerminalResponse::new()),
-        (TerminalRequest::Release(_), _) => TerminalResponse::Release(ReleaseTerminalResponse::new()),
+        (AcpTerminalRequest::Kill(_), _) => AcpTerminalResponse::Kill(KillTerminalResponse::new()),
+        (AcpTerminalRequest::Release(_), _) => AcpTerminalResponse::Release(ReleaseTerminalResponse::new()),
         (r, _) => return Err(mismatch(r.method())),
     })
 }
@@ -175,7 +177,7 @@ pub fn elicitation_request(req: &CreateElicitationRequest) -> Option<th::Elicita
 }
 
 /// Converts tether's elicitation answer back.
-pub fn elicitation_response(r: th::ElicitationResponse) -> Result<CreateElicitationResponse, HandlerError> {
+pub fn elicitation_response(r: th::ElicitationResponse) -> Result<CreateElicitationResponse, ClientError> {
     let v = match r {
         th::ElicitationResponse::Accept { content } => match content {
             Some(c) => json!({"action": "accept", "content": c}),
@@ -185,7 +187,7 @@ pub fn elicitation_response(r: th::ElicitationResponse) -> Result<CreateElicitat
         _ => json!({"action": "cancel"}),
     };
     let action: ElicitationAction = serde_json::from_value(v)
-        .map_err(|e| HandlerError::internal(format!("elicitation content does not fit ACP: {e}")))?;
+        .map_err(|e| ClientError::internal(format!("elicitation content does not fit ACP: {e}")))?;
     Ok(CreateElicitationResponse::new(action))
 }
 
@@ -242,7 +244,7 @@ impl HandlerBridge {
         &self,
         r: ReadTextFileRequest,
         info: &SessionInfo,
-    ) -> Result<ReadTextFileResponse, HandlerError> {
+    ) -> Result<ReadTextFileResponse, ClientError> {
         let req = th::ReadTextFile {
             path: r.path,
             line: r.line,
@@ -260,7 +262,7 @@ impl HandlerBridge {
         &self,
         r: WriteTextFileRequest,
         info: &SessionInfo,
-    ) -> Result<WriteTextFileResponse, HandlerError> {
+    ) -> Result<WriteTextFileResponse, ClientError> {
         let req = th::WriteTextFile {
             path: r.path,
             content: r.content,
@@ -275,9 +277,9 @@ impl HandlerBridge {
     /// `terminal/*` through the tether handler.
     pub async fn terminal(
         &self,
-        request: TerminalRequest,
+        request: AcpTerminalRequest,
         info: &SessionInfo,
-    ) -> Result<TerminalResponse, HandlerError> {
+    ) -> Result<AcpTerminalResponse, ClientError> {
         let resp = self
             .handler
             .terminal(&terminal_request(&request), info)
@@ -291,9 +293,9 @@ impl HandlerBridge {
         &self,
         r: CreateElicitationRequest,
         info: &SessionInfo,
-    ) -> Result<CreateElicitationResponse, HandlerError> {
+    ) -> Result<CreateElicitationResponse, ClientError> {
         let Some(req) = elicitation_request(&r) else {
-            return Err(HandlerError::invalid_params("unknown elicitation mode"));
+            return Err(ClientError::invalid_params("unknown elicitation mode"));
         };
         elicitation_response(self.handler.elicit(&req, info).await)
     }
@@ -319,21 +321,21 @@ impl ClientHandler for HandlerBridge {
         self.permission(req, &info).await
     }
 
-    async fn read_text_file(&self, r: ReadTextFileRequest) -> Result<ReadTextFileResponse, HandlerError> {
+    async fn read_text_file(&self, r: ReadTextFileRequest) -> Result<ReadTextFileResponse, ClientError> {
         let info = self.info(&r.session_id);
         self.read(r, &info).await
     }
 
-    async fn write_text_file(&self, r: WriteTextFileRequest) -> Result<WriteTextFileResponse, HandlerError> {
+    async fn write_text_file(&self, r: WriteTextFileRequest) -> Result<WriteTextFileResponse, ClientError> {
         let info = self.info(&r.session_id);
         self.write(r, &info).await
     }
 
     async fn terminal(
         &self,
-        request: TerminalRequest,
+        request: AcpTerminalRequest,
         _id: &RequestId,
-    ) -> Result<TerminalResponse, HandlerError> {
+    ) -> Result<AcpTerminalResponse, ClientError> {
         let info = self.info(request.session_id());
         HandlerBridge::terminal(self, request, &info).await
     }
@@ -341,7 +343,7 @@ impl ClientHandler for HandlerBridge {
     async fn form_elicitation(
         &self,
         r: CreateElicitationRequest,
-    ) -> Result<CreateElicitationResponse, HandlerError> {
+    ) -> Result<CreateElicitationResponse, ClientError> {
         let info = self.info_for_elicitation(&r);
         self.elicit(r, &info).await
     }
@@ -349,7 +351,7 @@ impl ClientHandler for HandlerBridge {
     async fn url_elicitation(
         &self,
         r: CreateElicitationRequest,
-    ) -> Result<CreateElicitationResponse, HandlerError> {
+    ) -> Result<CreateElicitationResponse, ClientError> {
         let info = self.info_for_elicitation(&r);
         self.elicit(r, &info).await
     }

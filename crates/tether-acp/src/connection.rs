@@ -22,10 +22,10 @@ use tokio::process::Child;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::AbortHandle;
 
-use crate::error::{AcpError, Direction, HandlerError, codes};
+use crate::error::{AcpError, ClientError, Direction, codes};
 use crate::fast::{FastCache, decode_text_chunk};
 use crate::handler::{
-    AcpUpdate, ClientHandler, RawMessage, SessionUpdateEvent, TerminalRequest, TerminateReason,
+    AcpTerminalRequest, AcpUpdate, ClientHandler, RawMessage, SessionUpdateEvent, TerminateReason,
 };
 use crate::options::ClientOptions;
 use crate::roots::confine;
@@ -417,12 +417,12 @@ impl Drop for CallGuard<'_> {
     }
 }
 
-fn to_value<T: Serialize>(v: &T) -> Result<Value, HandlerError> {
-    serde_json::to_value(v).map_err(|e| HandlerError::internal(format!("could not encode the answer: {e}")))
+fn to_value<T: Serialize>(v: &T) -> Result<Value, ClientError> {
+    serde_json::to_value(v).map_err(|e| ClientError::internal(format!("could not encode the answer: {e}")))
 }
 
-fn parse_params<T: serde::de::DeserializeOwned>(params: &str) -> Result<T, HandlerError> {
-    serde_json::from_str(params).map_err(|e| HandlerError::invalid_params(format!("invalid params: {e}")))
+fn parse_params<T: serde::de::DeserializeOwned>(params: &str) -> Result<T, ClientError> {
+    serde_json::from_str(params).map_err(|e| ClientError::invalid_params(format!("invalid params: {e}")))
 }
 
 impl Conn {
@@ -800,10 +800,10 @@ impl Conn {
             let result = match tokio::time::timeout(timeout, work).await {
                 Ok(Ok(r)) => r,
                 Ok(Err(join)) if join.is_cancelled() => return,
-                Ok(Err(_)) => Err(HandlerError::internal("the client handler panicked")),
+                Ok(Err(_)) => Err(ClientError::internal("the client handler panicked")),
                 Err(_) => {
                     abort.abort();
-                    Err(HandlerError::internal(format!(
+                    Err(ClientError::internal(format!(
                         "the client handler timed out after {timeout:?}"
                     )))
                 }
@@ -812,7 +812,7 @@ impl Conn {
         });
     }
 
-    async fn finish_inbound(&self, id: &RequestId, generation: u64, result: Result<Value, HandlerError>) {
+    async fn finish_inbound(&self, id: &RequestId, generation: u64, result: Result<Value, ClientError>) {
         let owned = {
             let mut inbound = lock(&self.inbound);
             match inbound.get(id) {
@@ -835,7 +835,7 @@ impl Conn {
             if let Some(a) = e.abort {
                 a.abort();
             }
-            self.send_response(id, Err(HandlerError::cancelled())).await;
+            self.send_response(id, Err(ClientError::cancelled())).await;
         }
     }
 
@@ -868,21 +868,21 @@ impl Conn {
         n
     }
 
-    fn session(&self, id: &SessionId) -> Result<SessionEntry, HandlerError> {
+    fn session(&self, id: &SessionId) -> Result<SessionEntry, ClientError> {
         lock(&self.state)
             .sessions
             .get(id)
             .cloned()
-            .ok_or_else(|| HandlerError::invalid_params(format!("unknown session {id}")))
+            .ok_or_else(|| ClientError::invalid_params(format!("unknown session {id}")))
     }
 
-    async fn process_request(&self, id: &RequestId, method: &str, line: &str) -> Result<Value, HandlerError> {
+    async fn process_request(&self, id: &RequestId, method: &str, line: &str) -> Result<Value, ClientError> {
         let env: Envelope<'_> = serde_json::from_str(line)
-            .map_err(|e| HandlerError::new(codes::INVALID_REQUEST, e.to_string()))?;
+            .map_err(|e| ClientError::new(codes::INVALID_REQUEST, e.to_string()))?;
         let params = env.params.raw().map(RawValue::get).unwrap_or("null");
         let message = RawMessage::new(line);
         let caps = lock(&self.state).advertised.clone().unwrap_or_default();
-        let not_advertised = || HandlerError::method_not_found(method);
+        let not_advertised = || ClientError::method_not_found(method);
         match method {
             "session/request_permission" => {
                 let req: RequestPermissionRequest = parse_params(params)?;
@@ -896,7 +896,7 @@ impl Conn {
                 if let RequestPermissionOutcome::Selected(s) = &outcome
                     && !req.options.iter().any(|o| o.option_id == s.option_id)
                 {
-                    return Err(HandlerError::internal(format!(
+                    return Err(ClientError::internal(format!(
                         "the client handler chose option `{}`, which the agent did not offer",
                         s.option_id
                     )));
@@ -910,7 +910,7 @@ impl Conn {
                 let mut req: ReadTextFileRequest = parse_params(params)?;
                 let session = self.session(&req.session_id)?;
                 req.path = confine(&req.path, &session.roots)
-                    .map_err(|e| HandlerError::invalid_params(e.to_string()))?;
+                    .map_err(|e| ClientError::invalid_params(e.to_string()))?;
                 to_value(&self.handler.read_text_file(req).await?)
             }
             "fs/write_text_file" => {
@@ -920,7 +920,7 @@ impl Conn {
                 let mut req: WriteTextFileRequest = parse_params(params)?;
                 let session = self.session(&req.session_id)?;
                 req.path = confine(&req.path, &session.roots)
-                    .map_err(|e| HandlerError::invalid_params(e.to_string()))?;
+                    .map_err(|e| ClientError::invalid_params(e.to_string()))?;
                 to_value(&self.handler.write_text_file(req).await?)
             }
             "terminal/create"
@@ -938,30 +938,30 @@ impl Conn {
                         let cwd = req.cwd.clone().unwrap_or(session.cwd.clone());
                         req.cwd = Some(
                             confine(&cwd, &session.roots)
-                                .map_err(|e| HandlerError::invalid_params(e.to_string()))?,
+                                .map_err(|e| ClientError::invalid_params(e.to_string()))?,
                         );
-                        TerminalRequest::Create(req)
+                        AcpTerminalRequest::Create(req)
                     }
                     "terminal/output" => {
-                        TerminalRequest::Output(parse_params::<TerminalOutputRequest>(params)?)
+                        AcpTerminalRequest::Output(parse_params::<TerminalOutputRequest>(params)?)
                     }
                     "terminal/wait_for_exit" => {
-                        TerminalRequest::WaitForExit(parse_params::<WaitForTerminalExitRequest>(params)?)
+                        AcpTerminalRequest::WaitForExit(parse_params::<WaitForTerminalExitRequest>(params)?)
                     }
-                    "terminal/kill" => TerminalRequest::Kill(parse_params::<KillTerminalRequest>(params)?),
-                    _ => TerminalRequest::Release(parse_params::<ReleaseTerminalRequest>(params)?),
+                    "terminal/kill" => AcpTerminalRequest::Kill(parse_params::<KillTerminalRequest>(params)?),
+                    _ => AcpTerminalRequest::Release(parse_params::<ReleaseTerminalRequest>(params)?),
                 };
                 self.session(request.session_id())?;
                 let response = self.handler.terminal(request, id).await?;
                 if response.method() != method {
-                    return Err(HandlerError::internal(format!(
+                    return Err(ClientError::internal(format!(
                         "the client handler answered `{method}` with a `{}` result",
                         response.method()
                     )));
                 }
                 response
                     .to_value()
-                    .map_err(|e| HandlerError::internal(format!("could not encode the answer: {e}")))
+                    .map_err(|e| ClientError::internal(format!("could not encode the answer: {e}")))
             }
             "elicitation/create" => {
                 let Some(ecaps) = caps
@@ -976,14 +976,12 @@ impl Conn {
                     ElicitationMode::Form(_) if ecaps.supports_form() => true,
                     ElicitationMode::Url(_) if ecaps.supports_url() => false,
                     ElicitationMode::Form(_) => {
-                        return Err(HandlerError::invalid_params(
-                            "form elicitation was not advertised",
-                        ));
+                        return Err(ClientError::invalid_params("form elicitation was not advertised"));
                     }
                     ElicitationMode::Url(_) => {
-                        return Err(HandlerError::invalid_params("url elicitation was not advertised"));
+                        return Err(ClientError::invalid_params("url elicitation was not advertised"));
                     }
-                    _ => return Err(HandlerError::invalid_params("unknown elicitation mode")),
+                    _ => return Err(ClientError::invalid_params("unknown elicitation mode")),
                 };
                 match req.scope() {
                     ElicitationScope::Session(s) => {
@@ -997,13 +995,13 @@ impl Conn {
                             _ => false,
                         };
                         if !known {
-                            return Err(HandlerError::invalid_params(format!(
+                            return Err(ClientError::invalid_params(format!(
                                 "elicitation names request {}, which is not pending",
                                 r.request_id
                             )));
                         }
                     }
-                    _ => return Err(HandlerError::invalid_params("unknown elicitation scope")),
+                    _ => return Err(ClientError::invalid_params("unknown elicitation scope")),
                 }
                 let response = if form {
                     self.handler.form_elicitation(req).await?
@@ -1016,11 +1014,11 @@ impl Conn {
                 let raw = env.params.raw().unwrap_or(null_raw());
                 self.handler.ext_method(m, raw).await
             }
-            _ => Err(HandlerError::method_not_found(method)),
+            _ => Err(ClientError::method_not_found(method)),
         }
     }
 
-    async fn send_response(&self, id: &RequestId, result: Result<Value, HandlerError>) {
+    async fn send_response(&self, id: &RequestId, result: Result<Value, ClientError>) {
         let frame = match &result {
             Ok(v) => serde_json::to_string(&OutResult {
                 jsonrpc: "2.0",

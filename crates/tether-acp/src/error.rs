@@ -1,5 +1,5 @@
 //! Typed errors: what the connection reports to callers ([`AcpError`]) and what a handler answers
-//! an agent with ([`HandlerError`]).
+//! an agent with ([`ClientError`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -192,9 +192,13 @@ impl AcpError {
 }
 
 /// An error a client handler answers an agent request with (becomes a JSON-RPC error response).
+///
+/// Named apart from [`tether::HandlerError`] (what a tether `Handler` answers with, mapped onto
+/// this by [`crate::bridge::handler_error`]) so that code using both crates never has two
+/// `HandlerError`s in scope.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{message} (code {code})")]
-pub struct HandlerError {
+pub struct ClientError {
     /// JSON-RPC error code; see [`codes`].
     pub code: i32,
     /// Human-readable message sent to the agent.
@@ -203,10 +207,10 @@ pub struct HandlerError {
     pub data: Option<Value>,
 }
 
-impl HandlerError {
+impl ClientError {
     /// An error with an explicit code.
     pub fn new(code: i32, message: impl Into<String>) -> Self {
-        HandlerError {
+        ClientError {
             code,
             message: message.into(),
             data: None,

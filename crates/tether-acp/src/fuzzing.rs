@@ -21,13 +21,13 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use crate::connection::parse_update;
 use crate::fast::{FastCache, decode_text_chunk};
 use crate::handler::{
-    ClientHandler, HandlerSupport, RawMessage, SessionUpdateEvent, TerminalRequest, TerminalResponse,
+    AcpTerminalRequest, AcpTerminalResponse, ClientHandler, HandlerSupport, RawMessage, SessionUpdateEvent,
 };
 use crate::schema::{
     NewSessionRequest, ReadTextFileRequest, ReadTextFileResponse, RequestId, WriteTextFileRequest,
     WriteTextFileResponse,
 };
-use crate::{AcpClient, ClientOptions, HandlerError};
+use crate::{AcpClient, ClientError, ClientOptions};
 
 /// The general path for a notification line, as the dispatcher takes it when the fast path
 /// declines.
@@ -119,13 +119,13 @@ impl ClientHandler for Probe {
         }
     }
 
-    async fn read_text_file(&self, r: ReadTextFileRequest) -> Result<ReadTextFileResponse, HandlerError> {
+    async fn read_text_file(&self, r: ReadTextFileRequest) -> Result<ReadTextFileResponse, ClientError> {
         Self::confined(&r.path, "fs/read_text_file");
         self.call(format!("read {:?}", r.path));
         Ok(ReadTextFileResponse::new("content"))
     }
 
-    async fn write_text_file(&self, r: WriteTextFileRequest) -> Result<WriteTextFileResponse, HandlerError> {
+    async fn write_text_file(&self, r: WriteTextFileRequest) -> Result<WriteTextFileResponse, ClientError> {
         Self::confined(&r.path, "fs/write_text_file");
         self.call(format!("write {:?}", r.path));
         Ok(WriteTextFileResponse::new())
@@ -133,19 +133,19 @@ impl ClientHandler for Probe {
 
     async fn terminal(
         &self,
-        request: TerminalRequest,
+        request: AcpTerminalRequest,
         _id: &RequestId,
-    ) -> Result<TerminalResponse, HandlerError> {
-        if let TerminalRequest::Create(c) = &request
+    ) -> Result<AcpTerminalResponse, ClientError> {
+        if let AcpTerminalRequest::Create(c) = &request
             && let Some(cwd) = &c.cwd
         {
             Self::confined(cwd, "terminal/create");
         }
         self.call(format!("terminal {}", request.method()));
-        Err(HandlerError::internal("no terminals here"))
+        Err(ClientError::internal("no terminals here"))
     }
 
-    async fn ext_method(&self, method: &str, _params: &RawValue) -> Result<Value, HandlerError> {
+    async fn ext_method(&self, method: &str, _params: &RawValue) -> Result<Value, ClientError> {
         self.call(format!("ext {method}"));
         Ok(Value::Null)
     }

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::error::HandlerError;
+use crate::error::ClientError;
 use crate::schema::{
     ClientCapabilities, CompleteElicitationNotification, CreateElicitationRequest, CreateElicitationResponse,
     CreateTerminalRequest, CreateTerminalResponse, ElicitationAction, ElicitationCapabilities,
@@ -165,10 +165,13 @@ impl<'a> RawMessage<'a> {
     }
 }
 
-/// One of the five `terminal/*` requests.
+/// One of the five `terminal/*` requests, in ACP's schema types.
+///
+/// Named apart from [`tether::TerminalRequest`] (the provider-neutral form a tether `Handler`
+/// serves, which [`crate::bridge`] converts to and from) so the two never share a name.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
-pub enum TerminalRequest {
+pub enum AcpTerminalRequest {
     /// `terminal/create` (its `cwd` is filled with the session cwd when omitted, and resolved).
     Create(CreateTerminalRequest),
     /// `terminal/output`.
@@ -181,33 +184,33 @@ pub enum TerminalRequest {
     Release(ReleaseTerminalRequest),
 }
 
-impl TerminalRequest {
+impl AcpTerminalRequest {
     /// The JSON-RPC method name.
     pub fn method(&self) -> &'static str {
         match self {
-            TerminalRequest::Create(_) => "terminal/create",
-            TerminalRequest::Output(_) => "terminal/output",
-            TerminalRequest::WaitForExit(_) => "terminal/wait_for_exit",
-            TerminalRequest::Kill(_) => "terminal/kill",
-            TerminalRequest::Release(_) => "terminal/release",
+            AcpTerminalRequest::Create(_) => "terminal/create",
+            AcpTerminalRequest::Output(_) => "terminal/output",
+            AcpTerminalRequest::WaitForExit(_) => "terminal/wait_for_exit",
+            AcpTerminalRequest::Kill(_) => "terminal/kill",
+            AcpTerminalRequest::Release(_) => "terminal/release",
         }
     }
     /// The session the request belongs to.
     pub fn session_id(&self) -> &SessionId {
         match self {
-            TerminalRequest::Create(r) => &r.session_id,
-            TerminalRequest::Output(r) => &r.session_id,
-            TerminalRequest::WaitForExit(r) => &r.session_id,
-            TerminalRequest::Kill(r) => &r.session_id,
-            TerminalRequest::Release(r) => &r.session_id,
+            AcpTerminalRequest::Create(r) => &r.session_id,
+            AcpTerminalRequest::Output(r) => &r.session_id,
+            AcpTerminalRequest::WaitForExit(r) => &r.session_id,
+            AcpTerminalRequest::Kill(r) => &r.session_id,
+            AcpTerminalRequest::Release(r) => &r.session_id,
         }
     }
 }
 
-/// The answer to a [`TerminalRequest`] (must match the request's method).
+/// The answer to an [`AcpTerminalRequest`] (must match the request's method).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
-pub enum TerminalResponse {
+pub enum AcpTerminalResponse {
     /// For `terminal/create`.
     Create(CreateTerminalResponse),
     /// For `terminal/output`.
@@ -220,23 +223,23 @@ pub enum TerminalResponse {
     Release(ReleaseTerminalResponse),
 }
 
-impl TerminalResponse {
+impl AcpTerminalResponse {
     pub(crate) fn method(&self) -> &'static str {
         match self {
-            TerminalResponse::Create(_) => "terminal/create",
-            TerminalResponse::Output(_) => "terminal/output",
-            TerminalResponse::WaitForExit(_) => "terminal/wait_for_exit",
-            TerminalResponse::Kill(_) => "terminal/kill",
-            TerminalResponse::Release(_) => "terminal/release",
+            AcpTerminalResponse::Create(_) => "terminal/create",
+            AcpTerminalResponse::Output(_) => "terminal/output",
+            AcpTerminalResponse::WaitForExit(_) => "terminal/wait_for_exit",
+            AcpTerminalResponse::Kill(_) => "terminal/kill",
+            AcpTerminalResponse::Release(_) => "terminal/release",
         }
     }
     pub(crate) fn to_value(&self) -> Result<Value, serde_json::Error> {
         match self {
-            TerminalResponse::Create(r) => serde_json::to_value(r),
-            TerminalResponse::Output(r) => serde_json::to_value(r),
-            TerminalResponse::WaitForExit(r) => serde_json::to_value(r),
-            TerminalResponse::Kill(r) => serde_json::to_value(r),
-            TerminalResponse::Release(r) => serde_json::to_value(r),
+            AcpTerminalResponse::Create(r) => serde_json::to_value(r),
+            AcpTerminalResponse::Output(r) => serde_json::to_value(r),
+            AcpTerminalResponse::WaitForExit(r) => serde_json::to_value(r),
+            AcpTerminalResponse::Kill(r) => serde_json::to_value(r),
+            AcpTerminalResponse::Release(r) => serde_json::to_value(r),
         }
     }
 }
@@ -313,8 +316,8 @@ pub trait ClientHandler: Send + Sync + 'static {
     async fn read_text_file(
         &self,
         _request: ReadTextFileRequest,
-    ) -> Result<ReadTextFileResponse, HandlerError> {
-        Err(HandlerError::method_not_found("fs/read_text_file"))
+    ) -> Result<ReadTextFileResponse, ClientError> {
+        Err(ClientError::method_not_found("fs/read_text_file"))
     }
 
     /// `fs/write_text_file`; `path` is already resolved and inside the session roots (the file may
@@ -322,24 +325,24 @@ pub trait ClientHandler: Send + Sync + 'static {
     async fn write_text_file(
         &self,
         _request: WriteTextFileRequest,
-    ) -> Result<WriteTextFileResponse, HandlerError> {
-        Err(HandlerError::method_not_found("fs/write_text_file"))
+    ) -> Result<WriteTextFileResponse, ClientError> {
+        Err(ClientError::method_not_found("fs/write_text_file"))
     }
 
     /// All five `terminal/*` methods. The answer variant must match the request.
     async fn terminal(
         &self,
-        request: TerminalRequest,
+        request: AcpTerminalRequest,
         _id: &RequestId,
-    ) -> Result<TerminalResponse, HandlerError> {
-        Err(HandlerError::method_not_found(request.method()))
+    ) -> Result<AcpTerminalResponse, ClientError> {
+        Err(ClientError::method_not_found(request.method()))
     }
 
     /// `elicitation/create` with `mode: "form"`. Default: decline.
     async fn form_elicitation(
         &self,
         _request: CreateElicitationRequest,
-    ) -> Result<CreateElicitationResponse, HandlerError> {
+    ) -> Result<CreateElicitationResponse, ClientError> {
         Ok(CreateElicitationResponse::new(ElicitationAction::Decline))
     }
 
@@ -347,7 +350,7 @@ pub trait ClientHandler: Send + Sync + 'static {
     async fn url_elicitation(
         &self,
         _request: CreateElicitationRequest,
-    ) -> Result<CreateElicitationResponse, HandlerError> {
+    ) -> Result<CreateElicitationResponse, ClientError> {
         Ok(CreateElicitationResponse::new(ElicitationAction::Decline))
     }
 
@@ -355,8 +358,8 @@ pub trait ClientHandler: Send + Sync + 'static {
     async fn elicitation_complete(&self, _notification: CompleteElicitationNotification) {}
 
     /// A custom `_…` request. Default: `-32601`.
-    async fn ext_method(&self, method: &str, _params: &RawValue) -> Result<Value, HandlerError> {
-        Err(HandlerError::method_not_found(method))
+    async fn ext_method(&self, method: &str, _params: &RawValue) -> Result<Value, ClientError> {
+        Err(ClientError::method_not_found(method))
     }
 
     /// A custom `_…` notification. Default: ignored.

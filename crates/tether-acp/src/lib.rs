@@ -12,15 +12,36 @@
 //! - [`schema`]: the protocol types, re-exported from `agent-client-protocol-schema` (v1).
 //!
 //! This crate knows no front-end.
+//!
+//! An ACP agent is a [`tether::Provider`] ([`AcpAgent`]): nothing starts until a session opens,
+//! which spawns the agent, initializes it and opens an ACP session in `cwd`.
+//!
+//! ```
+//! use tether::{Session, SessionResult};
+//! use tether_acp::{AcpAgent, AgentCommand};
+//!
+//! async fn ask(agent: AcpAgent, prompt: &str) -> tether::Result<SessionResult> {
+//!     // The agent's file, terminal and permission requests go to the session's handler.
+//!     let handler = tether::workspace::Workspace::new(".").map_err(|e| tether::Error::Io(e.to_string()))?;
+//!     Session::builder(agent).handler(handler).run(prompt).await
+//! }
+//!
+//! let command = AgentCommand::from_argv(&["npx", "@zed-industries/claude-code-acp"]).expect("a program");
+//! let agent = AcpAgent::new(command, std::env::current_dir()?);
+//! assert!(agent.client().is_none()); // not spawned yet
+//! # let _ = ask;
+//! # Ok::<(), std::io::Error>(())
+//! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod bridge;
 mod client;
 mod connection;
 mod error;
 mod fast;
-/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+// Entry points for the fuzz targets in `fuzz/`; not part of the API (its own docs say so: an
+// outer doc here would make rustdoc resolve the module doc's links from the crate root).
 #[doc(hidden)]
 pub mod fuzzing;
 mod handler;
@@ -33,10 +54,10 @@ pub use agent_client_protocol_schema::v1 as schema;
 
 pub use bridge::HandlerBridge;
 pub use client::{AcpClient, AgentCommand, PromptOutcome, Received};
-pub use error::{AcpError, Direction, HandlerError, codes};
+pub use error::{AcpError, ClientError, Direction, codes};
 pub use handler::{
-    AcpUpdate, ClientHandler, HandlerSupport, RawMessage, RefusingHandler, SessionUpdateEvent,
-    TerminalRequest, TerminalResponse, TerminateReason, refuse_permission,
+    AcpTerminalRequest, AcpTerminalResponse, AcpUpdate, ClientHandler, HandlerSupport, RawMessage,
+    RefusingHandler, SessionUpdateEvent, TerminateReason, refuse_permission,
 };
 pub use options::ClientOptions;
 pub use provider::AcpAgent;

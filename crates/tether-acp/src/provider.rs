@@ -29,9 +29,9 @@ use tether::{
 use crate::bridge::{HandlerBridge, support_of};
 use crate::client::{AcpClient, AgentCommand};
 use crate::connection::lock;
-use crate::error::{AcpError, HandlerError, codes};
+use crate::error::{AcpError, ClientError, codes};
 use crate::handler::{
-    AcpUpdate, ClientHandler, HandlerSupport, SessionUpdateEvent, TerminalRequest, TerminalResponse,
+    AcpTerminalRequest, AcpTerminalResponse, AcpUpdate, ClientHandler, HandlerSupport, SessionUpdateEvent,
 };
 use crate::options::ClientOptions;
 use crate::schema::{
@@ -239,12 +239,12 @@ fn assistant_message(message_id: String, text: String, reasoning: String) -> Eve
 }
 
 impl Router {
-    fn bridge(&self) -> Result<HandlerBridge, HandlerError> {
+    fn bridge(&self) -> Result<HandlerBridge, ClientError> {
         lock(&self.state)
             .handler
             .clone()
             .map(HandlerBridge::new)
-            .ok_or_else(|| HandlerError::internal("no session handler attached"))
+            .ok_or_else(|| ClientError::internal("no session handler attached"))
     }
 
     fn info(&self, session: &SessionId) -> SessionInfo {
@@ -323,21 +323,21 @@ impl ClientHandler for Router {
         out
     }
 
-    async fn read_text_file(&self, r: ReadTextFileRequest) -> Result<ReadTextFileResponse, HandlerError> {
+    async fn read_text_file(&self, r: ReadTextFileRequest) -> Result<ReadTextFileResponse, ClientError> {
         let info = self.info(&r.session_id);
         self.bridge()?.read(r, &info).await
     }
 
-    async fn write_text_file(&self, r: WriteTextFileRequest) -> Result<WriteTextFileResponse, HandlerError> {
+    async fn write_text_file(&self, r: WriteTextFileRequest) -> Result<WriteTextFileResponse, ClientError> {
         let info = self.info(&r.session_id);
         self.bridge()?.write(r, &info).await
     }
 
     async fn terminal(
         &self,
-        request: TerminalRequest,
+        request: AcpTerminalRequest,
         _id: &RequestId,
-    ) -> Result<TerminalResponse, HandlerError> {
+    ) -> Result<AcpTerminalResponse, ClientError> {
         let info = self.info(request.session_id());
         self.bridge()?.terminal(request, &info).await
     }
@@ -345,7 +345,7 @@ impl ClientHandler for Router {
     async fn form_elicitation(
         &self,
         r: CreateElicitationRequest,
-    ) -> Result<CreateElicitationResponse, HandlerError> {
+    ) -> Result<CreateElicitationResponse, ClientError> {
         let info = match crate::bridge::elicitation_session(&r) {
             Some(s) => self.info(&s),
             None => SessionInfo::new("", "acp"),
@@ -356,7 +356,7 @@ impl ClientHandler for Router {
     async fn url_elicitation(
         &self,
         r: CreateElicitationRequest,
-    ) -> Result<CreateElicitationResponse, HandlerError> {
+    ) -> Result<CreateElicitationResponse, ClientError> {
         self.form_elicitation(r).await
     }
 

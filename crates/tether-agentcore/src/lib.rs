@@ -16,12 +16,33 @@
 //! longer than the idle timeout (default 300 s) between chunks fails the attempt.
 //!
 //! This crate never depends on a front-end crate.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> tether::Result<()> {
+//! # // A scripted AgentCore data plane on 127.0.0.1 stands in for AWS here.
+//! # use tether_testkit::agentcore::{FakeAgentCore, Reply, golden_frames};
+//! # let fake = FakeAgentCore::start(vec![Reply::Frames(golden_frames("final_turn.json"))]).await;
+//! use tether::Session;
+//! use tether_agentcore::{AgentCore, AgentCoreConfig, AwsCredentials, Target};
+//! let target = Target::Harness {
+//!     arn: "arn:aws:bedrock-agentcore:us-east-1:123456789012:harness/helper_abc-0123456789".into(),
+//!     qualifier: None,
+//! };
+//! // AgentCoreConfig::from_env(target, None) takes the region and credentials from AWS_*.
+//! let mut config = AgentCoreConfig::new(target, "us-east-1", AwsCredentials::new("AKID", "secret", None));
+//! # config.endpoint = Some(fake.url());
+//! let result = Session::builder(AgentCore::new(config)?).run("What is x?").await?;
+//! assert_eq!(result.text, "x is 42.");
+//! # Ok(()) }
+//! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod converse;
 pub mod eventstream;
-/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+// Entry points for the fuzz targets in `fuzz/`; not part of the API (its own docs say so: an
+// outer doc here would make rustdoc resolve the module doc's links from the crate root).
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod provider;

@@ -12,8 +12,21 @@
 //! - [`server`]: the axum router.
 //!
 //! This crate knows no provider crate; it depends only on the `tether` vocabulary.
+//!
+//! Events serialize as the AG-UI schema says and encode as SSE (or protobuf, [`Encoding`]):
+//!
+//! ```
+//! use tether_agui::{Event, encode::encode_sse};
+//! let event = Event::run_started("thread-1", "run-1");
+//! let sse = String::from_utf8(encode_sse(&event)?).expect("SSE is UTF-8");
+//! assert!(sse.starts_with("data: {"));
+//! assert!(sse.contains(r#""type":"RUN_STARTED""#));
+//! assert!(sse.contains(r#""threadId":"thread-1""#));
+//! assert!(sse.ends_with("\n\n"));
+//! # Ok::<(), serde_json::Error>(())
+//! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod approval;
 mod bytediff;
@@ -21,7 +34,8 @@ pub mod context;
 pub mod encode;
 pub mod error;
 pub mod event;
-/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+// Entry points for the fuzz targets in `fuzz/`; not part of the API (its own docs say so: an
+// outer doc here would make rustdoc resolve the module doc's links from the crate root).
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ids;

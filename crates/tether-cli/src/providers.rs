@@ -52,6 +52,8 @@ pub struct ProviderArgs {
     #[arg(long, env = "ANTHROPIC_API_KEY", hide_env_values = true)]
     pub anthropic_api_key: Option<String>,
     /// Anthropic API origin (default https://api.anthropic.com).
+    // Also `--help` text, where a bare URL reads better than a markdown link.
+    #[allow(rustdoc::bare_urls)]
     #[arg(long, env = "ANTHROPIC_BASE_URL")]
     pub anthropic_base_url: Option<String>,
     /// Model for `--provider anthropic` when `--model` / `TETHER_MODEL` is not set (default

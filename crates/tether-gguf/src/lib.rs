@@ -20,6 +20,24 @@
 //! println!("{}", result.text);
 //! # Ok(()) }
 //! ```
+//!
+//! The chat template and tokenizer come from the GGUF itself; a template renders tether's
+//! messages the way the model was trained on:
+//!
+//! ```
+//! use tether::ChatMessage;
+//! use tether_gguf::template::ChatTemplate;
+//! let template = ChatTemplate::new(
+//!     "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{{ eos_token }}{% endfor %}",
+//!     "<s>",
+//!     "</s>",
+//! )?;
+//! let text = template.render(&[ChatMessage::user("hi")], &[])?;
+//! // The message text is wrapped in markers that the tokenizer turns into untrusted-text tokens.
+//! assert!(text.starts_with("<|user|>") && text.contains("hi") && text.ends_with("</s>"));
+//! # Ok::<(), tether_gguf::error::GgufError>(())
+//! ```
+#![deny(missing_docs)]
 
 pub mod engine;
 pub mod error;

@@ -1,8 +1,35 @@
 //! HTTP plumbing shared by tether's provider crates (`tether-openai`, `tether-anthropic`,
 //! `tether-agentcore`): one place that turns `reqwest` failures and retry headers into the typed
 //! [`tether::Error`] the shared [`tether::RetryPolicy`] classifies.
+//!
+//! A failed request becomes a typed error the retry policy can match on, and a response's retry
+//! headers a [`RetryHeaders`]:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use reqwest::header::{HeaderMap, HeaderValue};
+//! use std::time::Duration;
+//! use tether::TransportKind;
+//!
+//! // A port nobody listens on: the connection is refused.
+//! let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+//! let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
+//! let err = reqwest::get(&url).await.expect_err("nothing listens there");
+//! assert_eq!(tether_http::classify(&err), TransportKind::Refused);
+//! let typed = tether_http::transport_error(&err, &url); // a tether::Error::Transport
+//! assert!(matches!(typed, tether::Error::Transport { .. }));
+//!
+//! let mut headers = HeaderMap::new();
+//! headers.insert("retry-after-ms", HeaderValue::from_static("1500"));
+//! headers.insert("x-should-retry", HeaderValue::from_static("true"));
+//! let retry = tether_http::retry_headers(&headers);
+//! assert_eq!(retry.retry_after, Some(Duration::from_millis(1500)));
+//! assert_eq!(retry.should_retry, Some(true));
+//! # Ok(()) }
+//! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 use std::time::Duration;
 

@@ -18,8 +18,20 @@
 //!   NAME=COMMAND`, and the serde shape `tether.toml` reuses.
 //!
 //! This crate never depends on a front-end (CLI, server, AG-UI).
+//!
+//! The `mcpServers` JSON of Claude Desktop or Cursor reads as-is:
+//!
+//! ```
+//! let entries = tether_mcp::config::parse_json(r#"{"mcpServers": {
+//!     "files": {"command": "npx", "args": ["-y", "@modelcontextprotocol/server-filesystem", "."]},
+//!     "docs": {"url": "https://example.com/mcp"}
+//! }}"#)?;
+//! let names: Vec<&str> = entries.iter().map(|e| e.name.as_str()).collect();
+//! assert_eq!(names, ["docs", "files"]);
+//! # Ok::<(), tether_mcp::McpError>(())
+//! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 // Sampling, roots and logging are deprecated by the 2026-07-28 revision (SEP-2577) that rmcp
 // marks; tether speaks 2025-11-25, where they are current, and serves them.
 #![allow(deprecated)]

@@ -4,13 +4,19 @@
 //! `POST {base_url}/chat/completions` (OpenAI, llama.cpp `llama-server`, llama-cpp-python, vLLM,
 //! and the like), streaming (SSE) or not.
 //!
-//! ```no_run
-//! # async fn f() -> tether::Result<()> {
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> tether::Result<()> {
+//! # // A scripted OpenAI-compatible server on 127.0.0.1 stands in for llama-server here.
+//! # let server = tether_testkit::openai::FakeOpenAi::start().await;
+//! # server.push(tether_testkit::openai::Reply::text("Hi!"));
+//! # let base_url = server.url();
 //! use tether::{Session, local::LocalLoop};
 //! use tether_openai::OpenAiModel;
-//! let model = OpenAiModel::builder("http://127.0.0.1:8080/v1").model("qwen").build()?;
+//! // base_url: e.g. "http://127.0.0.1:8080/v1" (llama-server) or "https://api.openai.com/v1".
+//! let model = OpenAiModel::builder(base_url).model("qwen").build()?;
 //! let result = Session::builder(LocalLoop::new(model)).run("Say hi").await?;
-//! println!("{}", result.text);
+//! assert_eq!(result.text, "Hi!");
 //! # Ok(()) }
 //! ```
 //!
@@ -27,11 +33,12 @@
 //! a stream idle for too long, a body cut before any `finish_reason`), [`Error::Stream`] (an
 //! `error` object inside a 200 stream) and [`Error::Malformed`].
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod accum;
 mod fast;
-/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+// Entry points for the fuzz targets in `fuzz/`; not part of the API (its own docs say so: an
+// outer doc here would make rustdoc resolve the module doc's links from the crate root).
 #[doc(hidden)]
 pub mod fuzzing;
 mod lean;
@@ -248,8 +255,8 @@ impl OpenAiBuilder {
     /// so a model that would never stop is asked to. Raise it for reasoning models (their
     /// reasoning counts against it); lower it, or [`no_max_tokens`](Self::no_max_tokens), for a
     /// server that counts it against a small context (vLLM refuses a request whose prompt plus
-    /// `max_tokens` exceeds `max_model_len`). Whatever it is, [`max_response_bytes`]
-    /// (Self::max_response_bytes) still caps what one response may bring.
+    /// `max_tokens` exceeds `max_model_len`). Whatever it is,
+    /// [`max_response_bytes`](Self::max_response_bytes) still caps what one response may bring.
     pub fn max_tokens(mut self, n: u32) -> Self {
         self.max_tokens = Some(n);
         self

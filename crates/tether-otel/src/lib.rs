@@ -21,27 +21,31 @@
 //! ([`tether::SessionBuilder::observer`], [`Tracer::attach`]). The spans are `tracing` spans
 //! bridged by `tracing-opentelemetry`, so a `tracing` setup sees the same tree.
 //!
-//! ```no_run
-//! # async fn f() -> tether::Result<()> {
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> tether::Result<()> {
 //! use tether::{Session, ScriptedModel, local::LocalLoop};
 //! use tracing_subscriber::prelude::*;
 //!
 //! let telemetry = tether_otel::Telemetry::from_env()?; // None: OTEL_EXPORTER_OTLP_ENDPOINT unset
 //! tracing_subscriber::registry()
 //!     .with(telemetry.as_ref().map(|t| t.layer()))
-//!     .init();
-//! let mut builder = Session::builder(LocalLoop::new(ScriptedModel::new(vec![])));
+//!     .try_init()
+//!     .ok(); // a global subscriber may be set already
+//! let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("hi"))]);
+//! let mut builder = Session::builder(LocalLoop::new(model));
 //! if let Some(t) = &telemetry {
 //!     builder = builder.observer(t.tracer().agent_name("helper").observer());
 //! }
-//! let _ = builder.run("hi").await;
+//! let result = builder.run("hi").await?;
+//! assert_eq!(result.text, "hi");
 //! if let Some(t) = telemetry {
 //!     t.shutdown();
 //! }
 //! # Ok(()) }
 //! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 mod export;
 mod observer;

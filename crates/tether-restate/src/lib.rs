@@ -14,7 +14,7 @@
 //! - [`serve`] and [`register`]: the HTTP endpoint on a listener, and its registration with the
 //!   Restate admin API.
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 // The object macro generates undocumented items (its service trait and `serve`).
 #[allow(missing_docs)]

@@ -16,8 +16,25 @@
 //! tool-result memo). A tool that needs the user's approval ends the run with an AG-UI
 //! interrupt; the next request's `resume[]` carries the answer. This crate keeps the config,
 //! the routes, the trust boundary, the limits and the UI; no session logic.
+//!
+//! ```
+//! use std::path::Path;
+//! let config = tether_serve::Config::parse(
+//!     r#"
+//!     [agents.coder]
+//!     provider = "openai"
+//!     base_url = "http://127.0.0.1:8080/v1"
+//!     model = "qwen3"
+//!     "#,
+//!     "tether.toml",
+//!     Path::new("."),
+//! )?;
+//! assert!(config.agents.contains_key("coder"));
+//! // tether_serve::start(config, options) then serves it (see [`Server`]).
+//! # Ok::<(), tether_serve::ConfigError>(())
+//! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod config;
 mod handler;
@@ -34,6 +51,9 @@ pub use server::{ServeError, Server, ServerOptions, start};
 
 /// The arguments of `tether serve`.
 #[derive(Debug, Clone, clap::Args)]
+// The field docs are `tether serve --help` text too: "[server]" there names the TOML section,
+// not a Rust item, so rustdoc's link lint is quieted rather than the help text changed.
+#[allow(rustdoc::private_intra_doc_links)]
 pub struct ServeArgs {
     /// The agents' configuration file (default: ./tether.toml when it exists; otherwise one agent,
     /// `default`, on $OPENAI_BASE_URL / $OPENAI_API_KEY / $TETHER_MODEL with the workspace tools

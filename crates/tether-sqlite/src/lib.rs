@@ -24,17 +24,23 @@
 //! `BEGIN IMMEDIATE` transaction, so concurrent migrations of one file are serialised) and
 //! refuses, with [`StoreError::NewerSchema`], one written by a newer version.
 //!
-//! ```no_run
-//! # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
 //! use tether::{EventStore, Session, ScriptedModel, local::LocalLoop};
-//! let store: Arc<dyn EventStore> = Arc::new(tether_sqlite::SqliteStore::open("tether.db")?);
+//! # let dir = tempfile::tempdir()?;
+//! # let path = dir.path().join("tether.db");
+//! let store: Arc<dyn EventStore> = Arc::new(tether_sqlite::SqliteStore::open(&path)?);
 //! let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("hi"))]);
-//! let result = Session::builder(LocalLoop::new(model)).store(store).run("Say hi").await?;
+//! let result = Session::builder(LocalLoop::new(model)).store(store.clone()).run("Say hi").await?;
+//! // Every event of the session is in the database, in order, once.
+//! let events = store.load(&result.session_id).await?;
+//! assert!(!events.is_empty());
 //! # Ok(()) }
 //! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -2,6 +2,19 @@
 //!
 //! Every fake serves plain HTTP/1.1 by default, or TLS with a generated CA and HTTP/2 (ALPN)
 //! when started with [`Serve::tls`] (see [`server`]).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! use tether_testkit::openai::{FakeOpenAi, Reply};
+//! let server = FakeOpenAi::start().await;
+//! server.push(Reply::text("Hello!").chunk_chars(2)); // streamed two characters per chunk
+//! assert!(server.url().starts_with("http://127.0.0.1:"));
+//! assert_eq!(server.remaining(), 1);
+//! // Point an OpenAiModel at server.url(); server.requests() shows what it sent.
+//! # }
+//! ```
+#![deny(missing_docs)]
 pub mod agentcore;
 pub mod anthropic;
 pub mod managed;

@@ -14,13 +14,37 @@
 //! - [`workspace::Workspace`]: a ready handler serving files, searches and commands in a root.
 //! - [`source`]: tool sources (MCP servers, plugins) composed onto any handler.
 //! - [`sandbox::Sandbox`]: the confinement (Landlock, seccomp) and the one runner of commands.
+//!
+//! A session over the local loop, with a scripted model standing in for a real one
+//! (`tether-openai`, `tether-anthropic`, `tether-gguf`) and the [`workspace::Workspace`] handler
+//! serving the model's tool call from a directory:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use tether::{ScriptedModel, Session, local::LocalLoop, workspace::Workspace};
+//! let dir = tempfile::tempdir()?;
+//! std::fs::write(dir.path().join("notes.txt"), "buy milk")?;
+//! let model = ScriptedModel::new(vec![
+//!     Ok(ScriptedModel::tool_calls(&[("call_1", "read_file", r#"{"path":"notes.txt"}"#)])),
+//!     Ok(ScriptedModel::text("Your note says: buy milk")),
+//! ]);
+//! let result = Session::builder(LocalLoop::new(model))
+//!     .handler(Workspace::new(dir.path())?)
+//!     .run("What does my note say?")
+//!     .await?;
+//! assert_eq!(result.tool_uses[0].name, "read_file");
+//! assert_eq!(result.text, "Your note says: buy milk");
+//! # Ok(()) }
+//! ```
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 pub mod chat;
 pub mod error;
 pub mod event;
-/// Entry points for the fuzz targets in `fuzz/`; not part of the API.
+// Entry points for the fuzz targets in `fuzz/`; not part of the API (its own docs say so: an
+// outer doc here would make rustdoc resolve the module doc's links from the crate root).
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod handler;

@@ -109,7 +109,7 @@ impl LocalLoop {
         self
     }
 
-    /// Continues from a transcript exported earlier ([`crate::SessionResult::transcript`]).
+    /// Continues from a transcript exported earlier (the local loop's [`crate::Session::checkpoint`]: its chat history).
     pub fn transcript(mut self, transcript: &Value) -> Result<Self> {
         let history: Vec<ChatMessage> = serde_json::from_value(transcript.clone())
             .map_err(|e| Error::Config(format!("the transcript is not a list of chat messages: {e}")))?;

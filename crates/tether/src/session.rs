@@ -63,7 +63,7 @@ pub struct SessionConfig {
     pub terminal_tool: Option<ToolSpec>,
     /// Re-prompts before giving up on the terminal tool (default 2).
     pub max_reprompts: u32,
-    /// The time limit of [`Session::run`] (default 600 s).
+    /// The time limit of [`SessionBuilder::run`] (default 600 s).
     pub timeout: Duration,
     /// Backoff for reconnecting a dropped stream (default 0.5 s doubling to 64 s, 8 tries).
     pub reconnect: RetryPolicy,
@@ -167,7 +167,7 @@ impl SessionBuilder {
         self
     }
 
-    /// The time limit of [`Session::run`].
+    /// The time limit of [`SessionBuilder::run`].
     pub fn timeout(mut self, d: Duration) -> Self {
         self.config.timeout = d;
         self

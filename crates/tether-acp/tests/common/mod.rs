@@ -13,8 +13,8 @@ use tether_acp::schema::{
     SelectedPermissionOutcome, SessionUpdate, TextContent, WriteTextFileRequest, WriteTextFileResponse,
 };
 use tether_acp::{
-    AcpUpdate, ClientHandler, HandlerError, HandlerSupport, RawMessage, SessionUpdateEvent, TerminalRequest,
-    TerminalResponse,
+    AcpTerminalRequest, AcpTerminalResponse, AcpUpdate, ClientError, ClientHandler, HandlerSupport,
+    RawMessage, SessionUpdateEvent,
 };
 
 pub fn repo_root() -> PathBuf {
@@ -200,56 +200,56 @@ impl ClientHandler for Recorder {
             }
         }
     }
-    async fn read_text_file(&self, r: ReadTextFileRequest) -> Result<ReadTextFileResponse, HandlerError> {
+    async fn read_text_file(&self, r: ReadTextFileRequest) -> Result<ReadTextFileResponse, ClientError> {
         self.calls
             .lock()
             .unwrap()
             .push(format!("read {}", r.path.display()));
         std::fs::read_to_string(&r.path)
             .map(ReadTextFileResponse::new)
-            .map_err(|e| HandlerError::not_found(e.to_string()))
+            .map_err(|e| ClientError::not_found(e.to_string()))
     }
-    async fn write_text_file(&self, r: WriteTextFileRequest) -> Result<WriteTextFileResponse, HandlerError> {
+    async fn write_text_file(&self, r: WriteTextFileRequest) -> Result<WriteTextFileResponse, ClientError> {
         self.calls
             .lock()
             .unwrap()
             .push(format!("write {}", r.path.display()));
         std::fs::write(&r.path, &r.content)
             .map(|_| WriteTextFileResponse::new())
-            .map_err(|e| HandlerError::internal(e.to_string()))
+            .map_err(|e| ClientError::internal(e.to_string()))
     }
     async fn terminal(
         &self,
-        request: TerminalRequest,
+        request: AcpTerminalRequest,
         _id: &RequestId,
-    ) -> Result<TerminalResponse, HandlerError> {
+    ) -> Result<AcpTerminalResponse, ClientError> {
         self.calls.lock().unwrap().push(format!(
             "{} {:?}",
             request.method(),
             match &request {
-                TerminalRequest::Create(c) => c.cwd.clone(),
+                AcpTerminalRequest::Create(c) => c.cwd.clone(),
                 _ => None,
             }
         ));
-        Err(HandlerError::refused(
+        Err(ClientError::refused(
             "terminals are not run by the recording handler",
         ))
     }
     async fn form_elicitation(
         &self,
         r: CreateElicitationRequest,
-    ) -> Result<CreateElicitationResponse, HandlerError> {
+    ) -> Result<CreateElicitationResponse, ClientError> {
         self.calls.lock().unwrap().push(format!("form {}", r.message));
         let content: Value = serde_json::json!({"name": "Ada"});
         let action: ElicitationAction =
             serde_json::from_value(serde_json::json!({"action":"accept","content":content}))
-                .map_err(|e| HandlerError::internal(e.to_string()))?;
+                .map_err(|e| ClientError::internal(e.to_string()))?;
         Ok(CreateElicitationResponse::new(action))
     }
     async fn url_elicitation(
         &self,
         r: CreateElicitationRequest,
-    ) -> Result<CreateElicitationResponse, HandlerError> {
+    ) -> Result<CreateElicitationResponse, ClientError> {
         self.calls.lock().unwrap().push(format!("url {}", r.message));
         Ok(CreateElicitationResponse::new(ElicitationAction::Decline))
     }
@@ -261,7 +261,7 @@ impl ClientHandler for Recorder {
         &self,
         method: &str,
         params: &serde_json::value::RawValue,
-    ) -> Result<Value, HandlerError> {
+    ) -> Result<Value, ClientError> {
         Ok(
             serde_json::json!({"method": method, "params": serde_json::from_str::<Value>(params.get()).unwrap_or(Value::Null)}),
         )
