@@ -423,14 +423,15 @@ fn thread_agent(
         0
     };
     let agent_cfg = cfg.clone();
+    let agent_name = name.to_owned();
     let factory = move |_input: &RunAgentInput| -> tether::Result<tether::SessionBuilder> {
         let provider = spec.build().map_err(tether::Error::Config)?;
         let handler = ServeHandler::new(&agent_cfg).map_err(tether::Error::Config)?;
         let builder = tether::Session::builder_boxed(provider)
             .handler(handler)
             .config(config.clone());
-        // Traced (GenAI spans) when telemetry is on.
-        Ok(tether_otel::observe_global(builder))
+        // Traced (GenAI spans, named after the agent) when telemetry is on.
+        Ok(tether_otel::observe_global_as(builder, &agent_name))
     };
     let store: Arc<dyn tether::ThreadStore> = Arc::new(store.clone());
     let agent = ThreadAgent::new(name, store, factory)
