@@ -40,7 +40,7 @@ impl ChatModel for Deltas {
             deltas.text("x").await;
         }
         Ok(ChatResponse {
-            message: ChatMessage::assistant(&"x".repeat(self.0)),
+            message: ChatMessage::assistant("x".repeat(self.0)),
             finish_reason: Some("stop".into()),
             usage: None,
             raw: Value::Null,
