@@ -50,6 +50,12 @@ use crate::types::{Interrupt, Message, ResumeEntry, RunAgentInput, TokenUsage};
 /// channel).
 pub type ThreadFactory = dyn Fn(&RunAgentInput) -> tether::Result<SessionBuilder> + Send + Sync;
 
+/// What [`ThreadAgent::on_open`] runs on each session it opens, before the session's request:
+/// given the session's sink (e.g. to attach an observer that first reads the thread's stored
+/// state, as `tether_otel::attach_global` does).
+pub type OnOpen =
+    dyn for<'a> Fn(&'a tether::EventSink) -> futures_util::future::BoxFuture<'a, ()> + Send + Sync;
+
 /// What a state reducer sees of a run.
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -620,6 +626,7 @@ pub struct ThreadAgent<S = ()> {
     run_timeout: Option<Duration>,
     keep_alive: usize,
     max_held: usize,
+    on_open: Option<Arc<OnOpen>>,
     clock: AtomicU64,
     threads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Live>>>>,
 }
@@ -654,6 +661,7 @@ impl ThreadAgent<()> {
             run_timeout: None,
             keep_alive: 0,
             max_held: 64,
+            on_open: None,
             clock: AtomicU64::new(0),
             threads: Mutex::new(HashMap::new()),
         }
@@ -677,6 +685,7 @@ impl ThreadAgent<()> {
             run_timeout: self.run_timeout,
             keep_alive: self.keep_alive,
             max_held: self.max_held,
+            on_open: self.on_open,
             clock: self.clock,
             threads: self.threads,
         }
@@ -720,6 +729,21 @@ impl<S> ThreadAgent<S> {
     /// answers what it stopped) and the run ends in `RUN_ERROR` `RUN_TIMEOUT`.
     pub fn run_timeout(mut self, limit: Duration) -> Self {
         self.run_timeout = Some(limit);
+        self
+    }
+
+    /// Runs `f` on each session this agent opens, once it is open and before its request (its
+    /// events from then on pass whatever `f` attached). A server uses it to attach its tracer
+    /// after the tracer has read the thread's stored trace state, so a resumed run links to the
+    /// spans before it from its first span.
+    pub fn on_open(
+        mut self,
+        f: impl for<'a> Fn(&'a tether::EventSink) -> futures_util::future::BoxFuture<'a, ()>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.on_open = Some(Arc::new(f));
         self
     }
 
@@ -1197,11 +1221,15 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                     let cancel = cancel.clone();
                     let store = store.clone();
                     let h = handler.clone();
+                    let on_open = self.on_open.clone();
                     let work: Work = Box::pin(async move {
                         let mut session = match builder.open().await {
                             Ok(s) => s,
                             Err(e) => return (None, Err(WorkError::Tether(e))),
                         };
+                        if let Some(f) = on_open {
+                            f(session.sink()).await;
+                        }
                         let r = steps(&mut session, store.as_ref(), &plan, &h, cancel, true).await;
                         (Some(session), r)
                     });

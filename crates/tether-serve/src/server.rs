@@ -423,15 +423,14 @@ fn thread_agent(
         0
     };
     let agent_cfg = cfg.clone();
-    let agent_name = name.to_owned();
+    let agent_name: Arc<str> = Arc::from(name);
     let factory = move |_input: &RunAgentInput| -> tether::Result<tether::SessionBuilder> {
         let provider = spec.build().map_err(tether::Error::Config)?;
         let handler = ServeHandler::new(&agent_cfg).map_err(tether::Error::Config)?;
         let builder = tether::Session::builder_boxed(provider)
             .handler(handler)
             .config(config.clone());
-        // Traced (GenAI spans, named after the agent) when telemetry is on.
-        Ok(tether_otel::observe_global_as(builder, &agent_name))
+        Ok(builder)
     };
     let store: Arc<dyn tether::ThreadStore> = Arc::new(store.clone());
     let agent = ThreadAgent::new(name, store, factory)
@@ -439,6 +438,15 @@ fn thread_agent(
         .model(model)
         .run_timeout(run_timeout)
         .keep_alive(keep_alive)
+        // Traced (GenAI spans, named after the agent) when telemetry is on: attached once the
+        // session is open, after the tracer read the thread's trace state, so a resumed run
+        // links to the runs before it from its first span.
+        .on_open(move |sink| {
+            let agent = agent_name.clone();
+            Box::pin(async move {
+                tether_otel::attach_global(sink, &agent).await;
+            })
+        })
         .with_state(panel);
     Ok((Arc::new(agent), info))
 }
