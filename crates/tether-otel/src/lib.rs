@@ -88,15 +88,6 @@ pub fn observe_global(builder: tether::SessionBuilder) -> tether::SessionBuilder
     }
 }
 
-/// [`observe_global`], naming the agent `agent` on the session's spans (`gen_ai.agent.name`,
-/// `invoke_agent {agent}`), as a server hosting several agents needs.
-pub fn observe_global_as(builder: tether::SessionBuilder, agent: &str) -> tether::SessionBuilder {
-    match GLOBAL.get() {
-        Some(t) => builder.observer(t.clone().agent_name(agent).observer()),
-        None => builder,
-    }
-}
-
 /// Attaches the process's tracer, when telemetry is on, to an open session's sink, naming the
 /// agent `agent` (see [`Tracer::attach`]); does nothing when it is off. Returns whether it
 /// attached.
