@@ -9,6 +9,7 @@ use tether::{
     Error, Event, EventKind, Input, Opened, Provider, Resume, RetryPolicy, Role, Terminal, ToolResult,
     ToolUse, TransportKind, TurnContext, TurnResult, retry::parse_retry_after,
 };
+use tether_http::sse::SseDecoder;
 
 use crate::converse::Fold;
 use crate::eventstream::{Frame, FrameDecoder};
@@ -420,7 +421,7 @@ impl AgentCore {
         let mut fold = Fold::default();
         let mut frames: Vec<(String, Value)> = Vec::new();
         let mut dec = FrameDecoder::new();
-        let mut sse = SseLines::default();
+        let mut sse = SseDecoder::new();
         let mut json_body = Vec::new();
         let message_id = format!("{turn_id}-a{n}");
         let limit = self.config.max_response_bytes;
@@ -452,7 +453,7 @@ impl AgentCore {
             let decoded: Vec<(String, Value)> = if is_sse || !self.is_harness() {
                 sse.push(&chunk)
                     .into_iter()
-                    .flat_map(|d| runtime_events(&d))
+                    .flat_map(|f| runtime_events(&f.data))
                     .collect()
             } else {
                 match dec.push(&chunk) {
@@ -645,60 +646,6 @@ fn runtime_json(v: &Value) -> Vec<(String, Value)> {
         }
     }
     out
-}
-
-/// Minimal SSE `data:` extraction for runtime containers.
-///
-/// Bytes are kept until a frame is complete and only then decoded: a read can end inside a
-/// UTF-8 character or between the CR and LF of a CRLF, and neither may change the frame.
-#[derive(Default)]
-struct SseLines {
-    buf: Vec<u8>,
-}
-
-impl SseLines {
-    fn push(&mut self, chunk: &[u8]) -> Vec<String> {
-        self.buf.extend_from_slice(chunk);
-        let mut out = Vec::new();
-        while let Some((end, next)) = frame_end(&self.buf) {
-            let frame = String::from_utf8_lossy(&self.buf[..end]).into_owned();
-            self.buf.drain(..next);
-            let data: Vec<&str> = frame
-                .lines()
-                .filter_map(|l| l.strip_prefix("data:").map(|d| d.strip_prefix(' ').unwrap_or(d)))
-                .collect();
-            if !data.is_empty() {
-                out.push(data.join("\n"));
-            }
-        }
-        out
-    }
-}
-
-/// Where the first frame of `buf` ends (a blank line, lines ending in LF or CRLF): the end of
-/// its text and the end of the blank line.
-fn frame_end(buf: &[u8]) -> Option<(usize, usize)> {
-    let mut i = 0;
-    let mut line_start = true;
-    while i < buf.len() {
-        let newline = match buf[i] {
-            b'\n' => Some(1),
-            b'\r' if buf.get(i + 1) == Some(&b'\n') => Some(2),
-            _ => None,
-        };
-        match newline {
-            Some(n) if line_start && i > 0 => return Some((i, i + n)),
-            Some(n) => {
-                line_start = true;
-                i += n;
-            }
-            None => {
-                line_start = false;
-                i += 1;
-            }
-        }
-    }
-    None
 }
 
 fn transport(e: &reqwest::Error, endpoint: &str) -> Error {

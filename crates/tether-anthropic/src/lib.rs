@@ -40,7 +40,7 @@ pub mod http;
 pub mod managed;
 pub mod messages;
 pub mod provision;
-pub mod sse;
+mod sse;
 
 pub use http::{ApiKey, ClientConfig};
 pub use managed::{ManagedAgents, ManagedConfig};

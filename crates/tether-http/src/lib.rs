@@ -1,6 +1,7 @@
 //! HTTP plumbing shared by tether's provider crates (`tether-openai`, `tether-anthropic`,
 //! `tether-agentcore`): one place that turns `reqwest` failures and retry headers into the typed
-//! [`tether::Error`] the shared [`tether::RetryPolicy`] classifies.
+//! [`tether::Error`] the shared [`tether::RetryPolicy`] classifies, and the one Server-Sent Events
+//! decoder they all read their streams with ([`sse`]).
 //!
 //! A failed request becomes a typed error the retry policy can match on, and a response's retry
 //! headers a [`RetryHeaders`]:
@@ -30,6 +31,8 @@
 //! ```
 
 #![deny(missing_docs)]
+
+pub mod sse;
 
 use std::time::Duration;
 

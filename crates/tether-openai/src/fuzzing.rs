@@ -18,8 +18,8 @@ use tether::fuzzing::{Live, Recorder, block_on, splits};
 use tether::{ChatModel, ChatRequest, ChatResponse, ToolSpec};
 
 use crate::accum::{Emit, Fed, StreamAccumulator};
-use crate::sse::{LineSplitter, data_of};
 use crate::{MAX_LINE, fast, feed_read, wire};
+use tether_http::sse::{LineSplitter, data_of};
 
 /// What a client sees of one streamed call: the live deltas, then the response or the error.
 #[derive(Debug, PartialEq)]

@@ -42,7 +42,6 @@ mod fast;
 #[doc(hidden)]
 pub mod fuzzing;
 mod lean;
-mod sse;
 mod transport;
 mod wire;
 
@@ -58,7 +57,7 @@ use transport::{Response, Transport, TransportError};
 #[doc(hidden)]
 pub use accum::{CallAcc, Emit, Fed, StreamAccumulator};
 #[doc(hidden)]
-pub use sse::{LineSplitter, data_of};
+pub use tether_http::sse::{LineSplitter, data_of};
 
 /// A measuring hook for benchmarks (feature `bench-probe`, off by default): tells a benchmark when
 /// `OpenAiModel` received the bytes of each piece of text, so it can time what happens inside
@@ -470,7 +469,7 @@ impl OpenAiModel {
 
     async fn read_stream(&self, mut resp: Response, deltas: &DeltaSink) -> Result<ChatResponse> {
         let idle = self.cfg.idle_timeout;
-        let mut lines = sse::LineSplitter::new();
+        let mut lines = LineSplitter::new();
         let mut acc = StreamAccumulator::with_limit(self.cfg.max_response_bytes);
         let sleep = tokio::time::sleep(idle);
         tokio::pin!(sleep);
@@ -519,7 +518,7 @@ impl OpenAiModel {
         }
         if !done {
             if let Some(line) = lines.finish()
-                && let Some(data) = sse::data_of(line)
+                && let Some(data) = data_of(line)
             {
                 done = acc.feed(data)? == Fed::Done;
             }
@@ -676,7 +675,7 @@ pub fn feed_read(lines: &mut LineSplitter, acc: &mut StreamAccumulator) -> Resul
         let Some(line) = lines.next_line() else {
             return Ok(Fed::More);
         };
-        if let Some(data) = sse::data_of(line)
+        if let Some(data) = data_of(line)
             && acc.feed(data)? == Fed::Done
         {
             return Ok(Fed::Done);

@@ -3,12 +3,14 @@
 
 use serde_json::Value;
 
-use super::{SseLines, runtime_events, runtime_json};
+use tether_http::sse::SseDecoder;
+
+use super::{runtime_events, runtime_json};
 
 /// The `data:` payloads of an SSE body arriving in `reads`, as `attempt` splits them.
 pub(crate) fn sse_payloads(reads: &[&[u8]]) -> Vec<String> {
-    let mut sse = SseLines::default();
-    reads.iter().flat_map(|r| sse.push(r)).collect()
+    let mut sse = SseDecoder::new();
+    reads.iter().flat_map(|r| sse.push(r)).map(|f| f.data).collect()
 }
 
 /// The Converse events `attempt` makes of one SSE payload.
