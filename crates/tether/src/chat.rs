@@ -129,7 +129,7 @@ pub struct ChatResponse {
 /// One model call, streaming its deltas into a [`DeltaSink`] as it goes.
 ///
 /// Implementations: `tether-openai` (OpenAI-compatible HTTP), `tether-anthropic` (Messages), and
-/// [`ScriptedModel`] for tests. The loop, its guards and its retries live above this trait, in
+/// `ScriptedModel` for tests (feature `test-util`). The loop, its guards and its retries live above this trait, in
 /// [`crate::local::LocalLoop`]; an implementation makes exactly one attempt per call and reports
 /// failures as typed [`crate::Error`]s the shared retry policy can classify.
 #[async_trait]
@@ -150,95 +150,4 @@ pub trait ChatModel: Send + Sync + 'static {
     }
     /// Makes one call.
     async fn chat(&self, req: &ChatRequest, deltas: &DeltaSink) -> Result<ChatResponse>;
-}
-
-/// A [`ChatModel`] that replays scripted responses in order: for tests and examples.
-///
-/// ```
-/// use tether::{ChatMessage, ChatResponse, ScriptedModel};
-/// let m = ScriptedModel::new(vec![Ok(ScriptedModel::text("hello"))]);
-/// assert_eq!(m.remaining(), 1);
-/// ```
-#[derive(Debug, Default)]
-pub struct ScriptedModel {
-    script: std::sync::Mutex<std::collections::VecDeque<Result<ChatResponse>>>,
-    requests: std::sync::Mutex<Vec<ChatRequest>>,
-}
-
-impl ScriptedModel {
-    /// A model that answers with `script`, one entry per call.
-    pub fn new(script: Vec<Result<ChatResponse>>) -> Self {
-        ScriptedModel {
-            script: std::sync::Mutex::new(script.into()),
-            requests: Default::default(),
-        }
-    }
-
-    /// A plain text response with finish reason `stop`.
-    pub fn text(text: &str) -> ChatResponse {
-        ChatResponse {
-            message: ChatMessage::assistant(text),
-            finish_reason: Some("stop".into()),
-            usage: None,
-            raw: Value::Null,
-        }
-    }
-
-    /// A response calling tools: `(id, name, arguments)`.
-    pub fn tool_calls(calls: &[(&str, &str, &str)]) -> ChatResponse {
-        let mut m = ChatMessage::assistant("");
-        m.content = None;
-        m.tool_calls = calls
-            .iter()
-            .map(|(id, name, args)| ChatToolCall {
-                id: (*id).into(),
-                name: (*name).into(),
-                arguments: (*args).into(),
-            })
-            .collect();
-        ChatResponse {
-            message: m,
-            finish_reason: Some("tool_calls".into()),
-            usage: None,
-            raw: Value::Null,
-        }
-    }
-
-    /// Responses not yet used.
-    pub fn remaining(&self) -> usize {
-        self.script.lock().map(|s| s.len()).unwrap_or(0)
-    }
-
-    /// The requests received so far.
-    pub fn requests(&self) -> Vec<ChatRequest> {
-        self.requests.lock().map(|r| r.clone()).unwrap_or_default()
-    }
-}
-
-#[async_trait]
-impl ChatModel for ScriptedModel {
-    fn name(&self) -> &str {
-        "scripted"
-    }
-
-    async fn chat(&self, req: &ChatRequest, deltas: &DeltaSink) -> Result<ChatResponse> {
-        if let Ok(mut r) = self.requests.lock() {
-            r.push(req.clone());
-        }
-        let next = self.script.lock().ok().and_then(|mut s| s.pop_front());
-        let resp = next.unwrap_or_else(|| {
-            Err(crate::Error::Malformed(
-                "the scripted model has no more responses".into(),
-            ))
-        })?;
-        if let Some(t) = &resp.message.content {
-            deltas.text(t).await;
-        }
-        for c in &resp.message.tool_calls {
-            deltas.tool_call_start(&c.id, &c.name).await;
-            deltas.tool_call_args(&c.id, &c.arguments).await;
-            deltas.tool_call_end(&c.id).await;
-        }
-        Ok(resp)
-    }
 }

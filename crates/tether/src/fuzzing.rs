@@ -11,15 +11,21 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+#[cfg(feature = "test-util")]
 use serde_json::Value;
 
-use crate::chat::{ChatResponse, ScriptedModel};
+#[cfg(feature = "test-util")]
+use crate::chat::ChatResponse;
 use crate::event::{Event, EventKind};
 use crate::handler::{Handler, ToolOutput};
+#[cfg(feature = "test-util")]
 use crate::local::LocalLoop;
+#[cfg(feature = "test-util")]
 use crate::session::Session;
 use crate::sink::{DeltaSink, EventSink};
 use crate::store::MemoryStore;
+#[cfg(feature = "test-util")]
+use crate::testing::ScriptedModel;
 use crate::types::{SessionInfo, ToolSpec, ToolUse};
 
 /// The ways a target cuts `data` into network reads: whole, one byte at a time, and at up to
@@ -178,6 +184,7 @@ impl Live {
     }
 }
 
+#[cfg(feature = "test-util")]
 /// Checks [`ToolUse::from_arguments`], the one place a model's argument text becomes a tool
 /// input, and that the local loop runs a call only on an input it decoded:
 /// - empty (or blank) text is `{}`; a JSON object is its value; anything else (text that does
@@ -249,12 +256,13 @@ pub fn check_tool_arguments(args: &str) {
     assert_eq!(result.text, "done");
 }
 
-/// The tool use every provider must produce for `args` (what [`check_tool_arguments`] checks):
+/// The tool use every provider must produce for `args` (what `check_tool_arguments` checks):
 /// for the other crates' argument paths to compare against.
 pub fn expected_tool_use(id: &str, name: &str, args: &str) -> ToolUse {
     ToolUse::from_arguments(id, name, args)
 }
 
+#[cfg(feature = "test-util")]
 /// A response calling `probe` with `args`, for models that replay one.
 pub fn probe_call(args: &str) -> ChatResponse {
     ScriptedModel::tool_calls(&[("call_1", "probe", args)])

@@ -17,7 +17,8 @@
 //!
 //! A session over the local loop, with a scripted model standing in for a real one
 //! (`tether-openai`, `tether-anthropic`, `tether-gguf`) and the [`workspace::Workspace`] handler
-//! serving the model's tool call from a directory:
+//! serving the model's tool call from a directory (`ScriptedModel`, a model that replays a script,
+//! is a test double behind the `test-util` feature; a real program uses a provider crate's model):
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -57,11 +58,13 @@ pub mod session;
 pub mod sink;
 pub mod source;
 pub mod store;
+#[cfg(feature = "test-util")]
+pub mod testing;
 pub mod thread;
 pub mod types;
 pub mod workspace;
 
-pub use chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse, ChatToolCall, ScriptedModel};
+pub use chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse, ChatToolCall};
 pub use error::{Error, Result, TransportKind};
 pub use event::{Event, EventKind, Role};
 pub use handler::{
@@ -70,10 +73,12 @@ pub use handler::{
     ReadTextFile, TerminalRequest, TerminalResponse, ToolOutput, ToolSet, WriteTextFile,
 };
 pub use provider::{Input, Opened, Provider, Resume, TurnContext};
-pub use retry::{RecordingSleeper, RetryPolicy, Sleeper, TokioSleeper};
+pub use retry::{RetryPolicy, Sleeper, TokioSleeper};
 pub use session::{GuardDecision, GuardInfo, Session, SessionBuilder, SessionConfig, SessionHandle};
 pub use sink::{DeltaSink, EventObserver, EventSink, Subscription};
 pub use store::{EventStore, MemoryStore};
+#[cfg(feature = "test-util")]
+pub use testing::{RecordingSleeper, ScriptedModel};
 pub use thread::{Checkpoint, Claim, Thread, ThreadId, ThreadStore};
 /// Cancels a request in flight ([`Session::send_cancellable`]); re-exported from tokio-util.
 pub use tokio_util::sync::CancellationToken;

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -20,28 +20,6 @@ pub struct TokioSleeper;
 impl Sleeper for TokioSleeper {
     fn sleep(&self, d: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
         Box::pin(tokio::time::sleep(d))
-    }
-}
-
-/// Returns at once and records every requested delay: for tests.
-#[derive(Debug, Clone, Default)]
-pub struct RecordingSleeper {
-    slept: Arc<Mutex<Vec<Duration>>>,
-}
-
-impl RecordingSleeper {
-    /// The delays requested so far.
-    pub fn slept(&self) -> Vec<Duration> {
-        self.slept.lock().map(|g| g.clone()).unwrap_or_default()
-    }
-}
-
-impl Sleeper for RecordingSleeper {
-    fn sleep(&self, d: Duration) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        if let Ok(mut g) = self.slept.lock() {
-            g.push(d);
-        }
-        Box::pin(async {})
     }
 }
 
@@ -101,7 +79,7 @@ impl RetryPolicy {
         }
     }
 
-    /// The same policy with another sleeper (tests inject [`RecordingSleeper`]).
+    /// The same policy with another sleeper (tests inject `RecordingSleeper`, feature `test-util`).
     pub fn with_sleeper(mut self, sleeper: impl Sleeper) -> Self {
         self.sleeper = Arc::new(sleeper);
         self
@@ -208,6 +186,7 @@ fn bounded_secs(s: &str, per_sec: f64) -> Option<Duration> {
 mod tests {
     use super::*;
     use crate::error::TransportKind;
+    use crate::testing::RecordingSleeper;
 
     fn e500() -> Error {
         Error::Http {
