@@ -32,6 +32,8 @@
 
 #![deny(missing_docs)]
 
+#[cfg(feature = "lean-client")]
+pub mod lean;
 pub mod sse;
 
 use std::time::Duration;

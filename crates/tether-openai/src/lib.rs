@@ -41,7 +41,6 @@ mod fast;
 // outer doc here would make rustdoc resolve the module doc's links from the crate root).
 #[doc(hidden)]
 pub mod fuzzing;
-mod lean;
 mod transport;
 mod wire;
 

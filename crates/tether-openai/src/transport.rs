@@ -1,6 +1,6 @@
 //! How requests reach the endpoint: reqwest, or — for a plain-`http` endpoint when a bounded
 //! read buffer is asked for ([`crate::OpenAiBuilder::read_buffer`]) — the lean HTTP/1.1 client of
-//! [`crate::lean`], which reads through a buffer of exactly that size.
+//! [`tether_http::lean`], which reads through a buffer of exactly that size.
 //!
 //! Why a second client: reqwest (hyper) grows a connection's read buffer while reads fill it, up
 //! to about 400 KiB. A local model server streams faster than a relay forwards, so every read
@@ -17,7 +17,7 @@ use reqwest::StatusCode;
 use reqwest::header::{ACCEPT, HeaderMap};
 use tether::{Error, TransportKind};
 
-use crate::lean::{Lean, LeanError, LeanResponse};
+use tether_http::lean::{Lean, LeanError, LeanResponse};
 
 fn env(keys: &[&str]) -> Option<String> {
     keys.iter()

@@ -13,8 +13,9 @@
 //! `chunked` body is moved together in the buffer, so a server that sends one chunk per SSE
 //! event still costs one delta event per read, not one per chunk.
 //!
-//! What it does not do: TLS, HTTP/2, proxies, redirects, `Expect: 100-continue`. The model
-//! builder uses it only for plain `http` without a proxy (see [`crate::transport`]).
+//! What it does not do: TLS, HTTP/2, proxies, redirects, `Expect: 100-continue`. tether-openai's
+//! model builder uses it only for plain `http` without a proxy, when a bounded read buffer is
+//! asked for; reqwest serves everything else. Feature `lean-client` (off by default).
 
 use std::io;
 use std::sync::{Arc, Mutex};
@@ -37,13 +38,14 @@ const MAX_LINE: usize = 4096;
 
 /// A failure, with where it happened (for the error's kind, and whether a retry is safe).
 #[derive(Debug)]
-pub(crate) struct LeanError {
+pub struct LeanError {
     /// While connecting (the request was not sent).
-    pub(crate) connecting: bool,
+    pub connecting: bool,
     /// On a reused connection before any byte of the response: the server had closed it, and
     /// never saw the request.
     stale: bool,
-    pub(crate) error: io::Error,
+    /// What failed (its kind and chain of sources classify it: [`crate::classify_chain`]).
+    pub error: io::Error,
 }
 
 impl LeanError {
@@ -65,7 +67,7 @@ impl LeanError {
 }
 
 /// The client of one endpoint (its host and port), with its idle connections.
-pub(crate) struct Lean {
+pub struct Lean {
     /// `host:port`, to connect to.
     addr: String,
     /// The `Host` header.
@@ -81,7 +83,7 @@ pub(crate) struct Lean {
 impl Lean {
     /// A client for `endpoint` (an `http://` URL), sending `headers` with every request and
     /// reading through a buffer of `read_buffer` bytes.
-    pub(crate) fn new(
+    pub fn new(
         endpoint: &str,
         headers: &HeaderMap,
         read_buffer: usize,
@@ -114,8 +116,7 @@ impl Lean {
 
     /// Posts `body` to `url` (of this client's endpoint), accepting `accept`; resolves once the
     /// response head has arrived.
-    #[cfg(test)]
-    pub(crate) async fn post(
+    pub async fn post(
         self: &Arc<Self>,
         url: &str,
         accept: &str,
@@ -125,8 +126,8 @@ impl Lean {
     }
 
     /// [`Lean::post`], with a `traceparent` header when the request belongs to a trace (a value
-    /// [`tether_http::traceparent_header`] checked: no line break can reach the request).
-    pub(crate) async fn post_traced(
+    /// [`crate::traceparent_header`] checked: no line break can reach the request).
+    pub async fn post_traced(
         self: &Arc<Self>,
         url: &str,
         accept: &str,
@@ -403,16 +404,18 @@ fn framing(status: StatusCode, h: &HeaderMap) -> Result<Framing, LeanError> {
 }
 
 /// A response whose head has arrived; its body is read with [`LeanResponse::chunk`].
-pub(crate) struct LeanResponse {
-    pub(crate) status: StatusCode,
-    pub(crate) headers: HeaderMap,
+pub struct LeanResponse {
+    /// The response's status.
+    pub status: StatusCode,
+    /// The response's headers.
+    pub headers: HeaderMap,
     body: BodyReader,
 }
 
 impl LeanResponse {
     /// The next piece of the body (everything one read brought); `None` at its end. Cancel safe:
     /// dropping the future before it completes loses no data.
-    pub(crate) async fn chunk(&mut self) -> Result<Option<Bytes>, LeanError> {
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, LeanError> {
         self.body.next().await
     }
 
