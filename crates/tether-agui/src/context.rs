@@ -42,7 +42,7 @@ use std::sync::Arc;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 
 use crate::error::{Error, Result};
 use crate::event::{EncryptedValueSubtype, Event, TextMessageRole};
@@ -79,42 +79,11 @@ impl RunOutcome {
 // ---------------------------------------------------------------------------------------------
 // Cancellation
 
-/// A cancellation signal shared by a run and its transport.
-#[derive(Debug, Clone)]
-pub struct CancelToken {
-    tx: Arc<watch::Sender<bool>>,
-}
-
-impl Default for CancelToken {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl CancelToken {
-    /// A fresh, untriggered token.
-    pub fn new() -> Self {
-        Self {
-            tx: Arc::new(watch::channel(false).0),
-        }
-    }
-
-    /// Triggers cancellation.
-    pub fn cancel(&self) {
-        self.tx.send_replace(true);
-    }
-
-    /// Whether cancellation was triggered.
-    pub fn is_cancelled(&self) -> bool {
-        *self.tx.borrow()
-    }
-
-    /// Resolves once cancellation is triggered.
-    pub async fn cancelled(&self) {
-        let mut rx = self.tx.subscribe();
-        let _ = rx.wait_for(|c| *c).await;
-    }
-}
+/// The cancellation signal shared by a run and its transport: tether's one token,
+/// [`tether::CancellationToken`] (tokio-util's), under the name this crate's API has used. A run
+/// cancelled here is cancelled for the session driving it too, with no bridge between two kinds
+/// of token; new code can name it `tether::CancellationToken`.
+pub type CancelToken = tether::CancellationToken;
 
 // ---------------------------------------------------------------------------------------------
 // The sink
