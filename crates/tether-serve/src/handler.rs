@@ -478,11 +478,12 @@ mod tests {
         ServeHandler::new(&cfg.agents["a"]).unwrap()
     }
 
-    /// An ACP agent's direct `fs/write_text_file` under `writes = "ask"` cannot be asked about
-    /// (no browser waits in the middle of that request): it is refused, nothing is written. The
-    /// same request under `allow` is served by the workspace; reads are served under `allow`.
+    /// An ACP agent's direct `fs/write_text_file` under `writes = "ask"` served outside a
+    /// `ThreadAgent` (nobody to ask: no asking handler) is refused, nothing is written; under a
+    /// `ThreadAgent` it is an approval interrupt (`tests/acp_ask.rs`). The same request under
+    /// `allow` is served by the workspace; reads are served under `allow`.
     #[tokio::test]
-    async fn an_agents_direct_write_under_ask_is_refused_fail_closed() {
+    async fn an_agents_direct_write_under_ask_with_nobody_to_ask_is_refused_fail_closed() {
         let dir = tempfile::tempdir().unwrap();
         let info = SessionInfo::new("s", "acp");
         let write = tether::WriteTextFile {
