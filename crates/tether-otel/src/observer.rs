@@ -341,6 +341,9 @@ impl Drop for Guarded {
     }
 }
 
+/// A handler's tools by name: each one's description and meta.
+type Specs = HashMap<String, (String, Map<String, Value>)>;
+
 struct Run {
     g: Guarded,
     started: Instant,
@@ -355,7 +358,7 @@ struct Run {
     /// The handler's tools (description, meta) by name, asked of the handler at the request's
     /// first tool call (a handler's tools change between requests, not during one): a request
     /// without tool calls, the common case in a chat server, never builds them.
-    specs: Option<HashMap<String, (String, Map<String, Value>)>>,
+    specs: Option<Specs>,
 }
 
 struct Chat {
@@ -725,7 +728,7 @@ impl SessionTracer {
         if run.children == 2 {
             let value = json!({"traceparent": run.traceparent, "open": true});
             let sid = sink.info().session_id.clone();
-            self.persist(st, sink, sid, Some(value));
+            self.persist(sink, sid, Some(value));
         }
     }
 
@@ -751,7 +754,7 @@ impl SessionTracer {
         } else if e.seq == Some(1) {
             st.prev = Some(Prev::default());
         } else {
-            self.persist(st, sink, sid.to_owned(), None);
+            self.persist(sink, sid.to_owned(), None);
             return;
         }
         if let (Some(run), Some(prev)) = (st.run.as_mut(), st.prev.as_ref()) {
@@ -839,7 +842,7 @@ impl SessionTracer {
         run.g.end(fail);
         sink.set_traceparent("", None);
         let sid = sink.info().session_id.clone();
-        self.persist(st, sink, sid, value);
+        self.persist(sink, sid, value);
     }
 
     /// Ends the open chat and tool spans (not those in `skip`), with `fail` when the request
@@ -1192,7 +1195,7 @@ impl SessionTracer {
 
     /// Saves the session's trace state, or with `None` reads the saved one (in order, off the
     /// session's task).
-    fn persist(&self, _st: &mut State, sink: &EventSink, session_id: String, value: Option<Value>) {
+    fn persist(&self, sink: &EventSink, session_id: String, value: Option<Value>) {
         if session_id.is_empty() {
             return;
         }
