@@ -46,8 +46,15 @@ if (!existsSync(EVERYTHING)) {
   check("a required field the schema does not describe is a problem", form({}, ["ghost"]).problems.length === 1);
   check("an unsupported request can never be accepted", collect(form({ o: { type: "object" } }), new Map()).content === null);
   check(
-    "an optional field left empty is left out; a boolean is sent as shown",
+    "an optional field left empty is left out; a boolean the user set is sent as set",
     JSON.stringify(collect(form({ s: { type: "string" }, n: { type: "number" }, b: { type: "boolean" } }), new Map([["s", ""], ["n", " "], ["b", false]])).content) === '{"b":false}',
+  );
+  const bools = form({ opt: { type: "boolean" }, optOn: { type: "boolean", default: true }, req: { type: "boolean" }, reqOn: { type: "boolean", default: true } }, ["req", "reqOn"]);
+  const untouched = collect(bools, new Map()).content;
+  check(
+    "an optional boolean left untouched is not sent (not even with a default); a required one is sent as shown",
+    JSON.stringify(untouched) === '{"req":false,"reqOn":true}',
+    JSON.stringify(untouched),
   );
 }
 
@@ -230,6 +237,25 @@ try {
     panel,
   );
   await page.screenshot({ path: join(artifacts, "elicit-accepted.png"), fullPage: true });
+
+  // 1b. Accepted with the optional checkbox left untouched: it is not sent (an untouched box is
+  //     not the user saying "no").
+  at = "the elicitation with an untouched checkbox";
+  await page.click("#new-thread");
+  await page.fill("#prompt", "elicit, leaving the box alone");
+  await page.press("#prompt", "Enter");
+  await page.waitForSelector("#elicit[open]", { timeout: 30000 });
+  check("the optional checkbox starts unchecked", !(await page.isChecked(`${f("check")} input`)));
+  await page.fill(`${f("name")} input`, "Grace Hopper");
+  await page.click("#elicit-accept");
+  await page.waitForSelector(".msg.assistant:has-text('Done: the tool said')", { timeout: 30000 });
+  const untouchedContent = lastResume()?.[0]?.payload?.content;
+  check(
+    "an optional boolean left untouched is not in the accepted content",
+    untouchedContent?.name === "Grace Hopper" && !("check" in untouchedContent),
+    JSON.stringify(untouchedContent),
+  );
+  await page.waitForFunction(() => document.querySelector("#status").textContent === "idle", null, { timeout: 10000 });
 
   // 2. Declined: what was typed is not sent.
   at = "the declined elicitation";

@@ -213,7 +213,11 @@ function fieldInput(f) {
     box.append(label);
     if (desc) box.append(desc);
     box.append(err);
-    return { box, read: () => input.checked, err };
+    // Untouched, it reads as unset (an optional boolean is then not sent): only what the user set
+    // is their answer.
+    let touched = false;
+    input.addEventListener("change", () => (touched = true));
+    return { box, read: () => (touched ? input.checked : undefined), err };
   }
   if (f.kind === "multiselect") {
     box.append(el("legend", "", title));

@@ -210,7 +210,9 @@ function formatError(format, s) {
  * string for text, number and select fields, a boolean for a checkbox, an array for a
  * multi-select). Returns `{content, errors}`: `errors` maps a field name to what is wrong, and
  * `content` is null while any is (or the form has problems). Optional fields left empty are
- * left out; a boolean is always sent as shown.
+ * left out. A checkbox the user never touched reads as `undefined`: an optional boolean is then
+ * left out (the server applies its own default; an untouched box is not the user saying "no"),
+ * a required one is sent as shown (its default, else false); one the user set is sent as set.
  */
 export function collect(parsed, values) {
   const errors = new Map();
@@ -220,7 +222,8 @@ export function collect(parsed, values) {
     const raw = values.get(f.name);
     const fail = (msg) => errors.set(f.name, msg);
     if (f.kind === "boolean") {
-      entries.push([f.name, raw === true]);
+      if (typeof raw === "boolean") entries.push([f.name, raw]);
+      else if (f.required) entries.push([f.name, f.default === true]);
       continue;
     }
     if (f.kind === "multiselect") {

@@ -164,12 +164,15 @@ tokio::task_local! {
     static ASKING: Arc<dyn Handler>;
 }
 
-/// The handler of the [`ThreadAgent`] session whose tool call is running on this task, if any.
+/// The handler of the [`ThreadAgent`] session whose tool call (or remote loop's file or terminal
+/// request) is being served on this task, if any.
 ///
 /// A tool source whose server asks the user something during a call (an MCP elicitation) asks
 /// through it ([`tether::source::CallContext::handler`]): the run ends with an elicitation
-/// interrupt and the call waits for the next request's answer. Outside a `ThreadAgent`'s tool
-/// call it is `None`.
+/// interrupt and the call waits for the next request's answer. A handler serving an ACP agent's
+/// `fs/*` or `terminal/create` under a policy that asks asks through its `request_permission`:
+/// the run ends with an approval interrupt and the request waits. Outside a `ThreadAgent`'s
+/// call or request it is `None`.
 pub fn asking_handler() -> Option<Arc<dyn Handler>> {
     ASKING.try_with(Arc::clone).ok()
 }
@@ -198,6 +201,15 @@ impl RunHandler {
         };
         self.asks.send(ask).await.ok()?;
         rx.await.ok()
+    }
+
+    /// Runs `work` (the inner handler serving a tool call or a remote loop's file or terminal
+    /// request) with this handler as the [`asking_handler`], so what it serves can ask the user.
+    async fn asking<T>(&self, work: impl Future<Output = T>) -> T {
+        match self.me.upgrade() {
+            Some(me) => ASKING.scope(me as Arc<dyn Handler>, work).await,
+            None => work.await,
+        }
     }
 
     fn is_frontend(&self, name: &str) -> bool {
@@ -232,14 +244,7 @@ impl Handler for RunHandler {
         if self.is_frontend(&call.name) {
             return ToolOutput::Pending;
         }
-        match self.me.upgrade() {
-            Some(me) => {
-                ASKING
-                    .scope(me as Arc<dyn Handler>, self.inner.call_tool(call, info))
-                    .await
-            }
-            None => self.inner.call_tool(call, info).await,
-        }
+        self.asking(self.inner.call_tool(call, info)).await
     }
 
     fn needs_approval(&self, call: &ToolUse) -> Option<String> {
@@ -287,7 +292,7 @@ impl Handler for RunHandler {
         req: &ReadTextFile,
         info: &SessionInfo,
     ) -> std::result::Result<String, HandlerError> {
-        self.inner.read_text_file(req, info).await
+        self.asking(self.inner.read_text_file(req, info)).await
     }
 
     async fn write_text_file(
@@ -295,7 +300,7 @@ impl Handler for RunHandler {
         req: &WriteTextFile,
         info: &SessionInfo,
     ) -> std::result::Result<(), HandlerError> {
-        self.inner.write_text_file(req, info).await
+        self.asking(self.inner.write_text_file(req, info)).await
     }
 
     async fn terminal(
@@ -303,7 +308,7 @@ impl Handler for RunHandler {
         req: &TerminalRequest,
         info: &SessionInfo,
     ) -> std::result::Result<TerminalResponse, HandlerError> {
-        self.inner.terminal(req, info).await
+        self.asking(self.inner.terminal(req, info)).await
     }
 
     async fn elicit(&self, req: &ElicitationRequest, info: &SessionInfo) -> ElicitationResponse {

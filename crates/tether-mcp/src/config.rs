@@ -98,9 +98,14 @@ pub struct Entry {
     /// Which tools are asked for.
     #[serde(default)]
     pub approval: ApprovalConfig,
-    /// Seconds one call may take (default 60).
+    /// Seconds one call may take (default 60), not counting the time an elicitation of the call
+    /// waits for the user.
     #[serde(default)]
     pub timeout_secs: Option<u64>,
+    /// Seconds an elicitation of the server may wait for the user's answer (default 900; then it
+    /// is answered `cancel`).
+    #[serde(default)]
+    pub elicitation_timeout_secs: Option<u64>,
     /// Whether the server may sample the session's model (default: refused).
     #[serde(default)]
     pub sampling: bool,
@@ -228,6 +233,9 @@ impl Entry {
         let mut c = ServerConfig::new(&self.name, self.transport()?).roots(roots.to_vec());
         if let Some(s) = self.timeout_secs {
             c = c.call_timeout(Duration::from_secs(s.max(1)));
+        }
+        if let Some(s) = self.elicitation_timeout_secs {
+            c = c.elicitation_timeout(Duration::from_secs(s.max(1)));
         }
         if self.sampling {
             match sampling {

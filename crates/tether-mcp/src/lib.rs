@@ -61,7 +61,7 @@ use rmcp::{ClientHandler, ServiceExt};
 use serde_json::{Value, json};
 use tether::chat::{ChatMessage, ChatModel, ChatRequest};
 use tether::sink::DeltaSink;
-use tether::source::{CallContext, ToolSource};
+use tether::source::{CallClock, CallContext, ToolSource};
 use tether::{
     ElicitationMode, ElicitationRequest, ElicitationResponse, Event, EventKind, ToolOutput, ToolSpec, ToolUse,
 };
@@ -144,7 +144,15 @@ pub struct ServerConfig {
     pub roots: Vec<PathBuf>,
     /// Who answers the server's sampling requests; `None` refuses them.
     pub sampling: Option<Sampling>,
+    /// How long the server's elicitation may wait for the user's answer (then it is answered
+    /// `cancel`). The wait does not count against [`ServerConfig::call_timeout`] nor the
+    /// session's tool timeout: it is the user's time, not the call's.
+    pub elicitation_timeout: Duration,
 }
+
+/// The default [`ServerConfig::elicitation_timeout`]: 15 minutes (as long as an ACP agent's
+/// request may wait for the client), for a person who answers in a browser later.
+pub const DEFAULT_ELICITATION_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
 impl ServerConfig {
     /// A server named `name` reached by `transport`: 60 s per call, 30 s to start, no roots, no
@@ -157,7 +165,14 @@ impl ServerConfig {
             startup_timeout: Duration::from_secs(30),
             roots: Vec::new(),
             sampling: None,
+            elicitation_timeout: DEFAULT_ELICITATION_TIMEOUT,
         }
+    }
+
+    /// Sets how long an elicitation may wait for the user.
+    pub fn elicitation_timeout(mut self, d: Duration) -> Self {
+        self.elicitation_timeout = d;
+        self
     }
 
     /// Sets the per-call timeout.
@@ -255,6 +270,8 @@ impl Drop for Conn {
 /// A call in flight, for routing the server's requests and notifications to its session.
 struct InFlight {
     cx: CallContext,
+    /// The call's own clock for `call_timeout`, paused while its elicitation waits for the user.
+    clock: CallClock,
     tool_use_id: String,
     progress: Option<String>,
     generation: u64,
@@ -769,10 +786,12 @@ impl McpServer {
             }
         };
         let key = inner.next_call.fetch_add(1, Ordering::SeqCst);
+        let clock = CallClock::new();
         lock(&inner.calls).insert(
             key,
             InFlight {
                 cx: cx.clone(),
+                clock: clock.clone(),
                 tool_use_id: call.id.clone(),
                 progress: None,
                 generation: conn.generation,
@@ -809,12 +828,13 @@ impl McpServer {
         }
         guard.cancel = Some((conn.peer.clone(), handle.id.clone(), "the call was cancelled"));
         let timeout = inner.cfg.call_timeout;
-        let outcome = tokio::time::timeout(timeout, handle.await_response()).await;
-        if outcome.is_ok() {
+        // The wait for the user (an elicitation of this call) does not count: see `elicit`.
+        let outcome = clock.timeout(timeout, handle.await_response()).await;
+        if outcome.is_some() {
             settle(inner).await;
         }
         match outcome {
-            Err(_) => {
+            None => {
                 guard.cancel = guard
                     .cancel
                     .take()
@@ -848,7 +868,7 @@ impl McpServer {
                     call.name
                 ))
             }
-            Ok(Ok(ServerResult::CallToolResult(r))) => {
+            Some(Ok(ServerResult::CallToolResult(r))) => {
                 guard.cancel = None;
                 match serde_json::to_value(&r) {
                     Ok(v) => to_output(&v),
@@ -857,7 +877,7 @@ impl McpServer {
                     }
                 }
             }
-            Ok(Ok(other)) => {
+            Some(Ok(other)) => {
                 guard.cancel = None;
                 let v = serde_json::to_value(&other).unwrap_or(Value::Null);
                 ToolOutput::Error(format!(
@@ -866,14 +886,14 @@ impl McpServer {
                     result::clip(&v.to_string(), 2000)
                 ))
             }
-            Ok(Err(ServiceError::McpError(e))) => {
+            Some(Err(ServiceError::McpError(e))) => {
                 guard.cancel = None;
                 ToolOutput::Error(format!(
                     "MCP server `{name}` refused the call of `{}`: {} (error {})",
                     call.name, e.message, e.code.0
                 ))
             }
-            Ok(Err(ServiceError::TransportClosed)) | Ok(Err(ServiceError::TransportSend(_))) => {
+            Some(Err(ServiceError::TransportClosed)) | Some(Err(ServiceError::TransportSend(_))) => {
                 guard.cancel = None;
                 on_down(
                     inner,
@@ -887,7 +907,7 @@ impl McpServer {
                     stderr_note(&stderr)
                 ))
             }
-            Ok(Err(e)) => {
+            Some(Err(e)) => {
                 guard.cancel = None;
                 ToolOutput::Error(format!(
                     "MCP server `{name}`: the call of `{}` failed: {e}",
@@ -932,14 +952,21 @@ struct Client {
 impl Client {
     /// The context of the newest call in flight on this connection (the server's requests carry
     /// no call id over stdio; the newest call is the one waiting on them in the common case).
-    fn newest_call(&self) -> Option<(CallContext, String)> {
+    fn newest_call(&self) -> Option<(CallContext, String, CallClock)> {
         let inner = self.inner.upgrade()?;
         let calls = lock(&inner.calls);
         calls
             .iter()
             .filter(|(_, c)| c.generation == self.generation)
             .max_by_key(|(k, _)| **k)
-            .map(|(_, c)| (c.cx.clone(), c.tool_use_id.clone()))
+            .map(|(_, c)| (c.cx.clone(), c.tool_use_id.clone(), c.clock.clone()))
+    }
+
+    fn elicitation_timeout(&self) -> Duration {
+        self.inner
+            .upgrade()
+            .map(|i| i.cfg.elicitation_timeout)
+            .unwrap_or(DEFAULT_ELICITATION_TIMEOUT)
     }
 
     fn server_name(&self) -> String {
@@ -1011,7 +1038,7 @@ impl ClientHandler for Client {
             },
         };
         let answer = match self.newest_call() {
-            Some((cx, _)) => {
+            Some((cx, _, clock)) => {
                 let req = ElicitationRequest {
                     id: raw
                         .get("elicitationId")
@@ -1021,7 +1048,22 @@ impl ClientHandler for Client {
                     mode,
                     raw: json!({"server": self.server_name(), "params": raw}),
                 };
-                cx.handler.elicit(&req, &cx.info).await
+                // The user's time is not the call's: both the call's `call_timeout` and the
+                // session's tool timeout stop while the question waits, which is bounded by its
+                // own `elicitation_timeout` instead (then cancelled: nobody answered).
+                let _call_paused = clock.pause();
+                let _tool_paused = cx.events.as_ref().map(|e| e.clock().pause());
+                let limit = self.elicitation_timeout();
+                match tokio::time::timeout(limit, cx.handler.elicit(&req, &cx.info)).await {
+                    Ok(answer) => answer,
+                    Err(_) => {
+                        tracing::warn!(
+                            server = %self.server_name(),
+                            "an elicitation went unanswered for {limit:?}; answered as cancelled"
+                        );
+                        ElicitationResponse::Cancel
+                    }
+                }
             }
             // Nobody to ask: no call of this server is running.
             None => ElicitationResponse::Decline,
@@ -1122,7 +1164,7 @@ impl ClientHandler for Client {
         let name = self.server_name();
         let raw = json!({"server": name, "params": serde_json::to_value(&params).unwrap_or(Value::Null)});
         tracing::info!(server = %name, "log: {raw}");
-        if let Some((cx, id)) = self.newest_call()
+        if let Some((cx, id, _)) = self.newest_call()
             && let Some(events) = cx.events
         {
             events

@@ -57,7 +57,8 @@
 //! prefix = "on_collision"      # never (a name clash is an error) | always | on_collision
 //! allow = ["read_*"]           # only these tools (`*` wildcards); deny = [...] never these
 //! approval = ["write_file"]    # "always" | "never" | a list: asked in the browser (an interrupt)
-//! timeout_secs = 60            # per call
+//! timeout_secs = 60            # per call (the wait for the user's answer to an elicitation not counted)
+//! elicitation_timeout_secs = 900   # how long an elicitation waits for the user (then: cancel)
 //! sampling = false             # true: the server may sample the agent's model
 //! ```
 

@@ -238,12 +238,64 @@ impl ServeHandler {
     }
 }
 
-/// The refusal of an agent's direct request for a kind of access the policy asks about.
-fn refused_ask(what: &str) -> tether::HandlerError {
-    tether::HandlerError::Refused(format!(
-        "the workspace policy asks the user before {what}, and a direct request cannot wait for the \
-         browser; ask for permission first"
-    ))
+/// The most of a write's content an approval question shows (the rest is counted, not shown).
+const SHOWN_CONTENT: usize = 4096;
+
+/// Asks the user, through the [`tether_agui::ThreadAgent`] serving this request
+/// ([`tether_agui::thread::asking_handler`]), whether an agent's direct request may go ahead:
+/// the run ends with an approval interrupt and the request waits for the next request's
+/// `resume[]`. Only an approval allows (fail closed): a denial, a cancelled or dropped question,
+/// and a request served outside a `ThreadAgent` (nobody to ask) are refusals.
+async fn ask_user(
+    kind: &str,
+    title: String,
+    input: Value,
+    info: &SessionInfo,
+) -> Result<(), tether::HandlerError> {
+    let Some(asker) = tether_agui::thread::asking_handler() else {
+        return Err(tether::HandlerError::Refused(format!(
+            "{title}: the workspace policy asks the user first, and nobody can be asked here"
+        )));
+    };
+    // The question is bound (by the interrupt's record) to exactly this request: its id is a
+    // digest of what it asks, so an answer cannot be replayed onto another request.
+    let id = format!(
+        "{kind}-{}",
+        tether_agui::approval::digest(&json!([&title, &input]))
+    );
+    let req = tether::PermissionRequest {
+        tool_use_id: id,
+        title: title.clone(),
+        input,
+        kind: Some(kind.to_owned()),
+        options: vec![
+            tether::PermissionOption {
+                id: "allow_once".into(),
+                name: "Allow once".into(),
+                kind: tether::PermissionKind::AllowOnce,
+            },
+            tether::PermissionOption {
+                id: "reject_once".into(),
+                name: "Reject".into(),
+                kind: tether::PermissionKind::RejectOnce,
+            },
+        ],
+        raw: Value::Null,
+    };
+    match asker.request_permission(&req, info).await {
+        tether::PermissionOutcome::Selected { option_id } if option_id == "allow_once" => Ok(()),
+        _ => Err(tether::HandlerError::Refused(format!(
+            "{title}: not approved by the user"
+        ))),
+    }
+}
+
+/// A path as the user should see it: relative to the workspace root when inside it.
+fn shown_path(root: Option<&Path>, p: &Path) -> String {
+    root.and_then(|r| p.strip_prefix(r).ok())
+        .map(|r| r.display().to_string())
+        .filter(|r| !r.is_empty())
+        .unwrap_or_else(|| p.display().to_string())
 }
 
 pub(crate) fn schema_or_empty(v: Option<Value>) -> Value {
@@ -312,24 +364,30 @@ impl Handler for ServeHandler {
 
     // A remote loop's file and terminal requests (an ACP agent's `fs/*`, `terminal/*`) are
     // served by the workspace, under its policy; without a workspace they are refused. A kind of
-    // access the policy says to ask about is refused (fail closed): no browser can be asked in
-    // the middle of such a request, so the agent must ask first (`session/request_permission`,
-    // shown as an approval interrupt) or use its own tools.
+    // access the policy says to ask about is asked of the user (`ask_user`: an approval
+    // interrupt in the browser while the request waits); only an approval lets it through.
 
     async fn read_text_file(
         &self,
         req: &tether::ReadTextFile,
         info: &SessionInfo,
     ) -> Result<String, tether::HandlerError> {
-        if self.ask_reads {
-            return Err(refused_ask("reads"));
-        }
-        match &self.workspace {
-            Some(w) => w.read_text_file(req, info).await,
-            None => Err(tether::HandlerError::Unsupported(
+        let Some(w) = &self.workspace else {
+            return Err(tether::HandlerError::Unsupported(
                 "reading files (no workspace)".into(),
-            )),
+            ));
+        };
+        if self.ask_reads {
+            let path = shown_path(Some(w.root()), &req.path);
+            ask_user(
+                "read",
+                format!("read {path}"),
+                json!({"path": path, "line": req.line, "limit": req.limit}),
+                info,
+            )
+            .await?;
         }
+        w.read_text_file(req, info).await
     }
 
     async fn write_text_file(
@@ -337,15 +395,29 @@ impl Handler for ServeHandler {
         req: &tether::WriteTextFile,
         info: &SessionInfo,
     ) -> Result<(), tether::HandlerError> {
-        if self.ask_writes {
-            return Err(refused_ask("writes"));
-        }
-        match &self.workspace {
-            Some(w) => w.write_text_file(req, info).await,
-            None => Err(tether::HandlerError::Unsupported(
+        let Some(w) = &self.workspace else {
+            return Err(tether::HandlerError::Unsupported(
                 "writing files (no workspace)".into(),
-            )),
+            ));
+        };
+        if self.ask_writes {
+            let path = shown_path(Some(w.root()), &req.path);
+            let bytes = req.content.len();
+            let mut shown: String = req.content.chars().take(SHOWN_CONTENT).collect();
+            if shown.len() < bytes {
+                shown.push_str("\n[…]");
+            }
+            ask_user(
+                "edit",
+                format!("write {path} ({bytes} bytes)"),
+                // The digest of the whole content binds the answer to this exact write.
+                json!({"path": path, "bytes": bytes, "content": shown,
+                       "digest": tether_agui::approval::digest(&json!(req.content))}),
+                info,
+            )
+            .await?;
         }
+        w.write_text_file(req, info).await
     }
 
     async fn terminal(
@@ -353,15 +425,36 @@ impl Handler for ServeHandler {
         req: &tether::TerminalRequest,
         info: &SessionInfo,
     ) -> Result<tether::TerminalResponse, tether::HandlerError> {
-        if self.ask_commands {
-            return Err(refused_ask("commands"));
-        }
-        match &self.workspace {
-            Some(w) => w.terminal(req, info).await,
-            None => Err(tether::HandlerError::Unsupported(
+        let Some(w) = &self.workspace else {
+            return Err(tether::HandlerError::Unsupported(
                 "terminals (no workspace)".into(),
-            )),
+            ));
+        };
+        // Only starting a command is asked about: reading, waiting on, killing and releasing a
+        // terminal the user allowed are part of that command.
+        if self.ask_commands
+            && let tether::TerminalRequest::Create {
+                command,
+                args,
+                env,
+                cwd,
+                ..
+            } = req
+        {
+            let shown = std::iter::once(command.as_str())
+                .chain(args.iter().map(String::as_str))
+                .collect::<Vec<_>>()
+                .join(" ");
+            ask_user(
+                "execute",
+                format!("run `{shown}`"),
+                json!({"command": command, "args": args, "env": env,
+                       "cwd": cwd.as_ref().map(|c| shown_path(Some(w.root()), c))}),
+                info,
+            )
+            .await?;
         }
+        w.terminal(req, info).await
     }
 
     fn capabilities(&self) -> tether::Capabilities {
@@ -385,11 +478,12 @@ mod tests {
         ServeHandler::new(&cfg.agents["a"]).unwrap()
     }
 
-    /// An ACP agent's direct `fs/write_text_file` under `writes = "ask"` cannot be asked about
-    /// (no browser waits in the middle of that request): it is refused, nothing is written. The
-    /// same request under `allow` is served by the workspace; reads are served under `allow`.
+    /// An ACP agent's direct `fs/write_text_file` under `writes = "ask"` served outside a
+    /// `ThreadAgent` (nobody to ask: no asking handler) is refused, nothing is written; under a
+    /// `ThreadAgent` it is an approval interrupt (`tests/acp_ask.rs`). The same request under
+    /// `allow` is served by the workspace; reads are served under `allow`.
     #[tokio::test]
-    async fn an_agents_direct_write_under_ask_is_refused_fail_closed() {
+    async fn an_agents_direct_write_under_ask_with_nobody_to_ask_is_refused_fail_closed() {
         let dir = tempfile::tempdir().unwrap();
         let info = SessionInfo::new("s", "acp");
         let write = tether::WriteTextFile {

@@ -56,7 +56,9 @@ pub struct SessionConfig {
     pub max_turns: u32,
     /// Tool uses of one turn run at most this many at a time (default 8); results keep input order.
     pub tool_concurrency: usize,
-    /// A tool that runs longer gets an error result (default 5 minutes; `None`: no limit).
+    /// A tool that runs longer gets an error result (default 5 minutes; `None`: no limit). Time
+    /// the call spends waiting for the user (an MCP server's elicitation: the source pauses the
+    /// call's [`crate::source::CallClock`]) does not count.
     pub tool_timeout: Option<Duration>,
     /// The terminal tool, when the run must end by calling it. Declared to the model; a call ends
     /// the request (`final_output` holds its input); an `EndTurn` without it is re-prompted.
@@ -1494,14 +1496,17 @@ impl ToolRunner<'_> {
             let call = u.clone();
             // The call can report progress into the session (`ToolEvents::current`).
             let events = crate::source::ToolEvents::new(cx.sink.clone(), &u.id);
+            // The call's clock: time the call spends waiting for the user (a source pauses it)
+            // does not count against the tool timeout.
+            let clock = events.clock().clone();
             let mut task = AbortOnDrop(
                 self.tasks
                     .spawn(events.scope(async move { handler.call_tool(&call, &info).await })),
             );
             let joined = match self.config.tool_timeout {
-                Some(d) => match tokio::time::timeout(d, &mut task.0).await {
-                    Ok(j) => j,
-                    Err(_) => {
+                Some(d) => match clock.timeout(d, &mut task.0).await {
+                    Some(j) => j,
+                    None => {
                         task.0.abort();
                         if tokio::time::timeout(STOP_GRACE, &mut task.0).await.is_err() {
                             tracing::warn!(tool = %u.name, "a timed-out tool did not stop within {STOP_GRACE:?}");

@@ -46,6 +46,7 @@ tokio::task_local! {
 pub struct ToolEvents {
     sink: EventSink,
     tool_use_id: String,
+    clock: CallClock,
 }
 
 impl std::fmt::Debug for ToolEvents {
@@ -72,7 +73,15 @@ impl ToolEvents {
         ToolEvents {
             sink,
             tool_use_id: tool_use_id.into(),
+            clock: CallClock::new(),
         }
+    }
+
+    /// The clock the session engine times this call's timeout by: a source pauses it
+    /// ([`CallClock::pause`]) while the call waits for the user (an MCP elicitation), so the
+    /// user's time does not count against the tool timeout.
+    pub fn clock(&self) -> &CallClock {
+        &self.clock
     }
 
     /// The id of the tool use the events are about.
@@ -88,6 +97,121 @@ impl ToolEvents {
     /// Records a durable event exactly once (by its id) and delivers it.
     pub async fn record(&self, event: Event) -> Result<bool> {
         self.sink.emit(event).await
+    }
+}
+
+/// A tool call's clock for its timeout, which can be paused: the time a call spends waiting for
+/// the user (its server asked them something) is not the call's own work, and does not count.
+///
+/// Pauses nest (the clock runs again when the last [`ClockPause`] is dropped). Clones share the
+/// clock.
+#[derive(Debug, Clone)]
+pub struct CallClock {
+    state: Arc<tokio::sync::watch::Sender<ClockState>>,
+    started: tokio::time::Instant,
+}
+
+#[derive(Debug, Default)]
+struct ClockState {
+    /// Pauses in force.
+    paused: usize,
+    /// When the pause in force began.
+    since: Option<tokio::time::Instant>,
+    /// The time spent paused before it.
+    total: std::time::Duration,
+}
+
+impl Default for CallClock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CallClock {
+    /// A clock started now.
+    pub fn new() -> Self {
+        CallClock {
+            state: Arc::new(tokio::sync::watch::Sender::new(ClockState::default())),
+            started: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Stops the clock until the returned guard is dropped.
+    pub fn pause(&self) -> ClockPause {
+        self.state.send_modify(|s| {
+            if s.paused == 0 {
+                s.since = Some(tokio::time::Instant::now());
+            }
+            s.paused += 1;
+        });
+        ClockPause {
+            state: self.state.clone(),
+        }
+    }
+
+    /// Whether a pause is in force.
+    pub fn is_paused(&self) -> bool {
+        self.state.borrow().paused > 0
+    }
+
+    /// The time the clock ran since it started (pauses left out).
+    pub fn elapsed(&self) -> std::time::Duration {
+        let now = tokio::time::Instant::now();
+        let s = self.state.borrow();
+        let paused = s.total
+            + s.since
+                .map(|t| now.saturating_duration_since(t))
+                .unwrap_or_default();
+        now.saturating_duration_since(self.started).saturating_sub(paused)
+    }
+
+    /// Runs `fut` until it ends (`Some`) or the clock has run for `limit` (`None`; `fut` is
+    /// dropped). While the clock is paused the limit does not come nearer.
+    pub async fn timeout<F: std::future::Future>(
+        &self,
+        limit: std::time::Duration,
+        fut: F,
+    ) -> Option<F::Output> {
+        tokio::pin!(fut);
+        let mut rx = self.state.subscribe();
+        loop {
+            if rx.borrow_and_update().paused > 0 {
+                tokio::select! {
+                    out = &mut fut => return Some(out),
+                    // The sender lives as long as `self`: an error cannot happen here.
+                    _ = rx.wait_for(|s| s.paused == 0) => continue,
+                }
+            }
+            let left = limit.saturating_sub(self.elapsed());
+            if left.is_zero() {
+                return None;
+            }
+            tokio::select! {
+                out = &mut fut => return Some(out),
+                _ = tokio::time::sleep(left) => {}
+                // A pause began: wait for its end above instead of for the limit.
+                _ = rx.wait_for(|s| s.paused > 0) => {}
+            }
+        }
+    }
+}
+
+/// A pause of a [`CallClock`]: the clock runs again when the last one is dropped.
+#[derive(Debug)]
+pub struct ClockPause {
+    state: Arc<tokio::sync::watch::Sender<ClockState>>,
+}
+
+impl Drop for ClockPause {
+    fn drop(&mut self) {
+        self.state.send_modify(|s| {
+            s.paused = s.paused.saturating_sub(1);
+            if s.paused == 0
+                && let Some(t) = s.since.take()
+            {
+                s.total += tokio::time::Instant::now().saturating_duration_since(t);
+            }
+        });
     }
 }
 
