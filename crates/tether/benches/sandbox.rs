@@ -3,7 +3,7 @@
 //! see the same machine load. Prints the median and mean per call of each, their difference and
 //! ratio. Goal: confined costs at most 5 ms more per call.
 //!
-//! `cargo bench -p tether --bench sandbox [-- CALLS]` (default 300 calls of each).
+//! `cargo bench -p tether-core --bench sandbox [-- CALLS]` (default 300 calls of each).
 
 use std::time::{Duration, Instant};
 

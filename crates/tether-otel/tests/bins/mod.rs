@@ -32,7 +32,7 @@ fn built(package: &str, bin: &str) -> PathBuf {
 /// The `tether` binary.
 pub fn tether() -> PathBuf {
     static P: OnceLock<PathBuf> = OnceLock::new();
-    P.get_or_init(|| built("tether-cli", "tether")).clone()
+    P.get_or_init(|| built("tether-runtime", "tether")).clone()
 }
 
 /// The `tether-serve` binary.
