@@ -191,23 +191,30 @@ impl Tracer {
     }
 
     /// Attaches an observer to an open session's sink, having read the session's previous trace
-    /// context from its store (so a thread resumed after a restart links back at once). Returns
+    /// context (so a thread resumed after a restart links back at once): from memory when this
+    /// process saved it, else from the store. A session with no recorded event (a new one, the
+    /// usual case in a server) is not read: its first recorded event tells, by its number,
+    /// whether anything was recorded before it, and only then is the store read. Returns
     /// `false` when the sink has an observer already.
     pub async fn attach(&self, sink: &EventSink) -> bool {
         let obs = self.observer();
         let sid = sink.info().session_id.clone();
         let cached = self.recent.lock().ok().and_then(|m| m.get(&sid).cloned());
         let prev = match cached {
-            Some(v) => Prev::parse(Some(&v)),
-            None => match sink.store().state(&sid, STATE_KEY).await {
+            Some(v) => Some(Prev::parse(Some(&v))),
+            // No event recorded yet (events are numbered from 1): a new session, or one whose
+            // events are not seeded into this sink; left to `load_prev`, which tells the two
+            // apart by its first recorded event's number.
+            None if sink.last_seq().await == 0 => None,
+            None => Some(match sink.store().state(&sid, STATE_KEY).await {
                 Ok(v) => Prev::parse(v.as_ref()),
                 Err(e) => {
                     tracing::debug!(error = %e, "tether-otel: could not read the session's trace state");
                     Prev::default()
                 }
-            },
+            }),
         };
-        {
+        if let Some(prev) = prev {
             let mut st = obs.shared.lock();
             st.prev = Some(prev);
             st.loaded_for = Some(sid);
@@ -244,7 +251,8 @@ impl Shared {
 
 struct Write {
     session_id: String,
-    value: Value,
+    /// The state to save; `None` to read the saved one (the previous request's link).
+    value: Option<Value>,
 }
 
 /// What the previous request left in the store.
@@ -283,7 +291,7 @@ impl Prev {
 struct State {
     /// The previous request's context; `None` until read from the store.
     prev: Option<Prev>,
-    /// The session id `prev` was read for.
+    /// The session id `prev` was read (or asked for, or known absent) for.
     loaded_for: Option<String>,
     run: Option<Run>,
     chat: Option<Chat>,
@@ -333,17 +341,24 @@ impl Drop for Guarded {
     }
 }
 
+/// A handler's tools by name: each one's description and meta.
+type Specs = HashMap<String, (String, Map<String, Value>)>;
+
 struct Run {
     g: Guarded,
     started: Instant,
     provider: Option<String>,
     traceparent: Option<String>,
     linked: bool,
+    /// Child spans (model calls, tool calls) started so far.
+    children: u32,
     input: u64,
     output: u64,
     cache_read: u64,
-    /// The handler's tools (description, meta) by name, as of the request's start.
-    specs: HashMap<String, (String, Map<String, Value>)>,
+    /// The handler's tools (description, meta) by name, asked of the handler at the request's
+    /// first tool call (a handler's tools change between requests, not during one): a request
+    /// without tool calls, the common case in a chat server, never builds them.
+    specs: Option<Specs>,
 }
 
 struct Chat {
@@ -434,6 +449,9 @@ impl SessionTracer {
     fn handle(&self, e: &Event, sink: &EventSink) {
         let shared = &self.shared;
         let mut st = shared.lock();
+        if e.seq.is_some() && st.loaded_for.is_none() {
+            self.load_prev(&mut st, e, sink);
+        }
         match e.raw_type.as_str() {
             "tether.run_start" => return self.run_start(&mut st, e, sink),
             "tether.run_end" => return self.run_end(&mut st, e, sink),
@@ -677,31 +695,71 @@ impl SessionTracer {
         if !sid.is_empty() {
             g.set(sc::CONVERSATION_ID, sid.clone());
         }
-        let specs = sink
-            .handler()
-            .tools()
-            .into_iter()
-            .map(|t| (t.name, (t.description, t.meta)))
-            .collect();
         let mut run = Run {
             g,
             started: Instant::now(),
             provider,
             traceparent: None,
             linked: false,
+            children: 0,
             input: 0,
             output: 0,
             cache_read: 0,
-            specs,
+            specs: None,
         };
         if let Some(prev) = &st.prev {
             link_prev(&mut run, prev);
         }
         run.traceparent = traceparent_of(&run.g.span);
         sink.set_traceparent("", run.traceparent.clone());
-        let value = json!({"traceparent": run.traceparent, "open": true});
+        // The request is saved as `open` (what a resumed thread links to as `interrupted_run`)
+        // only once it outlives its first model or tool call (see `child_started`): until one of
+        // its spans has ended, none has been exported, so a crash before then leaves nothing
+        // of it to link to. A request of one model call saves its state once, at its end.
         st.run = Some(run);
-        self.persist(st, sink, sid, value);
+    }
+
+    /// Counts a child span of the request; at the second, saves the request as `open`.
+    fn child_started(&self, st: &mut State, sink: &EventSink) {
+        let Some(run) = st.run.as_mut() else {
+            return;
+        };
+        run.children += 1;
+        if run.children == 2 {
+            let value = json!({"traceparent": run.traceparent, "open": true});
+            let sid = sink.info().session_id.clone();
+            self.persist(sink, sid, Some(value));
+        }
+    }
+
+    /// At the session's first recorded event seen, makes sure the previous request's context is
+    /// known: none when the event is the session's first ever (numbered 1), else read from the
+    /// store (off the session's task; the link is added to the request span when it arrives).
+    fn load_prev(&self, st: &mut State, e: &Event, sink: &EventSink) {
+        let info = sink.info();
+        let sid = info.session_id.as_str();
+        if sid.is_empty() {
+            return;
+        }
+        st.loaded_for = Some(sid.to_owned());
+        let cached = self
+            .shared
+            .tracer
+            .recent
+            .lock()
+            .ok()
+            .and_then(|m| m.get(sid).cloned());
+        if let Some(v) = cached {
+            st.prev = Some(Prev::parse(Some(&v)));
+        } else if e.seq == Some(1) {
+            st.prev = Some(Prev::default());
+        } else {
+            self.persist(sink, sid.to_owned(), None);
+            return;
+        }
+        if let (Some(run), Some(prev)) = (st.run.as_mut(), st.prev.as_ref()) {
+            link_prev(run, prev);
+        }
     }
 
     fn run_end(&self, st: &mut State, e: &Event, sink: &EventSink) {
@@ -780,11 +838,11 @@ impl SessionTracer {
             }
             m.duration.record(run.started.elapsed().as_secs_f64(), &attrs);
         }
-        let value = json!({"traceparent": run.traceparent, "open": false, "pending": waiting});
+        let value = Some(json!({"traceparent": run.traceparent, "open": false, "pending": waiting}));
         run.g.end(fail);
         sink.set_traceparent("", None);
         let sid = sink.info().session_id.clone();
-        self.persist(st, sink, sid, value);
+        self.persist(sink, sid, value);
     }
 
     /// Ends the open chat and tool spans (not those in `skip`), with `fail` when the request
@@ -895,6 +953,7 @@ impl SessionTracer {
             text: String::new(),
             reasoning: String::new(),
         });
+        self.child_started(st, sink);
     }
 
     fn model_response(&self, st: &mut State, e: &Event, sink: &EventSink) {
@@ -1045,9 +1104,17 @@ impl SessionTracer {
         {
             self.close_chat(st, chat, ChatEnd::default(), sink);
         }
-        let Some(run) = st.run.as_ref() else {
+        let Some(run) = st.run.as_mut() else {
             return;
         };
+        let specs = run.specs.get_or_insert_with(|| {
+            sink.handler()
+                .tools()
+                .into_iter()
+                .map(|t| (t.name, (t.description, t.meta)))
+                .collect()
+        });
+        let spec = specs.get(&u.name);
         let name = if u.name.is_empty() {
             "execute_tool".to_owned()
         } else {
@@ -1058,7 +1125,6 @@ impl SessionTracer {
         g.set(sc::TOOL_NAME, clip(&u.name, MAX_VALUE));
         g.set(sc::TOOL_CALL_ID, clip(&u.id, MAX_VALUE));
         g.set(sc::TOOL_TYPE, kind.to_owned());
-        let spec = run.specs.get(&u.name);
         if let Some((d, _)) = spec
             && !d.is_empty()
         {
@@ -1109,6 +1175,7 @@ impl SessionTracer {
         }
         sink.set_traceparent(&u.id, traceparent_of(&g.span));
         st.tools.insert(u.id.clone(), Tool { g });
+        self.child_started(st, sink);
     }
 
     fn end_tool(&self, st: &mut State, id: &str, is_error: bool, content: Option<&str>, sink: &EventSink) {
@@ -1126,13 +1193,15 @@ impl SessionTracer {
         t.g.end(is_error.then_some(("tool_error", msg.as_str())));
     }
 
-    /// Saves the session's trace state (in order, off the session's task); the first save of a
-    /// session reads the previous one first, for the link.
-    fn persist(&self, st: &mut State, sink: &EventSink, session_id: String, value: Value) {
+    /// Saves the session's trace state, or with `None` reads the saved one (in order, off the
+    /// session's task).
+    fn persist(&self, sink: &EventSink, session_id: String, value: Option<Value>) {
         if session_id.is_empty() {
             return;
         }
-        if let Ok(mut m) = self.shared.tracer.recent.lock() {
+        if let Some(value) = &value
+            && let Ok(mut m) = self.shared.tracer.recent.lock()
+        {
             if m.len() >= RECENT && !m.contains_key(&session_id) {
                 m.clear();
             }
@@ -1144,16 +1213,7 @@ impl SessionTracer {
                 return;
             };
             let (tx, rx) = mpsc::unbounded_channel();
-            let need_load = st.loaded_for.as_deref() != Some(session_id.as_str());
-            if need_load {
-                st.loaded_for = Some(session_id.clone());
-            }
-            rt.spawn(writer(
-                rx,
-                sink.store().clone(),
-                Arc::downgrade(&self.shared),
-                need_load,
-            ));
+            rt.spawn(writer(rx, sink.store().clone(), Arc::downgrade(&self.shared)));
             *w = Some(tx);
         }
         if let Some(tx) = w.as_ref() {
@@ -1192,13 +1252,17 @@ async fn writer(
     mut rx: mpsc::UnboundedReceiver<Write>,
     store: Arc<dyn tether::EventStore>,
     shared: Weak<Shared>,
-    mut need_load: bool,
 ) {
     let mut warned = false;
     while let Some(w) = rx.recv().await {
-        if need_load {
-            need_load = false;
-            let prev = store.state(&w.session_id, STATE_KEY).await.ok().flatten();
+        let Some(value) = w.value else {
+            let prev = match store.state(&w.session_id, STATE_KEY).await {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::debug!(error = %e, "tether-otel: could not read the session's trace state");
+                    None
+                }
+            };
             if let Some(s) = shared.upgrade() {
                 let mut st = s.lock();
                 let prev = Prev::parse(prev.as_ref());
@@ -1207,8 +1271,9 @@ async fn writer(
                 }
                 st.prev = Some(prev);
             }
-        }
-        if let Err(e) = store.put_state(&w.session_id, STATE_KEY, &w.value).await
+            continue;
+        };
+        if let Err(e) = store.put_state(&w.session_id, STATE_KEY, &value).await
             && !warned
         {
             warned = true;

@@ -350,12 +350,12 @@ async fn open_thread(
     mut info: SessionInfo,
     t: &ThreadOpen,
 ) -> Result<Opened> {
-    let thread = match t
+    let (thread, created) = match t
         .store
         .claim_thread(&t.id, &t.agent, &new_record_key(), &t.title)
         .await?
     {
-        Claim::Claimed { thread, .. } => thread,
+        Claim::Claimed { thread, created } => (thread, created),
         Claim::Taken(other) => {
             return Err(Error::ThreadTaken {
                 thread: other.id.to_string(),
@@ -370,7 +370,15 @@ async fn open_thread(
         .insert("agent".into(), Value::String(t.agent.clone()));
     cx.sink.set_info(info);
     let store = cx.sink.store().clone();
-    let events = store.load(&thread.record).await?;
+    // A thread this claim created has the fresh record key chosen above (64 random bits):
+    // nothing is recorded under it, so there is nothing to load. Skipping the read takes one
+    // store round trip off every new thread's way to its first model request (under 1,000
+    // concurrent new runs, each round trip queues behind the others at the store's one writer).
+    let events = if created {
+        Vec::new()
+    } else {
+        store.load(&thread.record).await?
+    };
     cx.sink.seed(&events).await;
     if thread.provider_session.is_none() && events.is_empty() {
         let opened = provider.open(cx).await?;
