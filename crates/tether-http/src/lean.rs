@@ -534,6 +534,11 @@ impl Drop for BodyReader {
 /// is moved to the front, the framing removed. Returns how many bytes at the front are data, and
 /// the decoder's state (`None` once the body has ended). Undecoded bytes (a partial size line)
 /// stay after the data.
+///
+/// A framing error found after some data in this call is not returned yet: the data before it
+/// is, and the bad bytes stay at the front of what is left, so the next call returns the error
+/// with no data. The outcome of a body thus does not depend on how its bytes were cut into reads
+/// (a caller that stops at an SSE stream's `[DONE]` stops before the bad framing either way).
 fn dechunk(buf: &mut BytesMut, mut state: Chunk) -> Result<(usize, Option<Chunk>), LeanError> {
     let mut write = 0usize;
     let mut read = 0usize;
@@ -566,6 +571,7 @@ fn dechunk(buf: &mut BytesMut, mut state: Chunk) -> Result<(usize, Option<Chunk>
                     read += 1;
                     state = Chunk::Size;
                 }
+                _ if write > 0 => break false,
                 _ => {
                     return Err(LeanError::invalid(
                         "a chunk's data is not followed by CRLF".into(),
@@ -575,6 +581,9 @@ fn dechunk(buf: &mut BytesMut, mut state: Chunk) -> Result<(usize, Option<Chunk>
             Chunk::Size | Chunk::Trailer => {
                 let Some(nl) = memchr::memchr(b'\n', &buf[read..]) else {
                     if len - read > MAX_LINE {
+                        if write > 0 {
+                            break false;
+                        }
                         return Err(LeanError::invalid(format!(
                             "a chunk line is longer than {MAX_LINE} bytes"
                         )));
@@ -583,14 +592,19 @@ fn dechunk(buf: &mut BytesMut, mut state: Chunk) -> Result<(usize, Option<Chunk>
                 };
                 let line = &buf[read..read + nl];
                 let line = line.strip_suffix(b"\r").unwrap_or(line);
-                read += nl + 1;
                 if state == Chunk::Trailer {
+                    read += nl + 1;
                     if line.is_empty() {
                         break true;
                     }
                     continue;
                 }
-                let size = chunk_size(line)?;
+                let size = match chunk_size(line) {
+                    Ok(size) => size,
+                    Err(_) if write > 0 => break false,
+                    Err(e) => return Err(e),
+                };
+                read += nl + 1;
                 state = if size == 0 {
                     Chunk::Trailer
                 } else {
@@ -655,10 +669,15 @@ mod tests {
         for b in bounds {
             buf.extend_from_slice(&wire[at..b.max(at)]);
             at = b.max(at);
-            let Some(s) = state else { break };
-            let (n, next) = dechunk(&mut buf, s)?;
-            out.extend_from_slice(&buf.split_to(n));
-            state = next;
+            // As `BodyReader` does: decode until a call yields nothing more.
+            while let Some(s) = state {
+                let (n, next) = dechunk(&mut buf, s)?;
+                out.extend_from_slice(&buf.split_to(n));
+                state = next;
+                if n == 0 {
+                    break;
+                }
+            }
         }
         Ok((out, state.is_none()))
     }
@@ -685,6 +704,70 @@ mod tests {
         assert!(decode(b"fffffffffffffffff\r\n", &[]).is_err());
         let long = vec![b'1'; MAX_LINE + 10];
         assert!(decode(&long, &[]).is_err());
+    }
+
+    /// The data framed before a framing error comes out first, the error on the next call: what
+    /// a body yields before its error does not depend on how its bytes were cut into reads.
+    #[test]
+    fn data_before_bad_framing_comes_out_before_the_error() {
+        for wire in [
+            &b"5\r\nhelloXX0\r\n\r\n"[..],
+            b"5\r\nhello\r\nzz\r\n",
+            b"5\r\nhello\r\nfffffffffffffffff\r\n",
+        ] {
+            let mut buf = BytesMut::from(wire);
+            let (n, state) = dechunk(&mut buf, Chunk::Size).unwrap();
+            assert_eq!(&buf[..n], b"hello", "{wire:?}");
+            let _ = buf.split_to(n);
+            let state = state.expect("not ended");
+            assert!(dechunk(&mut buf, state).is_err(), "{wire:?}");
+        }
+    }
+
+    proptest! {
+        /// However a body with bad framing is cut into reads, the data it yields before the error
+        /// is the same: every byte of the chunks before the bad framing, nothing after.
+        #[test]
+        fn data_before_an_error_does_not_depend_on_the_cuts(
+            pieces in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..40), 1..5),
+            cuts in proptest::collection::vec(any::<usize>(), 0..8),
+        ) {
+            let mut wire = chunked(&pieces.iter().map(Vec::as_slice).collect::<Vec<_>>());
+            // Break the framing after the last piece's data: its CRLF becomes "XX".
+            let end = wire.len() - b"\r\n0\r\n\r\n".len();
+            wire[end] = b'X';
+            wire[end + 1] = b'X';
+            let expected: Vec<u8> = pieces.concat();
+            let mut buf = BytesMut::new();
+            let mut state = Chunk::Size;
+            let mut out = Vec::new();
+            let mut at = 0;
+            let mut bounds: Vec<usize> = cuts.iter().map(|c| c % (wire.len() + 1)).collect();
+            bounds.sort_unstable();
+            bounds.push(wire.len());
+            let mut failed = false;
+            'reads: for b in bounds {
+                buf.extend_from_slice(&wire[at..b.max(at)]);
+                at = b.max(at);
+                loop {
+                    match dechunk(&mut buf, state) {
+                        Ok((n, next)) => {
+                            out.extend_from_slice(&buf.split_to(n));
+                            state = next.expect("the body never ends");
+                            if n == 0 {
+                                break;
+                            }
+                        }
+                        Err(_) => {
+                            failed = true;
+                            break 'reads;
+                        }
+                    }
+                }
+            }
+            prop_assert!(failed, "bad framing was accepted");
+            prop_assert_eq!(out, expected);
+        }
     }
 
     #[test]
