@@ -27,7 +27,7 @@ use std::time::Duration;
 use restate_sdk::prelude::Endpoint;
 use tokio::net::TcpListener;
 
-pub use object::{LiveEvent, TetherThread, TurnOutcome, TurnRequest, WaitingToolUse};
+pub use object::{LiveEvent, TetherThread, TurnOutcome, TurnRequest, TurnSignal, WaitingToolUse};
 pub use steps::Decision;
 
 /// The virtual object's service name in Restate (`/TetherThread/{thread}/turn` at the ingress).
@@ -65,9 +65,27 @@ pub enum RegisterError {
 /// and Restate, and with Nagle's algorithm against delayed acknowledgments a step waited tens of
 /// milliseconds for nothing (the SDK's own `HttpServer` leaves the option off).
 pub async fn serve(thread: TetherThread, listener: TcpListener) {
+    serve_until(thread, listener, std::future::pending()).await
+}
+
+/// As [`serve`], until `stop` resolves: then every connection is closed and every invocation in
+/// flight on this process abandoned (Restate retries it, on this deployment's successor), and
+/// `thread` (with the store it holds) is dropped before this returns.
+pub async fn serve_until(
+    thread: TetherThread,
+    listener: TcpListener,
+    stop: impl std::future::Future<Output = ()>,
+) {
     let endpoint = restate_sdk::hyper::HyperEndpoint::new(Endpoint::builder().bind(thread).build());
+    let mut conns = tokio::task::JoinSet::new();
+    tokio::pin!(stop);
     loop {
-        let (stream, remote) = match listener.accept().await {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            () = &mut stop => break,
+            Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+        };
+        let (stream, remote) = match accepted {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!("accepting a connection failed: {e}");
@@ -80,12 +98,14 @@ pub async fn serve(thread: TetherThread, listener: TcpListener) {
         }
         let conn = hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
             .serve_connection(hyper_util::rt::TokioIo::new(stream), endpoint.clone());
-        tokio::spawn(async move {
+        conns.spawn(async move {
             if let Err(e) = conn.await {
                 tracing::debug!("connection from {remote} ended: {e}");
             }
         });
     }
+    drop(listener);
+    conns.shutdown().await;
 }
 
 /// Registers the deployment at `uri` (this service's endpoint) with the Restate admin API at

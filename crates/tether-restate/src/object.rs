@@ -66,6 +66,38 @@ pub struct WaitingToolUse {
     pub name: String,
     /// What the handler said needs approving.
     pub summary: String,
+    /// The tool use's arguments (an approver checks it approves this very call).
+    #[serde(default)]
+    pub input: Value,
+}
+
+/// A change of a running turn's state, sent out of band (like [`LiveEvent`]) to whoever relays
+/// the turn to a client: the turn now waits for approvals, or it ended.
+///
+/// Sent on the same process as the turn's [`LiveEvent`]s and after them, so a receiver that
+/// drains the event channel when it gets a signal has every event sent before it. A turn
+/// replayed after a crash or a suspension may send a signal again (e.g. `Waiting` for tool uses
+/// already answered): a receiver ignores what it knows.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum TurnSignal {
+    /// The turn waits for a decision on these tool uses.
+    Waiting {
+        /// The thread.
+        thread: ThreadId,
+        /// The tool uses waiting.
+        tool_uses: Vec<WaitingToolUse>,
+    },
+    /// The turn ended: its outcome, or the terminal failure's status code and message (409: it
+    /// was cancelled).
+    Ended {
+        /// The thread.
+        thread: ThreadId,
+        /// The id of the message the turn was started with.
+        message_id: String,
+        /// The outcome.
+        outcome: Result<TurnOutcome, (u16, String)>,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -83,6 +115,7 @@ pub struct TetherThread {
     system_prompt: Option<String>,
     model_name: Option<String>,
     live: Option<tokio::sync::broadcast::Sender<LiveEvent>>,
+    signals: Option<tokio::sync::broadcast::Sender<TurnSignal>>,
 }
 
 /// An event of a running turn, as the service process sees it (out of band: not journaled).
@@ -130,6 +163,20 @@ impl TetherThread {
             system_prompt: None,
             model_name: None,
             live: None,
+            signals: None,
+        }
+    }
+
+    /// Sends every turn's state changes to `tx` (see [`TurnSignal`]).
+    pub fn signals(mut self, tx: tokio::sync::broadcast::Sender<TurnSignal>) -> Self {
+        self.signals = Some(tx);
+        self
+    }
+
+    fn signal(&self, s: TurnSignal) {
+        if let Some(tx) = &self.signals {
+            // No subscriber is not an error: the signal only wakes a relay.
+            let _ = tx.send(s);
         }
     }
 
@@ -199,59 +246,19 @@ impl TetherThread {
         req: Json<TurnRequest>,
     ) -> Result<Json<TurnOutcome>, HandlerError> {
         let req = req.into_inner();
-        let thread =
-            ThreadId::new(ctx.key()).map_err(|e| TerminalError::new_with_code(400, e.to_string()))?;
-        check_request(&req)?;
-        ctx.set(STATE_TURN, ctx.invocation_id().to_owned());
-
-        let store = self.store.clone();
-        let agent = self.agent.clone();
-        let title: String = req.text.chars().take(80).collect();
-        let t = thread.clone();
-        let snapshot = ctx
-            .run(|| async move {
-                record::load(store.as_ref(), &t, &agent, &title)
-                    .await
-                    .map(Json)
-                    .map_err(step_error)
-            })
-            .name("load record")
-            .await?
-            .into_inner();
-
-        let (steps, mut rx) = StepClient::channel();
-        let engine = self.run_engine(&snapshot, &thread, req, steps);
-        tokio::pin!(engine);
-        let (outcome, commit) = loop {
-            tokio::select! {
-                out = &mut engine => break out,
-                Some(step) = rx.recv() => self.serve_step(&ctx, step).await,
-            }
-        };
-
-        let mut added = 0;
-        if let Some(c) = commit {
-            let store = self.store.clone();
-            added = ctx
-                .run(|| async move {
-                    record::commit(store.as_ref(), &c)
-                        .await
-                        .map(|n| n as u64)
-                        .map_err(step_error)
-                })
-                .name("commit record")
-                .await?;
+        let message_id = req.message_id.clone();
+        let out = self.run_turn(&ctx, req).await;
+        if let Ok(thread) = ThreadId::new(ctx.key()) {
+            self.signal(TurnSignal::Ended {
+                thread,
+                message_id,
+                outcome: match &out {
+                    Ok(o) => Ok(o.clone()),
+                    Err(e) => Err((e.code(), e.message().to_owned())),
+                },
+            });
         }
-        ctx.clear(STATE_PENDING);
-        ctx.clear(STATE_TURN);
-        match outcome {
-            Ok(mut o) => {
-                o.events_added = added as usize;
-                Ok(Json(o))
-            }
-            Err(Error::Cancelled) => Err(TerminalError::new_with_code(409, "the turn was cancelled").into()),
-            Err(e) => Err(TerminalError::new_with_code(500, e.to_string()).into()),
-        }
+        Ok(Json(out?))
     }
 
     /// Answers a tool use the running turn waits on (`{"decision":"answer","tool_use_id":…,
@@ -306,6 +313,68 @@ impl TetherThread {
 }
 
 impl TetherThread {
+    /// The body of `turn`: every failure is terminal (journaled), so the [`TurnSignal::Ended`]
+    /// sent for it is final.
+    async fn run_turn(
+        &self,
+        ctx: &ObjectContext<'_>,
+        req: TurnRequest,
+    ) -> Result<TurnOutcome, TerminalError> {
+        let thread =
+            ThreadId::new(ctx.key()).map_err(|e| TerminalError::new_with_code(400, e.to_string()))?;
+        check_request(&req)?;
+        ctx.set(STATE_TURN, ctx.invocation_id().to_owned());
+
+        let store = self.store.clone();
+        let agent = self.agent.clone();
+        let title: String = req.text.chars().take(80).collect();
+        let t = thread.clone();
+        let snapshot = ctx
+            .run(|| async move {
+                record::load(store.as_ref(), &t, &agent, &title)
+                    .await
+                    .map(Json)
+                    .map_err(step_error)
+            })
+            .name("load record")
+            .await?
+            .into_inner();
+
+        let (steps, mut rx) = StepClient::channel();
+        let engine = self.run_engine(&snapshot, &thread, req, steps);
+        tokio::pin!(engine);
+        let (outcome, commit) = loop {
+            tokio::select! {
+                out = &mut engine => break out,
+                Some(step) = rx.recv() => self.serve_step(ctx, step).await,
+            }
+        };
+
+        let mut added = 0;
+        if let Some(c) = commit {
+            let store = self.store.clone();
+            added = ctx
+                .run(|| async move {
+                    record::commit(store.as_ref(), &c)
+                        .await
+                        .map(|n| n as u64)
+                        .map_err(step_error)
+                })
+                .name("commit record")
+                .await?;
+        }
+        ctx.clear(STATE_PENDING);
+        ctx.clear(STATE_TURN);
+        match outcome {
+            Ok(mut o) => {
+                o.events_added = added as usize;
+                Ok(o)
+            }
+            Err(Error::Cancelled) => Err(TerminalError::new_with_code(409, "the turn was cancelled")),
+            Err(e) => Err(TerminalError::new_with_code(500, e.to_string())),
+        }
+    }
+
     /// Serves one step the engine asked for, inside the invocation's journal.
     async fn serve_step(&self, ctx: &ObjectContext<'_>, step: Step) {
         match step {
@@ -344,12 +413,22 @@ impl TetherThread {
                             id: p.tool_use.id.clone(),
                             name: p.tool_use.name.clone(),
                             summary: summary.clone(),
+                            input: p.tool_use.input.clone(),
                         }),
                         _ => None,
                     })
-                    .collect();
+                    .collect::<Vec<_>>();
                 let (awakeable, decision) = ctx.awakeable::<Json<Decision>>();
-                ctx.set(STATE_PENDING, Json(PendingState { awakeable, tool_uses }));
+                ctx.set(
+                    STATE_PENDING,
+                    Json(PendingState {
+                        awakeable,
+                        tool_uses: tool_uses.clone(),
+                    }),
+                );
+                if let Ok(thread) = ThreadId::new(ctx.key()) {
+                    self.signal(TurnSignal::Waiting { thread, tool_uses });
+                }
                 let d = decision.await;
                 ctx.clear(STATE_PENDING);
                 let _ = reply.send(d.map(Json::into_inner).map_err(engine_error));

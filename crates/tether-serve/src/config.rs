@@ -8,6 +8,12 @@
 //! max_concurrent_runs = 256    # 429 past this
 //! shutdown_grace_secs = 30     # running turns get this long to finish on shutdown
 //! allowed_origins = ["http://localhost:5173"]   # other web origins that may call the API (CORS)
+//! backend = "sqlite"           # where turns run: "sqlite" (in process, default) or "restate"
+//!                              # (durable invocations; needs the `restate` cargo feature):
+//! # restate_ingress = "http://127.0.0.1:8080"   # the Restate ingress turns are sent to
+//! # restate_admin = "http://127.0.0.1:9070"     # the admin API the service registers with
+//! # restate_listen = "127.0.0.1:9080"           # where the service endpoint Restate calls listens
+//! # restate_advertise = "http://127.0.0.1:9080" # the endpoint's URI as Restate reaches it
 //!
 //! [agents.local]
 //! provider = "gguf"            # a GGUF model run in-process: no server, no key
@@ -139,6 +145,39 @@ pub struct ServerSection {
     /// cross-origin browser request is refused (403 `ORIGIN_NOT_ALLOWED`). Default: none.
     #[serde(default)]
     pub allowed_origins: Vec<String>,
+    /// Where a thread's turns run (default [`Backend::Sqlite`]).
+    #[serde(default)]
+    pub backend: Backend,
+    /// The Restate ingress URL turns are sent to (backend `restate`; default
+    /// `http://127.0.0.1:8080`).
+    #[serde(default)]
+    pub restate_ingress: Option<String>,
+    /// The Restate admin API URL the service registers itself with (backend `restate`; default
+    /// `http://127.0.0.1:9070`).
+    #[serde(default)]
+    pub restate_admin: Option<String>,
+    /// The address the service endpoint Restate calls listens on (backend `restate`; default
+    /// `127.0.0.1:9080`; port 0 picks one).
+    #[serde(default)]
+    pub restate_listen: Option<String>,
+    /// The endpoint's URI as Restate reaches it (backend `restate`; default `http://` + the
+    /// address it listens on).
+    #[serde(default)]
+    pub restate_advertise: Option<String>,
+}
+
+/// Where `tether serve` runs a thread's turns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, serde::Serialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+#[non_exhaustive]
+pub enum Backend {
+    /// In this process, over the SQLite database (the default; one machine).
+    #[default]
+    Sqlite,
+    /// As durable invocations on Restate (the `TetherThread` virtual object of
+    /// `tether-restate`): a crash never repeats a recorded model or tool call. Needs the
+    /// `restate` cargo feature.
+    Restate,
 }
 
 fn default_body() -> usize {
@@ -175,6 +214,11 @@ impl Default for ServerSection {
             shutdown_grace_secs: default_grace(),
             body_timeout_secs: default_body_timeout(),
             allowed_origins: Vec::new(),
+            backend: Backend::default(),
+            restate_ingress: None,
+            restate_admin: None,
+            restate_listen: None,
+            restate_advertise: None,
         }
     }
 }

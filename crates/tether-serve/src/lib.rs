@@ -36,6 +36,8 @@
 
 #![deny(missing_docs)]
 
+#[cfg(feature = "restate")]
+mod backend;
 pub mod config;
 mod handler;
 mod model;
@@ -88,6 +90,10 @@ pub struct ServeArgs {
     /// Seconds running turns get to finish on shutdown (overrides [server] shutdown_grace_secs).
     #[arg(long)]
     pub shutdown_grace: Option<u64>,
+    /// Where turns run (overrides [server] backend): `sqlite` (in this process, the default) or
+    /// `restate` (durable invocations on a Restate cluster; see the tether-restate README).
+    #[arg(long, value_enum)]
+    pub backend: Option<config::Backend>,
 }
 
 /// Resolves the configuration the arguments name.
@@ -116,6 +122,9 @@ pub fn load_config(args: &ServeArgs) -> Result<Config, ConfigError> {
     }
     if let Some(n) = args.shutdown_grace {
         cfg.server.shutdown_grace_secs = n;
+    }
+    if let Some(b) = args.backend {
+        cfg.server.backend = b;
     }
     // Again after the overrides: a command-line duration is bounded like a configured one.
     let origin = args

@@ -103,6 +103,17 @@ pub struct Server {
     stopped_accepting: CancellationToken,
     task: tokio::task::JoinHandle<()>,
     _front: FrontRuntime,
+    /// The backend's services running beside the server (the Restate endpoint), stopped with it.
+    services: Services,
+}
+
+/// The backend's services (see [`Service`]).
+struct Services(Vec<Service>);
+
+impl std::fmt::Debug for Services {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Services({})", self.0.len())
+    }
 }
 
 /// The runtime the server's connections live on (accepting, reading requests, writing events),
@@ -153,6 +164,9 @@ impl Server {
     /// Waits until the server has stopped.
     pub async fn wait(self) {
         let _ = self.task.await;
+        for s in self.services.0 {
+            s.await;
+        }
     }
 }
 
@@ -235,19 +249,50 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     };
     let mut app: Router<AppState> = Router::new();
     let mut infos = Vec::new();
+    let mut services: Vec<Service> = Vec::new();
+    let backend = opts.config.server.backend;
+    if backend == crate::config::Backend::Restate && opts.config.agents.len() > 1 {
+        return Err(ServeError::Config(crate::config::ConfigError::Invalid {
+            path: "[server] backend".into(),
+            message: "the restate backend serves one agent per server for now".into(),
+        }));
+    }
     for (name, cfg) in &opts.config.agents {
         let agent_err = |message: String| ServeError::Agent {
             agent: name.clone(),
             message,
         };
         let spec = cfg.provider_spec(name).map_err(agent_err)?;
+        let path = format!("/v1/agents/{name}/run");
+        if backend == crate::config::Backend::Restate {
+            let (routed, info, service) = restate_route(
+                app,
+                &path,
+                name,
+                cfg,
+                spec,
+                &store,
+                &opts.config.server,
+                run_timeout,
+                &endpoint,
+                &runs,
+                &shutdown,
+            )
+            .await
+            .map_err(agent_err)?;
+            app = routed;
+            infos.push(info);
+            services.push(service);
+            continue;
+        }
         let (agent, info) = thread_agent(name, cfg, spec, &store, run_timeout).map_err(agent_err)?;
         infos.push(info);
+        let check: Arc<dyn ResumeCheck> = agent.clone();
         let options = EndpointOptions {
-            admit: Some(admission(agent.clone(), runs.clone(), shutdown.clone())),
+            admit: Some(admission(check, runs.clone(), shutdown.clone())),
             ..endpoint.clone()
         };
-        app = app.route_agui_with(&format!("/v1/agents/{name}/run"), agent, options);
+        app = app.route_agui_with(&path, agent, options);
     }
     let state = AppState {
         store,
@@ -309,14 +354,116 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
         stopped_accepting,
         task,
         _front: FrontRuntime(Some(front)),
+        services: Services(services),
     })
+}
+
+/// Checks a resume request's interrupts at admission, before `RUN_STARTED` (each backend's
+/// agent checks them against the thread's outstanding interrupts).
+pub(crate) trait ResumeCheck: Send + Sync + 'static {
+    /// See `ThreadAgent::check_resume`.
+    fn check<'a>(
+        &'a self,
+        input: &'a RunAgentInput,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tether_agui::CheckError>> + Send + 'a>>;
+}
+
+impl ResumeCheck for ServedAgent {
+    fn check<'a>(
+        &'a self,
+        input: &'a RunAgentInput,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tether_agui::CheckError>> + Send + 'a>>
+    {
+        Box::pin(self.check_resume(input))
+    }
+}
+
+#[cfg(feature = "restate")]
+impl ResumeCheck for crate::backend::RestateAgent {
+    fn check<'a>(
+        &'a self,
+        input: &'a RunAgentInput,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), tether_agui::CheckError>> + Send + 'a>>
+    {
+        Box::pin(self.check_resume(input))
+    }
+}
+
+/// A backend's service beside the server: the future stops it (and resolves once it is gone).
+type Service = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + Sync>>;
+
+type Routed = (Router<AppState>, AgentInfo, Service);
+
+/// The run route of an agent on the Restate backend (see `backend.rs`): its service endpoint
+/// started and registered, its runs sent to Restate.
+#[cfg(feature = "restate")]
+#[allow(clippy::too_many_arguments)]
+async fn restate_route(
+    app: Router<AppState>,
+    path: &str,
+    name: &str,
+    cfg: &crate::config::AgentConfig,
+    spec: crate::providers::ProviderSpec,
+    store: &SqliteStore,
+    server: &crate::config::ServerSection,
+    run_timeout: Duration,
+    endpoint: &EndpointOptions,
+    runs: &Arc<Semaphore>,
+    shutdown: &CancellationToken,
+) -> Result<Routed, String> {
+    let info = AgentInfo {
+        name: name.to_owned(),
+        description: cfg.description.clone(),
+        model: match &spec {
+            crate::providers::ProviderSpec::Local(l) => l.model_name.clone(),
+            other => other.kind().to_owned(),
+        },
+        tools: tether::Handler::tools(&crate::handler::ServeHandler::new(cfg)?)
+            .into_iter()
+            .map(|t| t.name)
+            .collect(),
+    };
+    let (agent, service) = crate::backend::start(name, cfg, spec, store, server, run_timeout).await?;
+    let check: Arc<dyn ResumeCheck> = agent.clone();
+    let options = EndpointOptions {
+        admit: Some(admission(check, runs.clone(), shutdown.clone())),
+        ..endpoint.clone()
+    };
+    Ok((
+        app.route_agui_with(path, agent, options),
+        info,
+        Box::pin(service.stop()),
+    ))
+}
+
+/// Without the `restate` feature the backend is a configuration error a person can act on.
+#[cfg(not(feature = "restate"))]
+#[allow(clippy::too_many_arguments)]
+async fn restate_route(
+    _app: Router<AppState>,
+    _path: &str,
+    _name: &str,
+    _cfg: &crate::config::AgentConfig,
+    _spec: crate::providers::ProviderSpec,
+    _store: &SqliteStore,
+    _server: &crate::config::ServerSection,
+    _run_timeout: Duration,
+    _endpoint: &EndpointOptions,
+    _runs: &Arc<Semaphore>,
+    _shutdown: &CancellationToken,
+) -> Result<Routed, String> {
+    Err(
+        "[server] backend = \"restate\" needs tether serve built with the `restate` cargo feature \
+         (cargo build -p tether-serve --features restate)"
+            .into(),
+    )
 }
 
 /// The admission of one agent's runs, once the request body is read (a client still sending
 /// its body holds no run slot): not while shutting down (503), within the concurrent-run limit
 /// (429; the slot lives as long as the run's stream), and a resume only for interrupts
 /// outstanding on the thread (409, see `tether_agui::approval`).
-fn admission(agent: Arc<ServedAgent>, runs: Arc<Semaphore>, shutdown: CancellationToken) -> Admit {
+fn admission(agent: Arc<dyn ResumeCheck>, runs: Arc<Semaphore>, shutdown: CancellationToken) -> Admit {
     Admit::new(move |input: &RunAgentInput| {
         if shutdown.is_cancelled() {
             return refuse(json_error(
@@ -342,7 +489,7 @@ fn admission(agent: Arc<ServedAgent>, runs: Arc<Semaphore>, shutdown: Cancellati
         let agent = agent.clone();
         let input = input.clone();
         Box::pin(async move {
-            match agent.check_resume(&input).await {
+            match agent.check(&input).await {
                 Ok(()) => Ok(Some(guard)),
                 Err(tether_agui::CheckError::Refused(r)) => {
                     Err(json_error(r.status(), r.code(), r.to_string()))
@@ -455,7 +602,7 @@ fn thread_agent(
 /// agent and thread, the run's status (`running`, then `idle` or `waiting`), the model turns it
 /// took and each tool call's state (`called`, `done`, `error`). Whatever else the client's
 /// state holds is kept.
-fn panel(state: &mut Value, update: Update<'_>) -> bool {
+pub(crate) fn panel(state: &mut Value, update: Update<'_>) -> bool {
     if !state.is_object() {
         *state = json!({});
     }

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod restate;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -19,6 +21,8 @@ pub const PATIENCE: Duration = Duration::from_secs(60);
 pub struct Env {
     pub dir: tempfile::TempDir,
     pub fake: FakeOpenAi,
+    /// The Restate node this suite's turns run on (`TETHER_SERVE_BACKEND=restate`).
+    pub restate: Option<restate::Restate>,
 }
 
 impl Env {
@@ -26,6 +30,11 @@ impl Env {
         Env {
             dir: tempfile::tempdir().unwrap(),
             fake: FakeOpenAi::start().await,
+            restate: if restate::enabled() {
+                Some(restate::Restate::start().await)
+            } else {
+                None
+            },
         }
     }
 
@@ -39,10 +48,15 @@ impl Env {
     pub fn config_with(&self, server: &str, extra: &str) -> Config {
         let ws = self.ws();
         std::fs::create_dir_all(&ws).unwrap();
+        let backend = self
+            .restate
+            .as_ref()
+            .map(|r| r.server_lines())
+            .unwrap_or_default();
         let text = format!(
             r#"
 [server]
-{server}
+{backend}{server}
 [agents.main]
 base_url = "{url}"
 model = "fake"
