@@ -6,15 +6,12 @@
 //! denies (the agent gets an error, nothing happens), and an interrupt id never issued is
 //! refused before anything runs.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
-
 use serde_json::{Value, json};
 use tether_serve::{Config, ServerOptions};
 
 mod common;
-use common::{finished_ok, interrupt_of, prompt_input as input, repo_root, text_of, with_resume};
+use common::{finished_ok, interrupt_of, prompt_input as input, text_of, with_resume};
+use tether_testkit::peers::fake_acp_agent as fake_agent;
 
 async fn run(addr: std::net::SocketAddr, body: &Value) -> Vec<Value> {
     common::run_at(addr, "coder", body).await
@@ -26,32 +23,6 @@ async fn post(addr: std::net::SocketAddr, body: &Value) -> (u16, String) {
 
 fn resume(thread: &str, run: &str, prompt: &str, id: &Value, approved: bool) -> Value {
     with_resume(input(thread, run, prompt), id, json!({"approved": approved}))
-}
-
-/// The testkit's scripted ACP agent, built on first use (it is a binary of another package).
-fn fake_agent() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().expect("test exe path");
-            // target/<profile>/deps/<test> → target/<profile>/fake-acp-agent
-            let dir = exe
-                .parent()
-                .and_then(Path::parent)
-                .expect("target dir")
-                .to_path_buf();
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = Command::new(cargo)
-                .args(["build", "-q", "-p", "tether-testkit", "--bin", "fake-acp-agent"])
-                .current_dir(repo_root())
-                .status()
-                .expect("run cargo build for fake-acp-agent");
-            assert!(status.success(), "building fake-acp-agent failed");
-            let bin = dir.join("fake-acp-agent");
-            assert!(bin.exists(), "fake-acp-agent not found at {}", bin.display());
-            bin
-        })
-        .clone()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -187,22 +187,8 @@ pub fn result_of<'a>(events: &'a [Value], id: &str) -> Option<&'a Value> {
         .find(|e| e["type"] == "TOOL_CALL_RESULT" && e["toolCallId"] == id)
 }
 
-/// The repository's root.
-pub fn repo_root() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The pinned MCP reference server (`conformance/mcp`), failing loudly when not installed.
-pub fn everything_js() -> std::path::PathBuf {
-    let p = repo_root()
-        .join("conformance/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        p.exists(),
-        "the MCP reference server is not installed at {}: run `(cd conformance/mcp && npm ci)` (scripts/test does)",
-        p.display()
-    );
-    p
-}
+#[allow(unused_imports)] // not every test binary uses every helper
+pub use tether_testkit::peers::{mcp_everything_server as everything_js, repo_root};
 
 pub fn last(events: &[Value]) -> &Value {
     events.last().unwrap()
