@@ -6,13 +6,14 @@ use super::*;
 /// [`tether::CancellationToken`] (tokio-util's), under the name this crate's API has used. A run
 /// cancelled here is cancelled for the session driving it too, with no bridge between two kinds
 /// of token; new code can name it `tether::CancellationToken`.
+#[deprecated(note = "use `tether::CancellationToken`, the same type")]
 pub type CancelToken = tether::CancellationToken;
 
 impl<S: AgentState> RunContext<S> {
     // ----- cancellation -----
 
     /// The run's cancellation token (tripped when the client disconnects).
-    pub fn cancel_token(&self) -> &CancelToken {
+    pub fn cancel_token(&self) -> &tether::CancellationToken {
         &self.sink.cancel
     }
 
@@ -23,10 +24,10 @@ impl<S: AgentState> RunContext<S> {
 
     /// Waits until the transport has room for at least one more event (backpressure for
     /// agents that produce events faster than the client reads them).
-    pub async fn ready(&self) -> Result<()> {
+    pub async fn ready(&self) -> AgUiResult<()> {
         match self.sink.tx.reserve().await {
             Ok(_permit) => Ok(()),
-            Err(_) => Err(Error::Cancelled),
+            Err(_) => Err(AgUiError::Cancelled),
         }
     }
 }

@@ -24,19 +24,19 @@ impl<S> MessageHandle<'_, S> {
     }
 
     /// Appends text — `TEXT_MESSAGE_CONTENT`.
-    pub fn delta(&mut self, text: impl AsRef<str>) -> Result<()> {
+    pub fn delta(&mut self, text: impl AsRef<str>) -> AgUiResult<()> {
         self.sink
-            .emit(Event::text_message_content(self.id.clone(), text.as_ref()))
+            .emit(AgUiEvent::text_message_content(self.id.clone(), text.as_ref()))
     }
 
     /// Emits an unrelated event (state, custom, raw, ...) without closing the message.
-    pub fn emit(&mut self, event: impl Into<Event>) -> Result<()> {
+    pub fn emit(&mut self, event: impl Into<AgUiEvent>) -> AgUiResult<()> {
         self.sink.emit(event.into())
     }
 
     /// Attaches the provider's opaque value to this message — `REASONING_ENCRYPTED_VALUE`.
-    pub fn encrypted_value(&mut self, value: impl Into<String>) -> Result<()> {
-        self.sink.emit(Event::reasoning_encrypted_value(
+    pub fn encrypted_value(&mut self, value: impl Into<String>) -> AgUiResult<()> {
+        self.sink.emit(AgUiEvent::reasoning_encrypted_value(
             EncryptedValueSubtype::Message,
             self.id.as_str(),
             value,
@@ -44,9 +44,9 @@ impl<S> MessageHandle<'_, S> {
     }
 
     /// Emits `TEXT_MESSAGE_END` and consumes the handle.
-    pub fn end(mut self) -> Result<()> {
+    pub fn end(mut self) -> AgUiResult<()> {
         self.ended = true;
-        self.sink.emit(Event::text_message_end(self.id.clone()))
+        self.sink.emit(AgUiEvent::text_message_end(self.id.clone()))
     }
 }
 
@@ -57,7 +57,7 @@ impl<S: AgentState> MessageHandle<'_, S> {
 impl<S> Drop for MessageHandle<'_, S> {
     fn drop(&mut self) {
         if !self.ended {
-            let _ = self.sink.emit(Event::text_message_end(self.id.clone()));
+            let _ = self.sink.emit(AgUiEvent::text_message_end(self.id.clone()));
         }
     }
 }
@@ -68,11 +68,11 @@ impl<S> Drop for MessageHandle<'_, S> {
 /// emitted so [`Self::parse_args`] can hand back the finished struct:
 ///
 /// ```
-/// # use tether_agui::{RunContext, RunOptions, RunAgentInput, Result};
+/// # use tether_agui::{RunContext, RunOptions, RunAgentInput, AgUiResult};
 /// # #[derive(serde::Deserialize)] struct Query { city: String }
-/// # fn main() -> Result<()> {
+/// # fn main() -> AgUiResult<()> {
 /// # let (mut ctx, _rx) = RunContext::<()>::new(RunAgentInput::new("t", "r"), &RunOptions::default());
-/// # ctx.emit(tether_agui::Event::run_started("t", "r"))?;
+/// # ctx.emit(tether_agui::AgUiEvent::run_started("t", "r"))?;
 /// let mut call = ctx.tool_call("get_weather")?;
 /// call.args(r#"{"city":"#)?;
 /// call.args(r#""Seoul"}"#)?;
@@ -118,15 +118,16 @@ impl<S> ToolCallHandle<'_, S> {
     }
 
     /// Appends a fragment of the argument JSON — `TOOL_CALL_ARGS`.
-    pub fn args(&mut self, delta: impl AsRef<str>) -> Result<()> {
+    pub fn args(&mut self, delta: impl AsRef<str>) -> AgUiResult<()> {
         let delta = delta.as_ref();
-        self.sink.emit(Event::tool_call_args(self.id.clone(), delta))?;
+        self.sink
+            .emit(AgUiEvent::tool_call_args(self.id.clone(), delta))?;
         self.args.push_str(delta);
         Ok(())
     }
 
     /// Serializes `value` and emits it as the call's arguments in one delta.
-    pub fn args_json<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<()> {
+    pub fn args_json<T: Serialize + ?Sized>(&mut self, value: &T) -> AgUiResult<()> {
         let text = serde_json::to_string(value)?;
         self.args(text)
     }
@@ -138,14 +139,14 @@ impl<S> ToolCallHandle<'_, S> {
 
     /// Parses everything emitted through [`Self::args`] into `T`. Fails while the arguments
     /// are still partial.
-    pub fn parse_args<T: DeserializeOwned>(&self) -> Result<T> {
+    pub fn parse_args<T: DeserializeOwned>(&self) -> AgUiResult<T> {
         Ok(serde_json::from_str(&self.args)?)
     }
 
     /// Attaches the provider's opaque reasoning signature for this call —
     /// `REASONING_ENCRYPTED_VALUE` with subtype `tool-call`.
-    pub fn encrypted_value(&mut self, value: impl Into<String>) -> Result<()> {
-        self.sink.emit(Event::reasoning_encrypted_value(
+    pub fn encrypted_value(&mut self, value: impl Into<String>) -> AgUiResult<()> {
+        self.sink.emit(AgUiEvent::reasoning_encrypted_value(
             EncryptedValueSubtype::ToolCall,
             self.id.as_str(),
             value,
@@ -153,24 +154,24 @@ impl<S> ToolCallHandle<'_, S> {
     }
 
     /// Emits an unrelated event without closing the call.
-    pub fn emit(&mut self, event: impl Into<Event>) -> Result<()> {
+    pub fn emit(&mut self, event: impl Into<AgUiEvent>) -> AgUiResult<()> {
         self.sink.emit(event.into())
     }
 
     /// Emits `TOOL_CALL_END` and consumes the handle, leaving the call unanswered (a front-end
     /// tool: its result arrives as a message on the next request). The call is reported in
     /// `pendingToolCallIds` automatically.
-    pub fn end(mut self) -> Result<()> {
+    pub fn end(mut self) -> AgUiResult<()> {
         self.ended = true;
-        self.sink.emit(Event::tool_call_end(self.id.clone()))
+        self.sink.emit(AgUiEvent::tool_call_end(self.id.clone()))
     }
 
     /// Emits `TOOL_CALL_END` then `TOOL_CALL_RESULT`, and consumes the handle. Returns the id
     /// of the tool message carrying the result.
-    pub fn result(mut self, content: impl Into<Content>) -> Result<MessageId> {
+    pub fn result(mut self, content: impl Into<Content>) -> AgUiResult<MessageId> {
         self.ended = true;
-        self.sink.emit(Event::tool_call_end(self.id.clone()))?;
-        self.sink.emit(Event::tool_call_result(
+        self.sink.emit(AgUiEvent::tool_call_end(self.id.clone()))?;
+        self.sink.emit(AgUiEvent::tool_call_result(
             self.result_message_id.clone(),
             self.id.clone(),
             content,
@@ -179,7 +180,7 @@ impl<S> ToolCallHandle<'_, S> {
     }
 
     /// Serializes `value` and reports it as the call's result.
-    pub fn result_json<T: Serialize + ?Sized>(self, value: &T) -> Result<MessageId> {
+    pub fn result_json<T: Serialize + ?Sized>(self, value: &T) -> AgUiResult<MessageId> {
         let text = serde_json::to_string(value)?;
         self.result(text)
     }
@@ -192,7 +193,7 @@ impl<S: AgentState> ToolCallHandle<'_, S> {
 impl<S> Drop for ToolCallHandle<'_, S> {
     fn drop(&mut self) {
         if !self.ended {
-            let _ = self.sink.emit(Event::tool_call_end(self.id.clone()));
+            let _ = self.sink.emit(AgUiEvent::tool_call_end(self.id.clone()));
         }
     }
 }
@@ -219,15 +220,17 @@ impl<S> ReasoningHandle<'_, S> {
     }
 
     /// Appends reasoning text — `REASONING_MESSAGE_CONTENT`.
-    pub fn delta(&mut self, text: impl AsRef<str>) -> Result<()> {
-        self.sink
-            .emit(Event::reasoning_message_content(self.id.clone(), text.as_ref()))
+    pub fn delta(&mut self, text: impl AsRef<str>) -> AgUiResult<()> {
+        self.sink.emit(AgUiEvent::reasoning_message_content(
+            self.id.clone(),
+            text.as_ref(),
+        ))
     }
 
     /// Attaches the provider's opaque reasoning value — `REASONING_ENCRYPTED_VALUE`
     /// (subtype `message`).
-    pub fn encrypted_value(&mut self, value: impl Into<String>) -> Result<()> {
-        self.sink.emit(Event::reasoning_encrypted_value(
+    pub fn encrypted_value(&mut self, value: impl Into<String>) -> AgUiResult<()> {
+        self.sink.emit(AgUiEvent::reasoning_encrypted_value(
             EncryptedValueSubtype::Message,
             self.id.as_str(),
             value,
@@ -235,15 +238,15 @@ impl<S> ReasoningHandle<'_, S> {
     }
 
     /// Emits an unrelated event without closing the block.
-    pub fn emit(&mut self, event: impl Into<Event>) -> Result<()> {
+    pub fn emit(&mut self, event: impl Into<AgUiEvent>) -> AgUiResult<()> {
         self.sink.emit(event.into())
     }
 
     /// Emits `REASONING_MESSAGE_END` then `REASONING_END`, and consumes the handle.
-    pub fn end(mut self) -> Result<()> {
+    pub fn end(mut self) -> AgUiResult<()> {
         self.ended = true;
-        let a = self.sink.emit(Event::reasoning_message_end(self.id.clone()));
-        let b = self.sink.emit(Event::reasoning_end(self.id.clone()));
+        let a = self.sink.emit(AgUiEvent::reasoning_message_end(self.id.clone()));
+        let b = self.sink.emit(AgUiEvent::reasoning_end(self.id.clone()));
         a.and(b)
     }
 }
@@ -255,8 +258,8 @@ impl<S: AgentState> ReasoningHandle<'_, S> {
 impl<S> Drop for ReasoningHandle<'_, S> {
     fn drop(&mut self) {
         if !self.ended {
-            let _ = self.sink.emit(Event::reasoning_message_end(self.id.clone()));
-            let _ = self.sink.emit(Event::reasoning_end(self.id.clone()));
+            let _ = self.sink.emit(AgUiEvent::reasoning_message_end(self.id.clone()));
+            let _ = self.sink.emit(AgUiEvent::reasoning_end(self.id.clone()));
         }
     }
 }
@@ -282,9 +285,9 @@ impl<S: AgentState> StepGuard<'_, S> {
     }
 
     /// Emits `STEP_FINISHED` and consumes the guard.
-    pub fn finish(mut self) -> Result<()> {
+    pub fn finish(mut self) -> AgUiResult<()> {
         self.finished = true;
-        self.ctx.sink.emit(Event::step_finished(self.name.clone()))
+        self.ctx.sink.emit(AgUiEvent::step_finished(self.name.clone()))
     }
 }
 
@@ -304,7 +307,7 @@ impl<S: AgentState> DerefMut for StepGuard<'_, S> {
 impl<S: AgentState> Drop for StepGuard<'_, S> {
     fn drop(&mut self) {
         if !self.finished {
-            let _ = self.ctx.sink.emit(Event::step_finished(self.name.clone()));
+            let _ = self.ctx.sink.emit(AgUiEvent::step_finished(self.name.clone()));
         }
     }
 }

@@ -5,8 +5,8 @@
 //! so two messages, tool calls or reasoning blocks cannot be open at the same time by accident:
 //!
 //! ```compile_fail,E0499
-//! # use tether_agui::{RunContext, Result};
-//! # fn f(ctx: &mut RunContext) -> Result<()> {
+//! # use tether_agui::{RunContext, AgUiResult};
+//! # fn f(ctx: &mut RunContext) -> AgUiResult<()> {
 //! let mut first = ctx.message()?;
 //! let second = ctx.message()?; // error: `*ctx` is already borrowed by `first`
 //! first.delta("hi")?;
@@ -14,8 +14,8 @@
 //! ```
 //!
 //! ```compile_fail,E0499
-//! # use tether_agui::{RunContext, Result};
-//! # fn f(ctx: &mut RunContext) -> Result<()> {
+//! # use tether_agui::{RunContext, AgUiResult};
+//! # fn f(ctx: &mut RunContext) -> AgUiResult<()> {
 //! let mut call = ctx.tool_call("search")?;
 //! let mut text = ctx.message()?; // error: a tool call is open
 //! call.args("{}")?;
@@ -23,8 +23,8 @@
 //! ```
 //!
 //! ```compile_fail,E0499
-//! # use tether_agui::{RunContext, Result};
-//! # fn f(ctx: &mut RunContext) -> Result<()> {
+//! # use tether_agui::{RunContext, AgUiResult};
+//! # fn f(ctx: &mut RunContext) -> AgUiResult<()> {
 //! let mut thinking = ctx.reasoning()?;
 //! let call = ctx.tool_call("search")?; // error: reasoning is open
 //! thinking.delta("hmm")?;
@@ -48,8 +48,8 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::error::{Error, Result};
-use crate::event::{EncryptedValueSubtype, Event, TextMessageRole};
+use crate::error::{AgUiError, AgUiResult};
+use crate::event::{AgUiEvent, EncryptedValueSubtype, TextMessageRole};
 use crate::ids::{MessageId, RunId, ThreadId, ToolCallId};
 use crate::patch;
 use crate::types::{
@@ -64,13 +64,14 @@ mod handles;
 mod parallel;
 mod sink;
 
+#[allow(deprecated)]
 pub use cancel::CancelToken;
 pub use handles::{MessageHandle, ReasoningHandle, StepGuard, ToolCallHandle};
 pub use parallel::{CallSlot, ParallelToolCalls};
-pub(crate) use sink::Sink;
 use sink::Dead;
-pub use state::{state_update, state_update_json};
+pub(crate) use sink::Sink;
 use state::StateManager;
+pub use state::{state_update, state_update_json};
 
 /// A typed run state: `Serialize + DeserializeOwned + Default`. `()` is stateless.
 pub trait AgentState: Serialize + DeserializeOwned + Default + Send + 'static {}
@@ -156,27 +157,27 @@ impl<S> fmt::Debug for RunContext<S> {
 /// saves, at one small allocation per event.
 #[derive(Debug)]
 pub struct EventReceiver {
-    rx: mpsc::Receiver<Box<Event>>,
+    rx: mpsc::Receiver<Box<AgUiEvent>>,
 }
 
 impl EventReceiver {
-    pub(crate) fn channel(capacity: usize) -> (mpsc::Sender<Box<Event>>, Self) {
+    pub(crate) fn channel(capacity: usize) -> (mpsc::Sender<Box<AgUiEvent>>, Self) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         (tx, EventReceiver { rx })
     }
 
     /// The next event; `None` once the context is dropped and every event was received.
-    pub async fn recv(&mut self) -> Option<Event> {
+    pub async fn recv(&mut self) -> Option<AgUiEvent> {
         self.rx.recv().await.map(|b| *b)
     }
 
     /// The next event if one is ready now.
-    pub fn try_recv(&mut self) -> Option<Event> {
+    pub fn try_recv(&mut self) -> Option<AgUiEvent> {
         self.rx.try_recv().ok().map(|b| *b)
     }
 
     /// Polls for the next event.
-    pub fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Event>> {
+    pub fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<AgUiEvent>> {
         self.rx.poll_recv(cx).map(|o| o.map(|b| *b))
     }
 }
@@ -186,14 +187,14 @@ impl<S: AgentState> RunContext<S> {
     /// [`crate::run_agent`] emits `RUN_STARTED` and the terminal event around the agent.
     pub fn new(input: RunAgentInput, options: &RunOptions) -> (Self, EventReceiver) {
         let (tx, rx) = EventReceiver::channel(options.buffer);
-        let ctx = Self::with_sender(Arc::new(input), tx, CancelToken::new(), options);
+        let ctx = Self::with_sender(Arc::new(input), tx, tether::CancellationToken::new(), options);
         (ctx, rx)
     }
 
     pub(crate) fn with_sender(
         input: Arc<RunAgentInput>,
-        tx: mpsc::Sender<Box<Event>>,
-        cancel: CancelToken,
+        tx: mpsc::Sender<Box<AgUiEvent>>,
+        cancel: tether::CancellationToken,
         options: &RunOptions,
     ) -> Self {
         let (value, state_error) = match &input.state {
@@ -311,7 +312,7 @@ impl<S: AgentState> RunContext<S> {
 
     /// Publishes the state: `STATE_SNAPSHOT` the first time, then a JSON-Patch `STATE_DELTA`
     /// when the patch is smaller than the snapshot, nothing when unchanged.
-    pub fn publish_state(&mut self) -> Result<()> {
+    pub fn publish_state(&mut self) -> AgUiResult<()> {
         self.state.publish(&mut self.sink)
     }
 
@@ -350,14 +351,14 @@ impl<S: AgentState> RunContext<S> {
     }
 
     /// Emits any event (verified like every other).
-    pub fn emit(&mut self, event: impl Into<Event>) -> Result<()> {
+    pub fn emit(&mut self, event: impl Into<AgUiEvent>) -> AgUiResult<()> {
         self.sink.emit(event.into())
     }
 
     // ----- openers -----
 
     /// Opens an assistant text message.
-    pub fn message(&mut self) -> Result<MessageHandle<'_, S>> {
+    pub fn message(&mut self) -> AgUiResult<MessageHandle<'_, S>> {
         let id = self.new_message_id();
         self.message_with_id(id, TextMessageRole::Assistant)
     }
@@ -367,9 +368,9 @@ impl<S: AgentState> RunContext<S> {
         &mut self,
         id: impl Into<MessageId>,
         role: TextMessageRole,
-    ) -> Result<MessageHandle<'_, S>> {
+    ) -> AgUiResult<MessageHandle<'_, S>> {
         let id = id.into();
-        self.sink.emit(Event::text_message_start(id.clone(), role))?;
+        self.sink.emit(AgUiEvent::text_message_start(id.clone(), role))?;
         Ok(MessageHandle {
             sink: &mut self.sink,
             state: &mut self.state,
@@ -379,7 +380,7 @@ impl<S: AgentState> RunContext<S> {
     }
 
     /// Emits a whole assistant message; returns its id.
-    pub fn say(&mut self, text: impl AsRef<str>) -> Result<MessageId> {
+    pub fn say(&mut self, text: impl AsRef<str>) -> AgUiResult<MessageId> {
         let mut m = self.message()?;
         m.delta(text)?;
         let id = m.id().clone();
@@ -388,17 +389,17 @@ impl<S: AgentState> RunContext<S> {
     }
 
     /// Opens a reasoning block (`REASONING_START` + `REASONING_MESSAGE_START`, same id).
-    pub fn reasoning(&mut self) -> Result<ReasoningHandle<'_, S>> {
+    pub fn reasoning(&mut self) -> AgUiResult<ReasoningHandle<'_, S>> {
         let id = self.new_message_id();
         self.reasoning_with_id(id)
     }
 
     /// Opens a reasoning block with a given id.
-    pub fn reasoning_with_id(&mut self, id: impl Into<MessageId>) -> Result<ReasoningHandle<'_, S>> {
+    pub fn reasoning_with_id(&mut self, id: impl Into<MessageId>) -> AgUiResult<ReasoningHandle<'_, S>> {
         let id = id.into();
-        self.sink.emit(Event::reasoning_start(id.clone()))?;
-        if let Err(e) = self.sink.emit(Event::reasoning_message_start(id.clone())) {
-            let _ = self.sink.emit(Event::reasoning_end(id));
+        self.sink.emit(AgUiEvent::reasoning_start(id.clone()))?;
+        if let Err(e) = self.sink.emit(AgUiEvent::reasoning_message_start(id.clone())) {
+            let _ = self.sink.emit(AgUiEvent::reasoning_end(id));
             return Err(e);
         }
         Ok(ReasoningHandle {
@@ -410,7 +411,7 @@ impl<S: AgentState> RunContext<S> {
     }
 
     /// Emits a whole reasoning block; returns its id.
-    pub fn think(&mut self, text: impl AsRef<str>) -> Result<MessageId> {
+    pub fn think(&mut self, text: impl AsRef<str>) -> AgUiResult<MessageId> {
         let mut r = self.reasoning()?;
         r.delta(text)?;
         let id = r.id().clone();
@@ -431,7 +432,7 @@ impl<S: AgentState> RunContext<S> {
     }
 
     /// Opens a tool call attached (`parentMessageId`) to the current turn's assistant message.
-    pub fn tool_call(&mut self, name: impl Into<String>) -> Result<ToolCallHandle<'_, S>> {
+    pub fn tool_call(&mut self, name: impl Into<String>) -> AgUiResult<ToolCallHandle<'_, S>> {
         let id = self.new_tool_call_id();
         let parent = self.turn_parent();
         self.tool_call_with(id, name, Some(parent))
@@ -443,11 +444,11 @@ impl<S: AgentState> RunContext<S> {
         id: impl Into<ToolCallId>,
         name: impl Into<String>,
         parent_message_id: Option<MessageId>,
-    ) -> Result<ToolCallHandle<'_, S>> {
+    ) -> AgUiResult<ToolCallHandle<'_, S>> {
         let id = id.into();
         let name = name.into();
         let result_message_id = self.new_message_id();
-        self.sink.emit(Event::tool_call_start(
+        self.sink.emit(AgUiEvent::tool_call_start(
             id.clone(),
             name.clone(),
             parent_message_id,
@@ -464,9 +465,9 @@ impl<S: AgentState> RunContext<S> {
     }
 
     /// Opens a step; the guard derefs to this context and emits `STEP_FINISHED` on drop.
-    pub fn step(&mut self, name: impl Into<String>) -> Result<StepGuard<'_, S>> {
+    pub fn step(&mut self, name: impl Into<String>) -> AgUiResult<StepGuard<'_, S>> {
         let name = name.into();
-        self.sink.emit(Event::step_started(name.clone()))?;
+        self.sink.emit(AgUiEvent::step_started(name.clone()))?;
         Ok(StepGuard {
             ctx: self,
             name,
@@ -488,18 +489,18 @@ impl<S: AgentState> RunContext<S> {
 
     /// Ends the current run with `outcome` and starts another on the same thread (sequential
     /// runs in one stream).
-    pub fn next_run(&mut self, outcome: RunOutcome, run_id: impl Into<RunId>) -> Result<()> {
+    pub fn next_run(&mut self, outcome: RunOutcome, run_id: impl Into<RunId>) -> AgUiResult<()> {
         let finished = self.finished_event(outcome);
         self.sink.emit(finished)?;
         self.run_id = run_id.into();
         self.counter = 0;
-        self.sink.emit(Event::run_started(
+        self.sink.emit(AgUiEvent::run_started(
             self.input.thread_id.clone(),
             self.run_id.clone(),
         ))
     }
 
-    fn finished_event(&mut self, outcome: RunOutcome) -> Event {
+    fn finished_event(&mut self, outcome: RunOutcome) -> AgUiEvent {
         let outcome = match outcome {
             RunOutcome::Success => {
                 let pending = self.sink.verifier.pending_tool_calls();
@@ -526,13 +527,13 @@ impl<S: AgentState> RunContext<S> {
         if !self.usage.is_empty() {
             e.usage = Some(std::mem::take(&mut self.usage));
         }
-        Event::RunFinished(e)
+        AgUiEvent::RunFinished(e)
     }
 
     // ----- driver hooks (used by run_agent) -----
 
     /// Queues `RUN_STARTED` (synchronously: the queue is empty, so it never waits).
-    pub(crate) fn start(&mut self, echo_input: bool) -> Result<()> {
+    pub(crate) fn start(&mut self, echo_input: bool) -> AgUiResult<()> {
         let mut started = crate::event::RunStartedEvent {
             thread_id: self.input.thread_id.clone(),
             run_id: self.run_id.clone(),
@@ -543,27 +544,29 @@ impl<S: AgentState> RunContext<S> {
         if echo_input {
             started.input = Some(Box::new((*self.input).clone()));
         }
-        self.sink.emit(Event::RunStarted(started))?;
+        self.sink.emit(AgUiEvent::RunStarted(started))?;
         if let Some(e) = self.state_error.take() {
-            return Err(Error::InvalidState(e));
+            return Err(AgUiError::InvalidState(e));
         }
         Ok(())
     }
 
-    pub(crate) async fn finish(&mut self, result: Result<RunOutcome>) {
+    pub(crate) async fn finish(&mut self, result: AgUiResult<RunOutcome>) {
         if self.sink.dead == Some(Dead::Closed) || !self.sink.verifier.in_run() {
             return;
         }
         // Events were dropped on the floor: whatever the agent says, the run failed.
         let result = match (self.sink.dead, result) {
-            (Some(Dead::BufferFull), _) => Err(Error::BufferFull {
+            (Some(Dead::BufferFull), _) => Err(AgUiError::BufferFull {
                 capacity: self.sink.capacity,
             }),
             (_, r) => r,
         };
         let event = match result {
             Ok(outcome) => self.finished_event(outcome),
-            Err(Error::Cancelled) if !self.sink.tx.is_closed() => self.finished_event(RunOutcome::Cancelled),
+            Err(AgUiError::Cancelled) if !self.sink.tx.is_closed() => {
+                self.finished_event(RunOutcome::Cancelled)
+            }
             Err(e) => {
                 let mut ev = crate::event::RunErrorEvent {
                     message: e.to_string(),
@@ -573,7 +576,7 @@ impl<S: AgentState> RunContext<S> {
                 if !self.usage.is_empty() {
                     ev.usage = Some(std::mem::take(&mut self.usage));
                 }
-                Event::RunError(ev)
+                AgUiEvent::RunError(ev)
             }
         };
         self.sink.emit_final(event).await;

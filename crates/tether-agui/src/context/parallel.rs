@@ -33,18 +33,22 @@ impl<S: AgentState> fmt::Debug for ParallelToolCalls<'_, S> {
 
 impl<S: AgentState> ParallelToolCalls<'_, S> {
     /// Opens a call with a fresh id — `TOOL_CALL_START`.
-    pub fn start(&mut self, name: impl Into<String>) -> Result<CallSlot> {
+    pub fn start(&mut self, name: impl Into<String>) -> AgUiResult<CallSlot> {
         let id = self.ctx.new_tool_call_id();
         self.start_with_id(id, name)
     }
 
     /// Opens a call with a given id.
-    pub fn start_with_id(&mut self, id: impl Into<ToolCallId>, name: impl Into<String>) -> Result<CallSlot> {
+    pub fn start_with_id(
+        &mut self,
+        id: impl Into<ToolCallId>,
+        name: impl Into<String>,
+    ) -> AgUiResult<CallSlot> {
         let id = id.into();
         let result_message_id = self.ctx.new_message_id();
         self.ctx
             .sink
-            .emit(Event::tool_call_start(id.clone(), name, self.parent.clone()))?;
+            .emit(AgUiEvent::tool_call_start(id.clone(), name, self.parent.clone()))?;
         self.calls.push(ParallelCall {
             id,
             args: String::new(),
@@ -61,7 +65,7 @@ impl<S: AgentState> ParallelToolCalls<'_, S> {
         index: u64,
         id: impl FnOnce() -> ToolCallId,
         name: impl FnOnce() -> String,
-    ) -> Result<CallSlot> {
+    ) -> AgUiResult<CallSlot> {
         if let Some(s) = self.by_index.get(&index) {
             return Ok(*s);
         }
@@ -85,30 +89,32 @@ impl<S: AgentState> ParallelToolCalls<'_, S> {
     }
 
     /// Parses the call's arguments.
-    pub fn parse_args<T: DeserializeOwned>(&self, slot: CallSlot) -> Result<T> {
+    pub fn parse_args<T: DeserializeOwned>(&self, slot: CallSlot) -> AgUiResult<T> {
         Ok(serde_json::from_str(&self.calls[slot.0].args)?)
     }
 
     /// Appends argument text to one call — `TOOL_CALL_ARGS`.
-    pub fn args(&mut self, slot: CallSlot, delta: impl AsRef<str>) -> Result<()> {
+    pub fn args(&mut self, slot: CallSlot, delta: impl AsRef<str>) -> AgUiResult<()> {
         let id = self.call(slot).id.clone();
-        self.ctx.sink.emit(Event::tool_call_args(id, delta.as_ref()))?;
+        self.ctx
+            .sink
+            .emit(AgUiEvent::tool_call_args(id, delta.as_ref()))?;
         self.call(slot).args.push_str(delta.as_ref());
         Ok(())
     }
 
     /// Ends one call — `TOOL_CALL_END` (no-op if already ended).
-    pub fn end(&mut self, slot: CallSlot) -> Result<()> {
+    pub fn end(&mut self, slot: CallSlot) -> AgUiResult<()> {
         if !self.call(slot).open {
             return Ok(());
         }
         self.call(slot).open = false;
         let id = self.call(slot).id.clone();
-        self.ctx.sink.emit(Event::tool_call_end(id))
+        self.ctx.sink.emit(AgUiEvent::tool_call_end(id))
     }
 
     /// Ends every open call, in the order they were opened.
-    pub fn end_all(&mut self) -> Result<()> {
+    pub fn end_all(&mut self) -> AgUiResult<()> {
         for i in 0..self.calls.len() {
             self.end(CallSlot(i))?;
         }
@@ -116,13 +122,13 @@ impl<S: AgentState> ParallelToolCalls<'_, S> {
     }
 
     /// Reports one call's result (ending it first if needed) — `TOOL_CALL_RESULT`.
-    pub fn result(&mut self, slot: CallSlot, content: impl Into<Content>) -> Result<MessageId> {
+    pub fn result(&mut self, slot: CallSlot, content: impl Into<Content>) -> AgUiResult<MessageId> {
         self.end(slot)?;
         let call = self.call(slot);
         let (mid, id) = (call.result_message_id.clone(), call.id.clone());
         self.ctx
             .sink
-            .emit(Event::tool_call_result(mid.clone(), id, content))?;
+            .emit(AgUiEvent::tool_call_result(mid.clone(), id, content))?;
         Ok(mid)
     }
 }

@@ -12,9 +12,9 @@ pub(super) enum Dead {
 /// Where events go: the verifier, then the bounded channel to the transport.
 pub(crate) struct Sink {
     pub(super) verifier: Verifier,
-    pub(super) tx: mpsc::Sender<Box<Event>>,
+    pub(super) tx: mpsc::Sender<Box<AgUiEvent>>,
     pub(super) capacity: usize,
-    pub(super) cancel: CancelToken,
+    pub(super) cancel: tether::CancellationToken,
     pub(super) dead: Option<Dead>,
     pub(super) timestamps: bool,
     /// The assistant message the current model turn's tool calls attach to.
@@ -38,62 +38,62 @@ pub(super) fn now_ms() -> i64 {
 }
 
 impl Sink {
-    pub(super) fn check_alive(&self) -> Result<()> {
+    pub(super) fn check_alive(&self) -> AgUiResult<()> {
         match self.dead {
-            Some(Dead::Violation) => Err(Error::RunEnded),
-            Some(Dead::BufferFull) => Err(Error::BufferFull {
+            Some(Dead::Violation) => Err(AgUiError::RunEnded),
+            Some(Dead::BufferFull) => Err(AgUiError::BufferFull {
                 capacity: self.capacity,
             }),
-            Some(Dead::Closed) => Err(Error::Cancelled),
-            None if self.cancel.is_cancelled() || self.tx.is_closed() => Err(Error::Cancelled),
+            Some(Dead::Closed) => Err(AgUiError::Cancelled),
+            None if self.cancel.is_cancelled() || self.tx.is_closed() => Err(AgUiError::Cancelled),
             None => Ok(()),
         }
     }
 
     /// Verifies and queues one event. A violation queues one `RUN_ERROR` instead and kills
     /// the run.
-    pub(crate) fn emit(&mut self, mut event: Event) -> Result<()> {
+    pub(crate) fn emit(&mut self, mut event: AgUiEvent) -> AgUiResult<()> {
         self.check_alive()?;
         if self.timestamps && event.timestamp().is_none() {
             event.set_timestamp(now_ms());
         }
         if let Err(v) = self.verifier.observe(&event) {
             tracing::warn!(code = v.code(), "AG-UI stream violation: {}", v.detail);
-            let err = Event::run_error(v.detail.clone(), Some(v.code().to_owned()));
+            let err = AgUiEvent::run_error(v.detail.clone(), Some(v.code().to_owned()));
             if self.verifier.observe(&err).is_ok() {
                 let _ = self.tx.try_send(Box::new(err));
             }
             self.dead = Some(Dead::Violation);
-            return Err(Error::Verification(v));
+            return Err(AgUiError::Verification(v));
         }
         match &event {
-            Event::TextMessageStart(e)
+            AgUiEvent::TextMessageStart(e)
                 if e.subagent_run_id.is_none()
                     && matches!(e.role, None | Some(TextMessageRole::Assistant)) =>
             {
                 self.turn_message = Some(e.message_id.clone());
             }
-            Event::ToolCallResult(_) | Event::RunStarted(_) => self.turn_message = None,
+            AgUiEvent::ToolCallResult(_) | AgUiEvent::RunStarted(_) => self.turn_message = None,
             _ => {}
         }
         match self.tx.try_send(Box::new(event)) {
             Ok(()) => Ok(()),
             Err(mpsc::error::TrySendError::Full(_)) => {
                 self.dead = Some(Dead::BufferFull);
-                Err(Error::BufferFull {
+                Err(AgUiError::BufferFull {
                     capacity: self.capacity,
                 })
             }
             Err(mpsc::error::TrySendError::Closed(_)) => {
                 self.dead = Some(Dead::Closed);
                 self.cancel.cancel();
-                Err(Error::Cancelled)
+                Err(AgUiError::Cancelled)
             }
         }
     }
 
     /// Sends a terminal event, waiting for buffer space.
-    pub(super) async fn emit_final(&mut self, mut event: Event) {
+    pub(super) async fn emit_final(&mut self, mut event: AgUiEvent) {
         if matches!(self.dead, Some(Dead::Closed | Dead::Violation)) {
             return;
         }
@@ -102,7 +102,7 @@ impl Sink {
         }
         if let Err(v) = self.verifier.observe(&event) {
             tracing::warn!(code = v.code(), "AG-UI stream violation: {}", v.detail);
-            event = Event::run_error(v.detail.clone(), Some(v.code().to_owned()));
+            event = AgUiEvent::run_error(v.detail.clone(), Some(v.code().to_owned()));
             if self.verifier.observe(&event).is_err() {
                 return;
             }

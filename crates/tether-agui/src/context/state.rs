@@ -35,9 +35,9 @@ pub(super) fn serialized_len_exceeds(value: &Value, limit: usize) -> bool {
 
 /// The event that brings a client holding `old` (or nothing) to `new`: a snapshot first, a
 /// JSON-Patch delta when it is smaller than the snapshot, nothing when unchanged.
-pub fn state_update(old: Option<&Value>, new: &Value) -> Result<Option<Event>> {
+pub fn state_update(old: Option<&Value>, new: &Value) -> AgUiResult<Option<AgUiEvent>> {
     let Some(old) = old else {
-        return Ok(Some(Event::state_snapshot(new.clone())));
+        return Ok(Some(AgUiEvent::state_snapshot(new.clone())));
     };
     let ops = patch::diff(old, new);
     if ops.is_empty() {
@@ -45,9 +45,9 @@ pub fn state_update(old: Option<&Value>, new: &Value) -> Result<Option<Event>> {
     }
     let patch_len = serde_json::to_vec(&ops)?.len();
     if serialized_len_exceeds(new, patch_len) {
-        Ok(Some(Event::state_delta(ops)))
+        Ok(Some(AgUiEvent::state_delta(ops)))
     } else {
-        Ok(Some(Event::state_snapshot(new.clone())))
+        Ok(Some(AgUiEvent::state_snapshot(new.clone())))
     }
 }
 
@@ -57,9 +57,9 @@ pub fn state_update(old: Option<&Value>, new: &Value) -> Result<Option<Event>> {
 /// Two serializations of one state usually differ in a short stretch: the smallest value
 /// covering it becomes a single `replace` without building either tree. Otherwise both
 /// documents are parsed and diffed as trees.
-pub fn state_update_json(old: Option<&[u8]>, new: &[u8]) -> Result<Option<Event>> {
+pub fn state_update_json(old: Option<&[u8]>, new: &[u8]) -> AgUiResult<Option<AgUiEvent>> {
     let Some(old) = old else {
-        return Ok(Some(Event::state_snapshot(serde_json::from_slice(new)?)));
+        return Ok(Some(AgUiEvent::state_snapshot(serde_json::from_slice(new)?)));
     };
     if old == new {
         return Ok(None);
@@ -69,7 +69,7 @@ pub fn state_update_json(old: Option<&[u8]>, new: &[u8]) -> Result<Option<Event>
     if let Some(ops) = crate::bytediff::replace_patch(old, new, (new.len() / 8).max(256)) {
         let patch_len = serde_json::to_vec(&ops)?.len();
         if patch_len < new.len() {
-            return Ok(Some(Event::state_delta(ops)));
+            return Ok(Some(AgUiEvent::state_delta(ops)));
         }
     }
     let old: Value = serde_json::from_slice(old)?;
@@ -78,7 +78,7 @@ pub fn state_update_json(old: Option<&[u8]>, new: &[u8]) -> Result<Option<Event>
 }
 
 impl<S: AgentState> StateManager<S> {
-    pub(super) fn publish(&mut self, sink: &mut Sink) -> Result<()> {
+    pub(super) fn publish(&mut self, sink: &mut Sink) -> AgUiResult<()> {
         let new = serde_json::to_vec(&self.value)?;
         if let Some(event) = state_update_json(self.published.as_deref(), &new)? {
             sink.emit(event)?;
@@ -102,7 +102,7 @@ macro_rules! state_trio {
 
         /// Publishes the state: `STATE_SNAPSHOT` the first time, then a JSON-Patch
         /// `STATE_DELTA` when that is smaller than a snapshot, nothing when unchanged.
-        pub fn publish_state(&mut self) -> Result<()> {
+        pub fn publish_state(&mut self) -> AgUiResult<()> {
             self.state.publish(self.sink)
         }
     };
