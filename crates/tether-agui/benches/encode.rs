@@ -77,7 +77,7 @@ mod pb {
         TextMessageContent(TextMessageContentEvent),
     }
     #[derive(Clone, PartialEq, prost::Message)]
-    pub struct AgUiEvent {
+    pub struct Event {
         #[prost(oneof = "Kind", tags = "2")]
         pub event: Option<Kind>,
     }

@@ -54,8 +54,8 @@ impl AgUiError {
     pub fn code(&self) -> String {
         match self {
             AgUiError::Verification(v) => v.code().to_owned(),
-            Error::Cancelled => "CANCELLED".to_owned(),
-            Error::RunEnded => "RUN_ENDED".to_owned(),
+            AgUiError::Cancelled => "CANCELLED".to_owned(),
+            AgUiError::RunEnded => "RUN_ENDED".to_owned(),
             AgUiError::BufferFull { .. } => "EVENT_BUFFER_FULL".to_owned(),
             AgUiError::Json(_) => "JSON_ERROR".to_owned(),
             AgUiError::InvalidState(_) => "INVALID_STATE".to_owned(),

@@ -7,7 +7,7 @@ use super::*;
 pub struct CallSlot(usize);
 
 #[derive(Debug)]
-struct ParallelCall {
+pub(super) struct ParallelCall {
     pub(super) id: ToolCallId,
     pub(super) args: String,
     pub(super) result_message_id: MessageId,
