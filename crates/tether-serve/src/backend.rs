@@ -186,12 +186,12 @@ pub(crate) async fn start(
     Ok((Arc::new(agent), endpoint))
 }
 
-fn store_error(e: tether::Error) -> tether_agui::Error {
-    tether_agui::Error::agent("STORE", e.to_string())
+fn store_error(e: tether::Error) -> tether_agui::AgUiError {
+    tether_agui::AgUiError::agent("STORE", e.to_string())
 }
 
-fn restate_error(message: impl Into<String>) -> tether_agui::Error {
-    tether_agui::Error::agent("RESTATE", message)
+fn restate_error(message: impl Into<String>) -> tether_agui::AgUiError {
+    tether_agui::AgUiError::agent("RESTATE", message)
 }
 
 /// The AG-UI interrupt of a tool call waiting for approval (as the default backend issues it).
@@ -267,7 +267,7 @@ impl RestateAgent {
     }
 
     /// What the thread's running turn waits for (empty: nothing, or no turn).
-    async fn waiting(&self, thread: &ThreadId) -> tether_agui::Result<Vec<WaitingToolUse>> {
+    async fn waiting(&self, thread: &ThreadId) -> tether_agui::AgUiResult<Vec<WaitingToolUse>> {
         let v = self
             .call(thread, &["waiting"], &Value::Null, None)
             .await
@@ -279,7 +279,7 @@ impl RestateAgent {
     /// Sends one decision to the waiting turn. The turn waits for one decision at a time (a new
     /// awakeable after each), so an answer to a tool use the turn does not wait on yet is retried
     /// until it does.
-    async fn decide(&self, thread: &ThreadId, decision: Value) -> tether_agui::Result<()> {
+    async fn decide(&self, thread: &ThreadId, decision: Value) -> tether_agui::AgUiResult<()> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             match self.call(thread, &["approve"], &decision, None).await {
@@ -314,9 +314,9 @@ impl RestateAgent {
             .map_err(CheckError::Refused)
     }
 
-    async fn run_inner(&self, ctx: &mut RunContext<Value>) -> tether_agui::Result<RunOutcome> {
+    async fn run_inner(&self, ctx: &mut RunContext<Value>) -> tether_agui::AgUiResult<RunOutcome> {
         let thread = ThreadId::new(ctx.input().thread_id.as_str())
-            .map_err(|e| tether_agui::Error::agent("INVALID_THREAD", e.to_string()))?;
+            .map_err(|e| tether_agui::AgUiError::agent("INVALID_THREAD", e.to_string()))?;
         // Subscribed before anything is sent: nothing the turn does is missed.
         let mut events = self.live.subscribe();
         let mut signals = self.signals.subscribe();
@@ -332,7 +332,7 @@ impl RestateAgent {
         if let Some(t) = &existing
             && t.agent != self.name
         {
-            return Err(tether_agui::Error::agent(
+            return Err(tether_agui::AgUiError::agent(
                 "THREAD_AGENT_MISMATCH",
                 format!("thread {} belongs to agent `{}`", thread.as_str(), t.agent),
             ));
@@ -362,12 +362,12 @@ impl RestateAgent {
                 &outstanding,
                 thread.as_str(),
                 &resume,
-                Some(approval::Waiting {
+                Some(approval::WaitingOn {
                     calls: &calls,
                     held: None,
                 }),
             )
-            .map_err(|r| tether_agui::Error::agent(r.code(), r.to_string()))?;
+            .map_err(|r| tether_agui::AgUiError::agent(r.code(), r.to_string()))?;
             // Used up before anything runs: an answer counts once.
             for id in &answers.used {
                 outstanding.remove(id);
@@ -438,11 +438,11 @@ impl RestateAgent {
                 biased;
                 _ = client_gone.cancelled() => {
                     let _ = self.call(&thread, &["cancel"], &Value::Null, None).await;
-                    return Err(tether_agui::Error::Cancelled);
+                    return Err(tether_agui::AgUiError::Cancelled);
                 }
                 _ = &mut timeout => {
                     let _ = self.call(&thread, &["cancel"], &Value::Null, None).await;
-                    return Err(tether_agui::Error::agent(
+                    return Err(tether_agui::AgUiError::agent(
                         "RUN_TIMEOUT",
                         format!(
                             "the run did not finish within {}s (the server's run time limit); the turn was \
@@ -504,7 +504,7 @@ impl RestateAgent {
                 let refs: Vec<&ToolUse> = calls.iter().collect();
                 let issued =
                     approval::reissue(&outstanding, thread.as_str(), ctx.run_id().as_str(), &refs, None)
-                        .map_err(|e| tether_agui::Error::agent("INTERNAL", e.to_string()))?;
+                        .map_err(|e| tether_agui::AgUiError::agent("INTERNAL", e.to_string()))?;
                 approval::save(&self.store, &rec.record, &issued)
                     .await
                     .map_err(store_error)?;
@@ -533,8 +533,8 @@ impl RestateAgent {
                 }
                 Ok(RunOutcome::Success)
             }
-            Relayed::Ended(Err((409, _))) => Err(tether_agui::Error::Cancelled),
-            Relayed::Ended(Err((code, message))) => Err(tether_agui::Error::agent(
+            Relayed::Ended(Err((409, _))) => Err(tether_agui::AgUiError::Cancelled),
+            Relayed::Ended(Err((code, message))) => Err(tether_agui::AgUiError::agent(
                 if code == 400 {
                     "INVALID_INPUT"
                 } else {
@@ -546,15 +546,15 @@ impl RestateAgent {
     }
 }
 
-fn lagged() -> tether_agui::Error {
-    tether_agui::Error::agent(
+fn lagged() -> tether_agui::AgUiError {
+    tether_agui::AgUiError::agent(
         "STREAM_LAGGED",
         "this run's stream fell too far behind the turn; the turn goes on and its record is complete: \
          read it from GET /v1/threads/{thread}/messages",
     )
 }
 
-fn refused(thread: &ThreadId, resume: &[tether_agui::ResumeEntry]) -> tether_agui::Error {
+fn refused(thread: &ThreadId, resume: &[tether_agui::ResumeEntry]) -> tether_agui::AgUiError {
     let r = approval::Refusal::NotIssued {
         id: resume
             .first()
@@ -562,7 +562,7 @@ fn refused(thread: &ThreadId, resume: &[tether_agui::ResumeEntry]) -> tether_agu
             .unwrap_or_default(),
         thread: thread.as_str().to_owned(),
     };
-    tether_agui::Error::agent(r.code(), r.to_string())
+    tether_agui::AgUiError::agent(r.code(), r.to_string())
 }
 
 /// Maps one of the turn's events to the client's stream, skipping durable events already shown
@@ -573,7 +573,7 @@ async fn relay(
     ev: &tether::Event,
     max_seq: &mut u64,
     shown: u64,
-) -> tether_agui::Result<()> {
+) -> tether_agui::AgUiResult<()> {
     if let Some(seq) = ev.seq {
         if seq <= shown {
             return Ok(());
@@ -585,7 +585,7 @@ async fn relay(
     update(ctx, Update::Event(ev))
 }
 
-fn update(ctx: &mut RunContext<Value>, u: Update<'_>) -> tether_agui::Result<()> {
+fn update(ctx: &mut RunContext<Value>, u: Update<'_>) -> tether_agui::AgUiResult<()> {
     if crate::server::panel(ctx.state_mut(), u) {
         ctx.publish_state()?;
     }
@@ -595,7 +595,7 @@ fn update(ctx: &mut RunContext<Value>, u: Update<'_>) -> tether_agui::Result<()>
 impl Agent for RestateAgent {
     type State = Value;
 
-    async fn run(&self, ctx: &mut RunContext<Value>) -> tether_agui::Result<RunOutcome> {
+    async fn run(&self, ctx: &mut RunContext<Value>) -> tether_agui::AgUiResult<RunOutcome> {
         Box::pin(self.run_inner(ctx)).await
     }
 }
