@@ -108,7 +108,11 @@ impl Restate {
         let config = dir.path().join("restate.toml");
         std::fs::write(&config, format!("{top}\n{base}\n{tables}")).expect("write config");
         let log = std::fs::File::create(dir.path().join("restate.log")).expect("log file");
+        // Its own process group: `node_modules/.bin/restate-server` is a launcher that starts the
+        // server as its child, and killing the launcher alone left the server running.
+        use std::os::unix::process::CommandExt;
         let child = Command::new(bin)
+            .process_group(0)
             .arg("--no-logo")
             .args(["--listen-mode", "tcp"])
             .arg("--config-file")
@@ -145,8 +149,17 @@ impl Restate {
 
     /// SIGKILLs the node.
     pub fn kill(mut self) {
-        let _ = self.child.kill();
+        self.kill_group();
         let _ = self.child.wait();
+    }
+
+    /// SIGKILLs the launcher's process group (the server with it).
+    fn kill_group(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) on the process group this test started; no memory is involved.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+        let _ = self.child.kill();
     }
 
     pub fn log(&self) -> String {
@@ -156,7 +169,7 @@ impl Restate {
 
 impl Drop for Restate {
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        self.kill_group();
         let _ = self.child.wait();
     }
 }
