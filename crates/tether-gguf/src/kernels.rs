@@ -72,7 +72,10 @@ pub(crate) fn quantize(x: &[f32], out: &mut Vec<BlockQ8>) {
         let mut b = BlockQ8::ZERO;
         let mut sum = 0i32;
         for (q, v) in b.qs.iter_mut().zip(blk) {
-            let r = (v * id).round_ties_even() as i32;
+            // Round half to even (as `_mm256_round_ps`), without a libm call: |v·id| ≤ 127, and
+            // adding then subtracting 1.5·2²³ rounds to an integer in the default mode.
+            const MAGIC: f32 = 12_582_912.0;
+            let r = ((v * id + MAGIC) - MAGIC) as i32;
             sum += r;
             *q = r as i8;
         }
@@ -87,6 +90,18 @@ fn has_avx2() -> bool {
     {
         static AVX2: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
         *AVX2.get_or_init(|| is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+fn has_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static VNNI: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        *VNNI.get_or_init(|| is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl"))
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -134,11 +149,49 @@ fn dot_q80(w: &[BlockQ80], x: &[BlockQ8]) -> f32 {
     sum
 }
 
+/// `out[r·t + i] = w row r · x row i` for the rows of `w` (each `nb` blocks) and `t` rows of
+/// `x`: the AVX2 row kernel (dots inlined, weight blocks reused over four activation rows) or
+/// the scalar dot per pair.
+fn rows_q41(w: &[BlockQ41], nb: usize, x: &[BlockQ8], t: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: the CPU has AVX2 and FMA (and VNNI for the second kernel); the kernels
+        // assert the slice lengths they index.
+        return unsafe {
+            if has_vnni() {
+                avx2::rows_q41_vnni(w, nb, x, t, out)
+            } else {
+                avx2::rows_q41(w, nb, x, t, out)
+            }
+        };
+    }
+    for (row, o) in w.chunks_exact(nb).zip(out.chunks_exact_mut(t)) {
+        for (i, v) in o.iter_mut().enumerate() {
+            *v = dot_q41(row, &x[i * nb..(i + 1) * nb]);
+        }
+    }
+}
+
+/// As [`rows_q41`], for Q8_0 weights.
+fn rows_q80(w: &[BlockQ80], nb: usize, x: &[BlockQ8], t: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: as in `rows_q41`.
+        return unsafe { avx2::rows_q80(w, nb, x, t, out) };
+    }
+    for (row, o) in w.chunks_exact(nb).zip(out.chunks_exact_mut(t)) {
+        for (i, v) in o.iter_mut().enumerate() {
+            *v = dot_q80(row, &x[i * nb..(i + 1) * nb]);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
     use super::{BlockQ8, BlockQ41, BlockQ80};
     use std::arch::x86_64::*;
 
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     unsafe fn hsum(x: __m256) -> f32 {
         let mut r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
@@ -147,7 +200,133 @@ mod avx2 {
         _mm_cvtss_f32(r)
     }
 
+    /// The body of the Q4_1 row kernels: `out[r·t + i] = dot(w row r, x row i)` for the rows of
+    /// `w` (each `nb` blocks) and the `t` rows of `x`, four rows of `x` at a time so each weight
+    /// block is unpacked once for four products, accumulators in registers. Each product runs
+    /// exactly the operations of [`dot_q41`], in its order; `$idot` is the integer part
+    /// (`maddubs` + `madd`, or one VNNI `dpbusd`: the same sums).
+    macro_rules! rows_q41_body {
+        ($w:ident, $nb:ident, $x:ident, $t:ident, $out:ident, $idot:ident) => {{
+            assert!($x.len() >= $t * $nb && $w.len() % $nb.max(1) == 0);
+            assert!($out.len() >= $w.len() / $nb.max(1) * $t);
+            let low = _mm256_set1_epi8(0xF);
+            for (row, o) in $w.chunks_exact($nb).zip($out.chunks_exact_mut($t)) {
+                let mut i = 0;
+                while i + 4 <= $t {
+                    // SAFETY: rows i..i+4 of `x` are in bounds (asserted above).
+                    let xp = unsafe { $x.as_ptr().add(i * $nb) };
+                    let (mut a0, mut a1, mut a2, mut a3) = (
+                        _mm256_setzero_ps(),
+                        _mm256_setzero_ps(),
+                        _mm256_setzero_ps(),
+                        _mm256_setzero_ps(),
+                    );
+                    let (mut s0, mut s1, mut s2, mut s3) = (0f32, 0f32, 0f32, 0f32);
+                    for (bi, b) in row.iter().enumerate() {
+                        // SAFETY: 16 bytes inside the block; unaligned load.
+                        let tmp = unsafe { _mm_loadu_si128(b.qs.as_ptr().cast()) };
+                        let qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp));
+                        macro_rules! one {
+                            ($j:expr, $acc:ident, $sm:ident) => {{
+                                // SAFETY: block `bi` of row i+$j, in bounds (asserted above).
+                                let y = unsafe { &*xp.add($j * $nb + bi) };
+                                $sm += b.m * y.s;
+                                let d = _mm256_set1_ps(b.d * y.d);
+                                let qy = unsafe { _mm256_loadu_si256(y.qs.as_ptr().cast()) };
+                                let xy = _mm256_cvtepi32_ps($idot(qx, qy));
+                                $acc = _mm256_fmadd_ps(d, xy, $acc);
+                            }};
+                        }
+                        one!(0, a0, s0);
+                        one!(1, a1, s1);
+                        one!(2, a2, s2);
+                        one!(3, a3, s3);
+                    }
+                    // SAFETY: `hsum` needs AVX, which the caller's target features include.
+                    unsafe {
+                        o[i] = hsum(a0) + s0;
+                        o[i + 1] = hsum(a1) + s1;
+                        o[i + 2] = hsum(a2) + s2;
+                        o[i + 3] = hsum(a3) + s3;
+                    }
+                    i += 4;
+                }
+                while i < $t {
+                    // SAFETY: as above.
+                    o[i] = unsafe { dot_q41(row, &$x[i * $nb..(i + 1) * $nb]) };
+                    i += 1;
+                }
+            }
+        }};
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma")]
+    fn idot_avx2(qx: __m256i, qy: __m256i) -> __m256i {
+        _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(qx, qy))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+    fn idot_vnni(qx: __m256i, qy: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), qx, qy)
+    }
+
+    /// Q4_1 rows against Q8_1 rows on AVX2 (see `rows_q41_body`).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows_q41(w: &[BlockQ41], nb: usize, x: &[BlockQ8], t: usize, out: &mut [f32]) {
+        rows_q41_body!(w, nb, x, t, out, idot_avx2)
+    }
+
+    /// The same with AVX-512 VNNI's `dpbusd` for the integer sums (llama.cpp's choice when built
+    /// for such a CPU; the sums are equal).
+    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+    pub(super) unsafe fn rows_q41_vnni(w: &[BlockQ41], nb: usize, x: &[BlockQ8], t: usize, out: &mut [f32]) {
+        rows_q41_body!(w, nb, x, t, out, idot_vnni)
+    }
+
+    /// As [`rows_q41`], for Q8_0 weights ([`dot_q80`]'s operations).
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn rows_q80(w: &[BlockQ80], nb: usize, x: &[BlockQ8], t: usize, out: &mut [f32]) {
+        let ones = _mm256_set1_epi16(1);
+        for (row, o) in w.chunks_exact(nb).zip(out.chunks_exact_mut(t)) {
+            let mut i = 0;
+            while i + 4 <= t {
+                let xs = [
+                    &x[i * nb..],
+                    &x[(i + 1) * nb..],
+                    &x[(i + 2) * nb..],
+                    &x[(i + 3) * nb..],
+                ];
+                let mut acc = [_mm256_setzero_ps(); 4];
+                for (bi, b) in row.iter().enumerate() {
+                    // SAFETY: 32 bytes inside the block; unaligned load.
+                    let qx = unsafe { _mm256_loadu_si256(b.qs.as_ptr().cast()) };
+                    let ax = _mm256_sign_epi8(qx, qx);
+                    for j in 0..4 {
+                        let y = &xs[j][bi];
+                        let d = _mm256_set1_ps(b.d * y.d);
+                        let qy = unsafe { _mm256_loadu_si256(y.qs.as_ptr().cast()) };
+                        let sy = _mm256_sign_epi8(qy, qx);
+                        let dot = _mm256_maddubs_epi16(ax, sy);
+                        let q = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, dot));
+                        acc[j] = _mm256_fmadd_ps(d, q, acc[j]);
+                    }
+                }
+                for j in 0..4 {
+                    o[i + j] = unsafe { hsum(acc[j]) };
+                }
+                i += 4;
+            }
+            while i < t {
+                o[i] = unsafe { dot_q80(row, &x[i * nb..(i + 1) * nb]) };
+                i += 1;
+            }
+        }
+    }
+
     /// llama.cpp's AVX2 `ggml_vec_dot_q4_1_q8_1`, operation for operation.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot_q41(w: &[BlockQ41], x: &[BlockQ8]) -> f32 {
         let low = _mm256_set1_epi8(0xF);
@@ -169,6 +348,7 @@ mod avx2 {
     }
 
     /// llama.cpp's AVX2 `ggml_vec_dot_q8_0_q8_0`, operation for operation.
+    #[inline]
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn dot_q80(w: &[BlockQ80], x: &[BlockQ8]) -> f32 {
         let ones = _mm256_set1_epi16(1);
@@ -342,17 +522,15 @@ impl Mat {
         // thread so a descheduled worker does not hold the product up.
         let rows = (n / (rayon::current_num_threads() * 8)).clamp(8, 256);
         macro_rules! product {
-            ($b:expr, $dot:expr) => {{
+            ($b:expr, $rows:expr) => {{
                 let b = $b;
                 if xq.len() != t * nb {
                     candle_core::bail!("matmul: {} input blocks for {t} rows of {nb}", xq.len());
                 }
                 if t == 1 {
                     out.par_chunks_mut(rows).enumerate().for_each(|(c, o)| {
-                        for (j, v) in o.iter_mut().enumerate() {
-                            let r = c * rows + j;
-                            *v = $dot(&b[r * nb..(r + 1) * nb], xq);
-                        }
+                        let r0 = c * rows;
+                        $rows(&b[r0 * nb..(r0 + o.len()) * nb], nb, xq, 1, o);
                     });
                 } else {
                     // Row-major by weight row ([n, t]) so each task owns its slice; a weight
@@ -363,13 +541,8 @@ impl Mat {
                         .par_chunks_mut(rows * t)
                         .enumerate()
                         .for_each(|(c, o)| {
-                            for (j, ov) in o.chunks_exact_mut(t).enumerate() {
-                                let r = c * rows + j;
-                                let w = &b[r * nb..(r + 1) * nb];
-                                for (i, v) in ov.iter_mut().enumerate() {
-                                    *v = $dot(w, &xq[i * nb..(i + 1) * nb]);
-                                }
-                            }
+                            let r0 = c * rows;
+                            $rows(&b[r0 * nb..(r0 + o.len() / t) * nb], nb, xq, t, o);
                         });
                     for (r, col) in scratch.chunks_exact(t).enumerate() {
                         for (i, v) in col.iter().enumerate() {
@@ -380,8 +553,8 @@ impl Mat {
             }};
         }
         match self {
-            Mat::Q41 { b, .. } => product!(b, dot_q41),
-            Mat::Q80 { b, .. } => product!(b, dot_q80),
+            Mat::Q41 { b, .. } => product!(b, rows_q41),
+            Mat::Q80 { b, .. } => product!(b, rows_q80),
             Mat::Other { m, .. } => {
                 let xt = Tensor::from_slice(x, (t, k), &Device::Cpu)?;
                 let y = m.forward(&xt)?.flatten_all()?.to_vec1::<f32>()?;
@@ -463,7 +636,7 @@ mod tests {
             let wd = q.dequantize(&Device::Cpu).unwrap();
             let m = Mat::new(q).unwrap();
             assert!(!matches!(m, Mat::Other { .. }));
-            for t in [1usize, 3] {
+            for t in [1usize, 3, 6] {
                 let x: Vec<f32> = (0..t * k)
                     .map(|i| (i * 104_729 % 997) as f32 / 498.0 - 1.0)
                     .collect();
@@ -495,6 +668,44 @@ mod tests {
                     assert!((scalar - out[r]).abs() <= 1e-3 * scale[r].max(1.0));
                 }
             }
+        }
+    }
+
+    /// The plain AVX2 and the VNNI row kernels give bit-identical products (the integer sums
+    /// are equal, the float operations the same), and equal the per-pair dot, on every CPU this
+    /// runs on (the VNNI one only where the CPU has it).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn row_kernels_agree_bit_for_bit() {
+        if !has_avx2() {
+            return;
+        }
+        let (n, k, t) = (24usize, 192usize, 7usize);
+        let Mat::Q41 { b, .. } =
+            Mat::new(QTensor::quantize(&synth(n, k, 5), GgmlDType::Q4_1).unwrap()).unwrap()
+        else {
+            panic!("not Q4_1")
+        };
+        let x: Vec<f32> = (0..t * k)
+            .map(|i| ((i * 31 % 211) as f32 - 105.0) / 37.0)
+            .collect();
+        let mut xq = Vec::new();
+        quantize(&x, &mut xq);
+        let nb = k / QK;
+        let mut plain = vec![0f32; n * t];
+        // SAFETY: AVX2 and FMA checked above.
+        unsafe { avx2::rows_q41(&b, nb, &xq, t, &mut plain) };
+        for r in 0..n {
+            for i in 0..t {
+                let one = dot_q41(&b[r * nb..(r + 1) * nb], &xq[i * nb..(i + 1) * nb]);
+                assert_eq!(plain[r * t + i].to_bits(), one.to_bits(), "row {r} token {i}");
+            }
+        }
+        if has_vnni() {
+            let mut vnni = vec![0f32; n * t];
+            // SAFETY: VNNI checked.
+            unsafe { avx2::rows_q41_vnni(&b, nb, &xq, t, &mut vnni) };
+            assert_eq!(plain, vnni);
         }
     }
 
