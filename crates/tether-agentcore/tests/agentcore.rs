@@ -177,7 +177,7 @@ async fn a_bad_crc_fails_each_attempt_then_ends_in_a_typed_error() {
         .await
         .expect_err("crc");
     assert!(
-        matches!(&err, Error::Malformed(m) if m.contains("checksum") || m.contains("CRC")),
+        matches!(&err, Error::Malformed { message: m, .. } if m.contains("checksum") || m.contains("CRC")),
         "{err:?}"
     );
     assert_eq!(fake.requests().len(), 3, "two retries");

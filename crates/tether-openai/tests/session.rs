@@ -322,7 +322,7 @@ async fn stalled_stream_hits_the_idle_timeout_and_is_retried() {
 async fn malformed_chunk_is_a_typed_error() {
     let (r, sleeper, _) = run(vec![Reply::text("hello").malformed_after(2)]).await;
     match r {
-        Err(Error::Malformed(m)) => assert!(m.contains("stream event #3"), "{m}"),
+        Err(Error::Malformed { message: m, .. }) => assert!(m.contains("stream event #3"), "{m}"),
         other => panic!("{other:?}"),
     }
     assert!(sleeper.slept().is_empty());

@@ -65,7 +65,7 @@ pub mod types;
 pub mod workspace;
 
 pub use chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse, ChatToolCall};
-pub use error::{Error, Result, TransportKind};
+pub use error::{BoxError, Error, Result, TransportKind};
 pub use event::{Event, EventKind, Role};
 pub use handler::{
     Capabilities, ElicitationMode, ElicitationRequest, ElicitationResponse, ExitStatus, Handler,

@@ -399,8 +399,9 @@ async fn open_thread(
         ));
     }
     let checkpoint: Checkpoint = match store.state(&thread.record, CHECKPOINT).await? {
-        Some(v) => serde_json::from_value(v)
-            .map_err(|e| Error::Store(format!("the checkpoint of thread {} is unreadable: {e}", t.id)))?,
+        Some(v) => serde_json::from_value(v).map_err(|e| {
+            Error::store_with(format_args!("the checkpoint of thread {} is unreadable", t.id), e)
+        })?,
         None => Checkpoint::default(),
     };
     let state = (!checkpoint.provider.is_null()).then_some(&checkpoint.provider);
@@ -1065,7 +1066,7 @@ impl Session {
                 let seq = sink.last_seq().await;
                 let sid = sink.info().session_id.clone();
                 let cp = serde_json::to_value(Checkpoint { seq, provider })
-                    .map_err(|e| Error::Store(format!("the checkpoint does not encode: {e}")))?;
+                    .map_err(|e| Error::store_with("the checkpoint does not encode", e))?;
                 sink.store().put_state(&sid, CHECKPOINT, &cp).await?;
             }
             Ok(())

@@ -366,7 +366,7 @@ async fn length_and_filter_stops_are_terminated_with_the_raw_reason() {
 #[tokio::test]
 async fn transient_model_errors_are_retried_with_backoff_and_recorded() {
     let sleeper = RecordingSleeper::default();
-    let e503 = Error::Http {
+    let e503 = || Error::Http {
         status: 503,
         message: "overloaded".into(),
         code: None,
@@ -382,7 +382,7 @@ async fn transient_model_errors_are_retried_with_backoff_and_recorded() {
         should_retry: None,
         endpoint: "x".into(),
     };
-    let model = ScriptedModel::new(vec![Err(e503.clone()), Err(e503), Ok(ScriptedModel::text("ok"))]);
+    let model = ScriptedModel::new(vec![Err(e503()), Err(e503()), Ok(ScriptedModel::text("ok"))]);
     let lp = LocalLoop::new(model).retry(RetryPolicy::default().with_sleeper(sleeper.clone()));
     let r = Session::builder(lp).run("go").await.unwrap();
     assert_eq!(r.text, "ok");
