@@ -227,7 +227,7 @@ async fn a_truncated_stream_is_retried_then_ends_in_early_termination() {
         .await
         .expect("run");
     assert_eq!(result.terminal, Terminal::Terminated);
-    assert_eq!(result.stop_reason["type"], "early_termination");
+    assert_eq!(result.stop_reason.to_value()["type"], "early_termination");
     let reqs = fake.requests();
     assert_eq!(reqs.len(), 3);
     let turn = |i: usize| {

@@ -334,7 +334,7 @@ impl ManagedAgents {
         let acc = std::mem::take(&mut self.acc);
         TurnResult {
             terminal,
-            stop_reason,
+            stop_reason: stop_reason.into(),
             text: acc.texts.join("\n"),
             tool_uses,
             server_tool_uses: acc.server_tool_uses,

@@ -83,6 +83,6 @@ pub use thread::{Checkpoint, Claim, Thread, ThreadId, ThreadStore};
 /// Cancels a request in flight ([`Session::send_cancellable`]); re-exported from tokio-util.
 pub use tokio_util::sync::CancellationToken;
 pub use types::{
-    PendingToolUse, SessionInfo, SessionResult, Terminal, ToolResult, ToolSpec, ToolUse, TurnResult, Usage,
-    UserMessage, Waiting, stop_reason,
+    PendingToolUse, SessionInfo, SessionResult, StopReason, Terminal, ToolResult, ToolSpec, ToolUse,
+    TurnResult, Usage, UserMessage, Waiting, stop_reason,
 };

@@ -21,8 +21,8 @@ use crate::sink::{EventObserver, EventSink};
 use crate::store::{EventStore, MemoryStore};
 use crate::thread::{CHECKPOINT, Checkpoint, Claim, ThreadId, ThreadStore};
 use crate::types::{
-    PendingToolUse, SessionInfo, SessionResult, Terminal, ToolResult, ToolSpec, ToolUse, TurnResult, Usage,
-    UserMessage, Waiting, stop_reason,
+    PendingToolUse, SessionInfo, SessionResult, StopReason, Terminal, ToolResult, ToolSpec, ToolUse,
+    TurnResult, Usage, UserMessage, Waiting,
 };
 
 /// What the turn guard sees after each turn.
@@ -890,7 +890,7 @@ impl Session {
     async fn idle_result(&mut self) -> SessionResult {
         SessionResult {
             terminal: Terminal::EndTurn,
-            stop_reason: json!(stop_reason::IDLE),
+            stop_reason: StopReason::Idle,
             session_id: self.info().session_id.clone(),
             text: String::new(),
             texts: Vec::new(),
@@ -1100,12 +1100,7 @@ impl Session {
                     self.record_tool_results(uses, results).await?;
                 }
                 return Ok(self
-                    .finish(
-                        acc,
-                        Terminal::Terminated,
-                        json!(stop_reason::MAX_TURNS),
-                        Vec::new(),
-                    )
+                    .finish(acc, Terminal::Terminated, StopReason::MaxTurns, Vec::new())
                     .await);
             }
             self.cx.turn = acc.turns + 1;
@@ -1128,7 +1123,7 @@ impl Session {
                     Ok(GuardDecision::Halt(reason)) => {
                         // The turn's tool uses are answered (not run), so the history stays whole.
                         self.settle(&format!("the session was halted ({reason})")).await?;
-                        let sr = json!({"type": stop_reason::HALTED, "reason": reason});
+                        let sr = StopReason::Halted { reason };
                         return Ok(self.finish(acc, Terminal::Terminated, sr, Vec::new()).await);
                     }
                     Err(p) => return Err(Error::Guard(panic_message(p.as_ref()))),
@@ -1156,12 +1151,7 @@ impl Session {
                         lock(&self.batch).clear();
                         self.record_tool_results(&uses, &done).await?;
                         return Ok(self
-                            .finish(
-                                acc,
-                                Terminal::EndTurn,
-                                json!(stop_reason::TERMINAL_TOOL),
-                                Vec::new(),
-                            )
+                            .finish(acc, Terminal::EndTurn, StopReason::TerminalTool, Vec::new())
                             .await);
                     }
                     lock(&self.batch).clear();
@@ -1169,12 +1159,7 @@ impl Session {
                         let waiting = pending.iter().map(|p| p.tool_use.clone()).collect();
                         self.pause(uses, &pending);
                         return Ok(self
-                            .finish(
-                                acc,
-                                Terminal::RequiresAction,
-                                json!(stop_reason::PENDING_TOOLS),
-                                waiting,
-                            )
+                            .finish(acc, Terminal::RequiresAction, StopReason::PendingTools, waiting)
                             .await);
                     }
                     input = Input::ToolResults(uses, results.into_iter().flatten().collect());
@@ -1204,12 +1189,7 @@ impl Session {
                             continue;
                         }
                         return Ok(self
-                            .finish(
-                                acc,
-                                Terminal::EndTurn,
-                                json!(stop_reason::NO_TERMINAL_TOOL),
-                                Vec::new(),
-                            )
+                            .finish(acc, Terminal::EndTurn, StopReason::NoTerminalTool, Vec::new())
                             .await);
                     }
                     return Ok(self
@@ -1656,7 +1636,7 @@ impl Session {
         let pending = self.pending_tool_uses();
         SessionResult {
             terminal: Terminal::RequiresAction,
-            stop_reason: json!(stop_reason::PENDING_TOOLS),
+            stop_reason: StopReason::PendingTools,
             session_id: self.info().session_id.clone(),
             text: String::new(),
             texts: Vec::new(),
@@ -1675,7 +1655,7 @@ impl Session {
         &mut self,
         acc: Acc,
         terminal: Terminal,
-        stop: Value,
+        stop: StopReason,
         pending: Vec<ToolUse>,
     ) -> SessionResult {
         SessionResult {
