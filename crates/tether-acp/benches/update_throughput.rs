@@ -15,7 +15,7 @@
 //! `cargo bench -p tether-acp --bench update_throughput` (`ACP_BENCH_N` sets `N`, default 200,000;
 //! `ACP_BENCH_PROCESS_N` sets `M`, default 1,000,000; `ACP_BENCH_ONLY=memory|process`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
@@ -129,32 +129,6 @@ async fn handled_rate(bytes: Arc<Vec<u8>>, n: usize) -> f64 {
     assert_eq!(out.stop_reason_raw, "end_turn");
     assert_eq!(counter.0.load(Ordering::Relaxed), n as u64, "updates lost");
     n as f64 / elapsed.as_secs_f64()
-}
-
-/// The testkit's fake agent, built in release mode on first use (`FAKE_ACP_AGENT` overrides).
-fn fake_agent_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("FAKE_ACP_AGENT") {
-        return p.into();
-    }
-    let exe = std::env::current_exe().expect("bench exe path");
-    // target/release/deps/<bench> → target/release/fake-acp-agent
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args([
-            "build",
-            "--release",
-            "-q",
-            "-p",
-            "tether-testkit",
-            "--bin",
-            "fake-acp-agent",
-        ])
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-        .status()
-        .expect("run cargo build for fake-acp-agent");
-    assert!(status.success(), "building fake-acp-agent failed");
-    dir.join("fake-acp-agent")
 }
 
 /// Reads `fake-acp-agent --flood-raw n` line by line; lines per second from the first to the last.
@@ -287,7 +261,7 @@ fn main() {
         });
     }
     if only != "memory" {
-        let bin = fake_agent_bin();
+        let bin = tether_testkit::peers::fake_acp_agent();
         rt.block_on(async {
             let _ = process_raw_rate(&bin, m / 10).await;
             let _ = process_handled_rate(&bin, m / 10).await;

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use tether_agui::{Encoding, Event, proto, state_update, state_update_json};
+use tether_agui::{AgUiEvent, Encoding, proto, state_update, state_update_json};
 
 const N: usize = 100_000;
 const ROUNDS: usize = 11;
@@ -84,9 +84,9 @@ mod pb {
 }
 
 fn sse(deltas: &[String]) -> (f64, f64) {
-    let ours: Vec<Event> = deltas
+    let ours: Vec<AgUiEvent> = deltas
         .iter()
-        .map(|d| Event::text_message_content("msg-1", d.as_str()))
+        .map(|d| AgUiEvent::text_message_content("msg-1", d.as_str()))
         .collect();
     let theirs: Vec<ag_ui::Event> = deltas
         .iter()
@@ -130,9 +130,9 @@ fn sse(deltas: &[String]) -> (f64, f64) {
 }
 
 fn protobuf(deltas: &[String]) -> (f64, f64, f64) {
-    let ours: Vec<Event> = deltas
+    let ours: Vec<AgUiEvent> = deltas
         .iter()
-        .map(|d| Event::text_message_content("msg-1", d.as_str()))
+        .map(|d| AgUiEvent::text_message_content("msg-1", d.as_str()))
         .collect();
     let theirs: Vec<pb::Event> = deltas
         .iter()
@@ -264,7 +264,7 @@ fn state() -> StateFigures {
     let (delta, _) = best(|| {
         let e = state_update_json(Some(&old_bytes), &new_bytes).unwrap().unwrap();
         match &e {
-            Event::StateDelta(d) => patch = serde_json::to_string(&d.delta).unwrap(),
+            AgUiEvent::StateDelta(d) => patch = serde_json::to_string(&d.delta).unwrap(),
             other => panic!("expected a STATE_DELTA, got {}", other.event_type()),
         }
         1

@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use tether::local::LocalLoop;
 use tether::{ChatModel, EventKind, MemoryStore, Session, ToolSet, ToolSpec};
 use tether_agui::server::{EndpointOptions, endpoint};
-use tether_agui::{Encoding, Event, ThreadAgent, Update};
+use tether_agui::{AgUiEvent, Encoding, ThreadAgent, Update};
 use tether_openai::OpenAiModel;
 use tether_testkit::openai::{FakeOpenAi, Reply};
 
@@ -164,7 +164,7 @@ async fn proto_frames(body: Bytes) -> (StatusCode, Vec<u8>) {
         .lines()
         .filter(|l| !l.trim().is_empty())
     {
-        match serde_json::from_str::<Event>(line) {
+        match serde_json::from_str::<AgUiEvent>(line) {
             Ok(e) => {
                 if Encoding::Protobuf.encode_into(&e, &mut out).is_err() {
                     return (StatusCode::INTERNAL_SERVER_ERROR, Vec::new());

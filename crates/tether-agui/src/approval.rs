@@ -270,7 +270,7 @@ pub async fn save(store: &dyn EventStore, record: &str, out: &Outstanding) -> te
 
 /// What the thread waits on, when known (inside the run, with the thread's lock held).
 #[derive(Debug, Clone, Copy)]
-pub struct Waiting<'a> {
+pub struct WaitingOn<'a> {
     /// Tool uses waiting for approval.
     pub calls: &'a [ToolUse],
     /// The question held live, if any.
@@ -286,7 +286,7 @@ pub fn decide(
     outstanding: &Outstanding,
     thread: &str,
     resume: &[ResumeEntry],
-    waiting: Option<Waiting<'_>>,
+    waiting: Option<WaitingOn<'_>>,
 ) -> Result<Answers, Refusal> {
     let mut seen = HashSet::new();
     let mut answers = Answers::default();
@@ -453,8 +453,8 @@ mod tests {
         ToolUse::new(id, "run_command", json!({"command": cmd}))
     }
 
-    fn calls(c: &[ToolUse]) -> Option<Waiting<'_>> {
-        Some(Waiting { calls: c, held: None })
+    fn calls(c: &[ToolUse]) -> Option<WaitingOn<'_>> {
+        Some(WaitingOn { calls: c, held: None })
     }
 
     #[test]
@@ -587,7 +587,7 @@ mod tests {
         let req = request();
         let out = reissue(&Outstanding::new(), "t", "r1", &[], Some(Held::Permission(&req))).unwrap();
         let id = out.keys().next().unwrap().clone();
-        let held = Some(Waiting {
+        let held = Some(WaitingOn {
             calls: &[],
             held: Some(Held::Permission(&req)),
         });
@@ -627,7 +627,7 @@ mod tests {
                 &id,
                 json!({"status": "resolved", "payload": {"approved": true}}),
             )],
-            Some(Waiting {
+            Some(WaitingOn {
                 calls: &[],
                 held: Some(Held::Permission(&other)),
             }),
@@ -642,7 +642,7 @@ mod tests {
                 &id,
                 json!({"status": "resolved", "payload": {"approved": true}}),
             )],
-            Some(Waiting {
+            Some(WaitingOn {
                 calls: &[],
                 held: None,
             }),
@@ -727,7 +727,7 @@ mod tests {
                 &out,
                 "t",
                 &[entry(id, yes.clone())],
-                Some(Waiting {
+                Some(WaitingOn {
                     calls: &[],
                     held: Some(Held::Elicitation(r)),
                 }),
@@ -746,7 +746,7 @@ mod tests {
             &out,
             "t",
             &[entry(id, yes.clone())],
-            Some(Waiting {
+            Some(WaitingOn {
                 calls: &[],
                 held: Some(Held::Permission(&perm)),
             }),
@@ -758,7 +758,7 @@ mod tests {
             &out,
             "t",
             &[entry(id, yes)],
-            Some(Waiting {
+            Some(WaitingOn {
                 calls: &[],
                 held: None,
             }),

@@ -1,7 +1,7 @@
 //! Wire encoders: SSE (`text/event-stream`) and protobuf
 //! (`application/vnd.ag-ui.event+proto`), and `Accept` negotiation between them.
 
-use crate::event::Event;
+use crate::event::AgUiEvent;
 
 /// The SSE media type.
 pub const SSE_MEDIA_TYPE: &str = "text/event-stream";
@@ -28,7 +28,7 @@ impl Encoding {
     }
 
     /// Appends one encoded frame for `event` to `out`.
-    pub fn encode_into(self, event: &Event, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+    pub fn encode_into(self, event: &AgUiEvent, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
         match self {
             Encoding::Sse => encode_sse_into(event, out),
             Encoding::Protobuf => {
@@ -85,9 +85,9 @@ impl Encoding {
 
 /// The streaming hot path (content and argument deltas without `rawEvent`/`metadata`),
 /// written directly; byte-identical to the derived serialization.
-fn encode_sse_fast(event: &Event, out: &mut Vec<u8>) -> Result<bool, serde_json::Error> {
+fn encode_sse_fast(event: &AgUiEvent, out: &mut Vec<u8>) -> Result<bool, serde_json::Error> {
     let (ty, id_key, id, delta, sub, ts, plain): (&[u8], &[u8], &str, &str, _, _, bool) = match event {
-        Event::TextMessageContent(e) => (
+        AgUiEvent::TextMessageContent(e) => (
             b"TEXT_MESSAGE_CONTENT",
             b"messageId",
             &e.message_id,
@@ -96,7 +96,7 @@ fn encode_sse_fast(event: &Event, out: &mut Vec<u8>) -> Result<bool, serde_json:
             e.timestamp,
             e.raw_event.is_none() && e.metadata.is_none(),
         ),
-        Event::ToolCallArgs(e) => (
+        AgUiEvent::ToolCallArgs(e) => (
             b"TOOL_CALL_ARGS",
             b"toolCallId",
             &e.tool_call_id,
@@ -105,7 +105,7 @@ fn encode_sse_fast(event: &Event, out: &mut Vec<u8>) -> Result<bool, serde_json:
             e.timestamp,
             e.raw_event.is_none() && e.metadata.is_none(),
         ),
-        Event::ReasoningMessageContent(e) => (
+        AgUiEvent::ReasoningMessageContent(e) => (
             b"REASONING_MESSAGE_CONTENT",
             b"messageId",
             &e.message_id,
@@ -141,7 +141,7 @@ fn encode_sse_fast(event: &Event, out: &mut Vec<u8>) -> Result<bool, serde_json:
 }
 
 /// Appends `data: {json}\n\n` for `event` to `out` (LF only, one line of JSON).
-pub fn encode_sse_into(event: &Event, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
+pub fn encode_sse_into(event: &AgUiEvent, out: &mut Vec<u8>) -> Result<(), serde_json::Error> {
     let start = out.len();
     match encode_sse_fast(event, out) {
         Ok(true) => return Ok(()),
@@ -161,7 +161,7 @@ pub fn encode_sse_into(event: &Event, out: &mut Vec<u8>) -> Result<(), serde_jso
 }
 
 /// One SSE frame for `event`.
-pub fn encode_sse(event: &Event) -> Result<Vec<u8>, serde_json::Error> {
+pub fn encode_sse(event: &AgUiEvent) -> Result<Vec<u8>, serde_json::Error> {
     let mut out = Vec::with_capacity(128);
     encode_sse_into(event, &mut out)?;
     Ok(out)
@@ -201,14 +201,14 @@ mod tests {
     #[test]
     fn the_fast_path_matches_the_derived_serialization() {
         let mut events = vec![
-            Event::text_message_content("m1", "a \"quoted\" é\u{1}\n"),
-            Event::tool_call_args("c1", "{\"a\":"),
-            Event::reasoning_message_content("r1", ""),
+            AgUiEvent::text_message_content("m1", "a \"quoted\" é\u{1}\n"),
+            AgUiEvent::tool_call_args("c1", "{\"a\":"),
+            AgUiEvent::reasoning_message_content("r1", ""),
         ];
         let mut with_extras = events.clone();
         for e in &mut with_extras {
             e.set_timestamp(-42);
-            if let Event::TextMessageContent(t) = e {
+            if let AgUiEvent::TextMessageContent(t) = e {
                 t.subagent_run_id = Some("s1".into());
             }
         }
@@ -223,7 +223,7 @@ mod tests {
 
     #[test]
     fn sse_frame_is_lf_only() {
-        let e = Event::text_message_content("m1", "a\r\nb");
+        let e = AgUiEvent::text_message_content("m1", "a\r\nb");
         let bytes = encode_sse(&e).unwrap();
         assert_eq!(
             std::str::from_utf8(&bytes).unwrap(),

@@ -2,13 +2,13 @@
 
 use crate::verify::Violation;
 
-/// Result alias of this crate.
-pub type Result<T, E = Error> = std::result::Result<T, E>;
+/// The result of serving a run: [`AgUiError`] by default.
+pub type AgUiResult<T, E = AgUiError> = std::result::Result<T, E>;
 
 /// What can go wrong while serving a run.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum Error {
+pub enum AgUiError {
     /// An event would have broken the AG-UI ordering rules; the run was ended with
     /// `RUN_ERROR{code: violation.code()}` and accepts no further events.
     #[error("AG-UI stream violation: {0}")]
@@ -41,10 +41,10 @@ pub enum Error {
     },
 }
 
-impl Error {
+impl AgUiError {
     /// An agent failure with a code, reported as `RUN_ERROR{code, message}`.
     pub fn agent(code: impl Into<String>, message: impl Into<String>) -> Self {
-        Error::Agent {
+        AgUiError::Agent {
             code: Some(code.into()),
             message: message.into(),
         }
@@ -53,13 +53,13 @@ impl Error {
     /// The `RUN_ERROR.code` this error is reported with.
     pub fn code(&self) -> String {
         match self {
-            Error::Verification(v) => v.code().to_owned(),
-            Error::Cancelled => "CANCELLED".to_owned(),
-            Error::RunEnded => "RUN_ENDED".to_owned(),
-            Error::BufferFull { .. } => "EVENT_BUFFER_FULL".to_owned(),
-            Error::Json(_) => "JSON_ERROR".to_owned(),
-            Error::InvalidState(_) => "INVALID_STATE".to_owned(),
-            Error::Agent { code, .. } => code.clone().unwrap_or_else(|| "AGENT_ERROR".to_owned()),
+            AgUiError::Verification(v) => v.code().to_owned(),
+            AgUiError::Cancelled => "CANCELLED".to_owned(),
+            AgUiError::RunEnded => "RUN_ENDED".to_owned(),
+            AgUiError::BufferFull { .. } => "EVENT_BUFFER_FULL".to_owned(),
+            AgUiError::Json(_) => "JSON_ERROR".to_owned(),
+            AgUiError::InvalidState(_) => "INVALID_STATE".to_owned(),
+            AgUiError::Agent { code, .. } => code.clone().unwrap_or_else(|| "AGENT_ERROR".to_owned()),
         }
     }
 }

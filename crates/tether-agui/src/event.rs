@@ -517,14 +517,14 @@ macro_rules! events {
         #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
         #[serde(tag = "type", rename_all = "SCREAMING_SNAKE_CASE")]
         #[non_exhaustive]
-        pub enum Event {
+        pub enum AgUiEvent {
             $(
                 #[doc = concat!("`", $wire, "`")]
                 $variant($ty),
             )*
         }
 
-        /// The discriminator of an [`Event`].
+        /// The discriminator of an [`AgUiEvent`].
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[non_exhaustive]
         pub enum EventType {
@@ -554,37 +554,37 @@ macro_rules! events {
             }
         }
 
-        impl Event {
+        impl AgUiEvent {
             /// This event's type.
             pub fn event_type(&self) -> EventType {
-                match self { $(Event::$variant(_) => EventType::$variant,)* }
+                match self { $(AgUiEvent::$variant(_) => EventType::$variant,)* }
             }
 
             /// The `timestamp`, if set.
             pub fn timestamp(&self) -> Option<i64> {
-                match self { $(Event::$variant(e) => e.timestamp,)* }
+                match self { $(AgUiEvent::$variant(e) => e.timestamp,)* }
             }
 
             /// Sets the `timestamp` (milliseconds since the epoch).
             pub fn set_timestamp(&mut self, ms: i64) {
-                match self { $(Event::$variant(e) => e.timestamp = Some(ms),)* }
+                match self { $(AgUiEvent::$variant(e) => e.timestamp = Some(ms),)* }
             }
 
             /// The `metadata`, if set.
             pub fn metadata(&self) -> Option<&JsonObject> {
-                match self { $(Event::$variant(e) => e.metadata.as_ref(),)* }
+                match self { $(AgUiEvent::$variant(e) => e.metadata.as_ref(),)* }
             }
 
             /// The `rawEvent`, if set.
             pub fn raw_event(&self) -> Option<&Value> {
-                match self { $(Event::$variant(e) => e.raw_event.as_ref(),)* }
+                match self { $(AgUiEvent::$variant(e) => e.raw_event.as_ref(),)* }
             }
         }
 
         $(
-            impl From<$ty> for Event {
+            impl From<$ty> for AgUiEvent {
                 fn from(e: $ty) -> Self {
-                    Event::$variant(e)
+                    AgUiEvent::$variant(e)
                 }
             }
         )*
@@ -631,48 +631,48 @@ impl std::fmt::Display for EventType {
     }
 }
 
-impl Event {
+impl AgUiEvent {
     /// The `subagentRunId` attribution of an attributable event (`None` for the main agent,
     /// for `RUN_*`, `MESSAGES_SNAPSHOT` and the `SUBAGENT_*` events, whose id is their identity).
     pub fn attribution(&self) -> Option<&SubagentRunId> {
         match self {
-            Event::TextMessageStart(e) => e.subagent_run_id.as_ref(),
-            Event::TextMessageContent(e) => e.subagent_run_id.as_ref(),
-            Event::TextMessageEnd(e) => e.subagent_run_id.as_ref(),
-            Event::TextMessageChunk(e) => e.subagent_run_id.as_ref(),
-            Event::ToolCallStart(e) => e.subagent_run_id.as_ref(),
-            Event::ToolCallArgs(e) => e.subagent_run_id.as_ref(),
-            Event::ToolCallEnd(e) => e.subagent_run_id.as_ref(),
-            Event::ToolCallChunk(e) => e.subagent_run_id.as_ref(),
-            Event::ToolCallResult(e) => e.subagent_run_id.as_ref(),
-            Event::StateSnapshot(e) => e.subagent_run_id.as_ref(),
-            Event::StateDelta(e) => e.subagent_run_id.as_ref(),
-            Event::ActivitySnapshot(e) => e.subagent_run_id.as_ref(),
-            Event::ActivityDelta(e) => e.subagent_run_id.as_ref(),
-            Event::Raw(e) => e.subagent_run_id.as_ref(),
-            Event::Custom(e) => e.subagent_run_id.as_ref(),
-            Event::StepStarted(e) => e.subagent_run_id.as_ref(),
-            Event::StepFinished(e) => e.subagent_run_id.as_ref(),
-            Event::ReasoningStart(e) => e.subagent_run_id.as_ref(),
-            Event::ReasoningMessageStart(e) => e.subagent_run_id.as_ref(),
-            Event::ReasoningMessageContent(e) => e.subagent_run_id.as_ref(),
-            Event::ReasoningMessageEnd(e) => e.subagent_run_id.as_ref(),
-            Event::ReasoningMessageChunk(e) => e.subagent_run_id.as_ref(),
-            Event::ReasoningEnd(e) => e.subagent_run_id.as_ref(),
-            Event::ReasoningEncryptedValue(e) => e.subagent_run_id.as_ref(),
-            Event::RunStarted(_)
-            | Event::RunFinished(_)
-            | Event::RunError(_)
-            | Event::MessagesSnapshot(_)
-            | Event::SubagentStarted(_)
-            | Event::SubagentFinished(_)
-            | Event::SubagentError(_) => None,
+            AgUiEvent::TextMessageStart(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::TextMessageContent(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::TextMessageEnd(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::TextMessageChunk(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ToolCallStart(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ToolCallArgs(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ToolCallEnd(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ToolCallChunk(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ToolCallResult(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::StateSnapshot(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::StateDelta(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ActivitySnapshot(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ActivityDelta(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::Raw(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::Custom(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::StepStarted(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::StepFinished(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ReasoningStart(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ReasoningMessageStart(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ReasoningMessageContent(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ReasoningMessageEnd(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ReasoningMessageChunk(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ReasoningEnd(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::ReasoningEncryptedValue(e) => e.subagent_run_id.as_ref(),
+            AgUiEvent::RunStarted(_)
+            | AgUiEvent::RunFinished(_)
+            | AgUiEvent::RunError(_)
+            | AgUiEvent::MessagesSnapshot(_)
+            | AgUiEvent::SubagentStarted(_)
+            | AgUiEvent::SubagentFinished(_)
+            | AgUiEvent::SubagentError(_) => None,
         }
     }
 
     /// `RUN_STARTED` declaring protocol 1.0.
     pub fn run_started(thread_id: impl Into<ThreadId>, run_id: impl Into<RunId>) -> Self {
-        Event::RunStarted(RunStartedEvent {
+        AgUiEvent::RunStarted(RunStartedEvent {
             thread_id: thread_id.into(),
             run_id: run_id.into(),
             protocol_version: Some(PROTOCOL_VERSION.to_owned()),
@@ -686,7 +686,7 @@ impl Event {
         run_id: impl Into<RunId>,
         outcome: Option<RunFinishedOutcome>,
     ) -> Self {
-        Event::RunFinished(RunFinishedEvent {
+        AgUiEvent::RunFinished(RunFinishedEvent {
             thread_id: thread_id.into(),
             run_id: run_id.into(),
             outcome,
@@ -696,7 +696,7 @@ impl Event {
 
     /// `RUN_ERROR`.
     pub fn run_error(message: impl Into<String>, code: Option<String>) -> Self {
-        Event::RunError(RunErrorEvent {
+        AgUiEvent::RunError(RunErrorEvent {
             message: message.into(),
             code,
             ..Default::default()
@@ -705,7 +705,7 @@ impl Event {
 
     /// `STEP_STARTED`.
     pub fn step_started(name: impl Into<String>) -> Self {
-        Event::StepStarted(StepStartedEvent {
+        AgUiEvent::StepStarted(StepStartedEvent {
             step_name: name.into(),
             ..Default::default()
         })
@@ -713,7 +713,7 @@ impl Event {
 
     /// `STEP_FINISHED`.
     pub fn step_finished(name: impl Into<String>) -> Self {
-        Event::StepFinished(StepFinishedEvent {
+        AgUiEvent::StepFinished(StepFinishedEvent {
             step_name: name.into(),
             ..Default::default()
         })
@@ -721,7 +721,7 @@ impl Event {
 
     /// `TEXT_MESSAGE_START`; the role is omitted when it is the default (assistant).
     pub fn text_message_start(id: impl Into<MessageId>, role: TextMessageRole) -> Self {
-        Event::TextMessageStart(TextMessageStartEvent {
+        AgUiEvent::TextMessageStart(TextMessageStartEvent {
             message_id: id.into(),
             role: (role != TextMessageRole::Assistant).then_some(role),
             ..Default::default()
@@ -730,7 +730,7 @@ impl Event {
 
     /// `TEXT_MESSAGE_CONTENT`.
     pub fn text_message_content(id: impl Into<MessageId>, delta: impl Into<String>) -> Self {
-        Event::TextMessageContent(TextMessageContentEvent {
+        AgUiEvent::TextMessageContent(TextMessageContentEvent {
             message_id: id.into(),
             delta: delta.into(),
             ..Default::default()
@@ -739,7 +739,7 @@ impl Event {
 
     /// `TEXT_MESSAGE_END`.
     pub fn text_message_end(id: impl Into<MessageId>) -> Self {
-        Event::TextMessageEnd(TextMessageEndEvent {
+        AgUiEvent::TextMessageEnd(TextMessageEndEvent {
             message_id: id.into(),
             ..Default::default()
         })
@@ -751,7 +751,7 @@ impl Event {
         name: impl Into<String>,
         parent_message_id: Option<MessageId>,
     ) -> Self {
-        Event::ToolCallStart(ToolCallStartEvent {
+        AgUiEvent::ToolCallStart(ToolCallStartEvent {
             tool_call_id: id.into(),
             tool_call_name: name.into(),
             parent_message_id,
@@ -761,7 +761,7 @@ impl Event {
 
     /// `TOOL_CALL_ARGS`.
     pub fn tool_call_args(id: impl Into<ToolCallId>, delta: impl Into<String>) -> Self {
-        Event::ToolCallArgs(ToolCallArgsEvent {
+        AgUiEvent::ToolCallArgs(ToolCallArgsEvent {
             tool_call_id: id.into(),
             delta: delta.into(),
             ..Default::default()
@@ -770,7 +770,7 @@ impl Event {
 
     /// `TOOL_CALL_END`.
     pub fn tool_call_end(id: impl Into<ToolCallId>) -> Self {
-        Event::ToolCallEnd(ToolCallEndEvent {
+        AgUiEvent::ToolCallEnd(ToolCallEndEvent {
             tool_call_id: id.into(),
             ..Default::default()
         })
@@ -782,7 +782,7 @@ impl Event {
         tool_call_id: impl Into<ToolCallId>,
         content: impl Into<Content>,
     ) -> Self {
-        Event::ToolCallResult(ToolCallResultEvent {
+        AgUiEvent::ToolCallResult(ToolCallResultEvent {
             message_id: message_id.into(),
             tool_call_id: tool_call_id.into(),
             content: content.into(),
@@ -793,7 +793,7 @@ impl Event {
 
     /// `STATE_SNAPSHOT`.
     pub fn state_snapshot(snapshot: Value) -> Self {
-        Event::StateSnapshot(StateSnapshotEvent {
+        AgUiEvent::StateSnapshot(StateSnapshotEvent {
             snapshot,
             ..Default::default()
         })
@@ -801,7 +801,7 @@ impl Event {
 
     /// `STATE_DELTA`.
     pub fn state_delta(delta: Vec<PatchOperation>) -> Self {
-        Event::StateDelta(StateDeltaEvent {
+        AgUiEvent::StateDelta(StateDeltaEvent {
             delta,
             ..Default::default()
         })
@@ -809,7 +809,7 @@ impl Event {
 
     /// `MESSAGES_SNAPSHOT`.
     pub fn messages_snapshot(messages: Vec<Message>) -> Self {
-        Event::MessagesSnapshot(MessagesSnapshotEvent {
+        AgUiEvent::MessagesSnapshot(MessagesSnapshotEvent {
             messages,
             ..Default::default()
         })
@@ -821,7 +821,7 @@ impl Event {
         activity_type: impl Into<String>,
         content: JsonObject,
     ) -> Self {
-        Event::ActivitySnapshot(ActivitySnapshotEvent {
+        AgUiEvent::ActivitySnapshot(ActivitySnapshotEvent {
             message_id: message_id.into(),
             activity_type: activity_type.into(),
             content,
@@ -835,7 +835,7 @@ impl Event {
         activity_type: impl Into<String>,
         patch: Vec<PatchOperation>,
     ) -> Self {
-        Event::ActivityDelta(ActivityDeltaEvent {
+        AgUiEvent::ActivityDelta(ActivityDeltaEvent {
             message_id: message_id.into(),
             activity_type: activity_type.into(),
             patch,
@@ -845,7 +845,7 @@ impl Event {
 
     /// `RAW`.
     pub fn raw(event: Value, source: Option<String>) -> Self {
-        Event::Raw(RawEvent {
+        AgUiEvent::Raw(RawEvent {
             event,
             source,
             ..Default::default()
@@ -854,7 +854,7 @@ impl Event {
 
     /// `CUSTOM`.
     pub fn custom(name: impl Into<String>, value: Value) -> Self {
-        Event::Custom(CustomEvent {
+        AgUiEvent::Custom(CustomEvent {
             name: name.into(),
             value,
             ..Default::default()
@@ -863,7 +863,7 @@ impl Event {
 
     /// `REASONING_START`.
     pub fn reasoning_start(id: impl Into<MessageId>) -> Self {
-        Event::ReasoningStart(ReasoningStartEvent {
+        AgUiEvent::ReasoningStart(ReasoningStartEvent {
             message_id: id.into(),
             ..Default::default()
         })
@@ -871,7 +871,7 @@ impl Event {
 
     /// `REASONING_MESSAGE_START`.
     pub fn reasoning_message_start(id: impl Into<MessageId>) -> Self {
-        Event::ReasoningMessageStart(ReasoningMessageStartEvent {
+        AgUiEvent::ReasoningMessageStart(ReasoningMessageStartEvent {
             message_id: id.into(),
             role: ReasoningRole::Reasoning,
             ..Default::default()
@@ -880,7 +880,7 @@ impl Event {
 
     /// `REASONING_MESSAGE_CONTENT`.
     pub fn reasoning_message_content(id: impl Into<MessageId>, delta: impl Into<String>) -> Self {
-        Event::ReasoningMessageContent(ReasoningMessageContentEvent {
+        AgUiEvent::ReasoningMessageContent(ReasoningMessageContentEvent {
             message_id: id.into(),
             delta: delta.into(),
             ..Default::default()
@@ -889,7 +889,7 @@ impl Event {
 
     /// `REASONING_MESSAGE_END`.
     pub fn reasoning_message_end(id: impl Into<MessageId>) -> Self {
-        Event::ReasoningMessageEnd(ReasoningMessageEndEvent {
+        AgUiEvent::ReasoningMessageEnd(ReasoningMessageEndEvent {
             message_id: id.into(),
             ..Default::default()
         })
@@ -897,7 +897,7 @@ impl Event {
 
     /// `REASONING_END`.
     pub fn reasoning_end(id: impl Into<MessageId>) -> Self {
-        Event::ReasoningEnd(ReasoningEndEvent {
+        AgUiEvent::ReasoningEnd(ReasoningEndEvent {
             message_id: id.into(),
             ..Default::default()
         })
@@ -909,7 +909,7 @@ impl Event {
         entity_id: impl Into<String>,
         value: impl Into<String>,
     ) -> Self {
-        Event::ReasoningEncryptedValue(ReasoningEncryptedValueEvent {
+        AgUiEvent::ReasoningEncryptedValue(ReasoningEncryptedValueEvent {
             subtype,
             entity_id: entity_id.into(),
             encrypted_value: value.into(),
@@ -919,7 +919,7 @@ impl Event {
 
     /// `SUBAGENT_STARTED`.
     pub fn subagent_started(id: impl Into<SubagentRunId>, name: impl Into<String>) -> Self {
-        Event::SubagentStarted(SubagentStartedEvent {
+        AgUiEvent::SubagentStarted(SubagentStartedEvent {
             subagent_run_id: id.into(),
             name: name.into(),
             ..Default::default()
@@ -928,7 +928,7 @@ impl Event {
 
     /// `SUBAGENT_FINISHED` with a success outcome.
     pub fn subagent_finished(id: impl Into<SubagentRunId>) -> Self {
-        Event::SubagentFinished(SubagentFinishedEvent {
+        AgUiEvent::SubagentFinished(SubagentFinishedEvent {
             subagent_run_id: id.into(),
             outcome: Some(SubagentOutcome::Success),
             ..Default::default()
@@ -937,7 +937,7 @@ impl Event {
 
     /// `SUBAGENT_ERROR`.
     pub fn subagent_error(id: impl Into<SubagentRunId>, message: impl Into<String>) -> Self {
-        Event::SubagentError(SubagentErrorEvent {
+        AgUiEvent::SubagentError(SubagentErrorEvent {
             subagent_run_id: id.into(),
             message: message.into(),
             ..Default::default()

@@ -11,7 +11,7 @@ use tether::fuzzing::block_on;
 
 use crate::context::{RunContext, RunOptions, RunOutcome};
 use crate::encode::Encoding;
-use crate::event::Event;
+use crate::event::AgUiEvent;
 use crate::run::{Agent, run_agent};
 use crate::server::decode_input;
 
@@ -20,7 +20,7 @@ struct Reader;
 
 impl Agent for Reader {
     type State = Value;
-    async fn run(&self, ctx: &mut RunContext<Value>) -> crate::Result<RunOutcome> {
+    async fn run(&self, ctx: &mut RunContext<Value>) -> crate::AgUiResult<RunOutcome> {
         let text = ctx.last_user_text().unwrap_or_default();
         ctx.say(format!("you said: {text}"))?;
         let tools: Vec<String> = ctx.input().tools.iter().map(|t| t.name.clone()).collect();
@@ -56,18 +56,18 @@ pub fn check_run_agent_input(body: &[u8]) {
                 .await
         });
         assert!(
-            matches!(events.first(), Some(Event::RunStarted(_))),
+            matches!(events.first(), Some(AgUiEvent::RunStarted(_))),
             "the stream did not start with RUN_STARTED: {:?}",
             events.first()
         );
         let terminals = events
             .iter()
-            .filter(|e| matches!(e, Event::RunFinished(_) | Event::RunError(_)))
+            .filter(|e| matches!(e, AgUiEvent::RunFinished(_) | AgUiEvent::RunError(_)))
             .count();
         assert_eq!(terminals, 1, "{terminals} terminal events");
         assert!(matches!(
             events.last(),
-            Some(Event::RunFinished(_) | Event::RunError(_))
+            Some(AgUiEvent::RunFinished(_) | AgUiEvent::RunError(_))
         ));
         for e in &events {
             let mut sse = Vec::new();
@@ -78,7 +78,7 @@ pub fn check_run_agent_input(body: &[u8]) {
                 .strip_prefix(b"data: ")
                 .and_then(|s| s.strip_suffix(b"\n\n"))
                 .expect("one SSE data frame");
-            let back: Event = serde_json::from_slice(payload).expect("an encoded event decodes");
+            let back: AgUiEvent = serde_json::from_slice(payload).expect("an encoded event decodes");
             assert_eq!(&back, e, "the SSE round trip changed the event");
             let mut proto = Vec::new();
             Encoding::Protobuf

@@ -16,8 +16,8 @@
 //! Events serialize as the AG-UI schema says and encode as SSE (or protobuf, [`Encoding`]):
 //!
 //! ```
-//! use tether_agui::{Event, encode::encode_sse};
-//! let event = Event::run_started("thread-1", "run-1");
+//! use tether_agui::{AgUiEvent, encode::encode_sse};
+//! let event = AgUiEvent::run_started("thread-1", "run-1");
 //! let sse = String::from_utf8(encode_sse(&event)?).expect("SSE is UTF-8");
 //! assert!(sse.starts_with("data: {"));
 //! assert!(sse.contains(r#""type":"RUN_STARTED""#));
@@ -50,12 +50,12 @@ pub mod types;
 pub mod verify;
 
 pub use context::{
-    AgentState, CallSlot, CancelToken, EventReceiver, MessageHandle, ParallelToolCalls, ReasoningHandle,
-    RunContext, RunOptions, RunOutcome, StepGuard, ToolCallHandle, state_update, state_update_json,
+    AgentState, CallSlot, EventReceiver, MessageHandle, ParallelToolCalls, ReasoningHandle, RunContext,
+    RunOptions, RunOutcome, StepGuard, ToolCallHandle, state_update, state_update_json,
 };
 pub use encode::Encoding;
-pub use error::{Error, Result};
-pub use event::{Event, EventType, PROTOCOL_VERSION};
+pub use error::{AgUiError, AgUiResult};
+pub use event::{AgUiEvent, EventType, PROTOCOL_VERSION};
 pub use ids::{InterruptId, MessageId, RunId, SubagentRunId, ThreadId, ToolCallId};
 pub use mapper::EventMapper;
 pub use messages::thread_messages;
@@ -64,3 +64,15 @@ pub use server::{AgUiRouterExt, EndpointOptions, StreamGuard, router};
 pub use thread::{CheckError, PermissionPolicy, StateReducer, ThreadAgent, ThreadFactory, Update};
 pub use types::*;
 pub use verify::{Rule, Verifier, Violation};
+
+#[allow(deprecated)]
+pub use context::CancelToken;
+/// The AG-UI event; renamed [`AgUiEvent`] so it is not confused with [`tether::Event`].
+#[deprecated(note = "renamed `AgUiEvent`")]
+pub type Event = AgUiEvent;
+/// This crate's error; renamed [`AgUiError`] so it is not confused with [`tether::Error`].
+#[deprecated(note = "renamed `AgUiError`")]
+pub type Error = AgUiError;
+/// This crate's result; renamed [`AgUiResult`] so it is not confused with [`tether::Result`].
+#[deprecated(note = "renamed `AgUiResult`")]
+pub type Result<T, E = AgUiError> = AgUiResult<T, E>;

@@ -7,8 +7,8 @@ use serde_json::json;
 use tether::{EventKind, ToolUse};
 
 use crate::context::RunContext;
-use crate::error::Result;
-use crate::event::{EncryptedValueSubtype, Event, TextMessageRole};
+use crate::error::AgUiResult;
+use crate::event::{AgUiEvent, EncryptedValueSubtype, TextMessageRole};
 use crate::ids::MessageId;
 use crate::types::{
     AssistantMessage, Message, ReasoningMessage, RunAgentInput, TokenUsage, ToolCall, ToolMessage,
@@ -105,32 +105,32 @@ impl Mirror {
         })
     }
 
-    fn apply(&mut self, ev: &Event) {
+    fn apply(&mut self, ev: &AgUiEvent) {
         match ev {
-            Event::TextMessageStart(e) if self.find(&e.message_id).is_none() => {
+            AgUiEvent::TextMessageStart(e) if self.find(&e.message_id).is_none() => {
                 self.messages.push(Message::Assistant(AssistantMessage {
                     id: e.message_id.clone(),
                     content: Some(String::new()),
                     ..Default::default()
                 }));
             }
-            Event::TextMessageContent(e) => {
+            AgUiEvent::TextMessageContent(e) => {
                 if let Some(Message::Assistant(a)) = self.find(&e.message_id) {
                     a.content.get_or_insert_with(String::new).push_str(&e.delta);
                 }
             }
-            Event::ReasoningMessageStart(e) if self.find(&e.message_id).is_none() => {
+            AgUiEvent::ReasoningMessageStart(e) if self.find(&e.message_id).is_none() => {
                 self.messages.push(Message::Reasoning(ReasoningMessage {
                     id: e.message_id.clone(),
                     ..Default::default()
                 }));
             }
-            Event::ReasoningMessageContent(e) => {
+            AgUiEvent::ReasoningMessageContent(e) => {
                 if let Some(Message::Reasoning(r)) = self.find(&e.message_id) {
                     r.content.push_str(&e.delta);
                 }
             }
-            Event::ReasoningEncryptedValue(e) => match e.subtype {
+            AgUiEvent::ReasoningEncryptedValue(e) => match e.subtype {
                 EncryptedValueSubtype::ToolCall => {
                     if let Some(c) = self.call(&e.entity_id) {
                         c.encrypted_value = Some(e.encrypted_value.clone());
@@ -142,7 +142,7 @@ impl Mirror {
                     _ => {}
                 },
             },
-            Event::ToolCallStart(e) if self.call(&e.tool_call_id).is_none() => {
+            AgUiEvent::ToolCallStart(e) if self.call(&e.tool_call_id).is_none() => {
                 let call = ToolCall::new(e.tool_call_id.clone(), e.tool_call_name.clone(), "");
                 // As the client does: under the parent when it is an assistant message, else in
                 // an assistant message of its own.
@@ -163,12 +163,12 @@ impl Mirror {
                     ..Default::default()
                 }));
             }
-            Event::ToolCallArgs(e) => {
+            AgUiEvent::ToolCallArgs(e) => {
                 if let Some(c) = self.call(&e.tool_call_id) {
                     c.function.arguments.push_str(&e.delta);
                 }
             }
-            Event::ToolCallResult(e) => self.messages.push(Message::Tool(ToolMessage {
+            AgUiEvent::ToolCallResult(e) => self.messages.push(Message::Tool(ToolMessage {
                 id: e.message_id.clone(),
                 content: e.content.clone(),
                 tool_call_id: e.tool_call_id.clone(),
@@ -207,43 +207,47 @@ impl EventMapper {
     }
 
     /// Maps one session event (and nothing for kinds AG-UI has no event for).
-    pub fn map<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> Result<()> {
+    pub fn map<S: crate::AgentState>(
+        &mut self,
+        ctx: &mut RunContext<S>,
+        ev: &tether::Event,
+    ) -> AgUiResult<()> {
         self.on_event(ctx, ev)
     }
 
     /// Ends whatever is open: the reasoning and text messages, and tool calls not yet ended.
-    pub fn close<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> Result<()> {
+    pub fn close<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> AgUiResult<()> {
         self.close_all(ctx)
     }
 
     /// Emits an event and folds it into what the client holds.
-    fn send<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>, ev: Event) -> Result<()> {
+    fn send<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>, ev: AgUiEvent) -> AgUiResult<()> {
         self.mirror.apply(&ev);
         ctx.emit(ev)
     }
 
-    fn close_text<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> Result<()> {
+    fn close_text<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> AgUiResult<()> {
         if let Some((_, id)) = self.text.take() {
-            self.send(ctx, Event::text_message_end(id))?;
+            self.send(ctx, AgUiEvent::text_message_end(id))?;
         }
         Ok(())
     }
 
-    fn close_reasoning<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> Result<()> {
+    fn close_reasoning<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> AgUiResult<()> {
         if let Some(id) = self.reasoning.take() {
-            self.send(ctx, Event::reasoning_message_end(id.clone()))?;
-            self.send(ctx, Event::reasoning_end(id))?;
+            self.send(ctx, AgUiEvent::reasoning_message_end(id.clone()))?;
+            self.send(ctx, AgUiEvent::reasoning_end(id))?;
         }
         Ok(())
     }
 
-    fn close_all<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> Result<()> {
+    fn close_all<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>) -> AgUiResult<()> {
         self.close_reasoning(ctx)?;
         self.close_text(ctx)?;
         let mut open: Vec<String> = self.calls_open.drain().collect();
         open.sort();
         for id in open {
-            self.send(ctx, Event::tool_call_end(id))?;
+            self.send(ctx, AgUiEvent::tool_call_end(id))?;
         }
         Ok(())
     }
@@ -253,7 +257,7 @@ impl EventMapper {
         ctx: &mut RunContext<S>,
         message_id: &str,
         delta: &str,
-    ) -> Result<()> {
+    ) -> AgUiResult<()> {
         if delta.is_empty() {
             return Ok(());
         }
@@ -269,7 +273,7 @@ impl EventMapper {
                 };
                 self.send(
                     ctx,
-                    Event::text_message_start(id.clone(), TextMessageRole::Assistant),
+                    AgUiEvent::text_message_start(id.clone(), TextMessageRole::Assistant),
                 )?;
                 self.streamed_text.insert(message_id.to_owned());
                 self.texts_of
@@ -280,7 +284,7 @@ impl EventMapper {
                 id
             }
         };
-        self.send(ctx, Event::text_message_content(id, delta))
+        self.send(ctx, AgUiEvent::text_message_content(id, delta))
     }
 
     fn reasoning_delta<S: crate::AgentState>(
@@ -288,7 +292,7 @@ impl EventMapper {
         ctx: &mut RunContext<S>,
         message_id: &str,
         delta: &str,
-    ) -> Result<()> {
+    ) -> AgUiResult<()> {
         if delta.is_empty() {
             return Ok(());
         }
@@ -296,12 +300,12 @@ impl EventMapper {
         if self.reasoning.as_ref() != Some(&rid) {
             self.close_reasoning(ctx)?;
             self.close_text(ctx)?;
-            self.send(ctx, Event::reasoning_start(rid.clone()))?;
-            self.send(ctx, Event::reasoning_message_start(rid.clone()))?;
+            self.send(ctx, AgUiEvent::reasoning_start(rid.clone()))?;
+            self.send(ctx, AgUiEvent::reasoning_message_start(rid.clone()))?;
             self.reasoning = Some(rid.clone());
         }
         self.streamed_reasoning.insert(message_id.to_owned());
-        self.send(ctx, Event::reasoning_message_content(rid, delta))
+        self.send(ctx, AgUiEvent::reasoning_message_content(rid, delta))
     }
 
     fn call_start<S: crate::AgentState>(
@@ -310,7 +314,7 @@ impl EventMapper {
         id: &str,
         name: &str,
         message_id: Option<&str>,
-    ) -> Result<bool> {
+    ) -> AgUiResult<bool> {
         if !self.calls_started.insert(id.to_owned()) {
             return Ok(false);
         }
@@ -326,7 +330,7 @@ impl EventMapper {
             .map(MessageId::new)
             .or_else(|| self.text.as_ref().map(|(_, id)| id.clone()));
         self.close_text(ctx)?;
-        self.send(ctx, Event::tool_call_start(id, name, parent))?;
+        self.send(ctx, AgUiEvent::tool_call_start(id, name, parent))?;
         self.calls_open.insert(id.to_owned());
         Ok(true)
     }
@@ -336,22 +340,22 @@ impl EventMapper {
         ctx: &mut RunContext<S>,
         call: &ToolUse,
         message_id: Option<&str>,
-    ) -> Result<()> {
+    ) -> AgUiResult<()> {
         if self.call_start(ctx, &call.id, &call.name, message_id)? {
             let args = call.raw_input.clone().unwrap_or_else(|| call.input.to_string());
             if !args.is_empty() {
-                self.send(ctx, Event::tool_call_args(call.id.as_str(), args))?;
+                self.send(ctx, AgUiEvent::tool_call_args(call.id.as_str(), args))?;
             }
         }
         if self.calls_open.remove(&call.id) {
-            self.send(ctx, Event::tool_call_end(call.id.as_str()))?;
+            self.send(ctx, AgUiEvent::tool_call_end(call.id.as_str()))?;
         }
         Ok(())
     }
 
     /// The sink restarted `message_id`: end its open parts, withdraw what the client holds of it
     /// with a snapshot, and forget it, so it streams again under its own id.
-    fn restart<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>, message_id: &str) -> Result<()> {
+    fn restart<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>, message_id: &str) -> AgUiResult<()> {
         let rid = reasoning_id(message_id);
         let texts = self.texts_of.remove(message_id).unwrap_or_default();
         let calls = self.calls_of.remove(message_id).unwrap_or_default();
@@ -369,7 +373,7 @@ impl EventMapper {
         open.sort();
         for id in open {
             self.calls_open.remove(id);
-            self.send(ctx, Event::tool_call_end(id.as_str()))?;
+            self.send(ctx, AgUiEvent::tool_call_end(id.as_str()))?;
         }
         // What the client holds, less the message: its text messages and calls left out (the
         // client drops what a snapshot does not list), its reasoning emptied (a snapshot that
@@ -405,7 +409,7 @@ impl EventMapper {
             .cloned()
             .collect();
         snapshot.extend(self.mirror.messages.iter().cloned());
-        ctx.emit(Event::messages_snapshot(snapshot))?;
+        ctx.emit(AgUiEvent::messages_snapshot(snapshot))?;
         self.texts_started.remove(message_id);
         self.streamed_text.remove(message_id);
         for c in &calls {
@@ -414,7 +418,11 @@ impl EventMapper {
         Ok(())
     }
 
-    fn on_event<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> Result<()> {
+    fn on_event<S: crate::AgentState>(
+        &mut self,
+        ctx: &mut RunContext<S>,
+        ev: &tether::Event,
+    ) -> AgUiResult<()> {
         match &ev.kind {
             // Live text of a message already recorded (and so already sent whole) is not sent again.
             EventKind::TextDelta { message_id, .. } | EventKind::ReasoningDelta { message_id, .. }
@@ -428,7 +436,7 @@ impl EventMapper {
             EventKind::ReasoningSignature { message_id, value } => {
                 self.send(
                     ctx,
-                    Event::reasoning_encrypted_value(
+                    AgUiEvent::reasoning_encrypted_value(
                         EncryptedValueSubtype::Message,
                         reasoning_id(message_id).into_string(),
                         value.clone(),
@@ -445,10 +453,13 @@ impl EventMapper {
             EventKind::ToolCallArgs { tool_use_id, delta }
                 if self.calls_open.contains(tool_use_id) && !delta.is_empty() =>
             {
-                self.send(ctx, Event::tool_call_args(tool_use_id.as_str(), delta.as_str()))?;
+                self.send(
+                    ctx,
+                    AgUiEvent::tool_call_args(tool_use_id.as_str(), delta.as_str()),
+                )?;
             }
             EventKind::ToolCallEnd { tool_use_id } if self.calls_open.remove(tool_use_id) => {
-                self.send(ctx, Event::tool_call_end(tool_use_id.as_str()))?;
+                self.send(ctx, AgUiEvent::tool_call_end(tool_use_id.as_str()))?;
             }
             EventKind::ToolCall { tool_use, message_id } => {
                 self.whole_call(ctx, tool_use, message_id.as_deref())?;
@@ -456,7 +467,7 @@ impl EventMapper {
             EventKind::ToolResult { result } => {
                 let id = &result.tool_use_id;
                 if self.calls_open.remove(id) {
-                    self.send(ctx, Event::tool_call_end(id.as_str()))?;
+                    self.send(ctx, AgUiEvent::tool_call_end(id.as_str()))?;
                 }
                 let known = self.calls_started.contains(id) || self.answerable.contains(id);
                 if known && self.answered.insert(id.clone()) {
@@ -464,7 +475,11 @@ impl EventMapper {
                     self.close_text(ctx)?;
                     self.send(
                         ctx,
-                        Event::tool_call_result(format!("{id}-result"), id.as_str(), result.content.clone()),
+                        AgUiEvent::tool_call_result(
+                            format!("{id}-result"),
+                            id.as_str(),
+                            result.content.clone(),
+                        ),
                     )?;
                 }
             }
@@ -508,7 +523,7 @@ impl EventMapper {
                 error,
             } => {
                 // Shown for what it is; what the call streams again the sink shows once.
-                ctx.emit(Event::custom(
+                ctx.emit(AgUiEvent::custom(
                     "tether.retry",
                     json!({"attempt": attempt, "delayMs": delay_ms, "error": error}),
                 ))?;

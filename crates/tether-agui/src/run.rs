@@ -10,20 +10,20 @@ use std::task::{Context as TaskContext, Poll};
 use futures_util::{FutureExt, Stream};
 use tokio::task::JoinHandle;
 
-use crate::context::{AgentState, CancelToken, EventReceiver, RunContext, RunOptions, RunOutcome};
-use crate::error::{Error, Result};
-use crate::event::Event;
+use crate::context::{AgentState, EventReceiver, RunContext, RunOptions, RunOutcome};
+use crate::error::{AgUiError, AgUiResult};
+use crate::event::AgUiEvent;
 use crate::types::RunAgentInput;
 
 /// An AG-UI agent: writes one run through a [`RunContext`].
 ///
 /// ```
-/// use tether_agui::{Agent, RunContext, RunOutcome, Result};
+/// use tether_agui::{Agent, RunContext, RunOutcome, AgUiResult};
 ///
 /// struct Echo;
 /// impl Agent for Echo {
 ///     type State = ();
-///     async fn run(&self, ctx: &mut RunContext) -> Result<RunOutcome> {
+///     async fn run(&self, ctx: &mut RunContext) -> AgUiResult<RunOutcome> {
 ///         let text = ctx.last_user_text().unwrap_or_default();
 ///         ctx.say(format!("you said: {text}"))?;
 ///         Ok(RunOutcome::Success)
@@ -35,12 +35,12 @@ pub trait Agent: Send + Sync + 'static {
     type State: AgentState;
 
     /// Runs once. `Err` becomes `RUN_ERROR`; handles still open are closed by their `Drop`.
-    fn run(&self, ctx: &mut RunContext<Self::State>) -> impl Future<Output = Result<RunOutcome>> + Send;
+    fn run(&self, ctx: &mut RunContext<Self::State>) -> impl Future<Output = AgUiResult<RunOutcome>> + Send;
 }
 
 impl<A: Agent> Agent for Arc<A> {
     type State = A::State;
-    fn run(&self, ctx: &mut RunContext<Self::State>) -> impl Future<Output = Result<RunOutcome>> + Send {
+    fn run(&self, ctx: &mut RunContext<Self::State>) -> impl Future<Output = AgUiResult<RunOutcome>> + Send {
         (**self).run(ctx)
     }
 }
@@ -50,18 +50,18 @@ impl<A: Agent> Agent for Arc<A> {
 #[derive(Debug)]
 pub struct EventStream {
     rx: EventReceiver,
-    cancel: CancelToken,
+    cancel: tether::CancellationToken,
     task: Option<JoinHandle<()>>,
 }
 
 impl EventStream {
     /// The run's cancellation token.
-    pub fn cancel_token(&self) -> &CancelToken {
+    pub fn cancel_token(&self) -> &tether::CancellationToken {
         &self.cancel
     }
 
     /// Collects every event (for tests).
-    pub async fn collect_all(mut self) -> Vec<Event> {
+    pub async fn collect_all(mut self) -> Vec<AgUiEvent> {
         let mut out = Vec::new();
         while let Some(e) = self.rx.recv().await {
             out.push(e);
@@ -70,17 +70,17 @@ impl EventStream {
     }
 
     /// Polls for the next event.
-    pub fn poll_next_event(&mut self, cx: &mut TaskContext<'_>) -> Poll<Option<Event>> {
+    pub fn poll_next_event(&mut self, cx: &mut TaskContext<'_>) -> Poll<Option<AgUiEvent>> {
         self.rx.poll_recv(cx)
     }
 
     /// The next event if one is ready right now.
-    pub fn try_next_event(&mut self) -> Option<Event> {
+    pub fn try_next_event(&mut self) -> Option<AgUiEvent> {
         self.rx.try_recv()
     }
 
     /// Moves every event that is ready right now into `out` (at most `max`).
-    pub fn drain_ready(&mut self, out: &mut Vec<Event>, max: usize) {
+    pub fn drain_ready(&mut self, out: &mut Vec<AgUiEvent>, max: usize) {
         while out.len() < max
             && let Some(e) = self.try_next_event()
         {
@@ -90,8 +90,8 @@ impl EventStream {
 }
 
 impl Stream for EventStream {
-    type Item = Event;
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<Event>> {
+    type Item = AgUiEvent;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Option<AgUiEvent>> {
         self.rx.poll_recv(cx)
     }
 }
@@ -133,7 +133,7 @@ impl Drop for EventStream {
 /// scheduled (under load, a queue of other runs' tasks away).
 pub fn run_agent<A: Agent>(agent: Arc<A>, input: RunAgentInput, options: RunOptions) -> EventStream {
     let (tx, rx) = EventReceiver::channel(options.buffer);
-    let cancel = CancelToken::new();
+    let cancel = tether::CancellationToken::new();
     let mut ctx = RunContext::<A::State>::with_sender(Arc::new(input), tx, cancel.clone(), &options);
     let started = ctx.start(options.echo_input);
     let runtime = options.runtime.clone();
@@ -149,7 +149,10 @@ pub fn run_agent<A: Agent>(agent: Arc<A>, input: RunAgentInput, options: RunOpti
                             .map(|s| (*s).to_owned())
                             .or_else(|| panic.downcast_ref::<String>().cloned())
                             .unwrap_or_else(|| "panic".to_owned());
-                        Err(Error::agent("AGENT_PANIC", format!("the agent panicked: {what}")))
+                        Err(AgUiError::agent(
+                            "AGENT_PANIC",
+                            format!("the agent panicked: {what}"),
+                        ))
                     }
                 }
             }

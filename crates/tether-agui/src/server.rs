@@ -336,7 +336,7 @@ struct BodyStream {
 }
 
 impl BodyStream {
-    fn encode(&mut self, e: &crate::event::Event) {
+    fn encode(&mut self, e: &crate::event::AgUiEvent) {
         if let Err(err) = self.encoding.encode_into(e, &mut self.buf) {
             tracing::error!("could not encode {}: {err}", e.event_type());
         }

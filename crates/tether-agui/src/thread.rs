@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::approval::{self, Outstanding, Refusal};
 use crate::context::{RunContext, RunOutcome};
-use crate::error::{Error, Result};
+use crate::error::{AgUiError, AgUiResult};
 use crate::mapper::EventMapper;
 use crate::run::Agent;
 use crate::types::{Interrupt, Message, ResumeEntry, RunAgentInput, TokenUsage};
@@ -349,23 +349,23 @@ impl From<tether::Error> for WorkError {
     }
 }
 
-impl From<WorkError> for Error {
+impl From<WorkError> for AgUiError {
     fn from(e: WorkError) -> Self {
         match e {
             WorkError::Tether(e) => tether_error(e),
-            WorkError::Refused(r) => Error::agent(r.code(), r.to_string()),
-            WorkError::Internal(m) => Error::agent("INTERNAL", m),
+            WorkError::Refused(r) => AgUiError::agent(r.code(), r.to_string()),
+            WorkError::Internal(m) => AgUiError::agent("INTERNAL", m),
         }
     }
 }
 
 /// The `RUN_ERROR` for an engine error: its code upper-cased (`CANNOT_RESUME`, ...); a thread of
 /// another agent is `THREAD_AGENT_MISMATCH`.
-fn tether_error(e: tether::Error) -> Error {
+fn tether_error(e: tether::Error) -> AgUiError {
     match &e {
-        tether::Error::Cancelled => Error::Cancelled,
-        tether::Error::ThreadTaken { .. } => Error::agent("THREAD_AGENT_MISMATCH", e.to_string()),
-        other => Error::agent(other.code().to_ascii_uppercase(), e.to_string()),
+        tether::Error::Cancelled => AgUiError::Cancelled,
+        tether::Error::ThreadTaken { .. } => AgUiError::agent("THREAD_AGENT_MISMATCH", e.to_string()),
+        other => AgUiError::agent(other.code().to_ascii_uppercase(), e.to_string()),
     }
 }
 
@@ -460,7 +460,7 @@ async fn steps(
         &outstanding,
         &plan.thread,
         &plan.resume,
-        Some(approval::Waiting {
+        Some(approval::WaitingOn {
             calls: &asks,
             held: None,
         }),
@@ -807,11 +807,11 @@ impl<S> ThreadAgent<S> {
             .map_err(CheckError::Refused)
     }
 
-    fn slot(&self, thread: &str) -> Result<Arc<tokio::sync::Mutex<Live>>> {
+    fn slot(&self, thread: &str) -> AgUiResult<Arc<tokio::sync::Mutex<Live>>> {
         let mut g = self
             .threads
             .lock()
-            .map_err(|_| Error::agent("INTERNAL", "the thread table is poisoned"))?;
+            .map_err(|_| AgUiError::agent("INTERNAL", "the thread table is poisoned"))?;
         // Entries nobody holds and that keep nothing go.
         g.retain(|_, v| {
             Arc::strong_count(v) > 1 || v.try_lock().map(|l| !matches!(*l, Live::Empty)).unwrap_or(true)
@@ -983,8 +983,8 @@ fn elicitation_interrupt(id: &str, req: &ElicitationRequest) -> Interrupt {
 
 /// The error for a backend tool call the run leaves unanswered (the engine never should; if it
 /// does, the client must not see a success it would wait on forever).
-fn unanswered(id: &str, name: &str) -> Error {
-    Error::agent(
+fn unanswered(id: &str, name: &str) -> AgUiError {
+    AgUiError::agent(
         "UNANSWERED_TOOL_CALL",
         format!(
             "the run left the call `{}` of tool `{}` without a result, and no one but the server can answer \
@@ -1003,14 +1003,14 @@ struct Mapping<'a, S> {
 }
 
 impl<S: crate::AgentState> Mapping<'_, S> {
-    async fn map(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> Result<()> {
+    async fn map(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> AgUiResult<()> {
         ctx.ready().await?;
         self.map_now(ctx, ev)
     }
 
     /// Maps one event (the client's buffer has room, or the run is ending), noting the names of
     /// the tool calls it shows: the run's end tells front-end calls from unanswered ones by them.
-    fn map_now(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> Result<()> {
+    fn map_now(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> AgUiResult<()> {
         self.mapper.map(ctx, ev)?;
         match &ev.kind {
             EventKind::ToolCallStart {
@@ -1031,7 +1031,7 @@ impl<S: crate::AgentState> Mapping<'_, S> {
         self.update(ctx, Update::Event(ev))
     }
 
-    fn update(&mut self, ctx: &mut RunContext<S>, u: Update<'_>) -> Result<()> {
+    fn update(&mut self, ctx: &mut RunContext<S>, u: Update<'_>) -> AgUiResult<()> {
         if let Some(r) = self.reducer
             && r(ctx.state_mut(), u)
         {
@@ -1040,7 +1040,7 @@ impl<S: crate::AgentState> Mapping<'_, S> {
         Ok(())
     }
 
-    fn drain(&mut self, ctx: &mut RunContext<S>, events: &mut Subscription) -> Result<()> {
+    fn drain(&mut self, ctx: &mut RunContext<S>, events: &mut Subscription) -> AgUiResult<()> {
         while let Ok(ev) = events.try_recv() {
             self.map_now(ctx, &ev)?;
         }
@@ -1051,17 +1051,17 @@ impl<S: crate::AgentState> Mapping<'_, S> {
 impl<S: crate::AgentState + Sync> Agent for ThreadAgent<S> {
     type State = S;
 
-    async fn run(&self, ctx: &mut RunContext<S>) -> Result<RunOutcome> {
+    async fn run(&self, ctx: &mut RunContext<S>) -> AgUiResult<RunOutcome> {
         Box::pin(self.run_inner(ctx)).await
     }
 }
 
 impl<S: crate::AgentState + Sync> ThreadAgent<S> {
-    async fn run_inner(&self, ctx: &mut RunContext<S>) -> Result<RunOutcome> {
+    async fn run_inner(&self, ctx: &mut RunContext<S>) -> AgUiResult<RunOutcome> {
         let thread = ThreadId::new(ctx.input().thread_id.as_str()).map_err(tether_error)?;
         let slot = self.slot(thread.as_str())?;
         let Ok(mut live) = slot.try_lock_owned() else {
-            return Err(Error::agent(
+            return Err(AgUiError::agent(
                 "THREAD_BUSY",
                 format!(
                     "another run is in progress on thread {}; wait for it to finish",
@@ -1108,7 +1108,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                         &outstanding,
                         &plan.thread,
                         &plan.resume,
-                        Some(approval::Waiting {
+                        Some(approval::WaitingOn {
                             calls: &[],
                             held: Some(ask.held()),
                         }),
@@ -1221,7 +1221,9 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                         .lock()
                         .ok()
                         .and_then(|mut s| s.take())
-                        .ok_or_else(|| Error::agent("INTERNAL", "the thread's handler was not installed"))?;
+                        .ok_or_else(|| {
+                            AgUiError::agent("INTERNAL", "the thread's handler was not installed")
+                        })?;
                     let plan = Arc::new(plan);
                     let cancel = cancel.clone();
                     let store = store.clone();
@@ -1282,9 +1284,9 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                         .await
                         .map_err(tether_error)?;
                     let issued = approval::reissue(&Outstanding::new(), thread.as_str(), ctx.run_id().as_str(), &[], Some(ask.held()))
-                        .map_err(|e| Error::agent("INTERNAL", e.to_string()))?;
+                        .map_err(|e| AgUiError::agent("INTERNAL", e.to_string()))?;
                     let Some((id, _)) = issued.iter().next().map(|(k, v)| (k.clone(), v.clone())) else {
-                        return Err(Error::agent("INTERNAL", "no interrupt was issued"));
+                        return Err(AgUiError::agent("INTERNAL", "no interrupt was issued"));
                     };
                     outstanding.extend(issued);
                     approval::save(store.as_ref(), &ask.record, &outstanding)
@@ -1333,7 +1335,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
         }
         if timed_out {
             let limit = self.run_timeout.unwrap_or_default();
-            return Err(Error::agent(
+            return Err(AgUiError::agent(
                 "RUN_TIMEOUT",
                 format!(
                     "the run did not finish within {}s (the server's run time limit); what it did is saved, \

@@ -16,7 +16,7 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use crate::event::Event;
+use crate::event::AgUiEvent;
 use crate::ids::{MessageId, RunId, SubagentRunId, ThreadId, ToolCallId};
 use crate::patch::{PatchOperation, is_valid_pointer};
 use crate::types::{Message, RunAgentInput, RunFinishedOutcome};
@@ -364,11 +364,11 @@ impl Verifier {
     }
 
     /// Checks one event and records its effect. On `Err` the event must not be sent.
-    pub fn observe(&mut self, event: &Event) -> Result<(), Violation> {
+    pub fn observe(&mut self, event: &AgUiEvent) -> Result<(), Violation> {
         let ty = event.event_type();
         // Lifecycle gate.
         match (&self.phase, event) {
-            (Phase::BeforeFirst, Event::RunStarted(_) | Event::RunError(_)) => {}
+            (Phase::BeforeFirst, AgUiEvent::RunStarted(_) | AgUiEvent::RunError(_)) => {}
             (Phase::BeforeFirst, _) => {
                 return Err(Violation::new(
                     Rule::FirstEvent,
@@ -376,8 +376,8 @@ impl Verifier {
                 ));
             }
             (Phase::Active, _) => {}
-            (Phase::Finished, Event::RunStarted(_) | Event::RunError(_)) => {}
-            (Phase::Errored, Event::RunStarted(_)) => {}
+            (Phase::Finished, AgUiEvent::RunStarted(_) | AgUiEvent::RunError(_)) => {}
+            (Phase::Errored, AgUiEvent::RunStarted(_)) => {}
             (Phase::Finished | Phase::Errored, _) => {
                 return Err(Violation::new(
                     Rule::AfterTerminal,
@@ -389,23 +389,23 @@ impl Verifier {
         let owner = event.attribution().cloned();
         // Chunk bookkeeping: which events close open chunk items.
         match event {
-            Event::TextMessageChunk(_)
-            | Event::ToolCallChunk(_)
-            | Event::ReasoningMessageChunk(_)
-            | Event::Raw(_)
-            | Event::ActivitySnapshot(_)
-            | Event::ActivityDelta(_)
-            | Event::ReasoningEncryptedValue(_)
-            | Event::SubagentStarted(_) => {}
-            Event::RunStarted(_)
-            | Event::RunFinished(_)
-            | Event::RunError(_)
-            | Event::MessagesSnapshot(_) => self.close_chunks(None, ChunkKind::None),
-            Event::SubagentFinished(e) => {
+            AgUiEvent::TextMessageChunk(_)
+            | AgUiEvent::ToolCallChunk(_)
+            | AgUiEvent::ReasoningMessageChunk(_)
+            | AgUiEvent::Raw(_)
+            | AgUiEvent::ActivitySnapshot(_)
+            | AgUiEvent::ActivityDelta(_)
+            | AgUiEvent::ReasoningEncryptedValue(_)
+            | AgUiEvent::SubagentStarted(_) => {}
+            AgUiEvent::RunStarted(_)
+            | AgUiEvent::RunFinished(_)
+            | AgUiEvent::RunError(_)
+            | AgUiEvent::MessagesSnapshot(_) => self.close_chunks(None, ChunkKind::None),
+            AgUiEvent::SubagentFinished(e) => {
                 let o = Some(e.subagent_run_id.clone());
                 self.close_chunks(Some(&o), ChunkKind::None)
             }
-            Event::SubagentError(e) => {
+            AgUiEvent::SubagentError(e) => {
                 let o = Some(e.subagent_run_id.clone());
                 self.close_chunks(Some(&o), ChunkKind::None)
             }
@@ -413,7 +413,7 @@ impl Verifier {
         }
 
         match event {
-            Event::RunStarted(e) => {
+            AgUiEvent::RunStarted(e) => {
                 if self.phase == Phase::Active {
                     return Err(Violation::new(
                         Rule::RunAlreadyActive,
@@ -451,7 +451,7 @@ impl Verifier {
                 self.thread = Some(e.thread_id.clone());
                 self.run = Some(e.run_id.clone());
             }
-            Event::RunFinished(e) => {
+            AgUiEvent::RunFinished(e) => {
                 if self.thread.as_ref() != Some(&e.thread_id) || self.run.as_ref() != Some(&e.run_id) {
                     return Err(Violation::new(
                         Rule::IdMismatch,
@@ -509,10 +509,10 @@ impl Verifier {
                 }
                 self.phase = Phase::Finished;
             }
-            Event::RunError(_) => {
+            AgUiEvent::RunError(_) => {
                 self.phase = Phase::Errored;
             }
-            Event::StepStarted(e) => {
+            AgUiEvent::StepStarted(e) => {
                 if !self.steps.insert((owner.clone(), e.step_name.clone())) {
                     return Err(Violation::new(
                         Rule::DuplicateStart,
@@ -520,7 +520,7 @@ impl Verifier {
                     ));
                 }
             }
-            Event::StepFinished(e) => {
+            AgUiEvent::StepFinished(e) => {
                 if !self.steps.remove(&(owner.clone(), e.step_name.clone())) {
                     return Err(Violation::new(
                         Rule::NotOpen,
@@ -528,7 +528,7 @@ impl Verifier {
                     ));
                 }
             }
-            Event::TextMessageStart(e) => {
+            AgUiEvent::TextMessageStart(e) => {
                 if self.messages.contains_key(&e.message_id) || self.chunk_text_open(&e.message_id) {
                     return Err(Violation::new(
                         Rule::DuplicateStart,
@@ -538,20 +538,20 @@ impl Verifier {
                 self.messages.insert(e.message_id.clone(), owner.clone());
                 self.message_owners.insert(e.message_id.clone(), owner);
             }
-            Event::TextMessageContent(e) => {
+            AgUiEvent::TextMessageContent(e) => {
                 let Some(o) = self.messages.get(&e.message_id) else {
                     return Err(not_open("TEXT_MESSAGE_CONTENT", "text message", &e.message_id));
                 };
                 Self::check_owner("text message", &e.message_id, o, owner.as_ref())?;
             }
-            Event::TextMessageEnd(e) => {
+            AgUiEvent::TextMessageEnd(e) => {
                 let Some(o) = self.messages.get(&e.message_id) else {
                     return Err(not_open("TEXT_MESSAGE_END", "text message", &e.message_id));
                 };
                 Self::check_owner("text message", &e.message_id, o, owner.as_ref())?;
                 self.messages.remove(&e.message_id);
             }
-            Event::TextMessageChunk(e) => {
+            AgUiEvent::TextMessageChunk(e) => {
                 self.close_chunks(Some(&owner), ChunkKind::Text);
                 let lane = self.lanes.entry(owner.clone()).or_default();
                 let continues = match (&e.message_id, &lane.text) {
@@ -589,7 +589,7 @@ impl Verifier {
                     }
                 }
             }
-            Event::ToolCallStart(e) => {
+            AgUiEvent::ToolCallStart(e) => {
                 if self.calls.contains_key(&e.tool_call_id) || self.ended_calls.contains_key(&e.tool_call_id)
                 {
                     return Err(Violation::new(
@@ -614,13 +614,13 @@ impl Verifier {
                 self.calls
                     .insert(e.tool_call_id.clone(), (owner, e.tool_call_name.clone()));
             }
-            Event::ToolCallArgs(e) => {
+            AgUiEvent::ToolCallArgs(e) => {
                 let Some((o, _)) = self.calls.get(&e.tool_call_id) else {
                     return Err(not_open("TOOL_CALL_ARGS", "tool call", &e.tool_call_id));
                 };
                 Self::check_owner("tool call", &e.tool_call_id, o, owner.as_ref())?;
             }
-            Event::ToolCallEnd(e) => {
+            AgUiEvent::ToolCallEnd(e) => {
                 let Some((o, _)) = self.calls.get(&e.tool_call_id) else {
                     return Err(not_open("TOOL_CALL_END", "tool call", &e.tool_call_id));
                 };
@@ -630,7 +630,7 @@ impl Verifier {
                     self.pending.push(e.tool_call_id.clone());
                 }
             }
-            Event::ToolCallChunk(e) => {
+            AgUiEvent::ToolCallChunk(e) => {
                 self.close_chunks(Some(&owner), ChunkKind::Tool);
                 let active = self.lanes.get(&owner).and_then(|l| l.tool.clone());
                 {
@@ -686,7 +686,7 @@ impl Verifier {
                     }
                 }
             }
-            Event::ToolCallResult(e) => {
+            AgUiEvent::ToolCallResult(e) => {
                 let id = &e.tool_call_id;
                 if self.calls.contains_key(id) {
                     return Err(Violation::new(
@@ -721,11 +721,11 @@ impl Verifier {
                 self.answered.insert(id.clone());
                 self.input_unanswered.remove(id);
             }
-            Event::StateDelta(e) => check_patch("STATE_DELTA", &e.delta)?,
-            Event::ActivitySnapshot(e) => {
+            AgUiEvent::StateDelta(e) => check_patch("STATE_DELTA", &e.delta)?,
+            AgUiEvent::ActivitySnapshot(e) => {
                 self.activities.insert(e.message_id.clone());
             }
-            Event::ActivityDelta(e) => {
+            AgUiEvent::ActivityDelta(e) => {
                 if !self.activities.contains(&e.message_id) {
                     return Err(Violation::new(
                         Rule::InvalidEvent,
@@ -734,7 +734,7 @@ impl Verifier {
                 }
                 check_patch("ACTIVITY_DELTA", &e.patch)?;
             }
-            Event::ReasoningStart(e) => {
+            AgUiEvent::ReasoningStart(e) => {
                 if self.spans.contains_key(&e.message_id) {
                     return Err(Violation::new(
                         Rule::DuplicateStart,
@@ -743,14 +743,14 @@ impl Verifier {
                 }
                 self.spans.insert(e.message_id.clone(), owner);
             }
-            Event::ReasoningEnd(e) => {
+            AgUiEvent::ReasoningEnd(e) => {
                 let Some(o) = self.spans.get(&e.message_id) else {
                     return Err(not_open("REASONING_END", "reasoning span", &e.message_id));
                 };
                 Self::check_owner("reasoning span", &e.message_id, o, owner.as_ref())?;
                 self.spans.remove(&e.message_id);
             }
-            Event::ReasoningMessageStart(e) => {
+            AgUiEvent::ReasoningMessageStart(e) => {
                 if self.reasoning.contains_key(&e.message_id) {
                     return Err(Violation::new(
                         Rule::DuplicateStart,
@@ -759,7 +759,7 @@ impl Verifier {
                 }
                 self.reasoning.insert(e.message_id.clone(), owner);
             }
-            Event::ReasoningMessageContent(e) => {
+            AgUiEvent::ReasoningMessageContent(e) => {
                 let Some(o) = self.reasoning.get(&e.message_id) else {
                     return Err(not_open(
                         "REASONING_MESSAGE_CONTENT",
@@ -769,7 +769,7 @@ impl Verifier {
                 };
                 Self::check_owner("reasoning message", &e.message_id, o, owner.as_ref())?;
             }
-            Event::ReasoningMessageEnd(e) => {
+            AgUiEvent::ReasoningMessageEnd(e) => {
                 let Some(o) = self.reasoning.get(&e.message_id) else {
                     return Err(not_open(
                         "REASONING_MESSAGE_END",
@@ -780,7 +780,7 @@ impl Verifier {
                 Self::check_owner("reasoning message", &e.message_id, o, owner.as_ref())?;
                 self.reasoning.remove(&e.message_id);
             }
-            Event::ReasoningMessageChunk(e) => {
+            AgUiEvent::ReasoningMessageChunk(e) => {
                 self.close_chunks(Some(&owner), ChunkKind::Reasoning);
                 let lane = self.lanes.entry(owner.clone()).or_default();
                 match (&e.message_id, &lane.reasoning) {
@@ -805,7 +805,7 @@ impl Verifier {
                     }
                 }
             }
-            Event::SubagentStarted(e) => {
+            AgUiEvent::SubagentStarted(e) => {
                 let id = &e.subagent_run_id;
                 if self.subagents.contains(id) || self.finished_subagents.contains(id) {
                     return Err(Violation::new(
@@ -824,19 +824,19 @@ impl Verifier {
                 }
                 self.subagents.insert(id.clone());
             }
-            Event::SubagentFinished(e) => {
+            AgUiEvent::SubagentFinished(e) => {
                 if !self.subagents.remove(&e.subagent_run_id) {
                     return Err(not_open("SUBAGENT_FINISHED", "subagent", &e.subagent_run_id));
                 }
                 self.finished_subagents.insert(e.subagent_run_id.clone());
             }
-            Event::SubagentError(e) => {
+            AgUiEvent::SubagentError(e) => {
                 if !self.subagents.remove(&e.subagent_run_id) {
                     return Err(not_open("SUBAGENT_ERROR", "subagent", &e.subagent_run_id));
                 }
                 self.finished_subagents.insert(e.subagent_run_id.clone());
             }
-            Event::MessagesSnapshot(e) => {
+            AgUiEvent::MessagesSnapshot(e) => {
                 // The snapshot is the conversation now: an ended call it no longer holds is gone
                 // from the client (a restarted message withdrew it), pends no result and may be
                 // started again.
@@ -853,10 +853,10 @@ impl Verifier {
                 self.ended_calls.retain(|id, _| held.contains(id.as_str()));
                 self.pending.retain(|id| held.contains(id.as_str()));
             }
-            Event::StateSnapshot(_)
-            | Event::Raw(_)
-            | Event::Custom(_)
-            | Event::ReasoningEncryptedValue(_) => {}
+            AgUiEvent::StateSnapshot(_)
+            | AgUiEvent::Raw(_)
+            | AgUiEvent::Custom(_)
+            | AgUiEvent::ReasoningEncryptedValue(_) => {}
         }
         Ok(())
     }

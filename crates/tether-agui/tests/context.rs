@@ -5,7 +5,7 @@ mod common;
 use common::*;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use tether_agui::{Error, Event, Interrupt, RunOutcome, TokenUsage};
+use tether_agui::{AgUiError, AgUiEvent, Interrupt, RunOutcome, TokenUsage};
 
 #[derive(Deserialize)]
 struct Query {
@@ -63,7 +63,7 @@ agent!(DropsHandles, (), |ctx| {
         let _call = step.tool_call("lookup")?;
         // `?` out of here would still close both
     }
-    Err(Error::agent("BOOM", "the model failed"))
+    Err(AgUiError::agent("BOOM", "the model failed"))
 });
 
 #[tokio::test]
@@ -118,8 +118,10 @@ async fn calls_ended_without_result_are_pending() {
 
 agent!(Violates, (), |ctx| {
     ctx.say("ok")?;
-    let err = ctx.emit(Event::text_message_content("ghost", "boo")).unwrap_err();
-    assert!(matches!(err, Error::Verification(_)));
+    let err = ctx
+        .emit(AgUiEvent::text_message_content("ghost", "boo"))
+        .unwrap_err();
+    assert!(matches!(err, AgUiError::Verification(_)));
     // Everything after the violation is refused.
     assert!(ctx.say("more").is_err());
     Ok(RunOutcome::Success)
@@ -144,8 +146,8 @@ async fn a_violation_becomes_exactly_one_run_error() {
 }
 
 agent!(ResultBeforeEnd, (), |ctx| {
-    ctx.emit(Event::tool_call_start("c1", "x", None))?;
-    ctx.emit(Event::tool_call_result("m9", "c1", "early"))?;
+    ctx.emit(AgUiEvent::tool_call_start("c1", "x", None))?;
+    ctx.emit(AgUiEvent::tool_call_result("m9", "c1", "early"))?;
     Ok(RunOutcome::Success)
 });
 
@@ -158,7 +160,7 @@ async fn result_before_end_is_caught() {
 }
 
 agent!(LeavesOpen, (), |ctx| {
-    ctx.emit(Event::text_message_start(
+    ctx.emit(AgUiEvent::text_message_start(
         "m1",
         tether_agui::event::TextMessageRole::Assistant,
     ))?;

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
 use tether_agui::{
-    Agent, Error, Event, Result, RunAgentInput, RunContext, RunOptions, RunOutcome, Verifier, run_agent,
+    AgUiError, AgUiEvent, AgUiResult, Agent, RunAgentInput, RunContext, RunOptions, RunOutcome, Verifier,
+    run_agent,
 };
 
 #[derive(Debug, Clone)]
@@ -45,7 +46,7 @@ struct Counter {
 
 struct Script(Vec<Op>);
 
-fn exec(ctx: &mut RunContext<Counter>, op: &Op, runs: &mut u32) -> Result<()> {
+fn exec(ctx: &mut RunContext<Counter>, op: &Op, runs: &mut u32) -> AgUiResult<()> {
     match op {
         Op::Say(t) => {
             ctx.say(t)?;
@@ -74,7 +75,9 @@ fn exec(ctx: &mut RunContext<Counter>, op: &Op, runs: &mut u32) -> Result<()> {
         }
         Op::ParallelCalls(k) => {
             let mut calls = ctx.parallel_tool_calls();
-            let slots: Vec<_> = (0..*k).map(|_| calls.start("search")).collect::<Result<_>>()?;
+            let slots: Vec<_> = (0..*k)
+                .map(|_| calls.start("search"))
+                .collect::<AgUiResult<_>>()?;
             for s in &slots {
                 calls.args(*s, "{}")?;
             }
@@ -85,7 +88,7 @@ fn exec(ctx: &mut RunContext<Counter>, op: &Op, runs: &mut u32) -> Result<()> {
         Op::FailInsideMessage => {
             let mut m = ctx.message()?;
             m.delta("partial")?;
-            return Err(Error::agent("SCRIPTED", "failed half-way"));
+            return Err(AgUiError::agent("SCRIPTED", "failed half-way"));
         }
         Op::NextRun => {
             *runs += 1;
@@ -97,7 +100,7 @@ fn exec(ctx: &mut RunContext<Counter>, op: &Op, runs: &mut u32) -> Result<()> {
 
 impl Agent for Script {
     type State = Counter;
-    async fn run(&self, ctx: &mut RunContext<Counter>) -> Result<RunOutcome> {
+    async fn run(&self, ctx: &mut RunContext<Counter>) -> AgUiResult<RunOutcome> {
         let mut runs = 0;
         for op in &self.0 {
             exec(ctx, op, &mut runs)?;
@@ -111,7 +114,7 @@ proptest! {
     #[test]
     fn every_handle_script_yields_a_conformant_stream(ops in prop::collection::vec(op(), 0..8)) {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let events: Vec<Event> = rt.block_on(async {
+        let events: Vec<AgUiEvent> = rt.block_on(async {
             run_agent(Arc::new(Script(ops)), RunAgentInput::new("t1", "r1"), RunOptions::default())
                 .collect_all()
                 .await
@@ -123,7 +126,7 @@ proptest! {
         prop_assert!(v.finish().is_ok());
         let terminals = events
             .iter()
-            .filter(|e| matches!(e, Event::RunError(_)))
+            .filter(|e| matches!(e, AgUiEvent::RunError(_)))
             .count();
         prop_assert!(terminals <= 1);
         let last = events.last().map(|e| e.event_type().as_str());

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use tether::{EventKind, Role, ToolResult, ToolUse, Usage};
 use tether_agui::{
-    Agent, Event, EventMapper, Result, RunAgentInput, RunContext, RunOptions, RunOutcome, Verifier, run_agent,
+    AgUiEvent, AgUiResult, Agent, EventMapper, RunAgentInput, RunContext, RunOptions, RunOutcome, Verifier,
+    run_agent,
 };
 
 /// Maps a fixed list of session events.
@@ -14,7 +15,7 @@ struct Feed(Vec<tether::Event>);
 
 impl Agent for Feed {
     type State = Value;
-    async fn run(&self, ctx: &mut RunContext<Value>) -> Result<RunOutcome> {
+    async fn run(&self, ctx: &mut RunContext<Value>) -> AgUiResult<RunOutcome> {
         let mut m = EventMapper::new(ctx.input()).model("m1");
         for e in &self.0 {
             m.map(ctx, e)?;
@@ -35,7 +36,7 @@ fn text(id: &str, delta: &str) -> tether::Event {
     })
 }
 
-async fn run(events: Vec<tether::Event>, input: RunAgentInput) -> Vec<Event> {
+async fn run(events: Vec<tether::Event>, input: RunAgentInput) -> Vec<AgUiEvent> {
     // The input's calls are known to the run (a result may answer one of them).
     let mut v = Verifier::for_input(&input);
     let out = run_agent(Arc::new(Feed(events)), input, RunOptions::default())
@@ -49,7 +50,7 @@ async fn run(events: Vec<tether::Event>, input: RunAgentInput) -> Vec<Event> {
     out
 }
 
-fn json_of(events: &[Event]) -> Vec<Value> {
+fn json_of(events: &[AgUiEvent]) -> Vec<Value> {
     events.iter().map(|e| serde_json::to_value(e).unwrap()).collect()
 }
 

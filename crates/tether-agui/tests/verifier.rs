@@ -3,9 +3,9 @@
 
 use proptest::prelude::*;
 use serde_json::{Value, json};
-use tether_agui::{Event, Rule, RunAgentInput, Verifier, patch};
+use tether_agui::{AgUiEvent, Rule, RunAgentInput, Verifier, patch};
 
-fn ev(v: Value) -> Event {
+fn ev(v: Value) -> AgUiEvent {
     serde_json::from_value(v).expect("test event parses")
 }
 
@@ -375,12 +375,12 @@ proptest! {
     fn a_state_update_always_brings_the_client_to_the_new_state(a in json_value(), b in json_value()) {
         match tether_agui::state_update(Some(&a), &b).unwrap() {
             None => prop_assert_eq!(&a, &b),
-            Some(Event::StateSnapshot(s)) => {
+            Some(AgUiEvent::StateSnapshot(s)) => {
                 prop_assert_eq!(&s.snapshot, &b);
                 let ops = patch::diff(&a, &b);
                 prop_assert!(serde_json::to_vec(&ops).unwrap().len() >= serde_json::to_vec(&b).unwrap().len());
             }
-            Some(Event::StateDelta(d)) => {
+            Some(AgUiEvent::StateDelta(d)) => {
                 let mut doc = a.clone();
                 patch::apply(&mut doc, &d.delta).unwrap();
                 prop_assert_eq!(&doc, &b);
@@ -412,8 +412,8 @@ fn check_json_update(a: &Value, b: &Value) -> Result<(), TestCaseError> {
     let (x, y) = (serde_json::to_vec(a).unwrap(), serde_json::to_vec(b).unwrap());
     match tether_agui::state_update_json(Some(&x), &y).unwrap() {
         None => prop_assert_eq!(a, b),
-        Some(Event::StateSnapshot(s)) => prop_assert_eq!(&s.snapshot, b),
-        Some(Event::StateDelta(d)) => {
+        Some(AgUiEvent::StateSnapshot(s)) => prop_assert_eq!(&s.snapshot, b),
+        Some(AgUiEvent::StateDelta(d)) => {
             let mut doc = a.clone();
             patch::apply(&mut doc, &d.delta).unwrap();
             prop_assert_eq!(&doc, b);

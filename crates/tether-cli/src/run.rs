@@ -309,13 +309,13 @@ pub async fn run(args: RunArgs) -> ExitCode {
 
 /// The model that answers MCP servers' sampling requests (those allowed to sample): the run's
 /// own endpoint and model.
-fn sampling_model(args: &RunArgs, base_url: &str, model_name: &str) -> Option<tether_mcp::Sampling> {
+fn sampling_model(args: &RunArgs, base_url: &str, model_name: &str) -> Option<tether_mcp::SamplingModel> {
     let mut b = tether_openai::OpenAiModel::builder(base_url).model(model_name.to_owned());
     if let Some(k) = args.api_key.clone().filter(|k| !k.is_empty()) {
         b = b.api_key(k);
     }
     let model = b.build().ok()?;
-    Some(tether_mcp::Sampling {
+    Some(tether_mcp::SamplingModel {
         model: Arc::new(model),
         model_name: model_name.to_owned(),
     })
@@ -327,7 +327,7 @@ async fn with_mcp(
     workspace: Workspace,
     args: &RunArgs,
     root: &std::path::Path,
-    sampling: Option<tether_mcp::Sampling>,
+    sampling: Option<tether_mcp::SamplingModel>,
 ) -> Result<(Arc<dyn tether::Handler>, Vec<tether_mcp::McpServer>), String> {
     let mut entries = Vec::new();
     if let Some(f) = &args.mcp_config {

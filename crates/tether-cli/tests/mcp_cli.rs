@@ -3,24 +3,13 @@
 //! NAME=COMMAND`, and an approval refused at the terminal prompt.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use tether_testkit::openai::{FakeOpenAi, Reply};
-
-fn everything_js() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../conformance/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        p.exists(),
-        "the MCP reference server is not installed at {}: run `(cd conformance/mcp && npm ci)` (scripts/test does)",
-        p.display()
-    );
-    p
-}
+use tether_testkit::peers::mcp_everything_server as everything_js;
 
 fn tether(dir: &std::path::Path, args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_tether"))

@@ -51,7 +51,7 @@ impl Arch {
 
 /// Hyper-parameters read from the GGUF metadata.
 #[derive(Debug, Clone)]
-pub struct Config {
+pub struct ModelConfig {
     /// The architecture.
     pub arch: Arch,
     /// Number of decoder blocks.
@@ -98,7 +98,7 @@ struct Layer {
 /// The weights, shared by every [`Cache`] (read-only once loaded).
 pub struct Weights {
     /// The hyper-parameters.
-    pub cfg: Config,
+    pub cfg: ModelConfig,
     embed: QMatMul,
     layers: Vec<Layer>,
     norm: Tensor,
@@ -200,7 +200,7 @@ fn md_f32(ct: &gguf_file::Content, key: &str) -> Option<f32> {
 }
 
 /// Reads the hyper-parameters of a GGUF's model.
-pub fn config_of(ct: &gguf_file::Content) -> Result<Config, GgufError> {
+pub fn config_of(ct: &gguf_file::Content) -> Result<ModelConfig, GgufError> {
     let arch_name = md(ct, "general.architecture")?
         .to_string()
         .map_err(|_| GgufError::Corrupt("`general.architecture` is not a string".into()))?
@@ -227,7 +227,7 @@ pub fn config_of(ct: &gguf_file::Content) -> Result<Config, GgufError> {
         .get("token_embd.weight")
         .map(|t| t.shape.dims().first().copied().unwrap_or(0))
         .ok_or_else(|| GgufError::MissingTensor("token_embd.weight".into()))?;
-    Ok(Config {
+    Ok(ModelConfig {
         arch,
         n_layer: md_usize(ct, &p("block_count"))?,
         n_embd,

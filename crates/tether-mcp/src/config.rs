@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::Deserialize;
 use tether::source::{ApprovalRule, Prefix, SourceOptions, ToolSources};
 
-use crate::{McpError, McpServer, Sampling, ServerConfig, Transport};
+use crate::{McpError, McpServer, SamplingModel, ServerConfig, Transport};
 
 /// When a server's tools are prefixed with its name (`name__tool`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -227,7 +227,7 @@ impl Entry {
     pub fn server_config(
         &self,
         roots: &[PathBuf],
-        sampling: Option<Sampling>,
+        sampling: Option<SamplingModel>,
     ) -> Result<ServerConfig, McpError> {
         valid_name(&self.name)?;
         let mut c = ServerConfig::new(&self.name, self.transport()?).roots(roots.to_vec());
@@ -348,7 +348,7 @@ pub fn parse_json(text: &str) -> Result<Vec<Entry>, McpError> {
 pub async fn connect_all(
     entries: &[Entry],
     roots: &[PathBuf],
-    sampling: Option<Sampling>,
+    sampling: Option<SamplingModel>,
 ) -> Result<(ToolSources, Vec<McpServer>), McpError> {
     let mut sources = ToolSources::new();
     let mut servers = Vec::new();

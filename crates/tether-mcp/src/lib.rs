@@ -114,16 +114,16 @@ impl Transport {
 
 /// What answers a server's sampling requests: the session's model.
 #[derive(Clone)]
-pub struct Sampling {
+pub struct SamplingModel {
     /// The model.
     pub model: Arc<dyn ChatModel>,
     /// The model name sent in its requests.
     pub model_name: String,
 }
 
-impl std::fmt::Debug for Sampling {
+impl std::fmt::Debug for SamplingModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sampling")
+        f.debug_struct("SamplingModel")
             .field("model_name", &self.model_name)
             .finish()
     }
@@ -143,7 +143,7 @@ pub struct ServerConfig {
     /// The roots the server is given (`roots/list`): the workspace root.
     pub roots: Vec<PathBuf>,
     /// Who answers the server's sampling requests; `None` refuses them.
-    pub sampling: Option<Sampling>,
+    pub sampling: Option<SamplingModel>,
     /// How long the server's elicitation may wait for the user's answer (then it is answered
     /// `cancel`). The wait does not count against [`ServerConfig::call_timeout`] nor the
     /// session's tool timeout: it is the user's time, not the call's.
@@ -188,7 +188,7 @@ impl ServerConfig {
     }
 
     /// Lets the server sample the given model.
-    pub fn sampling(mut self, s: Sampling) -> Self {
+    pub fn sampling(mut self, s: SamplingModel) -> Self {
         self.sampling = Some(s);
         self
     }

@@ -15,7 +15,7 @@ use tether::{
     CancellationToken, ElicitationMode, ElicitationRequest, ElicitationResponse, Error, EventKind, Handler,
     ScriptedModel, Session, SessionInfo, SessionResult, ToolOutput, ToolUse,
 };
-use tether_mcp::{McpServer, Sampling, ServerConfig, Transport};
+use tether_mcp::{McpServer, SamplingModel, ServerConfig, Transport};
 use tether_openai::OpenAiModel;
 use tether_testkit::openai::{FakeOpenAi, Reply};
 
@@ -167,7 +167,7 @@ async fn streamable_http_full_round_through_a_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_is_answered_by_the_model_when_allowed() {
     let model = Arc::new(ScriptedModel::new(vec![Ok(ScriptedModel::text("sampled words"))]));
-    let cfg = ServerConfig::new("everything", everything_stdio()).sampling(Sampling {
+    let cfg = ServerConfig::new("everything", everything_stdio()).sampling(SamplingModel {
         model: model.clone(),
         model_name: "the-model".into(),
     });

@@ -121,48 +121,6 @@ impl EventStore for Counted {
     }
 }
 
-/// An OTLP/HTTP receiver on loopback that reads each export and answers 200.
-async fn otlp_sink() -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", l.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 16 << 10];
-                loop {
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < end + 4 + len {
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    buf.drain(..end + 4 + len);
-                    let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
-                    if s.write_all(ok).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    url
-}
-
 /// CPU time this process has used (all threads).
 fn cpu() -> Duration {
     let mut ts = libc::timespec {
@@ -245,8 +203,9 @@ fn main() {
             otel_reads: 0.into(),
             other: 0.into(),
         });
+        let sink = tether_testkit::otlp::OtlpSink::start().await;
         let telemetry = tether_otel::Telemetry::new(
-            tether_otel::ExportConfig::new(otlp_sink().await)
+            tether_otel::ExportConfig::new(sink.url().to_owned())
                 .batch_delay(Duration::from_millis(100))
                 .metrics_interval(Duration::from_secs(1)),
         )

@@ -722,7 +722,7 @@ async fn main() {
     // three times each, in alternating order.
     let mut otel = None;
     if std::env::var_os("BENCH_OTEL").is_some() {
-        let sink = otlp_sink().await;
+        let sink = tether_testkit::otlp::OtlpSink::start().await;
         let spawn = |traced: bool| {
             let mut c = Command::new(bin.join("tether-serve"));
             c.arg("--config")
@@ -730,7 +730,7 @@ async fn main() {
                 .args(["--bind", "127.0.0.1:0", "--db"])
                 .arg(tmp.join(format!("bench-otel-{traced}.db")));
             if traced {
-                c.env("OTEL_EXPORTER_OTLP_ENDPOINT", &sink)
+                c.env("OTEL_EXPORTER_OTLP_ENDPOINT", sink.url())
                     .env("OTEL_BSP_SCHEDULE_DELAY", "200");
             }
             c
@@ -778,7 +778,7 @@ async fn main() {
             }
         }
         drop((plain, traced));
-        otel = Some((off, on, off_cpu, on_cpu));
+        otel = Some((off, on, off_cpu, on_cpu, sink));
     }
 
     // Peak memory per run: the phase's peak over the process's RSS when idle before any load.
@@ -804,7 +804,7 @@ async fn main() {
         server_hwm[1] as f64 / 1024.0,
         idle_server as f64 / 1024.0
     );
-    if let Some((mut off, mut on, mut off_cpu, mut on_cpu)) = otel {
+    if let Some((mut off, mut on, mut off_cpu, mut on_cpu, sink)) = otel {
         let all = |v: &[f64]| v.iter().map(|r| format!("{r:.0}")).collect::<Vec<_>>().join(", ");
         let all_cpu = |v: &[f64]| v.iter().map(|r| format!("{r:.3}")).collect::<Vec<_>>().join(", ");
         println!(
@@ -822,8 +822,8 @@ async fn main() {
              traced with OTLP export {b:.0} deltas/s; traced/untraced {:.3} (goal >= 0.95); \
              the receiver got {} exports, {} KiB",
             b / a,
-            OTLP_GOT[0].load(std::sync::atomic::Ordering::Relaxed),
-            OTLP_GOT[1].load(std::sync::atomic::Ordering::Relaxed) / 1024
+            sink.exports(),
+            sink.bytes() / 1024
         );
         println!(
             "tracing (BENCH_OTEL): server CPU seconds per million deltas, untraced {}; traced {}",
@@ -868,54 +868,4 @@ async fn agui_load(addr: std::net::SocketAddr, runs: usize, tag: String, token: 
         Text::AgUi,
     )
     .await
-}
-
-/// Exports and bytes the BENCH_OTEL receiver got.
-static OTLP_GOT: [std::sync::atomic::AtomicU64; 2] = [
-    std::sync::atomic::AtomicU64::new(0),
-    std::sync::atomic::AtomicU64::new(0),
-];
-
-/// An OTLP/HTTP receiver on loopback that reads each export and answers 200 (BENCH_OTEL).
-async fn otlp_sink() -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", l.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 16 << 10];
-                loop {
-                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse().ok())
-                        .unwrap_or(0);
-                    while buf.len() < end + 4 + len {
-                        match s.read(&mut chunk).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                        }
-                    }
-                    buf.drain(..end + 4 + len);
-                    OTLP_GOT[0].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    OTLP_GOT[1].fetch_add(len as u64, std::sync::atomic::Ordering::Relaxed);
-                    let ok = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
-                    if s.write_all(ok).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    url
 }

@@ -6,96 +6,23 @@
 //! denies (the agent gets an error, nothing happens), and an interrupt id never issued is
 //! refused before anything runs.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::OnceLock;
-
 use serde_json::{Value, json};
 use tether_serve::{Config, ServerOptions};
 
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
+mod common;
+use common::{finished_ok, interrupt_of, prompt_input as input, text_of, with_resume};
+use tether_testkit::peers::fake_acp_agent as fake_agent;
 
-/// The testkit's scripted ACP agent, built on first use (it is a binary of another package).
-fn fake_agent() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().expect("test exe path");
-            // target/<profile>/deps/<test> → target/<profile>/fake-acp-agent
-            let dir = exe
-                .parent()
-                .and_then(Path::parent)
-                .expect("target dir")
-                .to_path_buf();
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = Command::new(cargo)
-                .args(["build", "-q", "-p", "tether-testkit", "--bin", "fake-acp-agent"])
-                .current_dir(repo_root())
-                .status()
-                .expect("run cargo build for fake-acp-agent");
-            assert!(status.success(), "building fake-acp-agent failed");
-            let bin = dir.join("fake-acp-agent");
-            assert!(bin.exists(), "fake-acp-agent not found at {}", bin.display());
-            bin
-        })
-        .clone()
-}
-
-fn input(thread: &str, run: &str, prompt: &str) -> Value {
-    json!({"threadId": thread, "runId": run,
-        "messages": [{"id": format!("{thread}-u1"), "role": "user", "content": prompt}],
-        "tools": [], "context": [], "state": {}, "forwardedProps": {}})
+async fn run(addr: std::net::SocketAddr, body: &Value) -> Vec<Value> {
+    common::run_at(addr, "coder", body).await
 }
 
 async fn post(addr: std::net::SocketAddr, body: &Value) -> (u16, String) {
-    let resp = reqwest::Client::new()
-        .post(format!("http://{addr}/v1/agents/coder/run"))
-        .header("accept", "text/event-stream")
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.text().await.unwrap())
-}
-
-async fn run(addr: std::net::SocketAddr, body: &Value) -> Vec<Value> {
-    let (status, text) = post(addr, body).await;
-    assert_eq!(status, 200, "{text}");
-    text.split("\n\n")
-        .filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
-}
-
-fn text_of(events: &[Value]) -> String {
-    events
-        .iter()
-        .filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT")
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect()
-}
-
-fn interrupt_of(events: &[Value]) -> Value {
-    let fin = events.last().unwrap();
-    assert_eq!(fin["type"], "RUN_FINISHED", "{events:?}");
-    assert_eq!(fin["outcome"]["type"], "interrupt", "{fin}");
-    let list = fin["outcome"]["interrupts"].as_array().unwrap();
-    assert_eq!(list.len(), 1, "{fin}");
-    list[0].clone()
-}
-
-fn finished_ok(events: &[Value]) {
-    let fin = events.last().unwrap();
-    assert_eq!(fin["type"], "RUN_FINISHED", "{events:?}");
-    assert_ne!(fin["outcome"]["type"], "interrupt", "{fin}");
+    common::post_at(addr, "coder", body).await
 }
 
 fn resume(thread: &str, run: &str, prompt: &str, id: &Value, approved: bool) -> Value {
-    let mut body = input(thread, run, prompt);
-    body["resume"] = json!([{"interruptId": id, "status": "resolved", "payload": {"approved": approved}}]);
-    body
+    with_resume(input(thread, run, prompt), id, json!({"approved": approved}))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

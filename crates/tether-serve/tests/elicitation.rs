@@ -6,21 +6,27 @@
 //! a decline, and an interrupt id the server never issued is refused (over real HTTP on
 //! 127.0.0.1, with the real reference server as a subprocess).
 
-use std::path::PathBuf;
-
 use serde_json::{Value, json};
 use tether_serve::{Config, ServerOptions};
 use tether_testkit::anthropic::{FakeMessages, Reply, sse_body};
 
-fn everything_js() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../conformance/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        p.exists(),
-        "the MCP reference server is not installed at {}: run `(cd conformance/mcp && npm ci)` (scripts/test does)",
-        p.display()
-    );
-    p
+mod common;
+use common::{everything_js, interrupt_of, result_of, text_of, with_resume};
+
+fn input(thread: &str, run: &str) -> Value {
+    common::prompt_input(thread, run, "ask me")
+}
+
+async fn run(addr: std::net::SocketAddr, body: &Value) -> Vec<Value> {
+    common::run_at(addr, "main", body).await
+}
+
+async fn post(addr: std::net::SocketAddr, body: &Value) -> (u16, String) {
+    common::post_at(addr, "main", body).await
+}
+
+fn resume(thread: &str, run: &str, id: &Value, payload: Value) -> Value {
+    with_resume(input(thread, run), id, payload)
 }
 
 /// A streamed Messages answer with one content block (`start` its opening, `delta` its content).
@@ -54,46 +60,6 @@ fn text(t: &str) -> Reply {
     )
 }
 
-fn input(thread: &str, run: &str) -> Value {
-    json!({"threadId": thread, "runId": run,
-        "messages": [{"id": format!("{thread}-u1"), "role": "user", "content": "ask me"}],
-        "tools": [], "context": [], "state": {}, "forwardedProps": {}})
-}
-
-async fn post(addr: std::net::SocketAddr, body: &Value) -> (u16, String) {
-    let resp = reqwest::Client::new()
-        .post(format!("http://{addr}/v1/agents/main/run"))
-        .header("accept", "text/event-stream")
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.text().await.unwrap())
-}
-
-async fn run(addr: std::net::SocketAddr, body: &Value) -> Vec<Value> {
-    let (status, text) = post(addr, body).await;
-    assert_eq!(status, 200, "{text}");
-    text.split("\n\n")
-        .filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
-}
-
-fn result_of<'a>(events: &'a [Value], id: &str) -> Option<&'a Value> {
-    events
-        .iter()
-        .find(|e| e["type"] == "TOOL_CALL_RESULT" && e["toolCallId"] == id)
-}
-
-fn text_of(events: &[Value]) -> String {
-    events
-        .iter()
-        .filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT")
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect()
-}
-
 /// The result of tool call `id` as the model heard it (the last request's `tool_result`).
 fn heard(fake: &FakeMessages, id: &str) -> String {
     let last = fake.requests().last().unwrap().body.clone();
@@ -107,21 +73,6 @@ fn heard(fake: &FakeMessages, id: &str) -> String {
         .unwrap_or_else(|| panic!("no result for {id} in {last}"))
         .clone();
     block["content"].to_string()
-}
-
-fn interrupt_of(events: &[Value]) -> Value {
-    let fin = events.last().unwrap();
-    assert_eq!(fin["type"], "RUN_FINISHED", "{fin}");
-    assert_eq!(fin["outcome"]["type"], "interrupt", "{fin}");
-    let list = fin["outcome"]["interrupts"].as_array().unwrap();
-    assert_eq!(list.len(), 1, "{fin}");
-    list[0].clone()
-}
-
-fn resume(thread: &str, run: &str, id: &Value, payload: Value) -> Value {
-    let mut body = input(thread, run);
-    body["resume"] = json!([{"interruptId": id, "status": "resolved", "payload": payload}]);
-    body
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

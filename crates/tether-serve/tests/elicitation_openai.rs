@@ -6,55 +6,27 @@
 //! the model hears; a decline is a decline; a forged or used-up id is refused with 409. Real HTTP
 //! on 127.0.0.1, the testkit's fake OpenAI server, the real reference server as a subprocess.
 
-use std::path::PathBuf;
-
 use serde_json::{Value, json};
 use tether_serve::{Config, ServerOptions};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 
-fn everything_js() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../conformance/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        p.exists(),
-        "the MCP reference server is not installed at {}: run `(cd conformance/mcp && npm ci)` (scripts/test does)",
-        p.display()
-    );
-    p
-}
+mod common;
+use common::{everything_js, interrupt_of, text_of, with_resume};
 
 fn input(thread: &str, run: &str) -> Value {
-    json!({"threadId": thread, "runId": run,
-        "messages": [{"id": format!("{thread}-u1"), "role": "user", "content": "ask me"}],
-        "tools": [], "context": [], "state": {}, "forwardedProps": {}})
-}
-
-async fn post(addr: std::net::SocketAddr, body: &Value) -> (u16, String) {
-    let resp = reqwest::Client::new()
-        .post(format!("http://{addr}/v1/agents/main/run"))
-        .header("accept", "text/event-stream")
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.text().await.unwrap())
+    common::prompt_input(thread, run, "ask me")
 }
 
 async fn run(addr: std::net::SocketAddr, body: &Value) -> Vec<Value> {
-    let (status, text) = post(addr, body).await;
-    assert_eq!(status, 200, "{text}");
-    text.split("\n\n")
-        .filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
+    common::run_at(addr, "main", body).await
 }
 
-fn text_of(events: &[Value]) -> String {
-    events
-        .iter()
-        .filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT")
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect()
+async fn post(addr: std::net::SocketAddr, body: &Value) -> (u16, String) {
+    common::post_at(addr, "main", body).await
+}
+
+fn resume(thread: &str, run: &str, id: &Value, payload: Value) -> Value {
+    with_resume(input(thread, run), id, payload)
 }
 
 /// The result of tool call `id` as the model heard it (the last request's `tool` message).
@@ -68,21 +40,6 @@ fn heard(fake: &FakeOpenAi, id: &str) -> String {
         .unwrap_or_else(|| panic!("no result for {id} in {:?}", last.messages()))
         .clone();
     m["content"].as_str().unwrap_or_default().to_owned()
-}
-
-fn interrupt_of(events: &[Value]) -> Value {
-    let fin = events.last().unwrap();
-    assert_eq!(fin["type"], "RUN_FINISHED", "{fin}");
-    assert_eq!(fin["outcome"]["type"], "interrupt", "{fin}");
-    let list = fin["outcome"]["interrupts"].as_array().unwrap();
-    assert_eq!(list.len(), 1, "{fin}");
-    list[0].clone()
-}
-
-fn resume(thread: &str, run: &str, id: &Value, payload: Value) -> Value {
-    let mut body = input(thread, run);
-    body["resume"] = json!([{"interruptId": id, "status": "resolved", "payload": payload}]);
-    body
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

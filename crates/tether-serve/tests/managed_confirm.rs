@@ -9,53 +9,23 @@ use serde_json::{Value, json};
 use tether_serve::{Config, ServerOptions};
 use tether_testkit::managed::{FakeManaged, ManagedFaults};
 
-fn input(thread: &str, run: &str) -> Value {
-    json!({"threadId": thread, "runId": run,
-        "messages": [{"id": format!("{thread}-u1"), "role": "user", "content": "list the files"}],
-        "tools": [], "context": [], "state": {}, "forwardedProps": {}})
-}
+mod common;
+use common::{interrupt_of, text_of, with_resume};
 
-async fn post(addr: std::net::SocketAddr, body: &Value) -> (u16, String) {
-    let resp = reqwest::Client::new()
-        .post(format!("http://{addr}/v1/agents/remote/run"))
-        .header("accept", "text/event-stream")
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    (resp.status().as_u16(), resp.text().await.unwrap())
+fn input(thread: &str, run: &str) -> Value {
+    common::prompt_input(thread, run, "list the files")
 }
 
 async fn run(addr: std::net::SocketAddr, body: &Value) -> Vec<Value> {
-    let (status, text) = post(addr, body).await;
-    assert_eq!(status, 200, "{text}");
-    text.split("\n\n")
-        .filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
+    common::run_at(addr, "remote", body).await
 }
 
-fn text_of(events: &[Value]) -> String {
-    events
-        .iter()
-        .filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT")
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect()
-}
-
-fn interrupt_of(events: &[Value]) -> Value {
-    let fin = events.last().unwrap();
-    assert_eq!(fin["type"], "RUN_FINISHED", "{events:?}");
-    assert_eq!(fin["outcome"]["type"], "interrupt", "{fin}");
-    let list = fin["outcome"]["interrupts"].as_array().unwrap();
-    assert_eq!(list.len(), 1, "{fin}");
-    list[0].clone()
+async fn post(addr: std::net::SocketAddr, body: &Value) -> (u16, String) {
+    common::post_at(addr, "remote", body).await
 }
 
 fn resume(thread: &str, run: &str, id: &Value, approved: bool) -> Value {
-    let mut body = input(thread, run);
-    body["resume"] = json!([{"interruptId": id, "status": "resolved", "payload": {"approved": approved}}]);
-    body
+    with_resume(input(thread, run), id, json!({"approved": approved}))
 }
 
 fn confirmations(fake: &FakeManaged) -> Vec<Value> {

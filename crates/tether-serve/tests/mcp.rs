@@ -2,57 +2,15 @@
 //! offered to the agent, and a tool marked for approval becomes an AG-UI approval interrupt the
 //! browser answers (over the real HTTP API on 127.0.0.1).
 
-use std::path::PathBuf;
-
 use serde_json::{Value, json};
 use tether_serve::{Config, ServerOptions};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 
-fn everything_js() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../conformance/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        p.exists(),
-        "the MCP reference server is not installed at {}: run `(cd conformance/mcp && npm ci)` (scripts/test does)",
-        p.display()
-    );
-    p
-}
-
-fn input(thread: &str, run: &str, messages: Value) -> Value {
-    json!({"threadId": thread, "runId": run, "messages": messages, "tools": [], "context": [], "state": {}, "forwardedProps": {}})
-}
+mod common;
+use common::{everything_js, input, result_of, text_of};
 
 async fn run(addr: std::net::SocketAddr, body: &Value) -> Vec<Value> {
-    let resp = reqwest::Client::new()
-        .post(format!("http://{addr}/v1/agents/main/run"))
-        .header("accept", "text/event-stream")
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    resp.text()
-        .await
-        .unwrap()
-        .split("\n\n")
-        .filter_map(|f| f.lines().find_map(|l| l.strip_prefix("data: ")))
-        .map(|d| serde_json::from_str(d).unwrap())
-        .collect()
-}
-
-fn text_of(events: &[Value]) -> String {
-    events
-        .iter()
-        .filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT")
-        .map(|e| e["delta"].as_str().unwrap())
-        .collect()
-}
-
-fn result_of<'a>(events: &'a [Value], id: &str) -> Option<&'a Value> {
-    events
-        .iter()
-        .find(|e| e["type"] == "TOOL_CALL_RESULT" && e["toolCallId"] == id)
+    common::run_at(addr, "main", body).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,6 +19,8 @@ pub mod agentcore;
 pub mod anthropic;
 pub mod managed;
 pub mod openai;
+pub mod otlp;
+pub mod peers;
 pub mod server;
 
 pub use server::{Negotiated, Serve, TestCa};

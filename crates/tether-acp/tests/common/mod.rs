@@ -1,8 +1,7 @@
 //! Shared test helpers: locating the peers and a recording handler.
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -17,51 +16,11 @@ use tether_acp::{
     RawMessage, SessionUpdateEvent,
 };
 
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The fake agent binary from tether-testkit, built on first use.
-pub fn fake_agent() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().expect("test exe path");
-            // target/<profile>/deps/<test> → target/<profile>/fake-acp-agent
-            let dir = exe
-                .parent()
-                .and_then(Path::parent)
-                .expect("target dir")
-                .to_path_buf();
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = std::process::Command::new(cargo)
-                .args(["build", "-q", "-p", "tether-testkit", "--bin", "fake-acp-agent"])
-                .current_dir(repo_root())
-                .status()
-                .expect("run cargo build for fake-acp-agent");
-            assert!(status.success(), "building fake-acp-agent failed");
-            let bin = dir.join("fake-acp-agent");
-            assert!(bin.exists(), "fake-acp-agent not found at {}", bin.display());
-            bin
-        })
-        .clone()
-}
-
-/// The TS SDK example agent: the third-party judge of the tests that use it. Missing, it fails
-/// the test with how to install it (never a silent pass, in CI or out of it).
-pub fn example_agent() -> PathBuf {
-    let p = repo_root().join("conformance/acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js");
-    assert!(
-        p.exists(),
-        "the ACP SDK example agent, which judges this test, is not installed at {}: \
-         run conformance/acp/setup.sh (npm ci; scripts/test runs it before cargo test)",
-        p.display()
-    );
-    p
-}
-
 /// How long a test waits for something that must happen (generous: a loaded 2-core machine).
 pub const WAIT: Duration = Duration::from_secs(60);
+
+#[allow(unused_imports)] // not every test binary uses both peers
+pub use tether_testkit::peers::{acp_example_agent as example_agent, fake_acp_agent as fake_agent};
 
 pub fn text(s: &str) -> Vec<ContentBlock> {
     vec![ContentBlock::Text(TextContent::new(s))]

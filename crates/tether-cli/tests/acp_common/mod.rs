@@ -4,60 +4,19 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::{OnceLock, mpsc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 /// How long a test waits for something that must happen (generous: a loaded 2-core machine).
 pub const WAIT: Duration = Duration::from_secs(60);
 
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// The ACP SDK example agent: the third-party judge of these tests. Missing, it fails the test
-/// with how to install it (never a silent pass, in CI or out of it).
-pub fn example_agent() -> PathBuf {
-    let p = repo_root().join("conformance/acp/node_modules/@agentclientprotocol/sdk/dist/examples/agent.js");
-    assert!(
-        p.exists(),
-        "the ACP SDK example agent, which judges this test, is not installed at {}: \
-         run conformance/acp/setup.sh (npm ci; scripts/test runs it before cargo test)",
-        p.display()
-    );
-    p
-}
+pub use tether_testkit::peers::{acp_example_agent as example_agent, fake_acp_agent as fake_agent};
 
 /// The command line of the example agent (after `--`).
 pub fn example_argv() -> Vec<String> {
     vec!["node".into(), example_agent().display().to_string()]
-}
-
-/// The testkit's scripted ACP agent, built on first use.
-pub fn fake_agent() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().expect("test exe path");
-            // target/<profile>/deps/<test> → target/<profile>/fake-acp-agent
-            let dir = exe
-                .parent()
-                .and_then(Path::parent)
-                .expect("target dir")
-                .to_path_buf();
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = Command::new(cargo)
-                .args(["build", "-q", "-p", "tether-testkit", "--bin", "fake-acp-agent"])
-                .current_dir(repo_root())
-                .status()
-                .expect("run cargo build for fake-acp-agent");
-            assert!(status.success(), "building fake-acp-agent failed");
-            let bin = dir.join("fake-acp-agent");
-            assert!(bin.exists(), "fake-acp-agent not found at {}", bin.display());
-            bin
-        })
-        .clone()
 }
 
 /// The command line of the fake agent (after `--`).

@@ -9,23 +9,13 @@ use std::time::Duration;
 use tether_mcp::{McpServer, ServerConfig, Transport};
 use tokio::io::AsyncBufReadExt;
 
+pub use tether_testkit::peers::mcp_everything_server as everything_js;
+
 /// Generous: the reference server is node, on a shared machine.
 pub const LONG: Duration = Duration::from_secs(60);
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-/// `server-everything`'s entry point, installed by `scripts/test` from the committed lockfile.
-/// Missing, the test fails with how to install it (never skips).
-pub fn everything_js() -> PathBuf {
-    let p = repo().join("conformance/mcp/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
-    assert!(
-        p.exists(),
-        "the MCP reference server is not installed at {}: run `(cd conformance/mcp && npm ci)` (scripts/test does)",
-        p.display()
-    );
-    p
 }
 
 /// The stdio transport of the reference server.

@@ -128,6 +128,68 @@ pub fn text_of(events: &[Value]) -> String {
         .collect()
 }
 
+/// A run's body whose one message is the user's `prompt`, with id `{thread}-u1` (the same on
+/// every request of the thread, so a resume re-sends it as the browser does).
+pub fn prompt_input(thread: &str, run: &str, prompt: &str) -> Value {
+    input(
+        thread,
+        run,
+        json!([{"id": format!("{thread}-u1"), "role": "user", "content": prompt}]),
+    )
+}
+
+/// `body` answering interrupt `id` with `payload` (`{"approved": true}`, an elicitation answer).
+pub fn with_resume(mut body: Value, id: &Value, payload: Value) -> Value {
+    body["resume"] = json!([{"interruptId": id, "status": "resolved", "payload": payload}]);
+    body
+}
+
+/// POSTs a run to agent `agent` of the server at `addr`: the status and the whole body.
+pub async fn post_at(addr: SocketAddr, agent: &str, body: &Value) -> (u16, String) {
+    let resp = client()
+        .post(format!("http://{addr}/v1/agents/{agent}/run"))
+        .header("accept", "text/event-stream")
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    (resp.status().as_u16(), resp.text().await.unwrap())
+}
+
+/// POSTs a run to `addr` and returns its decoded SSE events (asserting 200).
+pub async fn run_at(addr: SocketAddr, agent: &str, body: &Value) -> Vec<Value> {
+    let (status, text) = post_at(addr, agent, body).await;
+    assert_eq!(status, 200, "{text}");
+    sse_events(&text)
+}
+
+/// The one interrupt a run ended with (asserting it ended with exactly one).
+pub fn interrupt_of(events: &[Value]) -> Value {
+    let fin = last(events);
+    assert_eq!(fin["type"], "RUN_FINISHED", "{events:?}");
+    assert_eq!(fin["outcome"]["type"], "interrupt", "{fin}");
+    let list = fin["outcome"]["interrupts"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{fin}");
+    list[0].clone()
+}
+
+/// Asserts the run finished without an interrupt.
+pub fn finished_ok(events: &[Value]) {
+    let fin = last(events);
+    assert_eq!(fin["type"], "RUN_FINISHED", "{events:?}");
+    assert_ne!(fin["outcome"]["type"], "interrupt", "{fin}");
+}
+
+/// The `TOOL_CALL_RESULT` event of tool call `id`, if the run has one.
+pub fn result_of<'a>(events: &'a [Value], id: &str) -> Option<&'a Value> {
+    events
+        .iter()
+        .find(|e| e["type"] == "TOOL_CALL_RESULT" && e["toolCallId"] == id)
+}
+
+#[allow(unused_imports)] // not every test binary uses every helper
+pub use tether_testkit::peers::{mcp_everything_server as everything_js, repo_root};
+
 pub fn last(events: &[Value]) -> &Value {
     events.last().unwrap()
 }
