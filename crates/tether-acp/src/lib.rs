@@ -22,7 +22,7 @@
 //!
 //! async fn ask(agent: AcpAgent, prompt: &str) -> tether::Result<SessionResult> {
 //!     // The agent's file, terminal and permission requests go to the session's handler.
-//!     let handler = tether::workspace::Workspace::new(".").map_err(|e| tether::Error::Io(e.to_string()))?;
+//!     let handler = tether::workspace::Workspace::new(".")?;
 //!     Session::builder(agent).handler(handler).run(prompt).await
 //! }
 //!

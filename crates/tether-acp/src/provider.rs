@@ -414,7 +414,7 @@ fn to_tether(e: AcpError, program: &str) -> tether::Error {
                 endpoint: format!("acp:{program}"),
             }
         }
-        AcpError::FrameTooLarge { .. } | AcpError::Decode { .. } => tether::Error::Malformed(e.to_string()),
+        AcpError::FrameTooLarge { .. } | AcpError::Decode { .. } => tether::Error::malformed_with("", e),
         // `session/load` refused locally: the agent was never asked, its sessions are untouched.
         AcpError::Unsupported {
             capability: "loadSession",

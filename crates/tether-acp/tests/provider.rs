@@ -56,7 +56,7 @@ async fn updates_become_tether_events() {
         "{}",
         result.text
     );
-    assert_eq!(result.stop_reason, "end_turn");
+    assert_eq!(result.stop_reason, tether::StopReason::EndTurn);
     let ev = &result.events;
     assert_eq!(texts_of(ev).concat(), "welcomedone");
     assert!(ev.iter().any(|e| matches!(&e.kind, EventKind::ToolCallStart { tool_use_id, name, .. } if tool_use_id == "t1" && name == "List files")));

@@ -69,7 +69,7 @@ fn string_header(m: &Message, name: &str) -> Option<String> {
 }
 
 fn malformed(what: impl std::fmt::Display) -> Error {
-    Error::Malformed(format!("event-stream frame rejected: {what}"))
+    Error::malformed(format!("event-stream frame rejected: {what}"))
 }
 
 impl FrameDecoder {

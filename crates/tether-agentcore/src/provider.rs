@@ -6,8 +6,8 @@ use async_trait::async_trait;
 use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 use tether::{
-    Error, Event, EventKind, Input, Opened, Provider, Resume, RetryPolicy, Role, Terminal, ToolResult,
-    ToolUse, TransportKind, TurnContext, TurnResult, retry::parse_retry_after,
+    Error, Event, EventKind, Input, Opened, Provider, Resume, RetryPolicy, Role, StopReason, Terminal,
+    ToolResult, ToolUse, TransportKind, TurnContext, TurnResult, retry::parse_retry_after,
 };
 use tether_http::sse::SseDecoder;
 
@@ -860,7 +860,7 @@ impl AgentCore {
         self.pending_assistant = (terminal == Terminal::RequiresAction).then(|| fold.assistant_message());
         Ok(TurnResult {
             terminal,
-            stop_reason: json!(fold.stop_reason),
+            stop_reason: StopReason::from_raw(json!(fold.stop_reason)),
             text: fold.text.clone(),
             tool_uses: if terminal == Terminal::RequiresAction {
                 uses

@@ -177,7 +177,7 @@ async fn a_bad_crc_fails_each_attempt_then_ends_in_a_typed_error() {
         .await
         .expect_err("crc");
     assert!(
-        matches!(&err, Error::Malformed(m) if m.contains("checksum") || m.contains("CRC")),
+        matches!(&err, Error::Malformed { message: m, .. } if m.contains("checksum") || m.contains("CRC")),
         "{err:?}"
     );
     assert_eq!(fake.requests().len(), 3, "two retries");
@@ -227,7 +227,7 @@ async fn a_truncated_stream_is_retried_then_ends_in_early_termination() {
         .await
         .expect("run");
     assert_eq!(result.terminal, Terminal::Terminated);
-    assert_eq!(result.stop_reason["type"], "early_termination");
+    assert_eq!(result.stop_reason.to_value()["type"], "early_termination");
     let reqs = fake.requests();
     assert_eq!(reqs.len(), 3);
     let turn = |i: usize| {

@@ -33,8 +33,8 @@ use serde_json::{Value, json};
 use tether::{
     CancellationToken, Capabilities, ElicitationRequest, ElicitationResponse, EventKind, Handler,
     HandlerError, PendingToolUse, PermissionOutcome, PermissionRequest, ReadTextFile, Session,
-    SessionBuilder, SessionInfo, SessionResult, Subscription, TerminalRequest, TerminalResponse, ThreadId,
-    ThreadStore, ToolOutput, ToolResult, ToolSpec, ToolUse, UserMessage, Waiting, WriteTextFile,
+    SessionBuilder, SessionInfo, SessionResult, StopReason, Subscription, TerminalRequest, TerminalResponse,
+    ThreadId, ThreadStore, ToolOutput, ToolResult, ToolSpec, ToolUse, UserMessage, Waiting, WriteTextFile,
 };
 use tokio::sync::{mpsc, oneshot};
 
@@ -382,7 +382,7 @@ struct Done {
 
 impl Done {
     fn after(mut self, earlier: Done) -> Done {
-        let idle = |r: &SessionResult| r.stop_reason == json!(tether::stop_reason::IDLE);
+        let idle = |r: &SessionResult| r.stop_reason == StopReason::Idle;
         if self.last.as_ref().is_none_or(idle) {
             self.last = earlier.last;
         }
@@ -1366,11 +1366,10 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
             }
             if let Some(out) = &r.final_output {
                 ctx.set_result(out.clone());
-            } else if r.stop_reason != json!("stop")
-                && r.stop_reason != json!("end_turn")
-                && r.stop_reason != json!(tether::stop_reason::PENDING_TOOLS)
-                && r.stop_reason != json!(tether::stop_reason::IDLE)
-            {
+            } else if !matches!(
+                r.stop_reason,
+                StopReason::EndTurn | StopReason::PendingTools | StopReason::Idle
+            ) {
                 ctx.set_result(json!({"stopReason": r.stop_reason}));
             }
         }

@@ -272,7 +272,7 @@ impl ApiClient {
         }
         let body = tether_http::read_body(resp, MAX_JSON, self.config.request_timeout, &url).await?;
         if body.truncated {
-            return Err(Error::Malformed(format!(
+            return Err(Error::malformed(format!(
                 "{url} answered with more than {MAX_JSON} bytes; refusing to read further"
             )));
         }
@@ -280,7 +280,7 @@ impl ApiClient {
             return Ok(Value::Null);
         }
         serde_json::from_slice(&body.bytes)
-            .map_err(|e| Error::Malformed(format!("{url} answered with invalid JSON: {e}")))
+            .map_err(|e| Error::malformed_with(format_args!("{url} answered with invalid JSON"), e))
     }
 
     /// Opens a server-sent-events stream at `path` (no overall timeout).

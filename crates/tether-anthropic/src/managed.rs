@@ -334,7 +334,7 @@ impl ManagedAgents {
         let acc = std::mem::take(&mut self.acc);
         TurnResult {
             terminal,
-            stop_reason,
+            stop_reason: stop_reason.into(),
             text: acc.texts.join("\n"),
             tool_uses,
             server_tool_uses: acc.server_tool_uses,
@@ -499,7 +499,7 @@ impl ManagedAgents {
                     s.queue.extend(frames);
                     if s.dec.pending() > MAX_FRAME {
                         self.stream = None;
-                        return Err(Error::Malformed(format!(
+                        return Err(Error::malformed(format!(
                             "an event on the managed stream exceeded {MAX_FRAME} bytes without ending"
                         )));
                     }
@@ -839,7 +839,7 @@ impl Provider for ManagedAgents {
         let sid = created["id"]
             .as_str()
             .filter(|s| !s.is_empty())
-            .ok_or_else(|| Error::Malformed(format!("POST /v1/sessions answered without an id: {created}")))?
+            .ok_or_else(|| Error::malformed(format!("POST /v1/sessions answered without an id: {created}")))?
             .to_owned();
         self.session_id = Some(sid.clone());
         // Stream first: nothing the session emits after our first post is missed.

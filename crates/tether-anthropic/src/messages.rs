@@ -391,7 +391,7 @@ impl Assembly {
                 let block = data["content_block"].clone();
                 if !block.is_object() {
                     // Deltas write into the block as an object; anything else would panic there.
-                    return Err(Error::Malformed(format!(
+                    return Err(Error::malformed(format!(
                         "content_block_start for block {index} carries no content block object: {block}"
                     )));
                 }
@@ -415,7 +415,7 @@ impl Assembly {
                 let index = data["index"].as_u64().unwrap_or(0);
                 let delta = &data["delta"];
                 let Some(b) = self.block(index) else {
-                    return Err(Error::Malformed(format!(
+                    return Err(Error::malformed(format!(
                         "content_block_delta for block {index}, which never started"
                     )));
                 };
@@ -736,16 +736,15 @@ pub(crate) async fn assemble_whole(
     endpoint: &str,
     deltas: &DeltaSink,
 ) -> tether::Result<ChatResponse> {
-    let msg: Value = serde_json::from_slice(body).map_err(|e| {
-        Error::Malformed(format!(
-            "{endpoint} answered with a message that is not JSON ({e})"
-        ))
+    let msg: Value = serde_json::from_slice(body).map_err(|e| Error::Malformed {
+        message: format!("{endpoint} answered with a message that is not JSON ({e})"),
+        source: Some(e.into()),
     })?;
     if msg["type"] == "error" {
         return Err(stream_error(&msg));
     }
     if !msg["content"].is_array() {
-        return Err(Error::Malformed(format!(
+        return Err(Error::malformed(format!(
             "{endpoint} answered without a content array: {}",
             snippet(&msg.to_string())
         )));
@@ -790,11 +789,12 @@ impl StreamReader {
             if frame.data.is_empty() {
                 continue;
             }
-            let data: Value = serde_json::from_str(&frame.data).map_err(|e| {
-                Error::Malformed(format!(
+            let data: Value = serde_json::from_str(&frame.data).map_err(|e| Error::Malformed {
+                message: format!(
                     "a Messages stream event is not JSON ({e}): {}",
                     snippet(&frame.data)
-                ))
+                ),
+                source: Some(e.into()),
             })?;
             let kind = frame
                 .event
@@ -808,7 +808,7 @@ impl StreamReader {
             }
         }
         if self.dec.pending() > MAX_FRAME {
-            return Err(Error::Malformed(format!(
+            return Err(Error::malformed(format!(
                 "a Messages stream event exceeded {MAX_FRAME} bytes without ending"
             )));
         }

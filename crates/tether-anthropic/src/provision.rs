@@ -115,7 +115,7 @@ async fn create_or_adopt(api: &ApiClient, collection: &str, body: &Value) -> tet
         Ok(v) => v["id"]
             .as_str()
             .map(|id| (id.to_owned(), true))
-            .ok_or_else(|| Error::Malformed(format!("POST {collection} answered without an id"))),
+            .ok_or_else(|| Error::malformed(format!("POST {collection} answered without an id"))),
         Err(e) if e.status() == Some(409) => {
             let mut page: Option<String> = None;
             let mut cursors = std::collections::HashSet::new();

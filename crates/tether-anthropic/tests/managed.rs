@@ -308,7 +308,7 @@ async fn terminal_stop_reasons_end_the_turn_terminated() {
         let fake = FakeManaged::start(turns, ManagedFaults::default()).await;
         let result = Session::builder(provider(&fake)).run("hi").await.expect("run");
         assert_eq!(result.terminal, Terminal::Terminated, "{reason}");
-        assert_eq!(result.stop_reason["type"], reason);
+        assert_eq!(result.stop_reason.to_value()["type"], reason);
     }
 }
 

@@ -258,11 +258,7 @@ impl Screen {
             println!("{}", result_line(r));
             return;
         }
-        let stop = r
-            .stop_reason
-            .as_str()
-            .map(str::to_owned)
-            .unwrap_or_else(|| r.stop_reason.to_string());
+        let stop = r.stop_reason.to_string();
         self.say(&format!("[stop: {}]", short(&stop, 200)));
     }
 }

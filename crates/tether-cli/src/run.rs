@@ -416,13 +416,7 @@ fn report(r: &SessionResult, json_mode: bool, at_line_start: bool) -> ExitCode {
             r.turns,
             r.usage.input_tokens,
             r.usage.output_tokens,
-            short(
-                &r.stop_reason
-                    .as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| r.stop_reason.to_string()),
-                200
-            )
+            short(&r.stop_reason.to_string(), 200)
         );
     }
     match r.terminal {

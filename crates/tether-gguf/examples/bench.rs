@@ -8,13 +8,14 @@
 //!
 //! Environment: `THREADS` (default: the machine's cores; also given to candle as
 //! `CANDLE_NUM_THREADS` and to llama-bench as `-t`), `PP` prompt tokens (default 128), `TG`
-//! decode tokens (default 64), `REPS` (default 3), `LLAMA_BENCH` (default: the one
+//! decode tokens (default 64), `REPS` rounds (default 3), `CONVERSATION=0` to skip the conversation, `LLAMA_BENCH` (default: the one
 //! `scripts/reference.sh` built).
 //!
-//! Method: llama-bench `-p PP -n TG -r REPS -o json` gives pre-fill and decode tokens/s; its peak
-//! resident memory comes from `/usr/bin/time -f %M` on a second run (`-r 1`). Ours: the best of
-//! REPS runs of pre-filling PP tokens of fixed text on a fresh cache and then TG greedy decode
-//! steps; peak resident memory is `VmHWM` of this process after those runs (the model loaded,
+//! Method: REPS rounds, each one llama-bench run (`-p PP -n TG -r 1 -o json`: pre-fill and decode
+//! tokens/s) then one of ours (pre-filling PP tokens of fixed text on a fresh cache, then TG
+//! greedy decode steps), alternating so both see the same load; each round's ratios are printed
+//! and the table gives the best of each side. llama.cpp's peak resident memory comes from
+//! `/usr/bin/time -f %M` on one more run; our CPU time per token from `/proc/self/stat`; peak resident memory is `VmHWM` of this process after those runs (the model loaded,
 //! one cache grown to PP+TG). Then a conversation of about 2,000 tokens (turns of fixed text)
 //! is answered once (first turn: the whole prompt pre-filled) and a follow-up message is sent
 //! (only the new tokens pre-filled): time to first token of each, from the model's counters.
@@ -43,6 +44,22 @@ fn vm_hwm_kib() -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time (user + system) of this process so far, every thread, from `/proc/self/stat`:
+/// robust against other processes sharing the cores, unlike wall time.
+fn cpu_secs() -> f64 {
+    let tick = 100.0; // USER_HZ on Linux
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| {
+            let rest = s.rsplit_once(')')?.1;
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            let u: f64 = f.get(11)?.parse().ok()?;
+            let k: f64 = f.get(12)?.parse().ok()?;
+            Some((u + k) / tick)
+        })
+        .unwrap_or(0.0)
+}
+
 fn llama_bench(
     exe: &std::path::Path,
     model: &std::path::Path,
@@ -50,7 +67,7 @@ fn llama_bench(
     pp: usize,
     tg: usize,
     reps: usize,
-) -> Option<(f64, f64, u64)> {
+) -> Option<(f64, f64)> {
     let out = Command::new(exe)
         .args(["-m", &model.display().to_string(), "-t", &threads.to_string()])
         .args([
@@ -76,7 +93,11 @@ fn llama_bench(
             tg_ts = ts;
         }
     }
-    let rss = Command::new("/usr/bin/time")
+    Some((pp_ts, tg_ts))
+}
+
+fn llama_rss(exe: &std::path::Path, model: &std::path::Path, threads: usize, pp: usize, tg: usize) -> u64 {
+    Command::new("/usr/bin/time")
         .args(["-f", "%M"])
         .arg(exe)
         .args(["-m", &model.display().to_string(), "-t", &threads.to_string()])
@@ -89,8 +110,7 @@ fn llama_bench(
                 .last()
                 .and_then(|l| l.trim().parse().ok())
         })
-        .unwrap_or(0);
-    Some((pp_ts, tg_ts, rss))
+        .unwrap_or(0)
 }
 
 fn main() {
@@ -120,15 +140,12 @@ fn main() {
             let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_default();
             home.join(".cache/tether/llama.cpp-11434.0.0/build/bin/llama-bench")
         });
-    let reference = if llama.exists() {
-        llama_bench(&llama, &model_path, threads, pp, tg, reps)
-    } else {
+    if !llama.exists() {
         println!(
             "(no llama-bench at {}: run scripts/reference.sh or set LLAMA_BENCH)",
             llama.display()
         );
-        None
-    };
+    }
 
     let model = GgufModel::builder(&model_path)
         .threads(threads)
@@ -145,14 +162,54 @@ fn main() {
     let text = include_str!("../tests/data/ppl.txt");
     let tokens = model.tokenizer().encode(text, false).expect("tokens");
     let prompt = &tokens[..pp.min(tokens.len())];
+    // Rounds alternate llama.cpp (one `llama-bench -r 1` run: pre-fill, then decode) and ours
+    // (pre-fill on a fresh cache, then decode), so both see the same load; each round's ratio
+    // is printed, and the best of each side.
     let (mut best_pp, mut best_tg) = (0f64, 0f64);
-    for _ in 0..reps.max(1) {
+    let (mut ref_pp, mut ref_tg) = (0f64, 0f64);
+    let mut cpu = 0f64;
+    let mut wall = 0f64;
+    for round in 0..reps.max(1) {
+        let r = if llama.exists() {
+            llama_bench(&llama, &model_path, threads, pp, tg, 1)
+        } else {
+            None
+        };
+        let c0 = cpu_secs();
         let (p, d) = model.bench_tokens(prompt, tg).expect("bench");
-        best_pp = best_pp.max(prompt.len() as f64 / p.as_secs_f64());
-        best_tg = best_tg.max(tg as f64 / d.as_secs_f64());
+        cpu += cpu_secs() - c0;
+        wall += (p + d).as_secs_f64();
+        let (opp, otg) = (prompt.len() as f64 / p.as_secs_f64(), tg as f64 / d.as_secs_f64());
+        best_pp = best_pp.max(opp);
+        best_tg = best_tg.max(otg);
+        if let Some((lpp, ltg)) = r {
+            ref_pp = ref_pp.max(lpp);
+            ref_tg = ref_tg.max(ltg);
+            println!(
+                "round {round}: pre-fill {opp:.1} vs {lpp:.1} tok/s ({:.2}×), decode {otg:.1} vs {ltg:.1} tok/s ({:.2}×)",
+                opp / lpp,
+                otg / ltg
+            );
+        } else {
+            println!("round {round}: pre-fill {opp:.1} tok/s, decode {otg:.1} tok/s");
+        }
     }
+    let per_tok = (prompt.len() + tg) * reps.max(1);
+    let reference = (ref_pp > 0.0).then(|| (ref_pp, ref_tg, llama_rss(&llama, &model_path, threads, pp, tg)));
     let rss = vm_hwm_kib();
 
+    if std::env::var("CONVERSATION").is_ok_and(|v| v == "0") {
+        println!(
+            "| our CPU time per token (pre-fill + decode, all threads) | | {:.2} ms | | |",
+            1000.0 * cpu / per_tok as f64
+        );
+        println!(
+            "| pre-fill tok/s, decode tok/s (best) | {ref_pp:.1}, {ref_tg:.1} | {best_pp:.1}, {best_tg:.1} | {:.2}×, {:.2}× | |",
+            best_pp / ref_pp,
+            best_tg / ref_tg
+        );
+        return;
+    }
     // A ~2,000-token conversation: the first turn pre-fills it all, the follow-up only the tail.
     let words: Vec<&str> = text.split_whitespace().collect();
     let mut messages = vec![ChatMessage::system("You are a helpful assistant.")];
@@ -224,6 +281,11 @@ fn main() {
             );
         }
     }
+    println!(
+        "| our CPU time per token (pre-fill + decode, all threads) | | {:.2} ms | {:.2} cores busy | |",
+        1000.0 * cpu / per_tok as f64,
+        cpu / wall.max(1e-9)
+    );
     println!(
         "| time to first token, first turn ({} prompt tokens, {} pre-filled) | | {:.1} ms | | |",
         s1.prompt_tokens,

@@ -42,6 +42,7 @@
 pub mod engine;
 pub mod error;
 pub mod fetch;
+mod kernels;
 pub mod model;
 pub mod template;
 pub mod tokenizer;

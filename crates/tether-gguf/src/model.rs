@@ -11,8 +11,13 @@
 use std::collections::HashMap;
 use std::io::{Read, Seek};
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor, gguf_file};
-use candle_core::{D, DType, Device, Module, Tensor};
+use std::sync::Arc;
+
+use candle_core::quantized::{GgmlDType, QTensor, gguf_file};
+use candle_core::{Device, Tensor};
+use rayon::prelude::*;
+
+use crate::kernels::{self, BlockQ8, Mat};
 
 use crate::error::GgufError;
 
@@ -74,37 +79,92 @@ pub struct ModelConfig {
     pub vocab: usize,
 }
 
-struct Attn {
-    wq: Linear,
-    wk: Linear,
-    wv: Linear,
-    wo: Linear,
-    bq: Option<Tensor>,
-    bk: Option<Tensor>,
-    bv: Option<Tensor>,
-    q_norm: Option<Tensor>,
-    k_norm: Option<Tensor>,
+struct Layer {
+    attn_norm: Vec<f32>,
+    /// q, k and v stacked (one product) or, when their types differ, apart.
+    qkv: Proj,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    wo: Mat,
+    ffn_norm: Vec<f32>,
+    /// gate and up, stacked or apart.
+    gate_up: Proj,
+    down: Mat,
 }
 
-struct Layer {
-    attn_norm: Tensor,
-    attn: Attn,
-    ffn_norm: Tensor,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+/// Products that read the same input: one stacked matrix when their types allow, else each.
+enum Proj {
+    Stacked(Mat),
+    Apart(Vec<Mat>),
+}
+
+impl Proj {
+    fn new(parts: Vec<Mat>) -> Self {
+        match Mat::stack(parts) {
+            Ok(m) => Proj::Stacked(m),
+            Err(parts) => Proj::Apart(parts),
+        }
+    }
+
+    /// `out[t, Σn]`: the parts' outputs side by side for each row.
+    fn matmul(
+        &self,
+        x: &[f32],
+        xq: &[BlockQ8],
+        t: usize,
+        out: &mut Vec<f32>,
+        part: &mut Vec<f32>,
+        tmp: &mut Vec<f32>,
+    ) -> candle_core::Result<()> {
+        match self {
+            Proj::Stacked(m) => m.matmul(x, xq, t, out, tmp),
+            Proj::Apart(parts) => {
+                let total: usize = parts.iter().map(Mat::n).sum();
+                out.clear();
+                out.resize(t * total, 0.0);
+                let mut off = 0;
+                for m in parts {
+                    let n = m.n();
+                    m.matmul(x, xq, t, part, tmp)?;
+                    for i in 0..t {
+                        out[i * total + off..i * total + off + n].copy_from_slice(&part[i * n..(i + 1) * n]);
+                    }
+                    off += n;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Buffers reused across layers (and, in a cache, across calls).
+#[derive(Default)]
+struct Scratch {
+    h: Vec<f32>,
+    hq: Vec<BlockQ8>,
+    proj: Vec<f32>,
+    part: Vec<f32>,
+    tmp: Vec<f32>,
+    att: Vec<f32>,
+    out: Vec<f32>,
+    act: Vec<f32>,
 }
 
 /// The weights, shared by every [`Cache`] (read-only once loaded).
 pub struct Weights {
     /// The hyper-parameters.
     pub cfg: ModelConfig,
-    embed: QMatMul,
+    embed: std::sync::Arc<Mat>,
     layers: Vec<Layer>,
-    norm: Tensor,
-    output: Linear,
-    cos: Tensor,
-    sin: Tensor,
+    norm: Vec<f32>,
+    output: std::sync::Arc<Mat>,
+    /// `[max_context, head_dim/2]` cosines and sines of the RoPE angles.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    max_pos: usize,
     /// Bytes of tensor data loaded.
     pub bytes: u64,
 }
@@ -115,12 +175,13 @@ impl std::fmt::Debug for Weights {
     }
 }
 
-/// One sequence's KV cache: per layer, keys and values of every position so far, in buffers
-/// that grow in steps and can be cut back to any length without copying.
+/// One sequence's KV cache: per layer, keys and values of every position so far, position by
+/// position (`[cap, kv_heads·head_dim]`), so a step appends a row, growing means a larger
+/// buffer and a copy of what is held, and cutting back to any length copies nothing.
 #[derive(Debug)]
 pub struct Cache {
-    k: Vec<Option<Tensor>>,
-    v: Vec<Option<Tensor>>,
+    k: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
     len: usize,
     cap: usize,
 }
@@ -129,8 +190,8 @@ impl Cache {
     /// An empty cache for `w`.
     pub fn new(w: &Weights) -> Self {
         Cache {
-            k: vec![None; w.cfg.n_layer],
-            v: vec![None; w.cfg.n_layer],
+            k: vec![Vec::new(); w.cfg.n_layer],
+            v: vec![Vec::new(); w.cfg.n_layer],
             len: 0,
             cap: 0,
         }
@@ -151,25 +212,19 @@ impl Cache {
         self.len = self.len.min(n);
     }
 
-    fn ensure(&mut self, w: &Weights, need: usize) -> candle_core::Result<()> {
+    fn ensure(&mut self, w: &Weights, need: usize) {
         if need <= self.cap {
-            return Ok(());
+            return;
         }
         let new_cap = need.max(self.cap * 2).max(256).next_multiple_of(256);
-        let (nkv, hd) = (w.cfg.n_kv_head, w.cfg.head_dim);
-        for l in 0..w.cfg.n_layer {
-            for buf in [&mut self.k[l], &mut self.v[l]] {
-                let fresh = Tensor::zeros((nkv, new_cap, hd), DType::F32, &Device::Cpu)?;
-                if let Some(old) = buf.as_ref()
-                    && self.len > 0
-                {
-                    fresh.slice_set(&old.narrow(1, 0, self.len)?.contiguous()?, 1, 0)?;
-                }
-                *buf = Some(fresh);
-            }
+        let kvd = w.cfg.n_kv_head * w.cfg.head_dim;
+        for buf in self.k.iter_mut().chain(self.v.iter_mut()) {
+            // Zeroed by the allocator: pages are touched only when a position is written.
+            let mut fresh = vec![0f32; new_cap * kvd];
+            fresh[..self.len * kvd].copy_from_slice(&buf[..self.len * kvd]);
+            *buf = fresh;
         }
         self.cap = new_cap;
-        Ok(())
     }
 }
 
@@ -271,14 +326,15 @@ impl<R: Read + Seek> Loader<'_, R> {
         self.ct.tensor_infos.contains_key(name)
     }
 
-    fn mm(&mut self, name: &str, dims: &[usize]) -> Result<Linear, GgufError> {
+    fn mm(&mut self, name: &str, dims: &[usize]) -> Result<Mat, GgufError> {
         let t = self.q(name, dims)?;
-        Linear::new(t)
+        Mat::new(t)
     }
 
-    fn vec(&mut self, name: &str, n: usize) -> Result<Tensor, GgufError> {
+    fn vec(&mut self, name: &str, n: usize) -> Result<Vec<f32>, GgufError> {
         self.q(name, &[n])?
             .dequantize(&Device::Cpu)
+            .and_then(|t| t.to_vec1::<f32>())
             .map_err(GgufError::candle)
     }
 }
@@ -295,14 +351,12 @@ impl Weights {
         let qd = cfg.n_head * hd;
         let kvd = cfg.n_kv_head * hd;
         let mut ld = Loader { ct, r, bytes: 0 };
-        let embed_q = ld.q("token_embd.weight", &[cfg.vocab, d])?;
-        let embed_q = std::sync::Arc::new(embed_q);
-        let embed = QMatMul::from_arc(embed_q.clone()).map_err(GgufError::candle)?;
+        let embed = Arc::new(ld.mm("token_embd.weight", &[cfg.vocab, d])?);
         let output = if ld.has("output.weight") {
-            ld.mm("output.weight", &[cfg.vocab, d])?
+            Arc::new(ld.mm("output.weight", &[cfg.vocab, d])?)
         } else {
             // Tied embeddings (SmolLM2, small Qwens): the output projection is the embedding.
-            Linear::Q(embed.clone())
+            embed.clone()
         };
         let norm = ld.vec("output_norm.weight", d)?;
         let ff = ct
@@ -313,7 +367,7 @@ impl Weights {
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let bias = |ld: &mut Loader<'_, R>, s: &str, len: usize| -> Result<Option<Tensor>, GgufError> {
+            let opt = |ld: &mut Loader<'_, R>, s: &str, len: usize| -> Result<Option<Vec<f32>>, GgufError> {
                 let name = n(s);
                 if ld.has(&name) {
                     ld.vec(&name, len).map(Some)
@@ -321,31 +375,34 @@ impl Weights {
                     Ok(None)
                 }
             };
-            let attn = Attn {
-                wq: ld.mm(&n("attn_q.weight"), &[qd, d])?,
-                wk: ld.mm(&n("attn_k.weight"), &[kvd, d])?,
-                wv: ld.mm(&n("attn_v.weight"), &[kvd, d])?,
+            let qkv = Proj::new(vec![
+                ld.mm(&n("attn_q.weight"), &[qd, d])?,
+                ld.mm(&n("attn_k.weight"), &[kvd, d])?,
+                ld.mm(&n("attn_v.weight"), &[kvd, d])?,
+            ]);
+            let layer = Layer {
+                attn_norm: ld.vec(&n("attn_norm.weight"), d)?,
+                qkv,
+                bq: opt(&mut ld, "attn_q.bias", qd)?,
+                bk: opt(&mut ld, "attn_k.bias", kvd)?,
+                bv: opt(&mut ld, "attn_v.bias", kvd)?,
+                q_norm: opt(&mut ld, "attn_q_norm.weight", hd)?,
+                k_norm: opt(&mut ld, "attn_k_norm.weight", hd)?,
                 wo: ld.mm(&n("attn_output.weight"), &[d, qd])?,
-                bq: bias(&mut ld, "attn_q.bias", qd)?,
-                bk: bias(&mut ld, "attn_k.bias", kvd)?,
-                bv: bias(&mut ld, "attn_v.bias", kvd)?,
-                q_norm: bias(&mut ld, "attn_q_norm.weight", hd)?,
-                k_norm: bias(&mut ld, "attn_k_norm.weight", hd)?,
+                ffn_norm: ld.vec(&n("ffn_norm.weight"), d)?,
+                gate_up: Proj::new(vec![
+                    ld.mm(&n("ffn_gate.weight"), &[ff, d])?,
+                    ld.mm(&n("ffn_up.weight"), &[ff, d])?,
+                ]),
+                down: ld.mm(&n("ffn_down.weight"), &[d, ff])?,
             };
-            if cfg.arch == Arch::Qwen3 && (attn.q_norm.is_none() || attn.k_norm.is_none()) {
+            if cfg.arch == Arch::Qwen3 && (layer.q_norm.is_none() || layer.k_norm.is_none()) {
                 return Err(GgufError::MissingTensor(n("attn_q_norm.weight")));
             }
-            layers.push(Layer {
-                attn_norm: ld.vec(&n("attn_norm.weight"), d)?,
-                attn,
-                ffn_norm: ld.vec(&n("ffn_norm.weight"), d)?,
-                gate: ld.mm(&n("ffn_gate.weight"), &[ff, d])?,
-                up: ld.mm(&n("ffn_up.weight"), &[ff, d])?,
-                down: ld.mm(&n("ffn_down.weight"), &[d, ff])?,
-            });
+            layers.push(layer);
         }
         let bytes = ld.bytes;
-        let (cos, sin) = rope_tables(hd, cfg.rope_base, max_context).map_err(GgufError::candle)?;
+        let (cos, sin) = rope_tables(hd, cfg.rope_base, max_context);
         Ok(Weights {
             cfg,
             embed,
@@ -354,6 +411,7 @@ impl Weights {
             output,
             cos,
             sin,
+            max_pos: max_context,
             bytes,
         })
     }
@@ -361,99 +419,143 @@ impl Weights {
     /// Runs `tokens` at positions `cache.len()..`, appending them to the cache, and returns the
     /// logits of the last position (`all == false`, shape `[vocab]`) or of every position
     /// (`[tokens.len(), vocab]`).
+    ///
+    /// Hand-written over flat buffers and the kernels of [`crate::kernels`] rather than as
+    /// candle ops: at 576 wide, candle's per-op allocation and dispatch cost more than the
+    /// arithmetic (see that module).
     pub fn forward(&self, tokens: &[u32], cache: &mut Cache, all: bool) -> candle_core::Result<Tensor> {
         let t = tokens.len();
         if t == 0 {
             candle_core::bail!("no tokens to run");
         }
         let pos = cache.len;
-        let (max_pos, _) = self.cos.dims2()?;
-        if pos + t > max_pos {
-            candle_core::bail!("position {} is past the context window of {max_pos}", pos + t);
+        if pos + t > self.max_pos {
+            candle_core::bail!(
+                "position {} is past the context window of {}",
+                pos + t,
+                self.max_pos
+            );
         }
-        cache.ensure(self, pos + t)?;
+        cache.ensure(self, pos + t);
         let cfg = &self.cfg;
-        let (nh, nkv, hd) = (cfg.n_head, cfg.n_kv_head, cfg.head_dim);
+        let (d, nh, nkv, hd) = (cfg.n_embd, cfg.n_head, cfg.n_kv_head, cfg.head_dim);
+        let (qd, kvd) = (nh * hd, nkv * hd);
         let g = nh / nkv;
-        let ids = Tensor::new(tokens, &Device::Cpu)?;
-        let mut x = self.embed.embedding(&ids)?.to_dtype(DType::F32)?; // [t, d]
-        let cos = self.cos.narrow(0, pos, t)?;
-        let sin = self.sin.narrow(0, pos, t)?;
-        let mask = if t > 1 {
-            Some(causal_mask(t, pos, g)?)
-        } else {
-            None
-        };
-        let scale = 1.0 / (hd as f64).sqrt();
+        let half = hd / 2;
+        let scale = 1.0 / (hd as f32).sqrt();
         let eps = cfg.eps as f32;
-        for (li, l) in self.layers.iter().enumerate() {
-            let h = candle_nn::ops::rms_norm(&x, &l.attn_norm, eps)?;
-            let a = &l.attn;
-            let mut q = a.wq.forward(&h)?;
-            let mut k = a.wk.forward(&h)?;
-            let mut v = a.wv.forward(&h)?;
-            if let Some(b) = &a.bq {
-                q = q.broadcast_add(b)?;
-            }
-            if let Some(b) = &a.bk {
-                k = k.broadcast_add(b)?;
-            }
-            if let Some(b) = &a.bv {
-                v = v.broadcast_add(b)?;
-            }
-            // [t, heads*hd] -> [1, heads, t, hd]
-            let mut q = q.reshape((t, nh, hd))?;
-            let mut k = k.reshape((t, nkv, hd))?;
-            if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-                q = candle_nn::ops::rms_norm(&q.contiguous()?, qn, eps)?;
-                k = candle_nn::ops::rms_norm(&k.contiguous()?, kn, eps)?;
-            }
-            let q = q.transpose(0, 1)?.contiguous()?.unsqueeze(0)?;
-            let k = k.transpose(0, 1)?.contiguous()?.unsqueeze(0)?;
-            let v = v.reshape((t, nkv, hd))?.transpose(0, 1)?.contiguous()?;
-            let (q, k) = match cfg.arch {
-                Arch::Llama => (
-                    candle_nn::rotary_emb::rope_i(&q, &cos, &sin)?,
-                    candle_nn::rotary_emb::rope_i(&k, &cos, &sin)?,
-                ),
-                Arch::Qwen2 | Arch::Qwen3 => (
-                    candle_nn::rotary_emb::rope(&q, &cos, &sin)?,
-                    candle_nn::rotary_emb::rope(&k, &cos, &sin)?,
-                ),
-            };
-            let k = k.squeeze(0)?; // [nkv, t, hd]
-            let (kb, vb) = match (&cache.k[li], &cache.v[li]) {
-                (Some(kb), Some(vb)) => (kb, vb),
-                _ => candle_core::bail!("the KV cache was not allocated"),
-            };
-            kb.slice_set(&k, 1, pos)?;
-            vb.slice_set(&v, 1, pos)?;
-            let kv_len = pos + t;
-            let keys = kb.narrow(1, 0, kv_len)?; // [nkv, kv_len, hd]
-            let vals = vb.narrow(1, 0, kv_len)?;
-            // Queries grouped by their kv head: [nh, t, hd] -> [nkv, g*t, hd] (heads of one
-            // group are adjacent), so no key/value is copied per query head.
-            let q = q.squeeze(0)?.reshape((nkv, g * t, hd))?;
-            let mut att = (q.matmul(&keys.t()?)? * scale)?; // [nkv, g*t, kv_len]
-            if let Some(m) = &mask {
-                att = att.broadcast_add(m)?;
-            }
-            let att = candle_nn::ops::softmax_last_dim(&att)?;
-            let y = att.matmul(&vals)?; // [nkv, g*t, hd]
-            let y = y.reshape((nh, t, hd))?.transpose(0, 1)?.reshape((t, nh * hd))?;
-            let y = a.wo.forward(&y)?;
-            x = (x + y)?;
-            let h = candle_nn::ops::rms_norm(&x, &l.ffn_norm, eps)?;
-            let gt = l.gate.forward(&h)?;
-            let up = l.up.forward(&h)?;
-            let y = l.down.forward(&(candle_nn::ops::silu(&gt)? * up)?)?;
-            x = (x + y)?;
+        let mut x = vec![0f32; t * d];
+        for (row, &tok) in x.chunks_exact_mut(d).zip(tokens) {
+            self.embed.row(tok as usize, row)?;
         }
-        cache.len = pos + t;
-        let x = if all { x } else { x.narrow(0, t - 1, 1)? };
-        let x = candle_nn::ops::rms_norm(&x, &self.norm, eps)?;
-        let logits = self.output.forward(&x)?;
-        if all { Ok(logits) } else { logits.squeeze(0) }
+        let mut s = Scratch::default();
+        let kv_len = pos + t;
+        for (li, l) in self.layers.iter().enumerate() {
+            kernels::rms_norm(&x, &l.attn_norm, eps, &mut s.h);
+            kernels::quantize(&s.h, &mut s.hq);
+            l.qkv
+                .matmul(&s.h, &s.hq, t, &mut s.proj, &mut s.part, &mut s.tmp)?;
+            let w = qd + 2 * kvd;
+            let (kc, vc) = (&mut cache.k[li], &mut cache.v[li]);
+            for (i, row) in s.proj.chunks_exact_mut(w).enumerate() {
+                let (q, rest) = row.split_at_mut(qd);
+                let (k, v) = rest.split_at_mut(kvd);
+                for (b, y) in [(&l.bq, &mut *q), (&l.bk, &mut *k), (&l.bv, &mut *v)] {
+                    if let Some(b) = b {
+                        for (y, b) in y.iter_mut().zip(b) {
+                            *y += b;
+                        }
+                    }
+                }
+                if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                    kernels::rms_norm_in_place(q, qn, eps);
+                    kernels::rms_norm_in_place(k, kn, eps);
+                }
+                let p = pos + i;
+                let (cos, sin) = (
+                    &self.cos[p * half..(p + 1) * half],
+                    &self.sin[p * half..(p + 1) * half],
+                );
+                for head in q.chunks_exact_mut(hd).chain(k.chunks_exact_mut(hd)) {
+                    rope(head, cos, sin, cfg.arch);
+                }
+                // llama.cpp keeps K and V in f16 and converts Q to f16 for the K product (its
+                // default cache type and flash attention): the same rounding here, so our
+                // attention scores round as the reference's do.
+                for (c, x) in kc[p * kvd..(p + 1) * kvd].iter_mut().zip(k.iter()) {
+                    *c = half::f16::from_f32(*x).to_f32();
+                }
+                for (c, x) in vc[p * kvd..(p + 1) * kvd].iter_mut().zip(v.iter()) {
+                    *c = half::f16::from_f32(*x).to_f32();
+                }
+                for x in q.iter_mut() {
+                    *x = half::f16::from_f32(*x).to_f32();
+                }
+            }
+            // Attention, one task per (token, head): scores over the positions it may see,
+            // softmax, the weighted sum of values.
+            let (kc, vc) = (&cache.k[li][..kv_len * kvd], &cache.v[li][..kv_len * kvd]);
+            let proj = &s.proj;
+            s.att.clear();
+            s.att.resize(t * qd, 0.0);
+            s.att
+                .par_chunks_mut(hd)
+                .enumerate()
+                .for_each_init(Vec::new, |scores: &mut Vec<f32>, (ih, y)| {
+                    let (i, h) = (ih / nh, ih % nh);
+                    let q = &proj[i * w + h * hd..i * w + (h + 1) * hd];
+                    let kvh = h / g;
+                    let n = pos + i + 1;
+                    scores.clear();
+                    scores.extend((0..n).map(|j| {
+                        kernels::dot_f32(q, &kc[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]) * scale
+                    }));
+                    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let mut sum = 0f64;
+                    for v in scores.iter_mut() {
+                        *v = (*v - max).exp();
+                        sum += f64::from(*v);
+                    }
+                    let inv = (1.0 / sum) as f32;
+                    for (j, p) in scores.iter().enumerate() {
+                        kernels::axpy(y, p * inv, &vc[j * kvd + kvh * hd..j * kvd + (kvh + 1) * hd]);
+                    }
+                });
+            kernels::quantize(&s.att, &mut s.hq);
+            l.wo.matmul(&s.att, &s.hq, t, &mut s.out, &mut s.tmp)?;
+            for (x, y) in x.iter_mut().zip(&s.out) {
+                *x += y;
+            }
+            kernels::rms_norm(&x, &l.ffn_norm, eps, &mut s.h);
+            kernels::quantize(&s.h, &mut s.hq);
+            l.gate_up
+                .matmul(&s.h, &s.hq, t, &mut s.proj, &mut s.part, &mut s.tmp)?;
+            let ff = s.proj.len() / t / 2;
+            s.act.clear();
+            for row in s.proj.chunks_exact(2 * ff) {
+                let (gate, up) = row.split_at(ff);
+                s.act
+                    .extend(gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u));
+            }
+            kernels::quantize(&s.act, &mut s.hq);
+            l.down.matmul(&s.act, &s.hq, t, &mut s.out, &mut s.tmp)?;
+            for (x, y) in x.iter_mut().zip(&s.out) {
+                *x += y;
+            }
+        }
+        cache.len = kv_len;
+        let rows = if all { t } else { 1 };
+        let last = &x[(t - rows) * d..];
+        kernels::rms_norm(last, &self.norm, eps, &mut s.h);
+        kernels::quantize(&s.h, &mut s.hq);
+        let mut logits = Vec::new();
+        self.output.matmul(&s.h, &s.hq, rows, &mut logits, &mut s.tmp)?;
+        let vocab = self.output.n();
+        if all {
+            Tensor::from_vec(logits, (t, vocab), &Device::Cpu)
+        } else {
+            Tensor::from_vec(logits, vocab, &Device::Cpu)
+        }
     }
 
     /// Tensor types in use, for the log line.
@@ -471,91 +573,12 @@ impl Weights {
     }
 }
 
-/// A weight matrix and how its products are computed.
-///
-/// Q4_1 (`w = d·q + m`) has only a scalar dot product in candle, while Q4_0 (`w = d·(q − 8)`)
-/// has an AVX2 one; since `d·q + m = d·(q − 8) + 8d + m`, a Q4_1 matrix runs as the Q4_0 matrix
-/// of the same nibbles and scales plus, per row and 32-wide block, `8d` times the block's sum of
-/// the 8-bit-quantized activations and `m` times that sum as llama.cpp's q8_1 blocks store it
-/// (rounded to f16). The result is llama.cpp's q4_1·q8_1 product up to float rounding. It costs
-/// 8 bytes per 32 weights.
-pub(crate) enum Linear {
-    /// Any other type: candle's product.
-    Q(QMatMul),
-    /// Q4_1 as Q4_0 plus the block terms `[n, 2·k/32]` (`8d` then `m`).
-    Q41 { w0: QMatMul, c: Tensor },
-}
-
-impl Linear {
-    fn new(t: QTensor) -> Result<Self, GgufError> {
-        if t.dtype() != GgmlDType::Q4_1 {
-            return QMatMul::from_qtensor(t).map(Linear::Q).map_err(GgufError::candle);
-        }
-        let (n, k) = t.shape().dims2().map_err(GgufError::candle)?;
-        let raw = t.data().map_err(GgufError::candle)?;
-        let blocks = raw.len() / 20;
-        if raw.len() % 20 != 0 || blocks * 32 != n * k {
-            return Err(GgufError::Corrupt(
-                "a Q4_1 tensor's data does not match its shape".into(),
-            ));
-        }
-        let nb = k / 32;
-        let mut q40 = Vec::with_capacity(blocks * 18);
-        let mut c = vec![0f32; n * 2 * nb];
-        for (i, b) in raw.chunks_exact(20).enumerate() {
-            let d = half::f16::from_le_bytes([b[0], b[1]]);
-            let m = half::f16::from_le_bytes([b[2], b[3]]);
-            q40.extend_from_slice(&b[0..2]);
-            q40.extend_from_slice(&b[4..20]);
-            let (row, blk) = (i / nb, i % nb);
-            c[row * 2 * nb + blk] = 8.0 * d.to_f32();
-            c[row * 2 * nb + nb + blk] = m.to_f32();
-        }
-        let storage = candle_core::quantized::QStorage::from_data(
-            std::borrow::Cow::Owned(q40),
-            &Device::Cpu,
-            GgmlDType::Q4_0,
-        )
-        .map_err(GgufError::candle)?;
-        let w0 = QTensor::new(storage, (n, k)).map_err(GgufError::candle)?;
-        Ok(Linear::Q41 {
-            w0: QMatMul::from_qtensor(w0).map_err(GgufError::candle)?,
-            c: Tensor::from_vec(c, (n, 2 * nb), &Device::Cpu).map_err(GgufError::candle)?,
-        })
-    }
-
-    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match self {
-            Linear::Q(m) => m.forward(x),
-            Linear::Q41 { w0, c } => {
-                let y0 = w0.forward(x)?;
-                let (t, k) = x.dims2()?;
-                let xs = x.contiguous()?.flatten_all()?.to_vec1::<f32>()?;
-                let nb = k / 32;
-                let mut sums = vec![0f32; t * 2 * nb];
-                for (i, blk) in xs.chunks_exact(32).enumerate() {
-                    // ggml's quantize_row_q8_1: d = amax / 127, q = round(x / d), s = f16(d·Σq).
-                    let amax = blk.iter().fold(0f32, |a, v| a.max(v.abs()));
-                    let d = amax / 127.0;
-                    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
-                    let q: i32 = blk.iter().map(|v| (v * id).round() as i32).sum();
-                    let (row, b) = (i / nb, i % nb);
-                    sums[row * 2 * nb + b] = half::f16::from_f32(d).to_f32() * q as f32;
-                    sums[row * 2 * nb + nb + b] = half::f16::from_f32(d * q as f32).to_f32();
-                }
-                let s = Tensor::from_vec(sums, (t, 2 * nb), &Device::Cpu)?;
-                y0 + s.matmul(&c.t()?)?
-            }
-        }
-    }
-}
-
 /// Whether candle can run this tensor type (F32/F16/BF16 and the ggml block formats).
 pub fn dtype_supported(d: GgmlDType) -> bool {
     !matches!(d, GgmlDType::Q8_1 | GgmlDType::Q8K)
 }
 
-fn rope_tables(hd: usize, base: f32, max: usize) -> candle_core::Result<(Tensor, Tensor)> {
+fn rope_tables(hd: usize, base: f32, max: usize) -> (Vec<f32>, Vec<f32>) {
     let half = hd / 2;
     let inv: Vec<f32> = (0..half)
         .map(|i| 1.0 / base.powf(2.0 * i as f32 / hd as f32))
@@ -569,25 +592,22 @@ fn rope_tables(hd: usize, base: f32, max: usize) -> candle_core::Result<(Tensor,
             sin.push(a.sin());
         }
     }
-    Ok((
-        Tensor::from_vec(cos, (max, half), &Device::Cpu)?,
-        Tensor::from_vec(sin, (max, half), &Device::Cpu)?,
-    ))
+    (cos, sin)
 }
 
-/// The additive mask for `t` queries at positions `pos..pos+t`, repeated for the `g` query heads
-/// of a group: `[g*t, pos+t]`, 0 where a query may look, -inf where it may not.
-fn causal_mask(t: usize, pos: usize, g: usize) -> candle_core::Result<Tensor> {
-    let n = pos + t;
-    let mut m = Vec::with_capacity(g * t * n);
-    for _ in 0..g {
-        for i in 0..t {
-            for j in 0..n {
-                m.push(if j > pos + i { f32::NEG_INFINITY } else { 0.0 });
-            }
-        }
+/// Rotates one head in place: adjacent pairs for llama (ggml's normal mode), the two halves for
+/// qwen (NeoX mode).
+fn rope(x: &mut [f32], cos: &[f32], sin: &[f32], arch: Arch) {
+    let half = x.len() / 2;
+    for (i, (c, s)) in cos.iter().zip(sin).enumerate() {
+        let (a, b) = match arch {
+            Arch::Llama => (2 * i, 2 * i + 1),
+            Arch::Qwen2 | Arch::Qwen3 => (i, i + half),
+        };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
     }
-    Tensor::from_vec(m, (g * t, n), &Device::Cpu)
 }
 
 /// Log-softmax of one row of logits at `target`: the log-probability the model gave it.
@@ -598,52 +618,4 @@ pub fn log_prob(logits: &[f32], target: usize) -> f64 {
         .get(target)
         .map(|&x| x as f64 - max - sum.ln())
         .unwrap_or(f64::NEG_INFINITY)
-}
-
-#[allow(dead_code)]
-fn _assert_dim(_: D) {}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The Q4_1-as-Q4_0 product is the exact product of the dequantized weights up to the
-    /// 8-bit quantization of the activations (what llama.cpp's q4_1·q8_1 product computes).
-    #[test]
-    fn q4_1_as_q4_0_matches_the_exact_product() {
-        let (n, k, t) = (64usize, 256usize, 3usize);
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.3)
-            .collect();
-        let w = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
-        let q = QTensor::quantize(&w, GgmlDType::Q4_1).unwrap();
-        let wd = q.dequantize(&Device::Cpu).unwrap();
-        let x: Vec<f32> = (0..t * k)
-            .map(|i| (i * 104_729 % 997) as f32 / 498.0 - 1.0)
-            .collect();
-        let x = Tensor::from_vec(x, (t, k), &Device::Cpu).unwrap();
-        let exact = x.matmul(&wd.t().unwrap()).unwrap().to_vec2::<f32>().unwrap();
-        let scale = x
-            .abs()
-            .unwrap()
-            .matmul(&wd.abs().unwrap().t().unwrap())
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        let ours = Linear::new(q)
-            .unwrap()
-            .forward(&x)
-            .unwrap()
-            .to_vec2::<f32>()
-            .unwrap();
-        for ((a, b), s) in exact
-            .iter()
-            .flatten()
-            .zip(ours.iter().flatten())
-            .zip(scale.iter().flatten())
-        {
-            // 8-bit activations: at most half a step (1/254 of the block's max) per element.
-            assert!((a - b).abs() <= s / 200.0, "{a} vs {b} (scale {s})");
-        }
-    }
 }

@@ -334,7 +334,7 @@ async fn a_resume_after_a_crash_does_not_call_a_side_effecting_tool_twice() {
     // 1. The tool runs, then the model call after it fails: the run dies with the result recorded.
     let first = run(Arc::new(ScriptedModel::new(vec![
         Ok(ScriptedModel::tool_calls(&[("k1", "count", "{}")])),
-        Err(tether::Error::Malformed("the process died here".into())),
+        Err(tether::Error::malformed("the process died here")),
     ])))
     .await;
     assert!(first.is_err());

@@ -238,12 +238,13 @@ impl StreamAccumulator {
                 return Ok(Fed::More);
             }
         }
-        let chunk = serde_json::from_slice::<Chunk<'_>>(data).map_err(|e| {
-            Error::Malformed(format!(
+        let chunk = serde_json::from_slice::<Chunk<'_>>(data).map_err(|e| Error::Malformed {
+            message: format!(
                 "stream event #{} is not a chat.completion.chunk ({e}): {}",
                 self.events,
                 snippet(data)
-            ))
+            ),
+            source: Some(e.into()),
         })?;
         if let Some(err) = &chunk.error
             && !err.is_null()
@@ -674,6 +675,9 @@ mod tests {
             "{e}"
         );
         let e = a.feed(b"{\"choices\": [").unwrap_err();
-        assert!(matches!(e, Error::Malformed(ref m) if m.contains("#2")), "{e}");
+        assert!(
+            matches!(e, Error::Malformed { ref message, .. } if message.contains("#2")),
+            "{e}"
+        );
     }
 }

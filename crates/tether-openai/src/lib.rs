@@ -508,7 +508,7 @@ impl OpenAiModel {
                     forward(&acc, deltas).await;
                     acc.clear_emits();
                     if lines.pending_len() > MAX_LINE {
-                        return Err(Error::Malformed(format!(
+                        return Err(Error::malformed(format!(
                             "an SSE line exceeded {MAX_LINE} bytes without ending"
                         )));
                     }
@@ -569,11 +569,9 @@ impl OpenAiModel {
                 }
             }
         }
-        let raw: Value = serde_json::from_slice(&bytes).map_err(|e| {
-            Error::Malformed(format!(
-                "the response is not JSON ({e}): {}",
-                accum::snippet(&bytes)
-            ))
+        let raw: Value = serde_json::from_slice(&bytes).map_err(|e| Error::Malformed {
+            message: format!("the response is not JSON ({e}): {}", accum::snippet(&bytes)),
+            source: Some(e.into()),
         })?;
         if let Some(err) = raw.get("error").filter(|e| !e.is_null()) {
             let (message, code) = wire::error_parts(err);
@@ -583,12 +581,12 @@ impl OpenAiModel {
             });
         }
         let completion: wire::Completion = serde_json::from_value(raw.clone())
-            .map_err(|e| Error::Malformed(format!("the response is not a chat.completion: {e}")))?;
+            .map_err(|e| Error::malformed_with("the response is not a chat.completion", e))?;
         let choice = completion
             .choices
             .into_iter()
             .find(|c| c.index == 0)
-            .ok_or_else(|| Error::Malformed("the response has no choice with index 0".into()))?;
+            .ok_or_else(|| Error::malformed("the response has no choice with index 0"))?;
         let m = choice.message.unwrap_or_default();
         let mut text = wire::content_text(&m.content);
         if let Some(r) = &m.refusal {

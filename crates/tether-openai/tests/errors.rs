@@ -177,7 +177,7 @@ async fn stream_faults_are_typed() {
         );
         let r = one(Reply::text("abc").malformed_after(1), true, lean).await;
         assert!(
-            matches!(&r, Err(Error::Malformed(m)) if m.contains("stream event #2")),
+            matches!(&r, Err(Error::Malformed { message: m, .. }) if m.contains("stream event #2")),
             "{r:?}"
         );
     }
@@ -191,7 +191,7 @@ async fn non_stream_faults_are_typed() {
         let r = one(Reply::text("abc").drop_after(0), false, lean).await;
         assert_eq!(kind(&r), Some(TransportKind::Closed), "{r:?}");
         let r = one(Reply::text("abc").malformed_after(0), false, lean).await;
-        assert!(matches!(&r, Err(Error::Malformed(_))), "{r:?}");
+        assert!(matches!(&r, Err(Error::Malformed { .. })), "{r:?}");
         let r = one(
             Reply::text("abc").error_after(0, "nope", "server_error"),
             false,

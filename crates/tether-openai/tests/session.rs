@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use serde_json::{Value, json};
-use tether::{Error, EventKind, RecordingSleeper, Session, Terminal, ToolSet, ToolSpec, stop_reason};
+use tether::{Error, EventKind, RecordingSleeper, Session, StopReason, Terminal, ToolSet, ToolSpec};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 use tokio_util::sync::CancellationToken;
 
@@ -322,7 +322,7 @@ async fn stalled_stream_hits_the_idle_timeout_and_is_retried() {
 async fn malformed_chunk_is_a_typed_error() {
     let (r, sleeper, _) = run(vec![Reply::text("hello").malformed_after(2)]).await;
     match r {
-        Err(Error::Malformed(m)) => assert!(m.contains("stream event #3"), "{m}"),
+        Err(Error::Malformed { message: m, .. }) => assert!(m.contains("stream event #3"), "{m}"),
         other => panic!("{other:?}"),
     }
     assert!(sleeper.slept().is_empty());
@@ -481,7 +481,7 @@ async fn final_turn_directive_and_turn_limit() {
         .await
         .unwrap();
     assert_eq!(r.terminal, Terminal::Terminated);
-    assert_eq!(r.stop_reason, json!(stop_reason::MAX_TURNS));
+    assert_eq!(r.stop_reason, StopReason::MaxTurns);
     assert_eq!(r.turns, 2);
     let reqs = fake.requests();
     assert_eq!(reqs.len(), 2);
@@ -524,7 +524,7 @@ async fn terminal_tool_reprompts_then_no_terminal_tool() {
         .send("go")
         .await
         .unwrap();
-    assert_eq!(r.stop_reason, json!(stop_reason::NO_TERMINAL_TOOL));
+    assert_eq!(r.stop_reason, StopReason::NoTerminalTool);
     assert_eq!(r.turns, 3);
     assert_eq!(
         count(
@@ -565,7 +565,7 @@ async fn terminal_tool_call_ends_the_run_with_its_input() {
         .send("go")
         .await
         .unwrap();
-    assert_eq!(r.stop_reason, json!(stop_reason::TERMINAL_TOOL));
+    assert_eq!(r.stop_reason, StopReason::TerminalTool);
     assert_eq!(r.final_output, Some(json!({"answer": "42"})));
     assert_eq!(fake.requests().len(), 2);
     check_record(&r, 1);

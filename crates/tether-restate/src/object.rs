@@ -542,7 +542,7 @@ async fn drive(session: &mut Session, steps: &StepClient, req: TurnRequest) -> t
     Ok(TurnOutcome {
         record: String::new(),
         text: result.text,
-        stop_reason: result.stop_reason,
+        stop_reason: result.stop_reason.to_value(),
         tool_uses: result.tool_uses.into_iter().map(|u| u.id).collect(),
         pending: result.pending_tool_uses.into_iter().map(|u| u.id).collect(),
         events_added: 0,

@@ -50,8 +50,8 @@ pub async fn load(store: &dyn ThreadStore, thread: &ThreadId, agent: &str, title
             });
         }
         _ => {
-            return Err(Error::Store(
-                "the store answered a claim in a way this backend does not know".into(),
+            return Err(Error::store(
+                "the store answered a claim in a way this backend does not know",
             ));
         }
     };

@@ -342,7 +342,7 @@ fn list_duplicates(d: &[SeqDuplicate]) -> String {
 
 impl From<StoreError> for tether::Error {
     fn from(e: StoreError) -> Self {
-        tether::Error::Store(e.to_string())
+        tether::Error::store_with("", e)
     }
 }
 
@@ -922,7 +922,8 @@ impl EventStore for SqliteStore {
 
     async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> tether::Result<()> {
         let (sid, k) = (session_id.to_owned(), key.to_owned());
-        let v = serde_json::to_string(value).map_err(|e| tether::Error::Store(e.to_string()))?;
+        let v = serde_json::to_string(value)
+            .map_err(|e| tether::Error::store_with("a state value does not encode", e))?;
         Ok(self
             .blocking(move |c, p| {
                 c.prepare_cached(
@@ -1076,6 +1077,30 @@ pub fn default_path() -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A SQLite failure reaches a tether caller as `Error::Store` whose source chain holds the
+    /// store's own error and, under it, rusqlite's: matchable and downcastable, not only text.
+    #[test]
+    fn a_sqlite_error_keeps_its_source_through_tether_error() {
+        use std::error::Error as _;
+        let c = Connection::open_in_memory().unwrap();
+        let raw = c.execute("INSERT INTO missing VALUES (1)", []).unwrap_err();
+        let text = raw.to_string();
+        let e: tether::Error = sql("/tmp/x.db", raw).into();
+        assert!(matches!(&e, tether::Error::Store { .. }), "{e:?}");
+        assert_eq!(e.code(), "store");
+        assert!(e.to_string().contains(&text), "{e}");
+        let store = e
+            .source()
+            .and_then(|s| s.downcast_ref::<StoreError>())
+            .expect("a StoreError source");
+        assert!(matches!(store, StoreError::Sqlite { .. }), "{store:?}");
+        let sqlite = store
+            .source()
+            .and_then(|s| s.downcast_ref::<rusqlite::Error>())
+            .expect("rusqlite's error");
+        assert!(sqlite.to_string().contains("no such table"), "{sqlite}");
+    }
 
     fn rows(c: &Connection) -> i64 {
         c.query_row("SELECT count(*) FROM t", [], |r| r.get(0)).unwrap()

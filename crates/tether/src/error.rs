@@ -45,7 +45,7 @@ impl std::fmt::Display for TransportKind {
 ///
 /// Every variant's message says what happened and, where it can, what to do about it.
 /// [`Error::is_transient`] is the single classification the shared [`crate::RetryPolicy`] uses.
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// The server answered with a non-success HTTP status.
@@ -83,8 +83,15 @@ pub enum Error {
         code: Option<String>,
     },
     /// The response could not be understood.
-    #[error("malformed response: {0}")]
-    Malformed(String),
+    #[error("malformed response: {message}")]
+    Malformed {
+        /// What could not be understood, including the source's text when there is one.
+        message: String,
+        /// The parse error behind it (a `serde_json::Error`, say), for
+        /// [`std::error::Error::source`] and downcasting.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// A model's response outgrew the cap on one response (its text, reasoning and tool-call
     /// arguments together, [`crate::chat::DEFAULT_MAX_RESPONSE_BYTES`] unless configured): the
     /// call was stopped there. Not transient: the same request would do it again.
@@ -119,8 +126,15 @@ pub enum Error {
         message: String,
     },
     /// The event store failed.
-    #[error("event store: {0}")]
-    Store(String),
+    #[error("event store: {message}")]
+    Store {
+        /// What failed, including the source's text when there is one.
+        message: String,
+        /// The store's own error behind it (`tether_sqlite::StoreError`, which in turn keeps
+        /// rusqlite's), for [`std::error::Error::source`] and downcasting.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// The provider cannot reopen an existing session (an ACP agent that does not advertise
     /// `loadSession`, say): nothing was sent to it, and nothing recorded was changed.
     #[error("{provider} cannot resume a session: {reason}")]
@@ -135,7 +149,7 @@ pub enum Error {
     Closed,
     /// An I/O error outside any protocol.
     #[error("I/O: {0}")]
-    Io(String),
+    Io(#[from] std::io::Error),
     /// The thread belongs to another agent: a thread is one agent's conversation.
     #[error("thread {thread} belongs to agent `{agent}`; start a new thread for this agent")]
     ThreadTaken {
@@ -153,6 +167,9 @@ pub enum Error {
         reason: String,
     },
 }
+
+/// A boxed error kept as the [`std::error::Error::source`] of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Shorthand for results whose error is [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -222,19 +239,54 @@ impl Error {
             Error::Http { .. } => "http",
             Error::Transport { .. } => "transport",
             Error::Stream { .. } => "stream_error",
-            Error::Malformed(_) => "malformed_response",
+            Error::Malformed { .. } => "malformed_response",
             Error::ResponseTooLarge { .. } => "response_too_large",
             Error::Timeout(_) => "timeout",
             Error::Cancelled => "cancelled",
             Error::Config(_) => "config",
             Error::Guard(_) => "guard",
             Error::Provider { .. } => "provider",
-            Error::Store(_) => "store",
+            Error::Store { .. } => "store",
             Error::CannotResume { .. } => "cannot_resume",
             Error::Closed => "closed",
             Error::Io(_) => "io",
             Error::ThreadTaken { .. } => "thread_taken",
             Error::InvalidThreadId { .. } => "invalid_thread_id",
+        }
+    }
+
+    /// Builds an [`Error::Malformed`] with no source error.
+    pub fn malformed(message: impl Into<String>) -> Self {
+        Error::Malformed {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Builds an [`Error::Malformed`] that keeps `source`; the message is `context: source`.
+    pub fn malformed_with(context: impl std::fmt::Display, source: impl Into<BoxError>) -> Self {
+        let source = source.into();
+        Error::Malformed {
+            message: with_context(context, &*source),
+            source: Some(source),
+        }
+    }
+
+    /// Builds an [`Error::Store`] with no source error.
+    pub fn store(message: impl Into<String>) -> Self {
+        Error::Store {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Builds an [`Error::Store`] that keeps `source`; the message is `context: source`, or
+    /// the source's own text when `context` is empty.
+    pub fn store_with(context: impl std::fmt::Display, source: impl Into<BoxError>) -> Self {
+        let source = source.into();
+        Error::Store {
+            message: with_context(context, &*source),
+            source: Some(source),
         }
     }
 
@@ -252,6 +304,16 @@ impl Error {
             provider: provider.into(),
             message: message.into(),
         }
+    }
+}
+
+/// `context: source`, or the source's text alone when the context is empty.
+fn with_context(context: impl std::fmt::Display, source: &(dyn std::error::Error + Send + Sync)) -> String {
+    let context = context.to_string();
+    if context.is_empty() {
+        source.to_string()
+    } else {
+        format!("{context}: {source}")
     }
 }
 
@@ -308,5 +370,31 @@ mod tests {
         }
         assert!(!Error::Cancelled.is_transient());
         assert!(!Error::ResponseTooLarge { limit: 1 }.is_transient());
+    }
+
+    #[test]
+    fn store_and_malformed_keep_their_source() {
+        use std::error::Error as _;
+        let json = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let want = json.to_string();
+        let e = Error::malformed_with("event #2", json);
+        assert_eq!(e.to_string(), format!("malformed response: event #2: {want}"));
+        let src = e.source().expect("a source");
+        assert!(src.downcast_ref::<serde_json::Error>().is_some());
+
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "read-only");
+        let e = Error::store_with("", io);
+        assert_eq!(e.to_string(), "event store: read-only");
+        let src = e.source().expect("a source");
+        assert_eq!(
+            src.downcast_ref::<std::io::Error>().map(|e| e.kind()),
+            Some(std::io::ErrorKind::PermissionDenied)
+        );
+        assert!(Error::store("x").source().is_none());
+
+        let e: Error = std::io::Error::other("disk full").into();
+        assert!(matches!(&e, Error::Io(io) if io.kind() == std::io::ErrorKind::Other));
+        assert_eq!(e.to_string(), "I/O: disk full");
+        assert!(e.source().is_some());
     }
 }

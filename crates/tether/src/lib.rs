@@ -65,7 +65,7 @@ pub mod types;
 pub mod workspace;
 
 pub use chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse, ChatToolCall};
-pub use error::{Error, Result, TransportKind};
+pub use error::{BoxError, Error, Result, TransportKind};
 pub use event::{Event, EventKind, Role};
 pub use handler::{
     Capabilities, ElicitationMode, ElicitationRequest, ElicitationResponse, ExitStatus, Handler,
@@ -83,6 +83,6 @@ pub use thread::{Checkpoint, Claim, Thread, ThreadId, ThreadStore};
 /// Cancels a request in flight ([`Session::send_cancellable`]); re-exported from tokio-util.
 pub use tokio_util::sync::CancellationToken;
 pub use types::{
-    PendingToolUse, SessionInfo, SessionResult, Terminal, ToolResult, ToolSpec, ToolUse, TurnResult, Usage,
-    UserMessage, Waiting, stop_reason,
+    PendingToolUse, SessionInfo, SessionResult, StopReason, Terminal, ToolResult, ToolSpec, ToolUse,
+    TurnResult, Usage, UserMessage, Waiting, stop_reason,
 };

@@ -26,7 +26,7 @@ use crate::provider::{Input, Opened, Provider, Resume, TurnContext};
 use crate::raw;
 use crate::retry::RetryPolicy;
 use crate::sink::DeltaSink;
-use crate::types::{Terminal, ToolResult, ToolUse, TurnResult};
+use crate::types::{StopReason, Terminal, ToolResult, ToolUse, TurnResult};
 
 mod rebuild;
 
@@ -400,7 +400,12 @@ impl Provider for LocalLoop {
         };
         Ok(TurnResult {
             terminal,
-            stop_reason: if stop.is_null() { json!("stop") } else { stop },
+            // A chat completion without a finish reason ended normally.
+            stop_reason: if stop.is_null() {
+                StopReason::EndTurn
+            } else {
+                StopReason::from_raw(stop)
+            },
             text,
             tool_uses: uses,
             server_tool_uses: Vec::new(),

@@ -21,8 +21,8 @@ use crate::sink::{EventObserver, EventSink};
 use crate::store::{EventStore, MemoryStore};
 use crate::thread::{CHECKPOINT, Checkpoint, Claim, ThreadId, ThreadStore};
 use crate::types::{
-    PendingToolUse, SessionInfo, SessionResult, Terminal, ToolResult, ToolSpec, ToolUse, TurnResult, Usage,
-    UserMessage, Waiting, stop_reason,
+    PendingToolUse, SessionInfo, SessionResult, StopReason, Terminal, ToolResult, ToolSpec, ToolUse,
+    TurnResult, Usage, UserMessage, Waiting,
 };
 
 /// What the turn guard sees after each turn.
@@ -399,8 +399,9 @@ async fn open_thread(
         ));
     }
     let checkpoint: Checkpoint = match store.state(&thread.record, CHECKPOINT).await? {
-        Some(v) => serde_json::from_value(v)
-            .map_err(|e| Error::Store(format!("the checkpoint of thread {} is unreadable: {e}", t.id)))?,
+        Some(v) => serde_json::from_value(v).map_err(|e| {
+            Error::store_with(format_args!("the checkpoint of thread {} is unreadable", t.id), e)
+        })?,
         None => Checkpoint::default(),
     };
     let state = (!checkpoint.provider.is_null()).then_some(&checkpoint.provider);
@@ -889,7 +890,7 @@ impl Session {
     async fn idle_result(&mut self) -> SessionResult {
         SessionResult {
             terminal: Terminal::EndTurn,
-            stop_reason: json!(stop_reason::IDLE),
+            stop_reason: StopReason::Idle,
             session_id: self.info().session_id.clone(),
             text: String::new(),
             texts: Vec::new(),
@@ -1065,7 +1066,7 @@ impl Session {
                 let seq = sink.last_seq().await;
                 let sid = sink.info().session_id.clone();
                 let cp = serde_json::to_value(Checkpoint { seq, provider })
-                    .map_err(|e| Error::Store(format!("the checkpoint does not encode: {e}")))?;
+                    .map_err(|e| Error::store_with("the checkpoint does not encode", e))?;
                 sink.store().put_state(&sid, CHECKPOINT, &cp).await?;
             }
             Ok(())
@@ -1099,12 +1100,7 @@ impl Session {
                     self.record_tool_results(uses, results).await?;
                 }
                 return Ok(self
-                    .finish(
-                        acc,
-                        Terminal::Terminated,
-                        json!(stop_reason::MAX_TURNS),
-                        Vec::new(),
-                    )
+                    .finish(acc, Terminal::Terminated, StopReason::MaxTurns, Vec::new())
                     .await);
             }
             self.cx.turn = acc.turns + 1;
@@ -1127,7 +1123,7 @@ impl Session {
                     Ok(GuardDecision::Halt(reason)) => {
                         // The turn's tool uses are answered (not run), so the history stays whole.
                         self.settle(&format!("the session was halted ({reason})")).await?;
-                        let sr = json!({"type": stop_reason::HALTED, "reason": reason});
+                        let sr = StopReason::Halted { reason };
                         return Ok(self.finish(acc, Terminal::Terminated, sr, Vec::new()).await);
                     }
                     Err(p) => return Err(Error::Guard(panic_message(p.as_ref()))),
@@ -1155,12 +1151,7 @@ impl Session {
                         lock(&self.batch).clear();
                         self.record_tool_results(&uses, &done).await?;
                         return Ok(self
-                            .finish(
-                                acc,
-                                Terminal::EndTurn,
-                                json!(stop_reason::TERMINAL_TOOL),
-                                Vec::new(),
-                            )
+                            .finish(acc, Terminal::EndTurn, StopReason::TerminalTool, Vec::new())
                             .await);
                     }
                     lock(&self.batch).clear();
@@ -1168,12 +1159,7 @@ impl Session {
                         let waiting = pending.iter().map(|p| p.tool_use.clone()).collect();
                         self.pause(uses, &pending);
                         return Ok(self
-                            .finish(
-                                acc,
-                                Terminal::RequiresAction,
-                                json!(stop_reason::PENDING_TOOLS),
-                                waiting,
-                            )
+                            .finish(acc, Terminal::RequiresAction, StopReason::PendingTools, waiting)
                             .await);
                     }
                     input = Input::ToolResults(uses, results.into_iter().flatten().collect());
@@ -1203,12 +1189,7 @@ impl Session {
                             continue;
                         }
                         return Ok(self
-                            .finish(
-                                acc,
-                                Terminal::EndTurn,
-                                json!(stop_reason::NO_TERMINAL_TOOL),
-                                Vec::new(),
-                            )
+                            .finish(acc, Terminal::EndTurn, StopReason::NoTerminalTool, Vec::new())
                             .await);
                     }
                     return Ok(self
@@ -1655,7 +1636,7 @@ impl Session {
         let pending = self.pending_tool_uses();
         SessionResult {
             terminal: Terminal::RequiresAction,
-            stop_reason: json!(stop_reason::PENDING_TOOLS),
+            stop_reason: StopReason::PendingTools,
             session_id: self.info().session_id.clone(),
             text: String::new(),
             texts: Vec::new(),
@@ -1674,7 +1655,7 @@ impl Session {
         &mut self,
         acc: Acc,
         terminal: Terminal,
-        stop: Value,
+        stop: StopReason,
         pending: Vec<ToolUse>,
     ) -> SessionResult {
         SessionResult {

@@ -59,7 +59,7 @@ impl MemoryStore {
         let mut g = self
             .inner
             .lock()
-            .map_err(|_| Error::Store("memory store lock poisoned".into()))?;
+            .map_err(|_| Error::store("memory store lock poisoned"))?;
         Ok(f(&mut g))
     }
 
@@ -67,7 +67,7 @@ impl MemoryStore {
         let mut g = self
             .threads
             .lock()
-            .map_err(|_| Error::Store("memory store lock poisoned".into()))?;
+            .map_err(|_| Error::store("memory store lock poisoned"))?;
         Ok(f(&mut g))
     }
 }
@@ -128,7 +128,7 @@ impl ThreadStore for MemoryStore {
                 t.provider_session = Some(session.to_owned());
                 Ok(())
             }
-            None => Err(Error::Store(format!("no thread {thread} to record a session on"))),
+            None => Err(Error::store(format!("no thread {thread} to record a session on"))),
         })?
     }
 

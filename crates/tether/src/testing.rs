@@ -98,8 +98,8 @@ impl ChatModel for ScriptedModel {
         }
         let next = self.script.lock().ok().and_then(|mut s| s.pop_front());
         let resp = next.unwrap_or_else(|| {
-            Err(crate::Error::Malformed(
-                "the scripted model has no more responses".into(),
+            Err(crate::Error::malformed(
+                "the scripted model has no more responses",
             ))
         })?;
         if let Some(t) = &resp.message.content {

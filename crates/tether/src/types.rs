@@ -319,8 +319,8 @@ pub enum Terminal {
 pub struct TurnResult {
     /// How the turn ended.
     pub terminal: Terminal,
-    /// The provider's own stop reason, raw (`"stop"`, `{"type":"requires_action",...}`, ...).
-    pub stop_reason: Value,
+    /// Why the turn ended (the provider's reason, typed; an unknown one kept raw).
+    pub stop_reason: StopReason,
     /// The turn's assistant text.
     #[serde(default)]
     pub text: String,
@@ -336,8 +336,9 @@ pub struct TurnResult {
 }
 
 impl TurnResult {
-    /// A turn that ended with `terminal` and a raw stop reason.
-    pub fn new(terminal: Terminal, stop_reason: impl Into<Value>) -> Self {
+    /// A turn that ended with `terminal` for `stop_reason` (a [`StopReason`], or a raw
+    /// provider value or name, mapped by [`StopReason::from_raw`]).
+    pub fn new(terminal: Terminal, stop_reason: impl Into<StopReason>) -> Self {
         TurnResult {
             terminal,
             stop_reason: stop_reason.into(),
@@ -349,7 +350,181 @@ impl TurnResult {
     }
 }
 
-/// Stop reasons the session engine itself produces (beside the providers' raw ones).
+/// Why a turn (or a request) ended: the provider's reason, or the session engine's own.
+///
+/// Providers spell the same reason differently (OpenAI's `stop` and `length`, Anthropic's and
+/// ACP's `end_turn` and `max_tokens`, Bedrock's `tool_use`); they all parse to one variant, so
+/// a caller matches on it instead of comparing strings. A reason this version does not know is
+/// kept as the provider sent it, in [`StopReason::Other`].
+///
+/// Serialized, a known reason is its snake_case name (`"end_turn"`, `"max_turns"`), a halt is
+/// `{"type": "halted", "reason": ...}` and [`StopReason::Other`] is its raw value, exactly as
+/// records written before this type existed hold them: every stored stop reason still loads
+/// ([`StopReason::from_raw`] is the one mapping).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// The model finished its answer (`end_turn`, OpenAI's `stop`).
+    EndTurn,
+    /// The model hit its output token limit (`max_tokens`, OpenAI's `length`).
+    MaxTokens,
+    /// The model asked for tools (`tool_use`, OpenAI's `tool_calls`).
+    ToolUse,
+    /// The model produced one of the request's stop sequences.
+    StopSequence,
+    /// The model declined to answer.
+    Refusal,
+    /// A content filter or guardrail stopped the answer (`content_filter`).
+    ContentFilter,
+    /// The server paused a long turn, to be continued (Anthropic's `pause_turn`).
+    PauseTurn,
+    /// The turn was cancelled.
+    Cancelled,
+    /// The request used all its turns.
+    MaxTurns,
+    /// The model ended its turn without calling the required terminal tool, after re-prompts.
+    NoTerminalTool,
+    /// The terminal tool was called: the run is complete.
+    TerminalTool,
+    /// The turn guard halted the session, for the reason it gave.
+    Halted {
+        /// The guard's reason.
+        reason: String,
+    },
+    /// Some tool uses belong to no local handler (front-end tools) and wait for results.
+    PendingTools,
+    /// A `RequiresAction` turn had nothing to run and the provider could not continue.
+    UnresolvedRequiresAction,
+    /// A reattached session had nothing pending and no prompt to deliver.
+    Idle,
+    /// A reason this version does not know, exactly as the provider sent it (a string, or an
+    /// object such as Managed Agents' `{"type": "requires_action", "event_ids": [...]}`).
+    Other(Value),
+}
+
+/// The known reasons and their serialized names, canonical name first for each.
+const STOP_NAMES: &[(&str, StopReason)] = &[
+    ("end_turn", StopReason::EndTurn),
+    ("stop", StopReason::EndTurn),
+    ("max_tokens", StopReason::MaxTokens),
+    ("length", StopReason::MaxTokens),
+    ("tool_use", StopReason::ToolUse),
+    ("tool_calls", StopReason::ToolUse),
+    ("stop_sequence", StopReason::StopSequence),
+    ("refusal", StopReason::Refusal),
+    ("content_filter", StopReason::ContentFilter),
+    ("pause_turn", StopReason::PauseTurn),
+    ("cancelled", StopReason::Cancelled),
+    (stop_reason::MAX_TURNS, StopReason::MaxTurns),
+    (stop_reason::NO_TERMINAL_TOOL, StopReason::NoTerminalTool),
+    (stop_reason::TERMINAL_TOOL, StopReason::TerminalTool),
+    (stop_reason::PENDING_TOOLS, StopReason::PendingTools),
+    (
+        stop_reason::UNRESOLVED_REQUIRES_ACTION,
+        StopReason::UnresolvedRequiresAction,
+    ),
+    (stop_reason::IDLE, StopReason::Idle),
+];
+
+impl StopReason {
+    /// The reason a raw value names: a known name (in any provider's spelling), an object
+    /// that is only `{"type": <known name>}`, a halt (`{"type": "halted", "reason": "..."}`),
+    /// or else [`StopReason::Other`] holding the value unchanged (`null` included: a provider
+    /// that sent no reason).
+    pub fn from_raw(raw: Value) -> Self {
+        match &raw {
+            Value::String(s) => Self::from_name(s).unwrap_or(StopReason::Other(raw)),
+            Value::Object(o) => {
+                let ty = o.get("type").and_then(Value::as_str);
+                if ty == Some(stop_reason::HALTED)
+                    && o.len() == 2
+                    && let Some(reason) = o.get("reason").and_then(Value::as_str)
+                {
+                    return StopReason::Halted {
+                        reason: reason.to_owned(),
+                    };
+                }
+                match ty.and_then(Self::from_name) {
+                    Some(r) if o.len() == 1 => r,
+                    _ => StopReason::Other(raw),
+                }
+            }
+            _ => StopReason::Other(raw),
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        STOP_NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, r)| r.clone())
+    }
+
+    /// The canonical name of a known reason (`"end_turn"`, `"halted"`), or the string an
+    /// unknown one was, if it was a string.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            StopReason::Halted { .. } => Some(stop_reason::HALTED),
+            StopReason::Other(v) => v.as_str(),
+            known => STOP_NAMES.iter().find(|(_, r)| r == known).map(|(n, _)| *n),
+        }
+    }
+
+    /// The reason as the JSON value it serializes to.
+    pub fn to_value(&self) -> Value {
+        match self {
+            StopReason::Halted { reason } => {
+                serde_json::json!({"type": stop_reason::HALTED, "reason": reason})
+            }
+            StopReason::Other(v) => v.clone(),
+            known => Value::String(known.as_str().unwrap_or_default().to_owned()),
+        }
+    }
+}
+
+impl std::fmt::Display for StopReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StopReason::Halted { reason } => write!(f, "halted ({reason})"),
+            StopReason::Other(Value::String(s)) => f.write_str(s),
+            StopReason::Other(v) => write!(f, "{v}"),
+            known => f.write_str(known.as_str().unwrap_or_default()),
+        }
+    }
+}
+
+impl From<Value> for StopReason {
+    fn from(raw: Value) -> Self {
+        StopReason::from_raw(raw)
+    }
+}
+
+impl From<&str> for StopReason {
+    fn from(name: &str) -> Self {
+        StopReason::from_raw(Value::String(name.to_owned()))
+    }
+}
+
+impl From<String> for StopReason {
+    fn from(name: String) -> Self {
+        StopReason::from_raw(Value::String(name))
+    }
+}
+
+impl Serialize for StopReason {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.to_value().serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for StopReason {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Value::deserialize(d).map(StopReason::from_raw)
+    }
+}
+
+/// The serialized names of the stop reasons the session engine itself produces (the
+/// [`StopReason`] variants of the same names).
 pub mod stop_reason {
     /// The request used all its turns.
     pub const MAX_TURNS: &str = "max_turns";
@@ -372,8 +547,9 @@ pub mod stop_reason {
 pub struct SessionResult {
     /// How the last turn ended.
     pub terminal: Terminal,
-    /// The last turn's raw stop reason, or one of [`stop_reason`]'s.
-    pub stop_reason: Value,
+    /// Why the request ended: the last turn's reason, or the engine's own
+    /// ([`StopReason::MaxTurns`], [`StopReason::Halted`], ...).
+    pub stop_reason: StopReason,
     /// The session's id.
     pub session_id: String,
     /// The final turn's text: the answer.
@@ -450,6 +626,128 @@ impl UserMessage {
         UserMessage {
             id: Some(id.into()),
             text: text.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    /// Results serialized by the code before `StopReason` existed (when the field was a raw
+    /// `serde_json::Value`) still load, and each stop reason parses to the variant it meant.
+    #[test]
+    fn a_result_written_before_stop_reason_was_typed_still_loads() {
+        let cases = [
+            (json!("stop"), StopReason::EndTurn),
+            (json!("end_turn"), StopReason::EndTurn),
+            (json!("length"), StopReason::MaxTokens),
+            (json!("max_tokens"), StopReason::MaxTokens),
+            (json!("tool_calls"), StopReason::ToolUse),
+            (json!("tool_use"), StopReason::ToolUse),
+            (json!("cancelled"), StopReason::Cancelled),
+            (json!("max_turns"), StopReason::MaxTurns),
+            (json!("terminal_tool"), StopReason::TerminalTool),
+            (json!("no_terminal_tool"), StopReason::NoTerminalTool),
+            (json!("pending_tools"), StopReason::PendingTools),
+            (
+                json!("unresolved_requires_action"),
+                StopReason::UnresolvedRequiresAction,
+            ),
+            (json!("idle"), StopReason::Idle),
+            (
+                json!({"type": "halted", "reason": "budget"}),
+                StopReason::Halted {
+                    reason: "budget".into(),
+                },
+            ),
+            (json!({"type": "end_turn"}), StopReason::EndTurn),
+            (
+                json!({"type": "requires_action", "event_ids": ["e1"]}),
+                StopReason::Other(json!({"type": "requires_action", "event_ids": ["e1"]})),
+            ),
+            (json!("weird_reason"), StopReason::Other(json!("weird_reason"))),
+        ];
+        for (raw, want) in cases {
+            let old = json!({
+                "terminal": "terminated", "stop_reason": raw, "session_id": "s1", "text": "t",
+                "texts": ["t"], "tool_uses": [], "server_tool_uses": [], "pending_tool_uses": [],
+                "final_output": null, "usage": {}, "turns": 1, "events": [], "checkpoint": null
+            });
+            let r: SessionResult = serde_json::from_value(old).expect("an old session result loads");
+            assert_eq!(r.stop_reason, want, "{raw}");
+            let t: TurnResult = serde_json::from_value(json!({"terminal": "end_turn", "stop_reason": raw}))
+                .expect("an old turn result loads");
+            assert_eq!(t.stop_reason, want, "{raw}");
+        }
+    }
+
+    /// The engine's own reasons serialize exactly as the old code wrote them, so records
+    /// (`tether.run_end`) and wire output do not change.
+    #[test]
+    fn engine_reasons_serialize_as_before() {
+        for (r, old) in [
+            (StopReason::MaxTurns, json!(stop_reason::MAX_TURNS)),
+            (StopReason::TerminalTool, json!(stop_reason::TERMINAL_TOOL)),
+            (StopReason::NoTerminalTool, json!(stop_reason::NO_TERMINAL_TOOL)),
+            (StopReason::PendingTools, json!(stop_reason::PENDING_TOOLS)),
+            (
+                StopReason::UnresolvedRequiresAction,
+                json!(stop_reason::UNRESOLVED_REQUIRES_ACTION),
+            ),
+            (StopReason::Idle, json!(stop_reason::IDLE)),
+            (
+                StopReason::Halted {
+                    reason: "budget".into(),
+                },
+                json!({"type": stop_reason::HALTED, "reason": "budget"}),
+            ),
+        ] {
+            assert_eq!(serde_json::to_value(&r).unwrap(), old);
+        }
+    }
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            prop_oneof![
+                Just("stop".to_owned()),
+                Just("halted".to_owned()),
+                Just("end_turn".to_owned()),
+                Just("type".to_owned()),
+                Just("reason".to_owned()),
+                ".{0,12}"
+            ]
+            .prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                prop::collection::btree_map(
+                    prop_oneof![Just("type".to_owned()), Just("reason".to_owned()), "[a-z]{1,6}"],
+                    inner,
+                    0..4
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// Any stored value loads, an unknown one is kept unchanged, and a loaded reason
+        /// survives another save and load.
+        #[test]
+        fn any_stored_stop_reason_loads_and_round_trips(raw in any_json()) {
+            let r: StopReason = serde_json::from_value(raw.clone()).unwrap();
+            if let StopReason::Other(v) = &r {
+                prop_assert_eq!(v, &raw);
+            }
+            let again: StopReason = serde_json::from_value(serde_json::to_value(&r).unwrap()).unwrap();
+            prop_assert_eq!(again, r);
         }
     }
 }

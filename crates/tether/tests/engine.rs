@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use tether::local::LocalLoop;
 use tether::{
     ChatModel, ChatRequest, ChatResponse, DeltaSink, Error, EventKind, GuardDecision, Handler, MemoryStore,
-    RecordingSleeper, RetryPolicy, ScriptedModel, Session, SessionInfo, Terminal, ToolOutput, ToolResult,
-    ToolSet, ToolSpec, ToolUse,
+    RecordingSleeper, RetryPolicy, ScriptedModel, Session, SessionInfo, StopReason, Terminal, ToolOutput,
+    ToolResult, ToolSet, ToolSpec, ToolUse,
 };
 
 fn spec(name: &str) -> ToolSpec {
@@ -249,7 +249,7 @@ async fn the_turn_limit_ends_with_a_stop_reason_and_the_last_turn_gets_a_final_d
         .await
         .unwrap();
     assert_eq!(r.terminal, Terminal::Terminated);
-    assert_eq!(r.stop_reason, json!("max_turns"));
+    assert_eq!(r.stop_reason, StopReason::MaxTurns);
     assert_eq!(r.turns, 3);
     assert_eq!(model.remaining(), 0);
     let third = &model.requests()[2].messages;
@@ -298,7 +298,7 @@ async fn terminal_tool_ends_the_run_and_is_reprompted_when_missing() {
         .await
         .unwrap();
     assert_eq!(r.terminal, Terminal::EndTurn);
-    assert_eq!(r.stop_reason, json!("terminal_tool"));
+    assert_eq!(r.stop_reason, StopReason::TerminalTool);
     assert_eq!(r.final_output, Some(json!({"answer": 42})));
     assert!(model.requests()[0].tools.iter().any(|t| t.name == "finish"));
     let reprompt = model.requests()[1].messages.last().cloned().unwrap();
@@ -315,7 +315,7 @@ async fn terminal_tool_ends_the_run_and_is_reprompted_when_missing() {
         .await
         .unwrap();
     assert_eq!(r.terminal, Terminal::EndTurn);
-    assert_eq!(r.stop_reason, json!("no_terminal_tool"));
+    assert_eq!(r.stop_reason, StopReason::NoTerminalTool);
     assert_eq!(r.turns, 3, "the first answer plus two re-prompts");
     assert_eq!(r.text, "c");
 }
@@ -339,7 +339,16 @@ async fn the_turn_guard_halts_and_a_panicking_guard_is_a_typed_error() {
         .await
         .unwrap();
     assert_eq!(r.terminal, Terminal::Terminated);
-    assert_eq!(r.stop_reason, json!({"type": "halted", "reason": "budget"}));
+    assert_eq!(
+        r.stop_reason,
+        StopReason::Halted {
+            reason: "budget".into()
+        }
+    );
+    assert_eq!(
+        json!(r.stop_reason),
+        json!({"type": "halted", "reason": "budget"})
+    );
 
     let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("x"))]);
     let e = Session::builder(LocalLoop::new(model))
@@ -359,14 +368,14 @@ async fn length_and_filter_stops_are_terminated_with_the_raw_reason() {
         .await
         .unwrap();
     assert_eq!(r.terminal, Terminal::Terminated);
-    assert_eq!(r.stop_reason, json!("length"));
+    assert_eq!(r.stop_reason, StopReason::MaxTokens);
     assert_eq!(r.text, "cut");
 }
 
 #[tokio::test]
 async fn transient_model_errors_are_retried_with_backoff_and_recorded() {
     let sleeper = RecordingSleeper::default();
-    let e503 = Error::Http {
+    let e503 = || Error::Http {
         status: 503,
         message: "overloaded".into(),
         code: None,
@@ -382,7 +391,7 @@ async fn transient_model_errors_are_retried_with_backoff_and_recorded() {
         should_retry: None,
         endpoint: "x".into(),
     };
-    let model = ScriptedModel::new(vec![Err(e503.clone()), Err(e503), Ok(ScriptedModel::text("ok"))]);
+    let model = ScriptedModel::new(vec![Err(e503()), Err(e503()), Ok(ScriptedModel::text("ok"))]);
     let lp = LocalLoop::new(model).retry(RetryPolicy::default().with_sleeper(sleeper.clone()));
     let r = Session::builder(lp).run("go").await.unwrap();
     assert_eq!(r.text, "ok");
@@ -412,7 +421,7 @@ async fn front_end_tools_pause_the_session_until_results_arrive() {
         .unwrap();
     let r = s.send("go").await.unwrap();
     assert_eq!(r.terminal, Terminal::RequiresAction);
-    assert_eq!(r.stop_reason, json!("pending_tools"));
+    assert_eq!(r.stop_reason, StopReason::PendingTools);
     assert_eq!(r.pending_tool_uses.len(), 1);
     assert_eq!(r.pending_tool_uses[0].id, "b");
     assert!(matches!(s.send("again").await, Err(Error::Config(_))));
@@ -920,7 +929,7 @@ async fn the_terminal_tool_beside_other_tools_runs_them_and_ends_the_run() {
         .await
         .unwrap();
     assert_eq!(r.terminal, Terminal::EndTurn);
-    assert_eq!(r.stop_reason, json!("terminal_tool"));
+    assert_eq!(r.stop_reason, StopReason::TerminalTool);
     assert_eq!(r.final_output, Some(json!({"answer": 42})));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(r.turns, 1);
@@ -1075,7 +1084,16 @@ async fn a_request_ending_with_unsent_tool_calls_still_answers_them_in_the_histo
         .await
         .unwrap();
     let r = s.send("go").await.unwrap();
-    assert_eq!(r.stop_reason, json!({"type": "halted", "reason": "budget"}));
+    assert_eq!(
+        r.stop_reason,
+        StopReason::Halted {
+            reason: "budget".into()
+        }
+    );
+    assert_eq!(
+        json!(r.stop_reason),
+        json!({"type": "halted", "reason": "budget"})
+    );
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     s.send("go on").await.unwrap();
     let msgs = &model.requests()[1].messages;
@@ -1097,7 +1115,7 @@ async fn a_request_ending_with_unsent_tool_calls_still_answers_them_in_the_histo
         .await
         .unwrap();
     let r = s.send("go").await.unwrap();
-    assert_eq!(r.stop_reason, json!("max_turns"));
+    assert_eq!(r.stop_reason, StopReason::MaxTurns);
     s.send("go on").await.unwrap();
     let msgs = &model.requests()[1].messages;
     let b = msgs

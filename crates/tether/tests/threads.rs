@@ -141,7 +141,7 @@ async fn a_thread_is_claimed_opened_and_resumed_by_a_new_session() {
         )
         .await
         .unwrap();
-    assert_eq!(r.stop_reason, json!(tether::stop_reason::IDLE));
+    assert_eq!(r.stop_reason, tether::StopReason::Idle);
     assert_eq!(store.load(&thread.record).await.unwrap().len(), all.len());
 }
 
@@ -392,7 +392,7 @@ async fn a_call_the_crash_left_unrun_runs_once_on_resume() {
     let mut s = session(&store, "t", &model, &handler).open().await.unwrap();
     assert!(s.pending_tool_uses().is_empty());
     let r = s.resume(CancellationToken::new()).await.unwrap();
-    assert_eq!(r.stop_reason, json!(tether::stop_reason::IDLE));
+    assert_eq!(r.stop_reason, tether::StopReason::Idle);
     assert_eq!(handler.runs.load(Ordering::SeqCst), 1);
     assert_gapless(&store.load(&record).await.unwrap());
 }

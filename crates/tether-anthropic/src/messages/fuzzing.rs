@@ -46,7 +46,7 @@ mod tests {
             );
             let r = stream(&[body.as_bytes()], &DeltaSink::discard()).await;
             assert!(
-                matches!(&r, Err(Error::Malformed(m)) if m.contains("content block object")),
+                matches!(&r, Err(Error::Malformed { message: m, .. }) if m.contains("content block object")),
                 "{block}: {r:?}"
             );
         }

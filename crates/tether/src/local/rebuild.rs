@@ -142,9 +142,10 @@ pub(crate) async fn rebuild(
             }
             (raw::LOCAL_MODEL_RESPONSE, _) => {
                 flush(store, &sid, &mut batch, &mut results, &mut history).await?;
-                let msg: ChatMessage =
-                    serde_json::from_value(e.raw.get("message").cloned().unwrap_or(Value::Null))
-                        .map_err(|err| Error::Store(format!("event {} is unreadable: {err}", e.id)))?;
+                let msg: ChatMessage = serde_json::from_value(
+                    e.raw.get("message").cloned().unwrap_or(Value::Null),
+                )
+                .map_err(|err| Error::store_with(format_args!("event {} is unreadable", e.id), err))?;
                 batch = msg.tool_calls.clone();
                 history.push(msg);
                 trailing = None;
