@@ -420,9 +420,9 @@ impl Weights {
     /// logits of the last position (`all == false`, shape `[vocab]`) or of every position
     /// (`[tokens.len(), vocab]`).
     ///
-    /// Hand-written over flat buffers and the kernels of [`crate::kernels`] rather than as
-    /// candle ops: at 576 wide, candle's per-op allocation and dispatch cost more than the
-    /// arithmetic (see that module).
+    /// Hand-written over flat buffers and this crate's own kernels (the private `kernels`
+    /// module) rather than as candle ops: at 576 wide, candle's per-op allocation and dispatch
+    /// cost more than the arithmetic (see that module).
     pub fn forward(&self, tokens: &[u32], cache: &mut Cache, all: bool) -> candle_core::Result<Tensor> {
         let t = tokens.len();
         if t == 0 {
