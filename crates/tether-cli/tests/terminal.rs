@@ -340,30 +340,11 @@ async fn a_run_that_times_out_while_a_question_waits_still_exits() {
     assert!(!dir.path().join("made").exists());
 }
 
-/// The fake ACP agent binary from tether-testkit, built on first use.
-fn fake_acp_agent() -> std::path::PathBuf {
-    let exe = std::env::current_exe().expect("test exe path");
-    // target/<profile>/deps/<test> → target/<profile>/fake-acp-agent
-    let dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .to_path_buf();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
-        .args(["build", "-q", "-p", "tether-testkit", "--bin", "fake-acp-agent"])
-        .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).join("../.."))
-        .status()
-        .expect("run cargo build for fake-acp-agent");
-    assert!(status.success(), "building fake-acp-agent failed");
-    let bin = dir.join("fake-acp-agent");
-    assert!(bin.exists(), "fake-acp-agent not found at {}", bin.display());
-    bin
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn tether_acp_prints_agent_text_and_questions_inert() {
-    let agent = tokio::task::spawn_blocking(fake_acp_agent).await.unwrap();
+    let agent = tokio::task::spawn_blocking(tether_testkit::peers::fake_acp_agent)
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let cwd = dir.path().to_path_buf();
     let screen = tokio::task::spawn_blocking(move || {
