@@ -43,11 +43,13 @@ mod rebuild;
 /// ```
 pub struct LocalLoop {
     model: Arc<dyn ChatModel>,
-    model_name: String,
     system_prompt: Option<String>,
     retry: RetryPolicy,
     session_id: String,
-    history: Vec<ChatMessage>,
+    /// The next model request: the model name, the history (`req.messages`) and the tools. Kept
+    /// whole so a model call borrows it rather than copying the history each turn (a turn's
+    /// cost then does not grow with the conversation's length).
+    req: ChatRequest,
     resumed: bool,
     seen: HashSet<String>,
     error_counts: HashMap<String, u32>,
@@ -57,9 +59,9 @@ impl std::fmt::Debug for LocalLoop {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LocalLoop")
             .field("model", &self.model.name())
-            .field("model_name", &self.model_name)
+            .field("model_name", &self.req.model)
             .field("session_id", &self.session_id)
-            .field("history_len", &self.history.len())
+            .field("history_len", &self.req.messages.len())
             .finish()
     }
 }
@@ -74,11 +76,14 @@ impl LocalLoop {
     pub fn with_model(model: Arc<dyn ChatModel>) -> Self {
         LocalLoop {
             model,
-            model_name: String::new(),
             system_prompt: None,
             retry: RetryPolicy::default(),
             session_id: format!("local_{:016x}", rand::random::<u64>()),
-            history: Vec::new(),
+            req: ChatRequest {
+                model: String::new(),
+                messages: Vec::new(),
+                tools: Vec::new(),
+            },
             resumed: false,
             seen: HashSet::new(),
             error_counts: HashMap::new(),
@@ -87,7 +92,7 @@ impl LocalLoop {
 
     /// The model name sent with every request (empty: the model's own default).
     pub fn model_name(mut self, name: impl Into<String>) -> Self {
-        self.model_name = name.into();
+        self.req.model = name.into();
         self
     }
 
@@ -114,17 +119,17 @@ impl LocalLoop {
         let history: Vec<ChatMessage> = serde_json::from_value(transcript.clone())
             .map_err(|e| Error::Config(format!("the transcript is not a list of chat messages: {e}")))?;
         self.resumed = !history.is_empty();
-        self.history = history;
+        self.req.messages = history;
         Ok(self)
     }
 
     /// The history so far.
     pub fn history(&self) -> &[ChatMessage] {
-        &self.history
+        &self.req.messages
     }
 
     async fn directive(&mut self, cx: &TurnContext, role: &str, text: String) -> Result<()> {
-        self.history.push(ChatMessage::user(text.clone()));
+        self.req.messages.push(ChatMessage::user(text.clone()));
         cx.sink
             .record(
                 "",
@@ -146,7 +151,7 @@ impl LocalLoop {
         results: &[ToolResult],
     ) -> Result<()> {
         for (u, r) in uses.iter().zip(results) {
-            self.history.push(rebuild::tool_message(&u.id, r));
+            self.req.messages.push(rebuild::tool_message(&u.id, r));
             let n = self.error_counts.entry(u.name.clone()).or_insert(0);
             if r.is_error {
                 *n += 1;
@@ -175,11 +180,11 @@ impl LocalLoop {
     }
 
     async fn call_model(&mut self, cx: &TurnContext, message_id: &str) -> Result<ChatResponse> {
-        let req = ChatRequest {
-            model: self.model_name.clone(),
-            messages: self.history.clone(),
-            tools: cx.tools.clone(),
-        };
+        // The tools change rarely (between requests, or an MCP server's list): copied only then.
+        if self.req.tools != cx.tools {
+            self.req.tools = cx.tools.clone();
+        }
+        let req = &self.req;
         let mut retries = 0u32;
         loop {
             if cx.sink.observed() {
@@ -206,7 +211,7 @@ impl LocalLoop {
             // Every attempt streams under the message's one id: the sink then shows a retried
             // message once (a repeat is held back, a different attempt restarts the message).
             let deltas = DeltaSink::new(cx.sink.clone(), message_id);
-            match self.model.chat(&req, &deltas).await {
+            match self.model.chat(req, &deltas).await {
                 Ok(r) => return Ok(r),
                 Err(e) => {
                     let Some(d) = self.retry.delay_for(&e, retries) else {
@@ -246,10 +251,10 @@ impl Provider for LocalLoop {
     }
 
     async fn open(&mut self, _cx: &TurnContext) -> Result<Opened> {
-        if self.history.is_empty()
+        if self.req.messages.is_empty()
             && let Some(p) = &self.system_prompt
         {
-            self.history.push(ChatMessage::system(p.clone()));
+            self.req.messages.push(ChatMessage::system(p.clone()));
         }
         Ok(Opened {
             session_id: self.session_id.clone(),
@@ -264,12 +269,12 @@ impl Provider for LocalLoop {
     /// id, so their ids never collide with those already recorded.
     async fn resume(&mut self, from: Resume<'_>, cx: &TurnContext) -> Result<Opened> {
         let rb = rebuild::rebuild(&from, self.system_prompt.as_deref(), cx).await?;
-        self.history = rb.history;
+        self.req.messages = rb.history;
         self.resumed = true;
-        if self.history.is_empty()
+        if self.req.messages.is_empty()
             && let Some(p) = &self.system_prompt
         {
-            self.history.push(ChatMessage::system(p.clone()));
+            self.req.messages.push(ChatMessage::system(p.clone()));
         }
         Ok(Opened {
             session_id: from
@@ -285,7 +290,7 @@ impl Provider for LocalLoop {
     async fn turn(&mut self, input: Input, cx: &TurnContext) -> Result<TurnResult> {
         match input {
             Input::Message(text) => {
-                self.history.push(ChatMessage::user(text));
+                self.req.messages.push(ChatMessage::user(text));
                 self.seen.clear();
                 self.error_counts.clear();
             }
@@ -301,7 +306,7 @@ impl Provider for LocalLoop {
                     self.seen.clear();
                     self.error_counts.clear();
                 }
-                self.history.push(m);
+                self.req.messages.push(m);
             }
         }
         if cx.is_final_turn() {
@@ -315,9 +320,9 @@ impl Provider for LocalLoop {
         }
         // Derived from the history's length, so ids stay unique when a session is reattached
         // from its transcript (a restarted counter would collide with recorded ids).
-        let message_id = format!("{}-m{}", self.session_id, self.history.len());
+        let message_id = format!("{}-m{}", self.session_id, self.req.messages.len());
         let resp = self.call_model(cx, &message_id).await?;
-        self.history.push(resp.message.clone());
+        self.req.messages.push(resp.message.clone());
 
         let mut uses = Vec::new();
         let mut dups = Vec::new();
@@ -369,7 +374,7 @@ impl Provider for LocalLoop {
                     None => String::new(),
                 }
             );
-            self.history.push(ChatMessage::tool(
+            self.req.messages.push(ChatMessage::tool(
                 &d.id,
                 json!({"duplicate": true, "message": directive}).to_string(),
                 false,
@@ -415,13 +420,13 @@ impl Provider for LocalLoop {
 
     async fn record_tool_results(&mut self, uses: &[ToolUse], results: &[ToolResult]) -> Result<()> {
         for (u, r) in uses.iter().zip(results) {
-            self.history.push(rebuild::tool_message(&u.id, r));
+            self.req.messages.push(rebuild::tool_message(&u.id, r));
         }
         Ok(())
     }
 
     fn checkpoint(&self) -> Option<Value> {
-        serde_json::to_value(&self.history).ok()
+        serde_json::to_value(&self.req.messages).ok()
     }
 }
 

@@ -1055,19 +1055,29 @@ impl Session {
     /// at the end of every request. Nothing is written when the provider was not called since
     /// the last save (a request that ends with the turn just saved), nor for a provider that
     /// keeps no state.
-    fn checkpoint_now(&mut self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
+    async fn checkpoint_now(&mut self) -> Result<()> {
+        self.checkpoint_saver().await.await
+    }
+
+    /// [`Session::checkpoint_now`] in two steps: takes the provider's state and the sequence
+    /// number it covers now, and returns the write, which owns them, so it can run beside other
+    /// work (a turn's tool calls).
+    async fn checkpoint_saver(&mut self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
         let state = match std::mem::take(&mut self.unsaved) {
             true => self.provider.checkpoint(),
             false => None,
         };
         let sink = self.cx.sink.clone();
+        let seq = match state {
+            Some(_) => sink.last_seq().await,
+            None => 0,
+        };
         async move {
             if let Some(provider) = state {
-                let seq = sink.last_seq().await;
                 let sid = sink.info().session_id.clone();
-                let cp = serde_json::to_value(Checkpoint { seq, provider })
-                    .map_err(|e| Error::store_with("the checkpoint does not encode", e))?;
-                sink.store().put_state(&sid, CHECKPOINT, &cp).await?;
+                sink.store()
+                    .put_state(&sid, CHECKPOINT, &checkpoint_value(seq, provider))
+                    .await?;
             }
             Ok(())
         }
@@ -1110,7 +1120,18 @@ impl Session {
             if tr.terminal == Terminal::RequiresAction {
                 self.hand_over(&tr.tool_uses);
             }
-            self.checkpoint_now().await?;
+            // A turn that hands tool uses over saves its checkpoint while they run: the save
+            // holds the provider's state as of the turn's end, taken now, and the tools' results
+            // are memoized and recorded on their own (a resume replays the record after the
+            // checkpoint), so it need not come first; the first call then starts a store round
+            // trip earlier. Any other turn saves it now.
+            let saving = self.checkpoint_saver().await;
+            let mut saving = if tr.terminal == Terminal::RequiresAction && !tr.tool_uses.is_empty() {
+                Some(saving)
+            } else {
+                saving.await?;
+                None
+            };
             if let Some(g) = &self.config.turn_guard {
                 let gi = GuardInfo {
                     turns: acc.turns,
@@ -1121,6 +1142,9 @@ impl Session {
                 match std::panic::catch_unwind(AssertUnwindSafe(|| g(&gi))) {
                     Ok(GuardDecision::Continue) => {}
                     Ok(GuardDecision::Halt(reason)) => {
+                        if let Some(saving) = saving.take() {
+                            saving.await?;
+                        }
                         // The turn's tool uses are answered (not run), so the history stays whole.
                         self.settle(&format!("the session was halted ({reason})")).await?;
                         let sr = StopReason::Halted { reason };
@@ -1136,7 +1160,19 @@ impl Session {
                         input = Input::Continue;
                         continue;
                     }
-                    let (results, pending) = self.runner().run(&uses, false).await?;
+                    let (ran, saved) = match saving.take() {
+                        Some(saving) => {
+                            futures_util::future::join(self.runner().run(&uses, false), saving).await
+                        }
+                        None => (self.runner().run(&uses, false).await, Ok(())),
+                    };
+                    if let Err(e) = saved {
+                        // The calls that ran are memoized and recorded: the provider gets their
+                        // results (and the others an error result), so its history stays whole.
+                        self.settle("the checkpoint could not be saved").await?;
+                        return Err(e);
+                    }
+                    let (results, pending) = ran?;
                     if let Some(t) = uses.iter().find(|u| Some(&u.name) == terminal_name.as_ref()) {
                         acc.terminal_called = true;
                         acc.final_output = Some(t.input.clone());
@@ -1717,6 +1753,16 @@ impl Session {
     }
 }
 
+/// A [`Checkpoint`] as stored, built around the provider's state without copying it (encoding a
+/// `Checkpoint` would copy the whole state, a transcript that grows with the thread, once more
+/// on every turn).
+fn checkpoint_value(seq: u64, provider: Value) -> Value {
+    let mut m = serde_json::Map::new();
+    m.insert("seq".into(), Value::from(seq));
+    m.insert("provider".into(), provider);
+    Value::Object(m)
+}
+
 /// The declared tools: the handler's, then the terminal tool.
 fn declared_tools(handler: &dyn Handler, terminal: Option<&ToolSpec>) -> Vec<ToolSpec> {
     let mut tools = handler.tools();
@@ -1868,5 +1914,27 @@ impl SessionHandle {
         let _ = self.cmd.send((Command::Close, 0)).await;
         drop(self.results);
         let _ = self.task.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checkpoint built in place is exactly what encoding a [`Checkpoint`] gives, and reads
+    /// back as one: stores and resumes see the same format as before.
+    #[test]
+    fn a_checkpoint_built_in_place_encodes_as_a_checkpoint() {
+        let provider =
+            json!([{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [{"id": "c1"}]}]);
+        let built = checkpoint_value(7, provider.clone());
+        let encoded = serde_json::to_value(Checkpoint {
+            seq: 7,
+            provider: provider.clone(),
+        })
+        .unwrap();
+        assert_eq!(built, encoded);
+        let back: Checkpoint = serde_json::from_value(built).unwrap();
+        assert_eq!((back.seq, back.provider), (7, provider));
     }
 }
