@@ -3,7 +3,9 @@
 //!
 //! `cargo bench -p tether-mcp --bench calls` (`-- <calls per round> <rounds>`, default 2000 5;
 //! `--current-thread` runs both sides on a current-thread runtime; `--batch=8` makes 8 calls at
-//! a time on both sides: 8 calls a turn, 8 concurrent direct calls).
+//! a time on both sides: 8 calls a turn, 8 concurrent direct calls; `--in-task` runs each side
+//! as a runtime task instead of on the bench's thread).
+//! Each side's rate is printed with the CPU time this process used per call.
 //! The server is this binary started with `--server` (rmcp's server side, one `noop` tool).
 //!
 //! - direct: an rmcp client calls `noop` N times, one after another.
@@ -112,18 +114,18 @@ async fn sessions(n: usize, batch: usize, handler: Arc<dyn tether::Handler>) -> 
             .chunks(batch)
             .map(<[_]>::to_vec)
             .collect();
-        let mut script: Vec<tether::Result<tether::ChatResponse>> = turns
+        let mut script: std::collections::VecDeque<tether::ChatResponse> = turns
             .iter()
             .map(|calls| {
                 let calls: Vec<(&str, &str, &str)> = calls
                     .iter()
                     .map(|(id, a)| (id.as_str(), "noop", a.as_str()))
                     .collect();
-                Ok(ScriptedModel::tool_calls(&calls))
+                ScriptedModel::tool_calls(&calls)
             })
             .collect();
-        script.push(Ok(ScriptedModel::text("done")));
-        let r = Session::builder(LocalLoop::new(ScriptedModel::new(script)))
+        script.push_back(ScriptedModel::text("done"));
+        let r = Session::builder(LocalLoop::new(Replay(std::sync::Mutex::new(script))))
             .handler_arc(handler.clone())
             .max_turns(turns.len() as u32 + 2)
             .run("go")
@@ -134,6 +136,37 @@ async fn sessions(n: usize, batch: usize, handler: Arc<dyn tether::Handler>) -> 
         done += k;
     }
     n as f64 / t.elapsed().as_secs_f64()
+}
+
+/// The sessions' model: replays its responses, streaming each as the testkit's `ScriptedModel`
+/// does (tool call start, arguments, end), but keeps no copy of the requests it gets
+/// (`ScriptedModel` keeps every request for tests to inspect: a copy of the whole history each
+/// turn, which no real model client makes and the direct side does not pay).
+struct Replay(std::sync::Mutex<std::collections::VecDeque<tether::ChatResponse>>);
+
+#[async_trait::async_trait]
+impl tether::ChatModel for Replay {
+    fn name(&self) -> &str {
+        "replay"
+    }
+
+    async fn chat(
+        &self,
+        _req: &tether::ChatRequest,
+        deltas: &tether::DeltaSink,
+    ) -> tether::Result<tether::ChatResponse> {
+        let next = self.0.lock().ok().and_then(|mut s| s.pop_front());
+        let resp = next.ok_or_else(|| tether::Error::malformed("the script has no more responses"))?;
+        if let Some(t) = &resp.message.content {
+            deltas.text(t).await;
+        }
+        for c in &resp.message.tool_calls {
+            deltas.tool_call_start(&c.id, &c.name).await;
+            deltas.tool_call_args(&c.id, &c.arguments).await;
+            deltas.tool_call_end(&c.id).await;
+        }
+        Ok(resp)
+    }
 }
 
 async fn mcp_handler() -> (Arc<dyn tether::Handler>, McpServer) {
@@ -230,6 +263,20 @@ fn main() {
             println!("direct {:.0} calls/s", rt.block_on(direct(n, batch)));
             return;
         }
+        Some("session") => {
+            println!(
+                "session {:.0} calls/s",
+                rt.block_on(sessions(n, batch, mcp.clone()))
+            );
+            return;
+        }
+        Some("local") => {
+            println!(
+                "local {:.0} calls/s",
+                rt.block_on(sessions(n, batch, local_handler()))
+            );
+            return;
+        }
         Some("source") => {
             println!(
                 "McpServer::call alone {:.0} calls/s",
@@ -240,23 +287,56 @@ fn main() {
         _ => {}
     }
     let local = local_handler();
+    // `--in-task`: each side runs as a task of the runtime (as in a server: `tether serve` runs
+    // every session on a runtime task) rather than on the bench's own thread through
+    // `block_on` (as `#[tokio::main]` runs a program's main future). Both sides alike.
+    let in_task = std::env::args().any(|a| a == "--in-task");
+    let run = |f: std::pin::Pin<Box<dyn std::future::Future<Output = f64> + Send>>| -> (f64, f64) {
+        let cpu = cpu_ns();
+        let rate = if in_task {
+            rt.block_on(async { rt.spawn(f).await.expect("the side's task") })
+        } else {
+            rt.block_on(f)
+        };
+        (rate, (cpu_ns() - cpu) as f64 / n as f64 / 1000.0)
+    };
     let mut ratios = Vec::new();
+    let mut cpu_ratios = Vec::new();
     for round in 0..rounds {
-        let d = rt.block_on(direct(n, batch));
-        let s = rt.block_on(sessions(n, batch, mcp.clone()));
-        let b = rt.block_on(sessions(n, batch, local.clone()));
-        let a = rt.block_on(source_alone(n, &server));
+        let (d, dc) = run(Box::pin(direct(n, batch)));
+        let (s, sc) = run(Box::pin(sessions(n, batch, mcp.clone())));
+        let (b, bc) = run(Box::pin(sessions(n, batch, local.clone())));
+        let server2 = server.clone();
+        let (a, ac) = run(Box::pin(async move { source_alone(n, &server2).await }));
         let ratio = s / d;
         ratios.push(ratio);
+        cpu_ratios.push(dc / sc);
         println!(
-            "round {round}: direct {d:.0} calls/s, session {s:.0} calls/s (ratio {ratio:.2}); the same sessions with an in-process no-op tool {b:.0} calls/s; McpServer::call alone {a:.0} calls/s"
+            "round {round}: direct {d:.0} calls/s ({dc:.0} µs CPU/call), session {s:.0} calls/s ({sc:.0} µs CPU/call) (ratio {ratio:.2}, CPU direct/session {:.2}); the same sessions with an in-process no-op tool {b:.0} calls/s ({bc:.0} µs CPU/call); McpServer::call alone {a:.0} calls/s ({ac:.0} µs CPU/call)",
+            dc / sc
         );
     }
     ratios.sort_by(|a, b| a.total_cmp(b));
+    cpu_ratios.sort_by(|a, b| a.total_cmp(b));
     println!(
-        "median ratio {:.2} (min {:.2}, max {:.2}) over {rounds} rounds of {n} calls",
+        "median ratio {:.2} (min {:.2}, max {:.2}) over {rounds} rounds of {n} calls; CPU per call direct/session median {:.2} (this process's CPU, not the server's)",
         ratios[ratios.len() / 2],
         ratios[0],
-        ratios[ratios.len() - 1]
+        ratios[ratios.len() - 1],
+        cpu_ratios[cpu_ratios.len() / 2]
     );
+}
+
+/// CPU time this process has used so far, in ns: the sum over its threads of the scheduler's
+/// run time (`/proc/self/task/*/schedstat`), finer than `getrusage`'s ticks. The MCP server's
+/// own CPU (a child process) is not in it; it does the same work per call on both sides.
+fn cpu_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next().and_then(|v| v.parse::<u64>().ok()))
+        .sum()
 }
