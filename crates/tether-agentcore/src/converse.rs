@@ -110,12 +110,11 @@ impl Fold {
                 let u = &p["usage"];
                 if u.is_object() {
                     let n = |k: &str| u[k].as_u64().unwrap_or(0);
-                    self.usage = Some(Usage {
-                        input_tokens: n("inputTokens"),
-                        output_tokens: n("outputTokens"),
-                        cache_read_tokens: n("cacheReadInputTokens"),
-                        raw: vec![u.clone()],
-                    });
+                    self.usage = Some(
+                        Usage::new(n("inputTokens"), n("outputTokens"))
+                            .with_cache_read_tokens(n("cacheReadInputTokens"))
+                            .with_raw(u.clone()),
+                    );
                 }
             }
             _ => {}

@@ -556,30 +556,14 @@ mod tests {
     }
 
     fn request() -> PermissionRequest {
-        PermissionRequest {
-            tool_use_id: "call_2".into(),
-            title: "Modify config".into(),
-            input: json!({"path": "config.json"}),
-            kind: Some("edit".into()),
-            options: vec![
-                tether::PermissionOption {
-                    id: "allow".into(),
-                    name: "Allow".into(),
-                    kind: PermissionKind::AllowOnce,
-                },
-                tether::PermissionOption {
-                    id: "always".into(),
-                    name: "Always".into(),
-                    kind: PermissionKind::AllowAlways,
-                },
-                tether::PermissionOption {
-                    id: "reject".into(),
-                    name: "Skip".into(),
-                    kind: PermissionKind::RejectOnce,
-                },
-            ],
-            raw: Value::Null,
-        }
+        PermissionRequest::new("call_2", "Modify config")
+            .with_input(json!({"path": "config.json"}))
+            .with_kind("edit")
+            .with_options(vec![
+                tether::PermissionOption::new("allow", "Allow", PermissionKind::AllowOnce),
+                tether::PermissionOption::new("always", "Always", PermissionKind::AllowAlways),
+                tether::PermissionOption::new("reject", "Skip", PermissionKind::RejectOnce),
+            ])
     }
 
     #[test]
@@ -653,14 +637,12 @@ mod tests {
     }
 
     fn form() -> ElicitationRequest {
-        ElicitationRequest {
-            id: None,
-            message: "Your name?".into(),
-            mode: ElicitationMode::Form {
+        ElicitationRequest::new(
+            "Your name?",
+            ElicitationMode::Form {
                 schema: json!({"type": "object", "properties": {"name": {"type": "string"}}}),
             },
-            raw: Value::Null,
-        }
+        )
     }
 
     #[test]
@@ -697,11 +679,12 @@ mod tests {
             ElicitationResponse::Cancel
         );
         // A URL elicitation's acceptance carries no content.
-        let url = ElicitationRequest {
-            mode: ElicitationMode::Url {
+        let url = {
+            let mut v = form();
+            v.mode = ElicitationMode::Url {
                 url: "https://example.com/auth".into(),
-            },
-            ..form()
+            };
+            v
         };
         assert_eq!(
             elicitation_answer(

@@ -1039,15 +1039,12 @@ impl ClientHandler for Client {
         };
         let answer = match self.newest_call() {
             Some((cx, _, clock)) => {
-                let req = ElicitationRequest {
-                    id: raw
-                        .get("elicitationId")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                    message,
-                    mode,
-                    raw: json!({"server": self.server_name(), "params": raw}),
-                };
+                let mut req = ElicitationRequest::new(message, mode)
+                    .with_raw(json!({"server": self.server_name(), "params": raw}));
+                req.id = raw
+                    .get("elicitationId")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
                 // The user's time is not the call's: both the call's `call_timeout` and the
                 // session's tool timeout stop while the question waits, which is bounded by its
                 // own `elicitation_timeout` instead (then cancelled: nobody answered).
@@ -1248,11 +1245,7 @@ fn sampling_request(raw: &Value, model: &str) -> ChatRequest {
             _ => messages.push(ChatMessage::user(text)),
         }
     }
-    ChatRequest {
-        model: model.to_owned(),
-        messages,
-        tools: Vec::new(),
-    }
+    ChatRequest::new(model, messages, Vec::new())
 }
 
 #[cfg(test)]

@@ -173,11 +173,7 @@ async fn sampling_is_answered_by_the_model_when_allowed() {
     });
     let server = McpServer::connect(cfg).await.unwrap();
     wait_for_tools(&server, &["trigger-sampling-request"]).await;
-    let cx = CallContext {
-        info: SessionInfo::new("s", "test"),
-        handler: Arc::new(tether::NoTools),
-        events: None,
-    };
+    let cx = CallContext::new(SessionInfo::new("s", "test"), Arc::new(tether::NoTools));
     let out = server
         .call(
             &ToolUse::new(
@@ -213,11 +209,7 @@ async fn roots_are_the_workspace_root() {
     let cfg = ServerConfig::new("everything", everything_stdio()).roots(vec![dir.path().to_path_buf()]);
     let server = McpServer::connect(cfg).await.unwrap();
     wait_for_tools(&server, &["get-roots-list"]).await;
-    let cx = CallContext {
-        info: SessionInfo::new("s", "test"),
-        handler: Arc::new(tether::NoTools),
-        events: None,
-    };
+    let cx = CallContext::new(SessionInfo::new("s", "test"), Arc::new(tether::NoTools));
     match server
         .call(&ToolUse::new("u1", "get-roots-list", json!({})), cx)
         .await
@@ -276,11 +268,7 @@ async fn a_long_running_tool_is_cancelled_with_the_turn() {
         .expect("the cancel ends the run");
     assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
     // The server is still usable after the cancelled call.
-    let cx = CallContext {
-        info: SessionInfo::new("s", "test"),
-        handler: Arc::new(tether::NoTools),
-        events: None,
-    };
+    let cx = CallContext::new(SessionInfo::new("s", "test"), Arc::new(tether::NoTools));
     let out = server
         .call(&ToolUse::new("e2", "echo", json!({"message": "still here"})), cx)
         .await;

@@ -552,18 +552,16 @@ fn thread_agent(
         .iter()
         .map(|t| tether::ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone())))
         .collect();
-    let config = tether::SessionConfig {
-        max_turns: cfg.max_turns.max(1),
+    let mut config = tether::SessionConfig::default()
+        .with_max_turns(cfg.max_turns.max(1))
         // Bounded by the config check (at most a week), so the sum cannot overflow.
-        tool_timeout: Some(Duration::from_secs(
+        .with_tool_timeout(Some(Duration::from_secs(
             cfg.tool_timeout_secs.clamp(1, crate::config::MAX_DURATION_SECS) + 5,
-        )),
-        terminal_tool: cfg
-            .terminal_tool
-            .as_ref()
-            .map(|t| tether::ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone()))),
-        ..tether::SessionConfig::default()
-    };
+        )));
+    config.terminal_tool = cfg
+        .terminal_tool
+        .as_ref()
+        .map(|t| tether::ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone())));
     let keep_alive = if matches!(spec, ProviderSpec::Acp { .. }) {
         ACP_LIVE_THREADS
     } else {
