@@ -8,6 +8,7 @@ use tether::{Terminal, ToolUse, Usage};
 
 /// One tool use being assembled.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ToolBlock {
     /// `toolUseId`.
     pub id: String,
@@ -28,6 +29,7 @@ impl ToolBlock {
 
 /// The fold of one turn.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Fold {
     /// Assistant text.
     pub text: String,

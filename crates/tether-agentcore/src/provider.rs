@@ -48,6 +48,7 @@ pub enum Target {
 
 /// How to reach AgentCore.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct AgentCoreConfig {
     /// What to invoke.
     pub target: Target,

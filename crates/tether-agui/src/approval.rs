@@ -114,6 +114,7 @@ fn elicitation_digest(req: &ElicitationRequest) -> String {
 /// One interrupt a thread issued.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct Issued {
     /// What it asks about.
     #[serde(default)]
@@ -135,6 +136,7 @@ pub type Outstanding = BTreeMap<String, Issued>;
 
 /// What a resume decided.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct Answers {
     /// Tool uses approved (by id): each runs once, and only if it is still that call.
     pub approved: Vec<String>,
@@ -270,6 +272,7 @@ pub async fn save(store: &dyn EventStore, record: &str, out: &Outstanding) -> te
 
 /// What the thread waits on, when known (inside the run, with the thread's lock held).
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct WaitingOn<'a> {
     /// Tool uses waiting for approval.
     pub calls: &'a [ToolUse],

@@ -55,6 +55,7 @@ pub const MANAGED_AGENTS_BETA: &str = "managed-agents-2026-04-01";
 
 /// How to reach a Managed Agents session.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ManagedConfig {
     /// Key and origin.
     pub client: ClientConfig,

@@ -114,11 +114,22 @@ impl Transport {
 
 /// What answers a server's sampling requests: the session's model.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct SamplingModel {
     /// The model.
     pub model: Arc<dyn ChatModel>,
     /// The model name sent in its requests.
     pub model_name: String,
+}
+
+impl SamplingModel {
+    /// Sampling requests answered by `model`, asked for `model_name`.
+    pub fn new(model: Arc<dyn ChatModel>, model_name: impl Into<String>) -> Self {
+        SamplingModel {
+            model,
+            model_name: model_name.into(),
+        }
+    }
 }
 
 impl std::fmt::Debug for SamplingModel {
@@ -131,6 +142,7 @@ impl std::fmt::Debug for SamplingModel {
 
 /// One server's configuration.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ServerConfig {
     /// The server's name (in messages, prefixes and events).
     pub name: String,

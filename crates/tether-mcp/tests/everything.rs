@@ -167,10 +167,8 @@ async fn streamable_http_full_round_through_a_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_is_answered_by_the_model_when_allowed() {
     let model = Arc::new(ScriptedModel::new(vec![Ok(ScriptedModel::text("sampled words"))]));
-    let cfg = ServerConfig::new("everything", everything_stdio()).sampling(SamplingModel {
-        model: model.clone(),
-        model_name: "the-model".into(),
-    });
+    let cfg = ServerConfig::new("everything", everything_stdio())
+        .sampling(SamplingModel::new(model.clone(), "the-model"));
     let server = McpServer::connect(cfg).await.unwrap();
     wait_for_tools(&server, &["trigger-sampling-request"]).await;
     let cx = CallContext::new(SessionInfo::new("s", "test"), Arc::new(tether::NoTools));

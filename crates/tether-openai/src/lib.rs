@@ -432,6 +432,7 @@ impl OpenAiModel {
         let tether_http::RetryHeaders {
             retry_after,
             should_retry,
+            ..
         } = tether_http::retry_headers(resp.headers());
         let body = read_capped(resp, deadline, MAX_ERROR_BODY).await;
         let (message, code) = match serde_json::from_slice::<Value>(&body) {

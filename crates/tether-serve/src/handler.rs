@@ -63,7 +63,7 @@ pub(crate) async fn start_mcp(cfg: &AgentConfig) -> Result<(), String> {
         Some(w) => w.root.clone(),
         None => std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?,
     };
-    let sampling = tether_mcp::SamplingModel { model, model_name };
+    let sampling = tether_mcp::SamplingModel::new(model, model_name);
     let (sources, _servers) = tether_mcp::config::connect_all(&cfg.mcp, &[root], Some(sampling))
         .await
         .map_err(|e| e.to_string())?;

@@ -317,6 +317,7 @@ pub enum StoreError {
 /// One sequence number shared by several events of a session (see
 /// [`StoreError::DuplicateSequence`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SeqDuplicate {
     /// The session.
     pub session_id: String,
