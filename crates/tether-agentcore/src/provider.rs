@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 use tether::{
     Error, Event, EventKind, Input, Opened, Provider, Resume, RetryPolicy, Role, StopReason, Terminal,
-    ToolResult, ToolUse, TransportKind, TurnContext, TurnResult, retry::parse_retry_after,
+    ToolResult, TransportKind, TurnContext, TurnResult, retry::parse_retry_after,
 };
 use tether_http::sse::SseDecoder;
 
@@ -319,17 +319,18 @@ impl AgentCore {
         if self.is_harness() {
             let messages = match input {
                 Input::Message(t) => json!([{"role": "user", "content": [{"text": t}]}]),
-                Input::ToolResults(uses, results) => {
+                Input::ToolResults(answered) => {
                     let assistant = self.pending_assistant.clone().unwrap_or_else(|| {
-                        let content: Vec<Value> = uses
+                        let content: Vec<Value> = answered
                             .iter()
+                            .map(|a| &a.tool_use)
                             .map(
                                 |u| json!({"toolUse": {"toolUseId": u.id, "name": u.name, "input": u.input}}),
                             )
                             .collect();
                         json!({"role": "assistant", "content": content})
                     });
-                    let content: Vec<Value> = results.iter().map(tool_result_block).collect();
+                    let content: Vec<Value> = answered.iter().map(|a| tool_result_block(&a.result)).collect();
                     json!([assistant, {"role": "user", "content": content}])
                 }
                 Input::Raw(v) if v["messages"].is_array() => v["messages"].clone(),
@@ -346,9 +347,9 @@ impl AgentCore {
         } else {
             let mut body = match input {
                 Input::Message(t) => json!({"prompt": t}),
-                Input::ToolResults(uses, results) => json!({
-                    "tool_uses": uses,
-                    "tool_results": results,
+                Input::ToolResults(answered) => json!({
+                    "tool_uses": answered.iter().map(|a| &a.tool_use).collect::<Vec<_>>(),
+                    "tool_results": answered.iter().map(|a| &a.result).collect::<Vec<_>>(),
                 }),
                 Input::Raw(v) if v.is_object() => v.clone(),
                 _ => {
@@ -728,11 +729,7 @@ impl Provider for AgentCore {
         r
     }
 
-    async fn record_tool_results(
-        &mut self,
-        _uses: &[ToolUse],
-        _results: &[ToolResult],
-    ) -> tether::Result<()> {
+    async fn record_tool_results(&mut self, _answered: &[tether::ToolUseResult]) -> tether::Result<()> {
         self.pending_assistant = None;
         Ok(())
     }

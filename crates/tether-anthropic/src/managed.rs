@@ -554,13 +554,13 @@ impl ManagedAgents {
                 "type": "user.message",
                 "content": [{"type": "text", "text": text}],
             })],
-            Input::ToolResults(uses, results) => {
+            Input::ToolResults(answered) => {
                 let mut evs = Vec::new();
-                for (i, r) in results.iter().enumerate() {
-                    if self.answered.contains(&r.tool_use_id) {
+                for a in &answered {
+                    if self.answered.contains(&a.result.tool_use_id) {
                         continue; // its result is already posted (or in history)
                     }
-                    evs.push(self.result_event(r, uses.get(i)));
+                    evs.push(self.result_event(&a.result, Some(&a.tool_use)));
                 }
                 evs
             }

@@ -773,8 +773,8 @@ impl tether::Provider for Flaky {
                     endpoint: "fake".into(),
                 })
             }
-            tether::Input::ToolResults(_, results) => {
-                self.results_seen.extend(results);
+            tether::Input::ToolResults(answered) => {
+                self.results_seen.extend(answered.into_iter().map(|a| a.result));
                 // Redelivered events are recorded once.
                 cx.sink.emit(ev("e2", EventKind::Other)).await?;
                 cx.sink
