@@ -79,6 +79,7 @@ struct Options {
     sampling: Sampling,
     stops: Vec<String>,
     tool_choice: ToolChoice,
+    parallel_tool_calls: bool,
     slots: usize,
 }
 
@@ -124,6 +125,15 @@ impl GgufBuilder {
     /// answer tool results always use `auto`, so a forced call cannot loop forever.
     pub fn tool_choice(mut self, c: ToolChoice) -> Self {
         self.opts.tool_choice = c;
+        self
+    }
+
+    /// Whether one answer may hold several tool calls (default `false`: one call, then the
+    /// answer ends, as llama.cpp's server does unless asked for parallel calls). With `true`
+    /// the grammar lets the model open another call after each one, and small models tend to
+    /// keep calling until their token budget runs out.
+    pub fn parallel_tool_calls(mut self, yes: bool) -> Self {
+        self.opts.parallel_tool_calls = yes;
         self
     }
 
@@ -255,6 +265,7 @@ impl GgufModel {
                 sampling: Sampling::default(),
                 stops: Vec::new(),
                 tool_choice: ToolChoice::Auto,
+                parallel_tool_calls: false,
                 slots: 1,
             },
         }
@@ -424,20 +435,14 @@ impl GgufModel {
         } else {
             ToolChoice::Auto
         };
+        let par = self.opts.parallel_tool_calls;
+        let grammar =
+            |only: Option<&str>| tools::call_grammar(&req.tools, only, par).map_err(GgufError::Grammar);
         Ok(match choice {
             ToolChoice::None => (Vec::new(), Mode::Text),
-            ToolChoice::Auto => (
-                req.tools.clone(),
-                Mode::Auto(tools::call_grammar(&req.tools, None).map_err(GgufError::Grammar)?),
-            ),
-            ToolChoice::Required => (
-                req.tools.clone(),
-                Mode::Calls(tools::call_grammar(&req.tools, None).map_err(GgufError::Grammar)?),
-            ),
-            ToolChoice::Named(n) => (
-                req.tools.clone(),
-                Mode::Calls(tools::call_grammar(&req.tools, Some(&n)).map_err(GgufError::Grammar)?),
-            ),
+            ToolChoice::Auto => (req.tools.clone(), Mode::Auto(grammar(None)?)),
+            ToolChoice::Required => (req.tools.clone(), Mode::Calls(grammar(None)?)),
+            ToolChoice::Named(n) => (req.tools.clone(), Mode::Calls(grammar(Some(&n))?)),
         })
     }
 
