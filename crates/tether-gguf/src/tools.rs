@@ -19,7 +19,7 @@ pub enum ToolChoice {
     Auto,
     /// No tool calls (the tools are not shown to the model).
     None,
-    /// At least one tool call, and no text before it.
+    /// A tool call (one, or more with `GgufBuilder::parallel_tool_calls`), and no text before it.
     Required,
     /// A call of this tool.
     Named(String),
