@@ -29,6 +29,13 @@ fn count_panics() {
     });
 }
 
+/// Held by every test here: the panic counter is process-wide, and one test makes candle panic
+/// on purpose (caught), so the tests take turns.
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    M.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 fn tiny() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny-qwen2.gguf")
 }
@@ -112,12 +119,14 @@ fn corrupt_mentions(e: &GgufError, what: &str) {
 
 #[test]
 fn the_unpatched_file_loads_and_runs() {
+    let _serial = serial();
     let m = load(&tiny()).expect("loads");
     assert_eq!(m.greedy("Hello", 2).expect("runs").len(), 2);
 }
 
 #[test]
 fn hyper_parameters_that_disagree_are_corrupt() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     // 3 heads do not divide 64.
     let p = Parts::read().set("qwen2.attention.head_count", Value::U32(3));
@@ -151,6 +160,7 @@ fn hyper_parameters_that_disagree_are_corrupt() {
 
 #[test]
 fn tensors_that_disagree_with_the_hyper_parameters_are_corrupt() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     // k projection [64 out, 64 in] where 2 kv heads of 16 need [32, 64].
     let p = Parts::read().tensor("blk.1.attn_k.weight", q8(64, 64));
@@ -171,6 +181,7 @@ fn tensors_that_disagree_with_the_hyper_parameters_are_corrupt() {
 
 #[test]
 fn a_vocabulary_larger_than_the_embedding_is_corrupt() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let parts = Parts::read();
     let get = |k: &str| match parts.metadata.iter().find(|(n, _)| n == k) {
@@ -191,6 +202,7 @@ fn a_vocabulary_larger_than_the_embedding_is_corrupt() {
 
 #[test]
 fn a_zero_alignment_is_corrupt() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     // candle's reader divides by it; the loader must not let that panic out.
     let p = dir.path().join("align.gguf");
@@ -231,6 +243,7 @@ fn info_at(bytes: &[u8], name: &str) -> usize {
 
 #[test]
 fn tensor_infos_patched_in_place_are_typed_errors() {
+    let _serial = serial();
     let dir = tempfile::tempdir().expect("tempdir");
     let bytes = std::fs::read(tiny()).expect("read");
     let patched = |name: &str, f: &dyn Fn(&mut [u8], usize)| -> PathBuf {
@@ -280,6 +293,7 @@ proptest! {
         flips in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>(), any::<bool>()), 1..6),
         cut in proptest::option::weighted(0.25, any::<prop::sample::Index>()),
     ) {
+        let _serial = serial();
         let bytes = std::fs::read(tiny()).expect("read");
         // The header is the first ~14 KB (vocabulary, merges, tensor infos).
         let header = 14_000.min(bytes.len());
