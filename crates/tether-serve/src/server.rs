@@ -227,7 +227,7 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
                 message,
             })?;
     }
-    let front = tokio::runtime::Builder::new_multi_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(front_threads())
         .thread_name("tether-serve-http")
         .enable_all()
@@ -236,6 +236,10 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
             bind: opts.bind.clone(),
             message: format!("cannot start the HTTP runtime: {e}"),
         })?;
+    let front = rt.handle().clone();
+    // Owned by `front_rt` at once: a start that fails below drops the runtime without blocking
+    // (a runtime dropped in async code panics).
+    let front_rt = FrontRuntime(Some(rt));
     let shutdown = CancellationToken::new();
     let runs = Arc::new(Semaphore::new(limits.max_concurrent_runs));
     let endpoint = EndpointOptions {
@@ -353,7 +357,7 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
         shutdown,
         stopped_accepting,
         task,
-        _front: FrontRuntime(Some(front)),
+        _front: front_rt,
         services: Services(services),
     })
 }
