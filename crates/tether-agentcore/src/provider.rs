@@ -48,6 +48,7 @@ pub enum Target {
 
 /// How to reach AgentCore.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct AgentCoreConfig {
     /// What to invoke.
     pub target: Target,
@@ -688,12 +689,9 @@ impl Provider for AgentCore {
     }
 
     async fn open(&mut self, _cx: &TurnContext) -> tether::Result<Opened> {
-        Ok(Opened {
-            session_id: self.session_id.clone(),
-            resumed: self.resumed,
-            pending: Vec::new(),
-            ..Opened::default()
-        })
+        let mut opened = Opened::new(self.session_id.clone());
+        opened.resumed = self.resumed;
+        Ok(opened)
     }
 
     /// Resumes the thread's runtime session by the id it recorded. AgentCore keeps the
@@ -719,12 +717,7 @@ impl Provider for AgentCore {
             }
             _ => Vec::new(),
         };
-        Ok(Opened {
-            session_id: self.session_id.clone(),
-            resumed: true,
-            pending,
-            ..Opened::default()
-        })
+        Ok(Opened::resumed(self.session_id.clone()).with_pending(pending))
     }
 
     async fn turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {
@@ -858,18 +851,18 @@ impl AgentCore {
             .await?;
         let terminal = fold.terminal();
         self.pending_assistant = (terminal == Terminal::RequiresAction).then(|| fold.assistant_message());
-        Ok(TurnResult {
-            terminal,
-            stop_reason: StopReason::from_raw(json!(fold.stop_reason)),
-            text: fold.text.clone(),
-            tool_uses: if terminal == Terminal::RequiresAction {
-                uses
-            } else {
-                Vec::new()
-            },
-            server_tool_uses: fold.server_tool_uses(),
-            usage: fold.usage.clone(),
-        })
+        let tool_uses = if terminal == Terminal::RequiresAction {
+            uses
+        } else {
+            Vec::new()
+        };
+        Ok(
+            TurnResult::new(terminal, StopReason::from_raw(json!(fold.stop_reason)))
+                .with_text(fold.text.clone())
+                .with_tool_uses(tool_uses)
+                .with_server_tool_uses(fold.server_tool_uses())
+                .with_usage(fold.usage.clone()),
+        )
     }
 }
 

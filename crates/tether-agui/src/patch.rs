@@ -233,6 +233,7 @@ fn push_index(pointer: &mut String, i: usize) {
 /// Why a patch did not apply.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("JSON Patch operation {index} ({op} {path}) does not apply: {reason}")]
+#[non_exhaustive]
 pub struct PatchError {
     /// Index of the failing operation.
     pub index: usize,

@@ -37,6 +37,7 @@ impl std::fmt::Debug for ApiKey {
 
 /// Where and how to reach the API.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// The API key (`x-api-key`).
     pub api_key: ApiKey,

@@ -55,6 +55,7 @@ pub const MANAGED_AGENTS_BETA: &str = "managed-agents-2026-04-01";
 
 /// How to reach a Managed Agents session.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ManagedConfig {
     /// Key and origin.
     pub client: ClientConfig,
@@ -332,14 +333,11 @@ impl ManagedAgents {
 
     fn take_turn(&mut self, terminal: Terminal, stop_reason: Value, tool_uses: Vec<ToolUse>) -> TurnResult {
         let acc = std::mem::take(&mut self.acc);
-        TurnResult {
-            terminal,
-            stop_reason: stop_reason.into(),
-            text: acc.texts.join("\n"),
-            tool_uses,
-            server_tool_uses: acc.server_tool_uses,
-            usage: acc.usage,
-        }
+        TurnResult::new(terminal, stop_reason)
+            .with_text(acc.texts.join("\n"))
+            .with_tool_uses(tool_uses)
+            .with_server_tool_uses(acc.server_tool_uses)
+            .with_usage(acc.usage)
     }
 
     fn pending_tool_uses(&self) -> Vec<ToolUse> {
@@ -423,14 +421,9 @@ impl ManagedAgents {
             let Some(ev) = self.confirmable.get(id).cloned() else {
                 continue;
             };
-            let req = PermissionRequest {
-                tool_use_id: id.clone(),
-                title: ev["name"].as_str().unwrap_or("tool").to_owned(),
-                input: input_of(&ev),
-                kind: None,
-                options: PermissionRequest::standard_options(),
-                raw: ev.clone(),
-            };
+            let req = PermissionRequest::new(id.clone(), ev["name"].as_str().unwrap_or("tool"))
+                .with_input(input_of(&ev))
+                .with_raw(ev.clone());
             let info = cx.info();
             let outcome = cx.handler.request_permission(&req, &info).await;
             let mut c = json!({"type": "user.tool_confirmation", "tool_use_id": id});
@@ -673,12 +666,14 @@ fn usage_of(ev: &Value) -> Option<Usage> {
         .filter(|v| v.is_object())
         .or_else(|| ev.get("usage").filter(|v| v.is_object()))?;
     let n = |k: &str| u[k].as_u64().unwrap_or(0);
-    Some(Usage {
-        input_tokens: n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens"),
-        output_tokens: n("output_tokens"),
-        cache_read_tokens: n("cache_read_input_tokens"),
-        raw: vec![u.clone()],
-    })
+    Some(
+        Usage::new(
+            n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens"),
+            n("output_tokens"),
+        )
+        .with_cache_read_tokens(n("cache_read_input_tokens"))
+        .with_raw(u.clone()),
+    )
 }
 
 enum Boundary {
@@ -817,12 +812,7 @@ impl Provider for ManagedAgents {
             // A reattach reports what it waits on; nothing stashed counts as this request's turn.
             self.stashed = None;
             self.acc = TurnAcc::default();
-            return Ok(Opened {
-                session_id: sid,
-                resumed: true,
-                pending,
-                ..Opened::default()
-            });
+            return Ok(Opened::resumed(sid).with_pending(pending));
         }
         let (Some(agent), Some(env)) = (&self.config.agent_id, &self.config.environment_id) else {
             return Err(Error::Config(
@@ -844,12 +834,7 @@ impl Provider for ManagedAgents {
         self.session_id = Some(sid.clone());
         // Stream first: nothing the session emits after our first post is missed.
         self.open_stream().await?;
-        Ok(Opened {
-            session_id: sid,
-            resumed: false,
-            pending: Vec::new(),
-            ..Opened::default()
-        })
+        Ok(Opened::new(sid))
     }
 
     /// Reattaches to the thread's session by the id it recorded and catches up: the stream is
@@ -871,12 +856,9 @@ impl Provider for ManagedAgents {
         self.stashed = None;
         self.acc = TurnAcc::default();
         let unanswered = unposted_messages(from.events, self.remote_user_messages);
-        Ok(Opened {
-            session_id: sid,
-            resumed: true,
-            pending,
-            unanswered,
-        })
+        Ok(Opened::resumed(sid)
+            .with_pending(pending)
+            .with_unanswered(unanswered))
     }
 
     async fn turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {

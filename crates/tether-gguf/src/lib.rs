@@ -533,17 +533,14 @@ impl ChatModel for GgufModel {
             .await
             .map_err(|e| tether::Error::provider("gguf", format!("the generation task failed: {e}")))??;
         let s = g.stats;
-        let usage = Usage {
-            input_tokens: s.prompt_tokens as u64,
-            output_tokens: s.generated_tokens as u64,
-            cache_read_tokens: s.reused_tokens as u64,
-            raw: vec![json!({
+        let usage = Usage::new(s.prompt_tokens as u64, s.generated_tokens as u64)
+            .with_cache_read_tokens(s.reused_tokens as u64)
+            .with_raw(json!({
                 "prompt_tokens": s.prompt_tokens,
                 "completion_tokens": s.generated_tokens,
                 "cached_tokens": s.reused_tokens,
                 "prefilled_tokens": s.prefilled_tokens,
-            })],
-        };
+            }));
         let mut message = ChatMessage::assistant(g.text.clone());
         if g.text.is_empty() && !g.calls.is_empty() {
             message.content = None;
@@ -551,23 +548,18 @@ impl ChatModel for GgufModel {
         message.tool_calls = g
             .calls
             .iter()
-            .map(|c| ChatToolCall {
-                id: c.id.clone(),
-                name: c.name.clone(),
-                arguments: c.arguments.clone(),
-            })
+            .map(|c| ChatToolCall::new(c.id.clone(), c.name.clone(), c.arguments.clone()))
             .collect();
-        Ok(ChatResponse {
-            raw: json!({
-                "model": self.inner.name,
-                "finish_reason": g.finish_reason,
-                "text": g.text,
-                "tool_calls": message.tool_calls,
-                "timings": {"prefill_us": s.prefill_us, "first_token_us": s.first_token_us, "decode_us": s.decode_us},
-            }),
-            message,
-            finish_reason: Some(g.finish_reason.to_owned()),
-            usage: Some(usage),
-        })
+        let raw = json!({
+            "model": self.inner.name,
+            "finish_reason": g.finish_reason,
+            "text": g.text,
+            "tool_calls": message.tool_calls,
+            "timings": {"prefill_us": s.prefill_us, "first_token_us": s.first_token_us, "decode_us": s.decode_us},
+        });
+        Ok(ChatResponse::new(message)
+            .with_finish_reason(g.finish_reason)
+            .with_usage(usage)
+            .with_raw(raw))
     }
 }

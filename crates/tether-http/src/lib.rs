@@ -244,6 +244,7 @@ pub fn with_traceparent(rb: reqwest::RequestBuilder, traceparent: Option<String>
 
 /// A response body read with [`read_body`]: at most the cap, and whether there was more.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Body {
     /// The bytes read (at most the cap).
     pub bytes: Vec<u8>,
@@ -302,6 +303,7 @@ pub async fn error_text(resp: reqwest::Response, idle: Duration) -> String {
 
 /// What a response's headers say about retrying it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetryHeaders {
     /// `retry-after-ms`, else `retry-after` (seconds).
     pub retry_after: Option<Duration>,

@@ -50,6 +50,7 @@ type TurnGuard = Arc<dyn Fn(&GuardInfo) -> GuardDecision + Send + Sync>;
 
 /// How a session runs. Every field has a default; see each one.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct SessionConfig {
     /// Most turns per request (default 50). Turn `max_turns + 1` is never started: the request
     /// ends `Terminated` with stop reason `max_turns`, keeping the last turn's text.
@@ -107,6 +108,75 @@ impl Default for SessionConfig {
             turn_guard: None,
             metadata: Default::default(),
         }
+    }
+}
+
+/// Builder-style setters, so a caller outside this crate can set what it needs (the struct is
+/// `#[non_exhaustive]`: a struct literal would break when a field is added).
+///
+/// ```
+/// use std::time::Duration;
+/// let c = tether::SessionConfig::default()
+///     .with_max_turns(5)
+///     .with_timeout(Duration::from_secs(30));
+/// assert_eq!(c.max_turns, 5);
+/// ```
+impl SessionConfig {
+    /// Most turns per request.
+    pub fn with_max_turns(mut self, n: u32) -> Self {
+        self.max_turns = n;
+        self
+    }
+
+    /// How many tool uses of one turn run at a time.
+    pub fn with_tool_concurrency(mut self, n: usize) -> Self {
+        self.tool_concurrency = n;
+        self
+    }
+
+    /// The time limit of one tool call (`None`: no limit).
+    pub fn with_tool_timeout(mut self, t: Option<Duration>) -> Self {
+        self.tool_timeout = t;
+        self
+    }
+
+    /// The terminal tool the run must end by calling.
+    pub fn with_terminal_tool(mut self, tool: ToolSpec) -> Self {
+        self.terminal_tool = Some(tool);
+        self
+    }
+
+    /// Re-prompts before giving up on the terminal tool.
+    pub fn with_max_reprompts(mut self, n: u32) -> Self {
+        self.max_reprompts = n;
+        self
+    }
+
+    /// The time limit of [`SessionBuilder::run`].
+    pub fn with_timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+
+    /// Backoff for reconnecting a dropped stream.
+    pub fn with_reconnect(mut self, policy: RetryPolicy) -> Self {
+        self.reconnect = policy;
+        self
+    }
+
+    /// A guard checked after every turn.
+    pub fn with_turn_guard(
+        mut self,
+        guard: impl Fn(&GuardInfo) -> GuardDecision + Send + Sync + 'static,
+    ) -> Self {
+        self.turn_guard = Some(Arc::new(guard));
+        self
+    }
+
+    /// Caller metadata, copied into [`SessionInfo::metadata`].
+    pub fn with_metadata(mut self, metadata: serde_json::Map<String, Value>) -> Self {
+        self.metadata = metadata;
+        self
     }
 }
 

@@ -118,11 +118,10 @@ impl Provider for Script {
         "script"
     }
     async fn open(&mut self, _cx: &TurnContext) -> tether::Result<Opened> {
-        Ok(Opened {
-            session_id: "p1".into(),
-            resumed: !self.pending.is_empty(),
-            pending: std::mem::take(&mut self.pending),
-            ..Default::default()
+        Ok({
+            let mut o = Opened::new("p1").with_pending(std::mem::take(&mut self.pending));
+            o.resumed = !self.pending.is_empty();
+            o
         })
     }
     async fn turn(&mut self, input: Input, _cx: &TurnContext) -> tether::Result<TurnResult> {
