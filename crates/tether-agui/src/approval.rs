@@ -327,6 +327,14 @@ pub struct WaitingOn<'a> {
     pub held: Option<Held<'a>>,
 }
 
+impl<'a> WaitingOn<'a> {
+    /// What a thread waits on: tool uses waiting for approval, and the question held live, if
+    /// any (for a backend outside this crate: the struct is non-exhaustive).
+    pub fn new(calls: &'a [ToolUse], held: Option<Held<'a>>) -> Self {
+        WaitingOn { calls, held }
+    }
+}
+
 /// Checks a resume against what is outstanding. `waiting`, when known, is what the thread
 /// waits on: a record whose question is not among it approves nothing (a tool record: the
 /// resume is refused; a permission record without a held request: the question was lost with

@@ -350,10 +350,7 @@ impl RestateAgent {
                 &outstanding,
                 thread.as_str(),
                 &resume,
-                Some(approval::WaitingOn {
-                    calls: &calls,
-                    held: None,
-                }),
+                Some(approval::WaitingOn::new(&calls, None)),
             )
             .map_err(|r| tether_agui::AgUiError::agent(r.code(), r.to_string()))?;
             // Used up before anything runs: an answer counts once.

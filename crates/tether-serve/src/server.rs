@@ -443,10 +443,9 @@ async fn restate_route(
     };
     let (agent, service) = crate::backend::start(name, cfg, spec, store, server, run_timeout).await?;
     let check: Arc<dyn ResumeCheck> = agent.clone();
-    let options = EndpointOptions {
-        admit: Some(admission(check, runs.clone(), shutdown.clone())),
-        ..endpoint.clone()
-    };
+    let options = endpoint
+        .clone()
+        .with_admit(admission(check, runs.clone(), shutdown.clone()));
     Ok((
         app.route_agui_with(path, agent, options),
         info,

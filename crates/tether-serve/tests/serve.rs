@@ -457,12 +457,11 @@ async fn a_thread_of_another_agent_is_refused() {
     if common::restate::enabled() {
         // The Restate backend serves one agent per server (one TetherThread service per
         // deployment): a second agent is a configuration error at start, not a panic.
-        let err = tether_serve::start(ServerOptions {
-            config: env.config(&other),
-            bind: "127.0.0.1:0".into(),
-            db: env.dir.path().join("tether.db"),
-            token: None,
-        })
+        let err = tether_serve::start(ServerOptions::new(
+            env.config(&other),
+            "127.0.0.1:0",
+            env.dir.path().join("tether.db"),
+        ))
         .await
         .unwrap_err();
         assert!(err.to_string().contains("one agent per server"), "{err}");
