@@ -6,7 +6,7 @@
 //! `ThreadAgent`, which opens the thread's `Session` in process. Here it is [`RestateAgent`],
 //! which
 //! - sends a new user message as a `turn` invocation through the Restate ingress
-//!   (`/TetherThread/{thread}/turn/send`, idempotent by the message's id);
+//!   (`/TetherThread/{thread}/turn/send`, idempotent by the message and run ids);
 //! - relays the turn's events to the client's AG-UI stream as they happen: the `TetherThread`
 //!   service runs inside this process (its endpoint on a listener of its own, registered with the
 //!   admin API at start) and sends every event (token deltas included) and every change of the
