@@ -408,11 +408,11 @@ fn to_tether(e: AcpError, program: &str) -> tether::Error {
         }
         AcpError::Spawn { .. } | AcpError::InvalidDirectory { .. } => tether::Error::Config(e.to_string()),
         AcpError::AgentExited { .. } | AcpError::Io { .. } | AcpError::Closed { .. } => {
-            tether::Error::Transport {
-                kind: tether::TransportKind::Closed,
-                message: e.to_string(),
-                endpoint: format!("acp:{program}"),
-            }
+            tether::Error::transport(
+                tether::TransportKind::Closed,
+                e.to_string(),
+                format!("acp:{program}"),
+            )
         }
         AcpError::FrameTooLarge { .. } | AcpError::Decode { .. } => tether::Error::malformed_with("", e),
         // `session/load` refused locally: the agent was never asked, its sessions are untouched.

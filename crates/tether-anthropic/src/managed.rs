@@ -454,11 +454,11 @@ impl ManagedAgents {
         let idle = self.config.stream_idle_timeout;
         loop {
             let Some(s) = self.stream.as_mut() else {
-                return Err(Error::Transport {
-                    kind: TransportKind::Closed,
-                    message: "the event stream is not connected".into(),
-                    endpoint: "managed event stream".into(),
-                });
+                return Err(Error::transport(
+                    TransportKind::Closed,
+                    "the event stream is not connected",
+                    "managed event stream",
+                ));
             };
             if let Some(f) = s.queue.pop_front() {
                 return Ok(f);
@@ -466,26 +466,26 @@ impl ManagedAgents {
             match tokio::time::timeout(idle, s.body.next()).await {
                 Err(_) => {
                     self.stream = None;
-                    return Err(Error::Transport {
-                        kind: TransportKind::Idle,
-                        message: format!(
+                    return Err(Error::transport(
+                        TransportKind::Idle,
+                        format!(
                             "no event or heartbeat on session {}'s stream for {idle:?}",
                             self.session_id.as_deref().unwrap_or("?")
                         ),
-                        endpoint: "managed event stream".into(),
-                    });
+                        "managed event stream",
+                    ));
                 }
                 Ok(None) => {
                     self.stream = None;
-                    return Err(Error::Transport {
-                        kind: TransportKind::Closed,
-                        message: "the event stream ended before the turn did".into(),
-                        endpoint: "managed event stream".into(),
-                    });
+                    return Err(Error::transport(
+                        TransportKind::Closed,
+                        "the event stream ended before the turn did",
+                        "managed event stream",
+                    ));
                 }
                 Ok(Some(Err(e))) => {
                     self.stream = None;
-                    return Err(transport_error(&e, "managed event stream"));
+                    return Err(transport_error(e, "managed event stream"));
                 }
                 Ok(Some(Ok(chunk))) => {
                     let frames = s.dec.push(&chunk);
@@ -554,13 +554,13 @@ impl ManagedAgents {
                 "type": "user.message",
                 "content": [{"type": "text", "text": text}],
             })],
-            Input::ToolResults(uses, results) => {
+            Input::ToolResults(answered) => {
                 let mut evs = Vec::new();
-                for (i, r) in results.iter().enumerate() {
-                    if self.answered.contains(&r.tool_use_id) {
+                for a in &answered {
+                    if self.answered.contains(&a.result.tool_use_id) {
                         continue; // its result is already posted (or in history)
                     }
-                    evs.push(self.result_event(r, uses.get(i)));
+                    evs.push(self.result_event(&a.result, Some(&a.tool_use)));
                 }
                 evs
             }

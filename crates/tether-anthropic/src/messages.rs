@@ -658,13 +658,13 @@ impl ChatModel for MessagesModel {
         };
         let resp = match sent {
             Err(_) => {
-                return Err(Error::Transport {
-                    kind: tether::TransportKind::Timeout,
-                    message: format!("no response within {:?} (request timeout)", self.request_timeout),
+                return Err(Error::transport(
+                    tether::TransportKind::Timeout,
+                    format!("no response within {:?} (request timeout)", self.request_timeout),
                     endpoint,
-                });
+                ));
             }
-            Ok(r) => r.map_err(|e| transport_error(&e, &endpoint))?,
+            Ok(r) => r.map_err(|e| transport_error(e, &endpoint))?,
         };
         if !resp.status().is_success() {
             return Err(error_from_response(resp, &endpoint).await);
@@ -673,16 +673,16 @@ impl ChatModel for MessagesModel {
             let cap = self.max_response_bytes.saturating_mul(4).saturating_add(64 << 10);
             let read = tether_http::read_body(resp, cap, self.idle_timeout, &endpoint);
             let body = match deadline {
-                Some(at) => tokio::time::timeout_at(at, read)
-                    .await
-                    .map_err(|_| Error::Transport {
-                        kind: tether::TransportKind::Timeout,
-                        message: format!(
+                Some(at) => tokio::time::timeout_at(at, read).await.map_err(|_| {
+                    Error::transport(
+                        tether::TransportKind::Timeout,
+                        format!(
                             "the response body did not arrive within {:?}",
                             self.request_timeout
                         ),
-                        endpoint: endpoint.clone(),
-                    })??,
+                        endpoint.clone(),
+                    )
+                })??,
                 None => read.await?,
             };
             if body.truncated {
@@ -698,15 +698,15 @@ impl ChatModel for MessagesModel {
         loop {
             let chunk = match tokio::time::timeout(idle, resp.chunk()).await {
                 Err(_) => {
-                    return Err(Error::Transport {
-                        kind: tether::TransportKind::Idle,
-                        message: format!(
+                    return Err(Error::transport(
+                        tether::TransportKind::Idle,
+                        format!(
                             "the Messages stream sent nothing for {idle:?} (not even a ping); raise stream_idle_timeout for slow models"
                         ),
                         endpoint,
-                    });
+                    ));
                 }
-                Ok(Err(e)) => return Err(transport_error(&e, &endpoint)),
+                Ok(Err(e)) => return Err(transport_error(e, &endpoint)),
                 Ok(Ok(None)) => break,
                 Ok(Ok(Some(c))) => c,
             };
@@ -714,11 +714,11 @@ impl ChatModel for MessagesModel {
                 return Ok(done);
             }
         }
-        Err(Error::Transport {
-            kind: tether::TransportKind::Closed,
-            message: "the Messages stream ended before message_stop".into(),
+        Err(Error::transport(
+            tether::TransportKind::Closed,
+            "the Messages stream ended before message_stop",
             endpoint,
-        })
+        ))
     }
 }
 

@@ -416,11 +416,7 @@ impl OpenAiModel {
     }
 
     fn transport(&self, kind: TransportKind, message: impl Into<String>) -> Error {
-        Error::Transport {
-            kind,
-            message: message.into(),
-            endpoint: self.endpoint.clone(),
-        }
+        Error::transport(kind, message, self.endpoint.clone())
     }
 
     fn transport_error(&self, e: TransportError) -> Error {

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::handler::Handler;
 use crate::sink::EventSink;
-use crate::types::{SessionInfo, ToolResult, ToolSpec, ToolUse, TurnResult};
+use crate::types::{SessionInfo, ToolSpec, ToolUse, ToolUseResult, TurnResult};
 
 /// What drives a turn.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,8 +17,8 @@ use crate::types::{SessionInfo, ToolResult, ToolSpec, ToolUse, TurnResult};
 pub enum Input {
     /// The first prompt of a request, or a follow-up user message.
     Message(String),
-    /// Results of the tool uses the previous turn asked for, in the same order.
-    ToolResults(Vec<ToolUse>, Vec<ToolResult>),
+    /// The tool uses the previous turn asked for, each with its result, in the order asked.
+    ToolResults(Vec<ToolUseResult>),
     /// Go on without new input: the previous `RequiresAction` turn left nothing to run (its calls
     /// were all answered in the provider's own history), or a reconnect resumes a turn in flight.
     Continue,
@@ -227,8 +227,8 @@ pub trait Provider: Send + 'static {
 
     /// Records tool results without starting a turn: used when the terminal tool ended the run,
     /// so the provider's history stays well formed. The default does nothing.
-    async fn record_tool_results(&mut self, uses: &[ToolUse], results: &[ToolResult]) -> Result<()> {
-        let _ = (uses, results);
+    async fn record_tool_results(&mut self, answered: &[ToolUseResult]) -> Result<()> {
+        let _ = answered;
         Ok(())
     }
 

@@ -265,11 +265,7 @@ mod tests {
     #[tokio::test]
     async fn jitter_stays_within_a_quarter() {
         let p = RetryPolicy::default();
-        let e = Error::Transport {
-            kind: TransportKind::Reset,
-            message: String::new(),
-            endpoint: String::new(),
-        };
+        let e = Error::transport(TransportKind::Reset, String::new(), String::new());
         for _ in 0..100 {
             let d = p.delay_for(&e, 2).unwrap_or_default();
             assert!(

@@ -249,6 +249,30 @@ impl ToolResult {
     }
 }
 
+/// A tool use and its answer, paired: what [`crate::Input::ToolResults`] hands a provider, so
+/// a result can never be matched to the wrong call by position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ToolUseResult {
+    /// The call, as the model or remote loop made it.
+    pub tool_use: ToolUse,
+    /// Its answer (`result.tool_use_id` is `tool_use.id`).
+    pub result: ToolResult,
+}
+
+impl ToolUseResult {
+    /// The answer `result` to `tool_use`.
+    ///
+    /// ```
+    /// use tether::{ToolResult, ToolUse, ToolUseResult};
+    /// let a = ToolUseResult::new(ToolUse::new("c1", "ls", serde_json::json!({})), ToolResult::ok("c1", "a.txt"));
+    /// assert_eq!(a.tool_use.id, a.result.tool_use_id);
+    /// ```
+    pub fn new(tool_use: ToolUse, result: ToolResult) -> Self {
+        ToolUseResult { tool_use, result }
+    }
+}
+
 /// Token usage, summed over model calls, with each provider's usage object kept verbatim.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]

@@ -227,8 +227,11 @@ impl Provider for Waiting {
         Ok(Opened::resumed("w1").with_pending(std::mem::take(&mut self.pending)))
     }
     async fn turn(&mut self, input: Input, _cx: &TurnContext) -> tether::Result<TurnResult> {
-        if let Input::ToolResults(_, rs) = input {
-            self.got.lock().unwrap().extend(rs);
+        if let Input::ToolResults(answered) = input {
+            self.got
+                .lock()
+                .unwrap()
+                .extend(answered.into_iter().map(|a| a.result));
         }
         let mut tr = TurnResult::new(Terminal::EndTurn, json!("end_turn"));
         tr.text = "done".into();

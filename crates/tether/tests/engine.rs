@@ -767,14 +767,14 @@ impl tether::Provider for Flaky {
                     ))
                     .await?;
                 // The stream drops before the turn's boundary.
-                Err(Error::Transport {
-                    kind: tether::TransportKind::Closed,
-                    message: "stream ended early".into(),
-                    endpoint: "fake".into(),
-                })
+                Err(Error::transport(
+                    tether::TransportKind::Closed,
+                    "stream ended early",
+                    "fake",
+                ))
             }
-            tether::Input::ToolResults(_, results) => {
-                self.results_seen.extend(results);
+            tether::Input::ToolResults(answered) => {
+                self.results_seen.extend(answered.into_iter().map(|a| a.result));
                 // Redelivered events are recorded once.
                 cx.sink.emit(ev("e2", EventKind::Other)).await?;
                 cx.sink
@@ -796,11 +796,11 @@ impl tether::Provider for Flaky {
         self.reconnects += 1;
         if self.reconnects == 1 {
             // The first reconnect attempt fails transiently too.
-            return Err(Error::Transport {
-                kind: tether::TransportKind::Refused,
-                message: "not yet".into(),
-                endpoint: "fake".into(),
-            });
+            return Err(Error::transport(
+                tether::TransportKind::Refused,
+                "not yet",
+                "fake",
+            ));
         }
         cx.sink.mark_seen(["e1".to_owned()]).await;
         Ok(vec![ToolUse::new("tu1", "echo", json!({"v": "once"}))])
@@ -968,18 +968,18 @@ impl tether::Provider for Broken {
             tr.text = "healed".into();
             return Ok(tr);
         }
-        Err(Error::Transport {
-            kind: tether::TransportKind::Closed,
-            message: "stream ended early".into(),
-            endpoint: "fake".into(),
-        })
+        Err(Error::transport(
+            tether::TransportKind::Closed,
+            "stream ended early",
+            "fake",
+        ))
     }
     async fn reconnect(&mut self, _cx: &tether::TurnContext) -> tether::Result<Vec<ToolUse>> {
-        Err(Error::Transport {
-            kind: tether::TransportKind::Refused,
-            message: "still down".into(),
-            endpoint: "fake".into(),
-        })
+        Err(Error::transport(
+            tether::TransportKind::Refused,
+            "still down",
+            "fake",
+        ))
     }
 }
 

@@ -28,11 +28,11 @@ impl ChatModel for Flaky {
     async fn chat(&self, _req: &ChatRequest, deltas: &DeltaSink) -> tether::Result<ChatResponse> {
         if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
             deltas.text(self.first).await;
-            return Err(Error::Transport {
-                kind: TransportKind::Closed,
-                message: "the stream ended early".into(),
-                endpoint: "test".into(),
-            });
+            return Err(Error::transport(
+                TransportKind::Closed,
+                "the stream ended early",
+                "test",
+            ));
         }
         for p in &self.second {
             deltas.text(p).await;
@@ -143,11 +143,11 @@ impl tether::Provider for Reconnecting {
         };
         if self.turns == 1 {
             cx.sink.emit_live(delta(self.first)).await;
-            return Err(Error::Transport {
-                kind: TransportKind::Closed,
-                message: "stream ended early".into(),
-                endpoint: "fake".into(),
-            });
+            return Err(Error::transport(
+                TransportKind::Closed,
+                "stream ended early",
+                "fake",
+            ));
         }
         for piece in self.again.split_inclusive(' ') {
             cx.sink.emit_live(delta(piece)).await;
