@@ -64,22 +64,23 @@ pub fn permission_request(req: &RequestPermissionRequest) -> th::PermissionReque
                 PermissionOptionKind::RejectAlways => th::PermissionKind::RejectAlways,
                 _ => return None,
             };
-            Some(th::PermissionOption {
-                id: o.option_id.to_string(),
-                name: o.name.clone(),
+            Some(th::PermissionOption::new(
+                o.option_id.to_string(),
+                o.name.clone(),
                 kind,
-            })
+            ))
         })
         .collect();
     let f = &req.tool_call.fields;
-    th::PermissionRequest {
-        tool_use_id: req.tool_call.tool_call_id.to_string(),
-        title: f.title.clone().unwrap_or_default(),
-        input: f.raw_input.clone().unwrap_or(Value::Null),
-        kind: f.kind.as_ref().and_then(snake),
-        options,
-        raw: serde_json::to_value(req).unwrap_or(Value::Null),
-    }
+    let mut out = th::PermissionRequest::new(
+        req.tool_call.tool_call_id.to_string(),
+        f.title.clone().unwrap_or_default(),
+    )
+    .with_input(f.raw_input.clone().unwrap_or(Value::Null))
+    .with_options(options)
+    .with_raw(serde_json::to_value(req).unwrap_or(Value::Null));
+    out.kind = f.kind.as_ref().and_then(snake);
+    out
 }
 
 /// Converts tether's permission answer back.
@@ -168,12 +169,9 @@ pub fn elicitation_request(req: &CreateElicitationRequest) -> Option<th::Elicita
         ),
         _ => return None,
     };
-    Some(th::ElicitationRequest {
-        id,
-        message: req.message.clone(),
-        mode,
-        raw,
-    })
+    let mut out = th::ElicitationRequest::new(req.message.clone(), mode).with_raw(raw);
+    out.id = id;
+    Some(out)
 }
 
 /// Converts tether's elicitation answer back.
@@ -245,11 +243,7 @@ impl HandlerBridge {
         r: ReadTextFileRequest,
         info: &SessionInfo,
     ) -> Result<ReadTextFileResponse, ClientError> {
-        let req = th::ReadTextFile {
-            path: r.path,
-            line: r.line,
-            limit: r.limit,
-        };
+        let req = th::ReadTextFile::new(r.path).with_range(r.line, r.limit);
         self.handler
             .read_text_file(&req, info)
             .await
@@ -263,10 +257,7 @@ impl HandlerBridge {
         r: WriteTextFileRequest,
         info: &SessionInfo,
     ) -> Result<WriteTextFileResponse, ClientError> {
-        let req = th::WriteTextFile {
-            path: r.path,
-            content: r.content,
-        };
+        let req = th::WriteTextFile::new(r.path, r.content);
         self.handler
             .write_text_file(&req, info)
             .await

@@ -198,6 +198,7 @@ impl AcpError {
 /// `HandlerError`s in scope.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error("{message} (code {code})")]
+#[non_exhaustive]
 pub struct ClientError {
     /// JSON-RPC error code; see [`codes`].
     pub code: i32,

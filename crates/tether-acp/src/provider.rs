@@ -408,11 +408,11 @@ fn to_tether(e: AcpError, program: &str) -> tether::Error {
         }
         AcpError::Spawn { .. } | AcpError::InvalidDirectory { .. } => tether::Error::Config(e.to_string()),
         AcpError::AgentExited { .. } | AcpError::Io { .. } | AcpError::Closed { .. } => {
-            tether::Error::Transport {
-                kind: tether::TransportKind::Closed,
-                message: e.to_string(),
-                endpoint: format!("acp:{program}"),
-            }
+            tether::Error::transport(
+                tether::TransportKind::Closed,
+                e.to_string(),
+                format!("acp:{program}"),
+            )
         }
         AcpError::FrameTooLarge { .. } | AcpError::Decode { .. } => tether::Error::malformed_with("", e),
         // `session/load` refused locally: the agent was never asked, its sessions are untouched.
@@ -550,12 +550,9 @@ impl Provider for AcpAgent {
             }
         };
         self.session = Some(id.clone());
-        Ok(Opened {
-            session_id: id.to_string(),
-            resumed,
-            pending: Vec::new(),
-            ..Opened::default()
-        })
+        let mut opened = Opened::new(id.to_string());
+        opened.resumed = resumed;
+        Ok(opened)
     }
 
     /// Reloads the thread's ACP session in a new agent process: `session/load` when the agent
@@ -598,11 +595,7 @@ impl Provider for AcpAgent {
             ));
         }
         self.session = Some(SessionId::new(id.as_str()));
-        Ok(Opened {
-            session_id: id,
-            resumed: true,
-            ..Opened::default()
-        })
+        Ok(Opened::resumed(id))
     }
 
     async fn turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {

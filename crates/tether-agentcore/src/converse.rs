@@ -8,6 +8,7 @@ use tether::{Terminal, ToolUse, Usage};
 
 /// One tool use being assembled.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ToolBlock {
     /// `toolUseId`.
     pub id: String,
@@ -28,6 +29,7 @@ impl ToolBlock {
 
 /// The fold of one turn.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Fold {
     /// Assistant text.
     pub text: String,
@@ -110,12 +112,11 @@ impl Fold {
                 let u = &p["usage"];
                 if u.is_object() {
                     let n = |k: &str| u[k].as_u64().unwrap_or(0);
-                    self.usage = Some(Usage {
-                        input_tokens: n("inputTokens"),
-                        output_tokens: n("outputTokens"),
-                        cache_read_tokens: n("cacheReadInputTokens"),
-                        raw: vec![u.clone()],
-                    });
+                    self.usage = Some(
+                        Usage::new(n("inputTokens"), n("outputTokens"))
+                            .with_cache_read_tokens(n("cacheReadInputTokens"))
+                            .with_raw(u.clone()),
+                    );
                 }
             }
             _ => {}

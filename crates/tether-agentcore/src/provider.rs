@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 use serde_json::{Map, Value, json};
 use tether::{
     Error, Event, EventKind, Input, Opened, Provider, Resume, RetryPolicy, Role, StopReason, Terminal,
-    ToolResult, ToolUse, TransportKind, TurnContext, TurnResult, retry::parse_retry_after,
+    ToolResult, TransportKind, TurnContext, TurnResult, retry::parse_retry_after,
 };
 use tether_http::sse::SseDecoder;
 
@@ -48,6 +48,7 @@ pub enum Target {
 
 /// How to reach AgentCore.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct AgentCoreConfig {
     /// What to invoke.
     pub target: Target,
@@ -302,7 +303,7 @@ impl AgentCore {
                 rb = rb.header(k.as_str(), v.as_str());
             }
         }
-        let resp = rb.send().await.map_err(|e| transport(&e, &url))?;
+        let resp = rb.send().await.map_err(|e| transport(e, &url))?;
         if !resp.status().is_success() {
             return Err(http_error(resp, &url).await);
         }
@@ -318,17 +319,18 @@ impl AgentCore {
         if self.is_harness() {
             let messages = match input {
                 Input::Message(t) => json!([{"role": "user", "content": [{"text": t}]}]),
-                Input::ToolResults(uses, results) => {
+                Input::ToolResults(answered) => {
                     let assistant = self.pending_assistant.clone().unwrap_or_else(|| {
-                        let content: Vec<Value> = uses
+                        let content: Vec<Value> = answered
                             .iter()
+                            .map(|a| &a.tool_use)
                             .map(
                                 |u| json!({"toolUse": {"toolUseId": u.id, "name": u.name, "input": u.input}}),
                             )
                             .collect();
                         json!({"role": "assistant", "content": content})
                     });
-                    let content: Vec<Value> = results.iter().map(tool_result_block).collect();
+                    let content: Vec<Value> = answered.iter().map(|a| tool_result_block(&a.result)).collect();
                     json!([assistant, {"role": "user", "content": content}])
                 }
                 Input::Raw(v) if v["messages"].is_array() => v["messages"].clone(),
@@ -345,9 +347,9 @@ impl AgentCore {
         } else {
             let mut body = match input {
                 Input::Message(t) => json!({"prompt": t}),
-                Input::ToolResults(uses, results) => json!({
-                    "tool_uses": uses,
-                    "tool_results": results,
+                Input::ToolResults(answered) => json!({
+                    "tool_uses": answered.iter().map(|a| &a.tool_use).collect::<Vec<_>>(),
+                    "tool_results": answered.iter().map(|a| &a.result).collect::<Vec<_>>(),
                 }),
                 Input::Raw(v) if v.is_object() => v.clone(),
                 _ => {
@@ -401,7 +403,7 @@ impl AgentCore {
         let resp = match rb.send().await {
             Ok(r) => r,
             Err(e) => {
-                let err = transport(&e, &url);
+                let err = transport(e, &url);
                 let retry = err.is_transient();
                 return Ok(Attempt::Retry(err, retry));
             }
@@ -431,15 +433,15 @@ impl AgentCore {
             let next = tokio::time::timeout(self.config.idle_timeout, stream.next()).await;
             let chunk = match next {
                 Err(_) => {
-                    let err = Error::Transport {
-                        kind: TransportKind::Idle,
-                        message: format!("no data for {:?}", self.config.idle_timeout),
-                        endpoint: url.clone(),
-                    };
+                    let err = Error::transport(
+                        TransportKind::Idle,
+                        format!("no data for {:?}", self.config.idle_timeout),
+                        url.clone(),
+                    );
                     return Ok(Attempt::Retry(err, true));
                 }
                 Ok(None) => break,
-                Ok(Some(Err(e))) => return Ok(Attempt::Retry(transport(&e, &url), true)),
+                Ok(Some(Err(e))) => return Ok(Attempt::Retry(transport(e, &url), true)),
                 Ok(Some(Ok(c))) => c,
             };
             raw = raw.saturating_add(chunk.len());
@@ -528,11 +530,12 @@ impl AgentCore {
             fold.apply("messageStop", &json!({"stopReason": reason}));
         }
         if !fold.is_complete() || dec.has_partial() {
-            let err = Error::Transport {
-                kind: TransportKind::Closed,
-                message: "the event stream ended without messageStop.stopReason".into(),
-                endpoint: url,
-            };
+            let err = Error::transport_with(
+                TransportKind::Closed,
+                StreamTruncated.to_string(),
+                url,
+                StreamTruncated,
+            );
             return Ok(Attempt::Retry(err, true));
         }
         Ok(Attempt::Done(Box::new((fold, frames))))
@@ -648,8 +651,26 @@ fn runtime_json(v: &Value) -> Vec<(String, Value)> {
     out
 }
 
-fn transport(e: &reqwest::Error, endpoint: &str) -> Error {
+fn transport(e: reqwest::Error, endpoint: &str) -> Error {
     tether_http::transport_error(e, endpoint)
+}
+
+/// The source of the [`Error::Transport`] for an event stream that ended before its final
+/// `messageStop` with a stop reason: what the retry loop tells a truncated turn by.
+#[derive(Debug)]
+struct StreamTruncated;
+
+impl std::fmt::Display for StreamTruncated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the event stream ended without messageStop.stopReason")
+    }
+}
+
+impl std::error::Error for StreamTruncated {}
+
+/// Whether `err` is a stream that ended before its final `messageStop`.
+fn is_truncated(err: &Error) -> bool {
+    std::error::Error::source(err).is_some_and(|s| s.is::<StreamTruncated>())
 }
 
 async fn http_error(resp: reqwest::Response, endpoint: &str) -> Error {
@@ -688,12 +709,9 @@ impl Provider for AgentCore {
     }
 
     async fn open(&mut self, _cx: &TurnContext) -> tether::Result<Opened> {
-        Ok(Opened {
-            session_id: self.session_id.clone(),
-            resumed: self.resumed,
-            pending: Vec::new(),
-            ..Opened::default()
-        })
+        let mut opened = Opened::new(self.session_id.clone());
+        opened.resumed = self.resumed;
+        Ok(opened)
     }
 
     /// Resumes the thread's runtime session by the id it recorded. AgentCore keeps the
@@ -719,12 +737,7 @@ impl Provider for AgentCore {
             }
             _ => Vec::new(),
         };
-        Ok(Opened {
-            session_id: self.session_id.clone(),
-            resumed: true,
-            pending,
-            ..Opened::default()
-        })
+        Ok(Opened::resumed(self.session_id.clone()).with_pending(pending))
     }
 
     async fn turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {
@@ -735,11 +748,7 @@ impl Provider for AgentCore {
         r
     }
 
-    async fn record_tool_results(
-        &mut self,
-        _uses: &[ToolUse],
-        _results: &[ToolResult],
-    ) -> tether::Result<()> {
+    async fn record_tool_results(&mut self, _answered: &[tether::ToolUseResult]) -> tether::Result<()> {
         self.pending_assistant = None;
         Ok(())
     }
@@ -782,7 +791,7 @@ impl AgentCore {
                 Attempt::Done(done) => break *done,
                 Attempt::Retry(e, r) => (e, r),
             };
-            let truncated = matches!(&err, Error::Transport { kind: TransportKind::Closed, message, .. } if message.contains("messageStop"));
+            let truncated = is_truncated(&err);
             if !retryable || retries >= self.config.invoke_retries {
                 if truncated {
                     tracing::warn!(
@@ -858,18 +867,18 @@ impl AgentCore {
             .await?;
         let terminal = fold.terminal();
         self.pending_assistant = (terminal == Terminal::RequiresAction).then(|| fold.assistant_message());
-        Ok(TurnResult {
-            terminal,
-            stop_reason: StopReason::from_raw(json!(fold.stop_reason)),
-            text: fold.text.clone(),
-            tool_uses: if terminal == Terminal::RequiresAction {
-                uses
-            } else {
-                Vec::new()
-            },
-            server_tool_uses: fold.server_tool_uses(),
-            usage: fold.usage.clone(),
-        })
+        let tool_uses = if terminal == Terminal::RequiresAction {
+            uses
+        } else {
+            Vec::new()
+        };
+        Ok(
+            TurnResult::new(terminal, StopReason::from_raw(json!(fold.stop_reason)))
+                .with_text(fold.text.clone())
+                .with_tool_uses(tool_uses)
+                .with_server_tool_uses(fold.server_tool_uses())
+                .with_usage(fold.usage.clone()),
+        )
     }
 }
 

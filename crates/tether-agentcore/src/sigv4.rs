@@ -12,6 +12,7 @@ pub const SERVICE: &str = "bedrock-agentcore";
 
 /// AWS credentials. `Debug` shows only the access key id.
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AwsCredentials {
     /// The access key id.
     pub access_key_id: String,

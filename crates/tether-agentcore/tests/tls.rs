@@ -42,10 +42,9 @@ fn config(fake: &FakeAgentCore, sleeper: &RecordingSleeper) -> AgentCoreConfig {
         AwsCredentials::new("AKIDEXAMPLE", "secret", Some("session-token".into())),
     );
     c.endpoint = Some(fake.url());
-    c.retry = RetryPolicy {
-        jitter: false,
-        ..RetryPolicy::default().with_sleeper(sleeper.clone())
-    };
+    c.retry = RetryPolicy::default()
+        .with_sleeper(sleeper.clone())
+        .with_jitter(false);
     c
 }
 

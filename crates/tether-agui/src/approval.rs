@@ -114,6 +114,7 @@ fn elicitation_digest(req: &ElicitationRequest) -> String {
 /// One interrupt a thread issued.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct Issued {
     /// What it asks about.
     #[serde(default)]
@@ -135,6 +136,7 @@ pub type Outstanding = BTreeMap<String, Issued>;
 
 /// What a resume decided.
 #[derive(Debug, Default)]
+#[non_exhaustive]
 pub struct Answers {
     /// Tool uses approved (by id): each runs once, and only if it is still that call.
     pub approved: Vec<String>,
@@ -270,6 +272,7 @@ pub async fn save(store: &dyn EventStore, record: &str, out: &Outstanding) -> te
 
 /// What the thread waits on, when known (inside the run, with the thread's lock held).
 #[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
 pub struct WaitingOn<'a> {
     /// Tool uses waiting for approval.
     pub calls: &'a [ToolUse],
@@ -556,30 +559,14 @@ mod tests {
     }
 
     fn request() -> PermissionRequest {
-        PermissionRequest {
-            tool_use_id: "call_2".into(),
-            title: "Modify config".into(),
-            input: json!({"path": "config.json"}),
-            kind: Some("edit".into()),
-            options: vec![
-                tether::PermissionOption {
-                    id: "allow".into(),
-                    name: "Allow".into(),
-                    kind: PermissionKind::AllowOnce,
-                },
-                tether::PermissionOption {
-                    id: "always".into(),
-                    name: "Always".into(),
-                    kind: PermissionKind::AllowAlways,
-                },
-                tether::PermissionOption {
-                    id: "reject".into(),
-                    name: "Skip".into(),
-                    kind: PermissionKind::RejectOnce,
-                },
-            ],
-            raw: Value::Null,
-        }
+        PermissionRequest::new("call_2", "Modify config")
+            .with_input(json!({"path": "config.json"}))
+            .with_kind("edit")
+            .with_options(vec![
+                tether::PermissionOption::new("allow", "Allow", PermissionKind::AllowOnce),
+                tether::PermissionOption::new("always", "Always", PermissionKind::AllowAlways),
+                tether::PermissionOption::new("reject", "Skip", PermissionKind::RejectOnce),
+            ])
     }
 
     #[test]
@@ -653,14 +640,12 @@ mod tests {
     }
 
     fn form() -> ElicitationRequest {
-        ElicitationRequest {
-            id: None,
-            message: "Your name?".into(),
-            mode: ElicitationMode::Form {
+        ElicitationRequest::new(
+            "Your name?",
+            ElicitationMode::Form {
                 schema: json!({"type": "object", "properties": {"name": {"type": "string"}}}),
             },
-            raw: Value::Null,
-        }
+        )
     }
 
     #[test]
@@ -697,11 +682,12 @@ mod tests {
             ElicitationResponse::Cancel
         );
         // A URL elicitation's acceptance carries no content.
-        let url = ElicitationRequest {
-            mode: ElicitationMode::Url {
+        let url = {
+            let mut v = form();
+            v.mode = ElicitationMode::Url {
                 url: "https://example.com/auth".into(),
-            },
-            ..form()
+            };
+            v
         };
         assert_eq!(
             elicitation_answer(

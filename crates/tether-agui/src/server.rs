@@ -30,6 +30,7 @@ use crate::types::RunAgentInput;
 
 /// Configuration of one endpoint.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct EndpointOptions {
     /// Largest accepted request body, in bytes (413 beyond).
     pub body_limit: usize,
@@ -54,6 +55,47 @@ impl Default for EndpointOptions {
             body_timeout: Some(Duration::from_secs(30)),
             admit: None,
         }
+    }
+}
+
+/// Builder-style setters (the struct is `#[non_exhaustive]`).
+///
+/// ```
+/// use std::time::Duration;
+/// let o = tether_agui::EndpointOptions::default()
+///     .with_body_limit(64 * 1024)
+///     .with_keep_alive(Some(Duration::from_secs(5)));
+/// assert_eq!(o.body_limit, 64 * 1024);
+/// ```
+impl EndpointOptions {
+    /// The largest accepted request body, in bytes.
+    pub fn with_body_limit(mut self, bytes: usize) -> Self {
+        self.body_limit = bytes;
+        self
+    }
+
+    /// The SSE keep-alive interval (`None`: none).
+    pub fn with_keep_alive(mut self, every: Option<Duration>) -> Self {
+        self.keep_alive = every;
+        self
+    }
+
+    /// The options of each run.
+    pub fn with_run(mut self, run: RunOptions) -> Self {
+        self.run = run;
+        self
+    }
+
+    /// The longest the request body may take to arrive (`None`: no limit).
+    pub fn with_body_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.body_timeout = timeout;
+        self
+    }
+
+    /// The admission check run before a run starts.
+    pub fn with_admit(mut self, admit: Admit) -> Self {
+        self.admit = Some(admit);
+        self
     }
 }
 

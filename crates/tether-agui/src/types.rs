@@ -104,6 +104,7 @@ impl ContentPart {
 
 /// The body of an image, audio, video or document part.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct MediaPart {
     /// Where the bytes are.
     pub source: PartSource,
@@ -166,6 +167,7 @@ impl From<&str> for Content {
 
 /// The `function` of an assistant tool call.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct FunctionCall {
     /// Tool name.
     pub name: String,
@@ -176,6 +178,7 @@ pub struct FunctionCall {
 /// A tool call recorded on an assistant message.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct ToolCall {
     /// Call id.
     pub id: ToolCallId,
@@ -408,6 +411,7 @@ impl Message {
 
 /// A front-end tool the client offers (`RunAgentInput.tools`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Tool {
     /// Tool name.
     pub name: String,
@@ -424,6 +428,7 @@ pub struct Tool {
 
 /// A piece of context the client wants in the model's context.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Context {
     /// What it is.
     pub description: String,
@@ -445,6 +450,7 @@ pub enum ResumeStatus {
 /// One answer in `RunAgentInput.resume`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct ResumeEntry {
     /// The interrupt answered.
     pub interrupt_id: InterruptId,
@@ -461,6 +467,7 @@ pub struct ResumeEntry {
 /// The POST body of a run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct RunAgentInput {
     /// Thread id.
     pub thread_id: ThreadId,
@@ -527,6 +534,7 @@ impl RunAgentInput {
 /// A request for the consumer's input that ends a run (`outcome.type == "interrupt"`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct Interrupt {
     /// Unique within the run.
     pub id: InterruptId,
@@ -621,6 +629,7 @@ pub enum SubagentOutcome {
 /// Token usage of one model (`RUN_FINISHED.usage[]`). Absent is not zero.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct TokenUsage {
     /// Provider name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -646,4 +655,33 @@ pub struct TokenUsage {
     /// Input tokens written to a cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_write_input_tokens: Option<u64>,
+}
+
+impl TokenUsage {
+    /// `input` tokens in and `output` tokens out, the total their sum; the rest absent.
+    ///
+    /// ```
+    /// let u = tether_agui::TokenUsage::new(10, 5).with_model("m");
+    /// assert_eq!(u.total_tokens, Some(15));
+    /// ```
+    pub fn new(input: u64, output: u64) -> Self {
+        TokenUsage {
+            input_tokens: Some(input),
+            output_tokens: Some(output),
+            total_tokens: Some(input.saturating_add(output)),
+            ..Default::default()
+        }
+    }
+
+    /// The same usage, of model `model`.
+    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// The same usage, of provider `provider`.
+    pub fn with_provider(mut self, provider: impl Into<String>) -> Self {
+        self.provider = Some(provider.into());
+        self
+    }
 }

@@ -80,6 +80,7 @@ impl Rule {
 
 /// A broken rule and what broke it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub struct Violation {
     /// The rule.
     pub rule: Rule,

@@ -20,10 +20,11 @@ agent!(Weather, (), |ctx| {
     let q: Query = call.parse_args()?;
     assert_eq!(q.city, "Seoul");
     call.result(r#"{"tempC":21}"#)?;
-    ctx.add_usage(TokenUsage {
-        input_tokens: Some(10),
-        output_tokens: Some(5),
-        ..Default::default()
+    ctx.add_usage({
+        let mut v = TokenUsage::default();
+        v.input_tokens = Some(10);
+        v.output_tokens = Some(5);
+        v
     });
     Ok(RunOutcome::Success)
 });
@@ -413,10 +414,7 @@ agent!(Flood, (), |ctx| {
 
 #[tokio::test]
 async fn an_agent_that_outruns_the_buffer_ends_in_run_error() {
-    let options = tether_agui::RunOptions {
-        buffer: 8,
-        ..Default::default()
-    };
+    let options = tether_agui::RunOptions::default().with_buffer(8);
     let mut stream = tether_agui::run_agent(std::sync::Arc::new(Flood), input(), options);
     // The agent runs ahead of the (not yet reading) transport, to the end of its writes.
     tokio::time::timeout(std::time::Duration::from_secs(60), FLOOD_DONE.notified())

@@ -464,11 +464,7 @@ async fn results_are_shown_for_calls_of_this_run_or_unanswered_in_the_input_once
             result("c1"),
             result("c1"),
             ev(EventKind::Usage {
-                usage: Usage {
-                    input_tokens: 3,
-                    output_tokens: 4,
-                    ..Default::default()
-                },
+                usage: Usage::new(3, 4),
             }),
         ],
         input,

@@ -35,11 +35,9 @@ agent!(Forever, (), |ctx| {
 });
 
 async fn serve() -> String {
-    let options = EndpointOptions {
-        body_limit: 1024,
-        keep_alive: Some(Duration::from_millis(50)),
-        ..Default::default()
-    };
+    let options = EndpointOptions::default()
+        .with_body_limit(1024)
+        .with_keep_alive(Some(Duration::from_millis(50)));
     let app = axum::Router::new()
         .route_agui("/hello", Hello)
         .route_agui_with("/small", Hello, options.clone())

@@ -324,21 +324,14 @@ impl tether::Provider for Asker {
         "asker"
     }
     async fn open(&mut self, _cx: &tether::TurnContext) -> tether::Result<tether::Opened> {
-        Ok(tether::Opened {
-            session_id: "r-1".into(),
-            ..Default::default()
-        })
+        Ok(tether::Opened::new("r-1"))
     }
     async fn resume(
         &mut self,
         from: tether::Resume<'_>,
         _cx: &tether::TurnContext,
     ) -> tether::Result<tether::Opened> {
-        Ok(tether::Opened {
-            session_id: from.session_id.unwrap_or_default().into(),
-            resumed: true,
-            ..Default::default()
-        })
+        Ok(tether::Opened::resumed(from.session_id.unwrap_or_default()))
     }
     async fn turn(
         &mut self,
@@ -348,25 +341,13 @@ impl tether::Provider for Asker {
         let tether::Input::Message(_) = input else {
             return Ok(tether::TurnResult::new(tether::Terminal::EndTurn, "stop"));
         };
-        let req = tether::PermissionRequest {
-            tool_use_id: "call_2".into(),
-            title: "Modify config.json".into(),
-            input: json!({"path": "config.json"}),
-            kind: Some("edit".into()),
-            options: vec![
-                tether::PermissionOption {
-                    id: "allow".into(),
-                    name: "Allow".into(),
-                    kind: tether::PermissionKind::AllowOnce,
-                },
-                tether::PermissionOption {
-                    id: "reject".into(),
-                    name: "Skip".into(),
-                    kind: tether::PermissionKind::RejectOnce,
-                },
-            ],
-            raw: Value::Null,
-        };
+        let req = tether::PermissionRequest::new("call_2", "Modify config.json")
+            .with_input(json!({"path": "config.json"}))
+            .with_kind("edit")
+            .with_options(vec![
+                tether::PermissionOption::new("allow", "Allow", tether::PermissionKind::AllowOnce),
+                tether::PermissionOption::new("reject", "Skip", tether::PermissionKind::RejectOnce),
+            ]);
         let outcome = cx.handler.request_permission(&req, &cx.info()).await;
         self.outcomes.lock().unwrap().push(outcome.clone());
         let text = if outcome.allows(&req) {
@@ -543,21 +524,14 @@ impl tether::Provider for Elicitor {
         "elicitor"
     }
     async fn open(&mut self, _cx: &tether::TurnContext) -> tether::Result<tether::Opened> {
-        Ok(tether::Opened {
-            session_id: "e-1".into(),
-            ..Default::default()
-        })
+        Ok(tether::Opened::new("e-1"))
     }
     async fn resume(
         &mut self,
         from: tether::Resume<'_>,
         _cx: &tether::TurnContext,
     ) -> tether::Result<tether::Opened> {
-        Ok(tether::Opened {
-            session_id: from.session_id.unwrap_or_default().into(),
-            resumed: true,
-            ..Default::default()
-        })
+        Ok(tether::Opened::resumed(from.session_id.unwrap_or_default()))
     }
     async fn turn(
         &mut self,
@@ -567,14 +541,13 @@ impl tether::Provider for Elicitor {
         let tether::Input::Message(_) = input else {
             return Ok(tether::TurnResult::new(tether::Terminal::EndTurn, "stop"));
         };
-        let req = tether::ElicitationRequest {
-            id: Some("el-1".into()),
-            message: "Your name?".into(),
-            mode: tether::ElicitationMode::Form {
+        let req = tether::ElicitationRequest::new(
+            "Your name?",
+            tether::ElicitationMode::Form {
                 schema: json!({"type": "object", "properties": {"name": {"type": "string"}}}),
             },
-            raw: Value::Null,
-        };
+        )
+        .with_id("el-1");
         let answer = cx.handler.elicit(&req, &cx.info()).await;
         self.answers.lock().unwrap().push(answer);
         Ok(tether::TurnResult::new(tether::Terminal::EndTurn, "end_turn"))

@@ -37,6 +37,7 @@ impl std::fmt::Debug for ApiKey {
 
 /// Where and how to reach the API.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ClientConfig {
     /// The API key (`x-api-key`).
     pub api_key: ApiKey,
@@ -266,7 +267,7 @@ impl ApiClient {
         if let Some(b) = body {
             rb = rb.json(b);
         }
-        let resp = rb.send().await.map_err(|e| transport_error(&e, &url))?;
+        let resp = rb.send().await.map_err(|e| transport_error(e, &url))?;
         if !resp.status().is_success() {
             return Err(error_from_response(resp, &url).await);
         }
@@ -293,15 +294,17 @@ impl ApiClient {
         // The headers within the request timeout; the body is read under the stream's idle bound.
         let resp = tokio::time::timeout(self.config.request_timeout, send)
             .await
-            .map_err(|_| Error::Transport {
-                kind: tether::TransportKind::Timeout,
-                message: format!(
-                    "the event stream did not answer within {:?}",
-                    self.config.request_timeout
-                ),
-                endpoint: url.clone(),
+            .map_err(|_| {
+                Error::transport(
+                    tether::TransportKind::Timeout,
+                    format!(
+                        "the event stream did not answer within {:?}",
+                        self.config.request_timeout
+                    ),
+                    url.clone(),
+                )
             })?
-            .map_err(|e| transport_error(&e, &url))?;
+            .map_err(|e| transport_error(e, &url))?;
         if !resp.status().is_success() {
             return Err(error_from_response(resp, &url).await);
         }

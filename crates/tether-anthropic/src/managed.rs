@@ -55,6 +55,7 @@ pub const MANAGED_AGENTS_BETA: &str = "managed-agents-2026-04-01";
 
 /// How to reach a Managed Agents session.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ManagedConfig {
     /// Key and origin.
     pub client: ClientConfig,
@@ -332,14 +333,11 @@ impl ManagedAgents {
 
     fn take_turn(&mut self, terminal: Terminal, stop_reason: Value, tool_uses: Vec<ToolUse>) -> TurnResult {
         let acc = std::mem::take(&mut self.acc);
-        TurnResult {
-            terminal,
-            stop_reason: stop_reason.into(),
-            text: acc.texts.join("\n"),
-            tool_uses,
-            server_tool_uses: acc.server_tool_uses,
-            usage: acc.usage,
-        }
+        TurnResult::new(terminal, stop_reason)
+            .with_text(acc.texts.join("\n"))
+            .with_tool_uses(tool_uses)
+            .with_server_tool_uses(acc.server_tool_uses)
+            .with_usage(acc.usage)
     }
 
     fn pending_tool_uses(&self) -> Vec<ToolUse> {
@@ -423,14 +421,9 @@ impl ManagedAgents {
             let Some(ev) = self.confirmable.get(id).cloned() else {
                 continue;
             };
-            let req = PermissionRequest {
-                tool_use_id: id.clone(),
-                title: ev["name"].as_str().unwrap_or("tool").to_owned(),
-                input: input_of(&ev),
-                kind: None,
-                options: PermissionRequest::standard_options(),
-                raw: ev.clone(),
-            };
+            let req = PermissionRequest::new(id.clone(), ev["name"].as_str().unwrap_or("tool"))
+                .with_input(input_of(&ev))
+                .with_raw(ev.clone());
             let info = cx.info();
             let outcome = cx.handler.request_permission(&req, &info).await;
             let mut c = json!({"type": "user.tool_confirmation", "tool_use_id": id});
@@ -461,11 +454,11 @@ impl ManagedAgents {
         let idle = self.config.stream_idle_timeout;
         loop {
             let Some(s) = self.stream.as_mut() else {
-                return Err(Error::Transport {
-                    kind: TransportKind::Closed,
-                    message: "the event stream is not connected".into(),
-                    endpoint: "managed event stream".into(),
-                });
+                return Err(Error::transport(
+                    TransportKind::Closed,
+                    "the event stream is not connected",
+                    "managed event stream",
+                ));
             };
             if let Some(f) = s.queue.pop_front() {
                 return Ok(f);
@@ -473,26 +466,26 @@ impl ManagedAgents {
             match tokio::time::timeout(idle, s.body.next()).await {
                 Err(_) => {
                     self.stream = None;
-                    return Err(Error::Transport {
-                        kind: TransportKind::Idle,
-                        message: format!(
+                    return Err(Error::transport(
+                        TransportKind::Idle,
+                        format!(
                             "no event or heartbeat on session {}'s stream for {idle:?}",
                             self.session_id.as_deref().unwrap_or("?")
                         ),
-                        endpoint: "managed event stream".into(),
-                    });
+                        "managed event stream",
+                    ));
                 }
                 Ok(None) => {
                     self.stream = None;
-                    return Err(Error::Transport {
-                        kind: TransportKind::Closed,
-                        message: "the event stream ended before the turn did".into(),
-                        endpoint: "managed event stream".into(),
-                    });
+                    return Err(Error::transport(
+                        TransportKind::Closed,
+                        "the event stream ended before the turn did",
+                        "managed event stream",
+                    ));
                 }
                 Ok(Some(Err(e))) => {
                     self.stream = None;
-                    return Err(transport_error(&e, "managed event stream"));
+                    return Err(transport_error(e, "managed event stream"));
                 }
                 Ok(Some(Ok(chunk))) => {
                     let frames = s.dec.push(&chunk);
@@ -561,13 +554,13 @@ impl ManagedAgents {
                 "type": "user.message",
                 "content": [{"type": "text", "text": text}],
             })],
-            Input::ToolResults(uses, results) => {
+            Input::ToolResults(answered) => {
                 let mut evs = Vec::new();
-                for (i, r) in results.iter().enumerate() {
-                    if self.answered.contains(&r.tool_use_id) {
+                for a in &answered {
+                    if self.answered.contains(&a.result.tool_use_id) {
                         continue; // its result is already posted (or in history)
                     }
-                    evs.push(self.result_event(r, uses.get(i)));
+                    evs.push(self.result_event(&a.result, Some(&a.tool_use)));
                 }
                 evs
             }
@@ -673,12 +666,14 @@ fn usage_of(ev: &Value) -> Option<Usage> {
         .filter(|v| v.is_object())
         .or_else(|| ev.get("usage").filter(|v| v.is_object()))?;
     let n = |k: &str| u[k].as_u64().unwrap_or(0);
-    Some(Usage {
-        input_tokens: n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens"),
-        output_tokens: n("output_tokens"),
-        cache_read_tokens: n("cache_read_input_tokens"),
-        raw: vec![u.clone()],
-    })
+    Some(
+        Usage::new(
+            n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens"),
+            n("output_tokens"),
+        )
+        .with_cache_read_tokens(n("cache_read_input_tokens"))
+        .with_raw(u.clone()),
+    )
 }
 
 enum Boundary {
@@ -817,12 +812,7 @@ impl Provider for ManagedAgents {
             // A reattach reports what it waits on; nothing stashed counts as this request's turn.
             self.stashed = None;
             self.acc = TurnAcc::default();
-            return Ok(Opened {
-                session_id: sid,
-                resumed: true,
-                pending,
-                ..Opened::default()
-            });
+            return Ok(Opened::resumed(sid).with_pending(pending));
         }
         let (Some(agent), Some(env)) = (&self.config.agent_id, &self.config.environment_id) else {
             return Err(Error::Config(
@@ -844,12 +834,7 @@ impl Provider for ManagedAgents {
         self.session_id = Some(sid.clone());
         // Stream first: nothing the session emits after our first post is missed.
         self.open_stream().await?;
-        Ok(Opened {
-            session_id: sid,
-            resumed: false,
-            pending: Vec::new(),
-            ..Opened::default()
-        })
+        Ok(Opened::new(sid))
     }
 
     /// Reattaches to the thread's session by the id it recorded and catches up: the stream is
@@ -871,12 +856,9 @@ impl Provider for ManagedAgents {
         self.stashed = None;
         self.acc = TurnAcc::default();
         let unanswered = unposted_messages(from.events, self.remote_user_messages);
-        Ok(Opened {
-            session_id: sid,
-            resumed: true,
-            pending,
-            unanswered,
-        })
+        Ok(Opened::resumed(sid)
+            .with_pending(pending)
+            .with_unanswered(unanswered))
     }
 
     async fn turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {

@@ -513,11 +513,11 @@ impl Assembly {
                     } else {
                         b.block["input"].to_string()
                     };
-                    calls.push(ChatToolCall {
-                        id: b.block["id"].as_str().unwrap_or_default().to_owned(),
-                        name: b.block["name"].as_str().unwrap_or_default().to_owned(),
+                    calls.push(ChatToolCall::new(
+                        b.block["id"].as_str().unwrap_or_default(),
+                        b.block["name"].as_str().unwrap_or_default(),
                         arguments,
-                    });
+                    ));
                 }
                 _ => {}
             }
@@ -532,11 +532,13 @@ impl Assembly {
         });
         let u = &self.usage;
         let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-        let usage = (!u.is_empty()).then(|| Usage {
-            input_tokens: n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens"),
-            output_tokens: n("output_tokens"),
-            cache_read_tokens: n("cache_read_input_tokens"),
-            raw: vec![Value::Object(u.clone())],
+        let usage = (!u.is_empty()).then(|| {
+            Usage::new(
+                n("input_tokens") + n("cache_creation_input_tokens") + n("cache_read_input_tokens"),
+                n("output_tokens"),
+            )
+            .with_cache_read_tokens(n("cache_read_input_tokens"))
+            .with_raw(Value::Object(u.clone()))
         });
         let mut raw = self.message;
         if raw.is_object() {
@@ -545,20 +547,13 @@ impl Assembly {
             raw["stop_sequence"] = self.stop_sequence;
             raw["usage"] = Value::Object(self.usage);
         }
-        ChatResponse {
-            message: ChatMessage {
-                role: Role::Assistant,
-                content: (!text.is_empty() || calls.is_empty()).then_some(text),
-                tool_calls: calls,
-                tool_call_id: None,
-                is_error: false,
-                reasoning: (!reasoning.is_empty()).then_some(reasoning),
-                provider_data: Some(json!({"anthropic": {"content": content}})),
-            },
-            finish_reason: finish,
-            usage,
-            raw,
-        }
+        let mut message =
+            ChatMessage::assistant_calls((!text.is_empty() || calls.is_empty()).then_some(text), calls)
+                .with_provider_data(json!({"anthropic": {"content": content}}));
+        message.reasoning = (!reasoning.is_empty()).then_some(reasoning);
+        let mut response = ChatResponse::new(message).with_usage(usage).with_raw(raw);
+        response.finish_reason = finish;
+        response
     }
 }
 
@@ -663,13 +658,13 @@ impl ChatModel for MessagesModel {
         };
         let resp = match sent {
             Err(_) => {
-                return Err(Error::Transport {
-                    kind: tether::TransportKind::Timeout,
-                    message: format!("no response within {:?} (request timeout)", self.request_timeout),
+                return Err(Error::transport(
+                    tether::TransportKind::Timeout,
+                    format!("no response within {:?} (request timeout)", self.request_timeout),
                     endpoint,
-                });
+                ));
             }
-            Ok(r) => r.map_err(|e| transport_error(&e, &endpoint))?,
+            Ok(r) => r.map_err(|e| transport_error(e, &endpoint))?,
         };
         if !resp.status().is_success() {
             return Err(error_from_response(resp, &endpoint).await);
@@ -678,16 +673,16 @@ impl ChatModel for MessagesModel {
             let cap = self.max_response_bytes.saturating_mul(4).saturating_add(64 << 10);
             let read = tether_http::read_body(resp, cap, self.idle_timeout, &endpoint);
             let body = match deadline {
-                Some(at) => tokio::time::timeout_at(at, read)
-                    .await
-                    .map_err(|_| Error::Transport {
-                        kind: tether::TransportKind::Timeout,
-                        message: format!(
+                Some(at) => tokio::time::timeout_at(at, read).await.map_err(|_| {
+                    Error::transport(
+                        tether::TransportKind::Timeout,
+                        format!(
                             "the response body did not arrive within {:?}",
                             self.request_timeout
                         ),
-                        endpoint: endpoint.clone(),
-                    })??,
+                        endpoint.clone(),
+                    )
+                })??,
                 None => read.await?,
             };
             if body.truncated {
@@ -703,15 +698,15 @@ impl ChatModel for MessagesModel {
         loop {
             let chunk = match tokio::time::timeout(idle, resp.chunk()).await {
                 Err(_) => {
-                    return Err(Error::Transport {
-                        kind: tether::TransportKind::Idle,
-                        message: format!(
+                    return Err(Error::transport(
+                        tether::TransportKind::Idle,
+                        format!(
                             "the Messages stream sent nothing for {idle:?} (not even a ping); raise stream_idle_timeout for slow models"
                         ),
                         endpoint,
-                    });
+                    ));
                 }
-                Ok(Err(e)) => return Err(transport_error(&e, &endpoint)),
+                Ok(Err(e)) => return Err(transport_error(e, &endpoint)),
                 Ok(Ok(None)) => break,
                 Ok(Ok(Some(c))) => c,
             };
@@ -719,11 +714,11 @@ impl ChatModel for MessagesModel {
                 return Ok(done);
             }
         }
-        Err(Error::Transport {
-            kind: tether::TransportKind::Closed,
-            message: "the Messages stream ended before message_stop".into(),
+        Err(Error::transport(
+            tether::TransportKind::Closed,
+            "the Messages stream ended before message_stop",
             endpoint,
-        })
+        ))
     }
 }
 
@@ -836,16 +831,8 @@ mod tests {
         let mut a = ChatMessage::assistant("");
         a.content = None;
         a.tool_calls = vec![
-            ChatToolCall {
-                id: "t1".into(),
-                name: "x".into(),
-                arguments: "{}".into(),
-            },
-            ChatToolCall {
-                id: "t2".into(),
-                name: "x".into(),
-                arguments: "bad".into(),
-            },
+            ChatToolCall::new("t1", "x", "{}"),
+            ChatToolCall::new("t2", "x", "bad"),
         ];
         let h = vec![
             ChatMessage::system("sys"),

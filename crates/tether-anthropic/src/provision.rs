@@ -15,6 +15,7 @@ use crate::managed::MANAGED_AGENTS_BETA;
 
 /// What to provision.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct AgentSpec {
     /// The base name (a digest is appended).
     pub name: String,
@@ -30,8 +31,47 @@ pub struct AgentSpec {
     pub environment_config: Option<Value>,
 }
 
+impl AgentSpec {
+    /// An agent named `name` (a digest is appended) on `model`, with no system prompt or tools.
+    pub fn new(name: impl Into<String>, model: impl Into<String>) -> Self {
+        AgentSpec {
+            name: name.into(),
+            model: model.into(),
+            system: String::new(),
+            tools: Vec::new(),
+            builtin_tools: Vec::new(),
+            environment_config: None,
+        }
+    }
+
+    /// The same agent with a system prompt.
+    pub fn with_system(mut self, system: impl Into<String>) -> Self {
+        self.system = system.into();
+        self
+    }
+
+    /// The same agent with custom tools, run locally.
+    pub fn with_tools(mut self, tools: Vec<ToolSpec>) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// The same agent with tool entries sent verbatim.
+    pub fn with_builtin_tools(mut self, tools: Vec<Value>) -> Self {
+        self.builtin_tools = tools;
+        self
+    }
+
+    /// The same agent with its environment's config.
+    pub fn with_environment_config(mut self, config: Value) -> Self {
+        self.environment_config = Some(config);
+        self
+    }
+}
+
 /// What [`provision`] produced.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Provisioned {
     /// The agent's id.
     pub agent_id: String,

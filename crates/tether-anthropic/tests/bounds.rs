@@ -68,11 +68,7 @@ async fn a_stalled_messages_stream_fails_the_attempt_and_is_retried() {
     let e = model(&fake)
         .stream_idle_timeout(Duration::from_millis(300))
         .chat(
-            &ChatRequest {
-                model: String::new(),
-                messages: vec![ChatMessage::user("hi")],
-                tools: Vec::new(),
-            },
+            &ChatRequest::new(String::new(), vec![ChatMessage::user("hi")], Vec::new()),
             &DeltaSink::discard(),
         )
         .await
@@ -134,11 +130,7 @@ async fn thinking_and_tool_input_count_against_the_cap() {
         let e = model(&fake)
             .max_response_bytes(64 << 10)
             .chat(
-                &ChatRequest {
-                    model: String::new(),
-                    messages: vec![ChatMessage::user("hi")],
-                    tools: Vec::new(),
-                },
+                &ChatRequest::new(String::new(), vec![ChatMessage::user("hi")], Vec::new()),
                 &DeltaSink::discard(),
             )
             .await
@@ -195,10 +187,7 @@ async fn a_silent_managed_stream_is_reconnected_and_reconciled() {
     let calls = Arc::new(AtomicU32::new(0));
     let r = Session::builder(ManagedAgents::new(cfg).expect("provider"))
         .handler(lookup_tools(calls.clone()))
-        .config(SessionConfig {
-            reconnect: RetryPolicy::default().with_sleeper(sleeper.clone()),
-            ..SessionConfig::default()
-        })
+        .config(SessionConfig::default().with_reconnect(RetryPolicy::default().with_sleeper(sleeper.clone())))
         .timeout(Duration::from_secs(60))
         .run("What is x?")
         .await

@@ -52,17 +52,16 @@ fn provider(fake: &FakeManaged) -> ManagedAgents {
 }
 
 fn config(sleeper: &RecordingSleeper) -> SessionConfig {
-    SessionConfig {
-        reconnect: RetryPolicy {
-            jitter: false,
-            max_retries: 8,
-            base: std::time::Duration::from_millis(500),
-            max_backoff: std::time::Duration::from_secs(64),
-            ..RetryPolicy::default()
-        }
-        .with_sleeper(sleeper.clone()),
-        ..SessionConfig::default()
-    }
+    SessionConfig::default().with_reconnect(
+        RetryPolicy::default()
+            .with_backoff(
+                std::time::Duration::from_millis(500),
+                std::time::Duration::from_secs(64),
+            )
+            .with_max_retries(8)
+            .with_jitter(false)
+            .with_sleeper(sleeper.clone()),
+    )
 }
 
 /// Every event id once, sequence numbers 1..=n without gaps, and every event of the fake's log
@@ -327,14 +326,7 @@ async fn outcomes_are_posted_as_define_outcome() {
         Arc::new(tether::NoTools),
         Arc::new(tether::MemoryStore::default()),
     );
-    let cx = tether::TurnContext {
-        sink,
-        handler: Arc::new(tether::NoTools),
-        tools: vec![],
-        terminal_tool: None,
-        turn: 1,
-        max_turns: 10,
-    };
+    let cx = tether::TurnContext::new(sink, Arc::new(tether::NoTools)).with_turn(1, 10);
     use tether::Provider;
     p.open(&cx).await.expect("open");
     let tr = p

@@ -87,10 +87,9 @@ async fn overloaded_529_and_in_stream_errors_are_retried_by_the_shared_policy() 
     ])
     .await;
     let sleeper = RecordingSleeper::default();
-    let policy = RetryPolicy {
-        jitter: false,
-        ..RetryPolicy::default().with_sleeper(sleeper.clone())
-    };
+    let policy = RetryPolicy::default()
+        .with_sleeper(sleeper.clone())
+        .with_jitter(false);
     let provider = LocalLoop::new(model(&fake)).retry(policy);
     let result = Session::builder(provider).run("hi").await.expect("run");
     assert_eq!(result.text, "It is sunny in Paris.");

@@ -7,14 +7,14 @@ use tether_anthropic::provision::{AgentSpec, provision, teardown};
 use tether_testkit::managed::{FakeManaged, ManagedFaults};
 
 fn spec() -> AgentSpec {
-    AgentSpec {
-        name: "helper".into(),
-        model: "anthropic:claude-test".into(),
-        system: "You help.".into(),
-        tools: vec![ToolSpec::new("lookup", "Look up", json!({"type": "object"}))],
-        builtin_tools: vec![json!({"type": "agent_toolset_20260401"})],
-        environment_config: None,
-    }
+    AgentSpec::new("helper", "anthropic:claude-test")
+        .with_system("You help.")
+        .with_tools(vec![ToolSpec::new(
+            "lookup",
+            "Look up",
+            json!({"type": "object"}),
+        )])
+        .with_builtin_tools(vec![json!({"type": "agent_toolset_20260401"})])
 }
 
 #[tokio::test]

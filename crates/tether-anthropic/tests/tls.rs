@@ -188,14 +188,11 @@ fn tool_turns() -> Vec<Vec<Value>> {
 }
 
 fn session_config(sleeper: &RecordingSleeper) -> SessionConfig {
-    SessionConfig {
-        reconnect: RetryPolicy {
-            jitter: false,
-            ..RetryPolicy::default()
-        }
-        .with_sleeper(sleeper.clone()),
-        ..SessionConfig::default()
-    }
+    SessionConfig::default().with_reconnect(
+        RetryPolicy::default()
+            .with_jitter(false)
+            .with_sleeper(sleeper.clone()),
+    )
 }
 
 fn managed_config(fake: &FakeManaged, ca: Option<&str>) -> ManagedConfig {

@@ -259,11 +259,7 @@ impl<H: Handler> Handler for TerminalPrompts<H> {
         self.0.elicitation_complete(id, info).await
     }
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            elicitation_form: true,
-            elicitation_url: true,
-            ..self.0.capabilities()
-        }
+        self.0.capabilities().with_elicitation(true, true)
     }
 }
 

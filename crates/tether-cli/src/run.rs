@@ -315,10 +315,7 @@ fn sampling_model(args: &RunArgs, base_url: &str, model_name: &str) -> Option<te
         b = b.api_key(k);
     }
     let model = b.build().ok()?;
-    Some(tether_mcp::SamplingModel {
-        model: Arc::new(model),
-        model_name: model_name.to_owned(),
-    })
+    Some(tether_mcp::SamplingModel::new(Arc::new(model), model_name))
 }
 
 /// The workspace with the MCP servers of `--mcp` and `--mcp-config` added (started now; one that

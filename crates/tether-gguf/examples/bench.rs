@@ -224,11 +224,7 @@ fn main() {
         i += 120;
         messages.push(ChatMessage::user(format!("Summarise: {chunk}")));
         let n = model
-            .prompt_tokens(&ChatRequest {
-                model: String::new(),
-                messages: messages.clone(),
-                tools: Vec::new(),
-            })
+            .prompt_tokens(&ChatRequest::new(String::new(), messages.clone(), Vec::new()))
             .expect("tokens")
             .len();
         if n >= 2000 {
@@ -236,11 +232,7 @@ fn main() {
         }
         messages.push(ChatMessage::assistant("It is part of a software licence."));
     }
-    let req = |m: &[ChatMessage]| ChatRequest {
-        model: String::new(),
-        messages: m.to_vec(),
-        tools: Vec::new(),
-    };
+    let req = |m: &[ChatMessage]| ChatRequest::new(String::new(), m.to_vec(), Vec::new());
     let g1 = model
         .generate(&req(&messages), &AtomicBool::new(false), &mut |_| {})
         .expect("first turn");

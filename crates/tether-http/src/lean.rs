@@ -38,6 +38,7 @@ const MAX_LINE: usize = 4096;
 
 /// A failure, with where it happened (for the error's kind, and whether a retry is safe).
 #[derive(Debug)]
+#[non_exhaustive]
 pub struct LeanError {
     /// While connecting (the request was not sent).
     pub connecting: bool,
@@ -404,6 +405,7 @@ fn framing(status: StatusCode, h: &HeaderMap) -> Result<Framing, LeanError> {
 }
 
 /// A response whose head has arrived; its body is read with [`LeanResponse::chunk`].
+#[non_exhaustive]
 pub struct LeanResponse {
     /// The response's status.
     pub status: StatusCode,

@@ -18,7 +18,7 @@
 //! let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
 //! let err = reqwest::get(&url).await.expect_err("nothing listens there");
 //! assert_eq!(tether_http::classify(&err), TransportKind::Refused);
-//! let typed = tether_http::transport_error(&err, &url); // a tether::Error::Transport
+//! let typed = tether_http::transport_error(err, &url); // a tether::Error::Transport
 //! assert!(matches!(typed, tether::Error::Transport { .. }));
 //!
 //! let mut headers = HeaderMap::new();
@@ -158,18 +158,15 @@ pub fn describe_chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// A reqwest failure as [`Error::Transport`], naming what was called.
-pub fn transport_error(e: &reqwest::Error, endpoint: &str) -> Error {
-    let mut message = describe(e);
-    if let Some(hint) = certificate_hint(e) {
+/// A reqwest failure as [`Error::Transport`], naming what was called; the reqwest error is kept
+/// as its source.
+pub fn transport_error(e: reqwest::Error, endpoint: &str) -> Error {
+    let mut message = describe(&e);
+    if let Some(hint) = certificate_hint(&e) {
         message.push_str(" -- ");
         message.push_str(hint);
     }
-    Error::Transport {
-        kind: classify(e),
-        message,
-        endpoint: endpoint.to_owned(),
-    }
+    Error::transport_with(classify(&e), message, endpoint, e)
 }
 
 /// `builder` also trusting the CA certificates in each PEM bundle of `pems` (beside its built-in
@@ -244,6 +241,7 @@ pub fn with_traceparent(rb: reqwest::RequestBuilder, traceparent: Option<String>
 
 /// A response body read with [`read_body`]: at most the cap, and whether there was more.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Body {
     /// The bytes read (at most the cap).
     pub bytes: Vec<u8>,
@@ -265,16 +263,16 @@ pub async fn read_body(
     loop {
         let chunk = match tokio::time::timeout(idle, resp.chunk()).await {
             Err(_) => {
-                return Err(Error::Transport {
-                    kind: TransportKind::Idle,
-                    message: format!(
+                return Err(Error::transport(
+                    TransportKind::Idle,
+                    format!(
                         "the response body stalled for {idle:?} after {} bytes",
                         out.bytes.len()
                     ),
-                    endpoint: endpoint.to_owned(),
-                });
+                    endpoint.to_owned(),
+                ));
             }
-            Ok(Err(e)) => return Err(transport_error(&e, endpoint)),
+            Ok(Err(e)) => return Err(transport_error(e, endpoint)),
             Ok(Ok(None)) => return Ok(out),
             Ok(Ok(Some(c))) => c,
         };
@@ -302,6 +300,7 @@ pub async fn error_text(resp: reqwest::Response, idle: Duration) -> String {
 
 /// What a response's headers say about retrying it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetryHeaders {
     /// `retry-after-ms`, else `retry-after` (seconds).
     pub retry_after: Option<Duration>,
@@ -337,7 +336,7 @@ mod tests {
             .send()
             .await
             .expect_err("nothing listens there");
-        let err = transport_error(&e, "test");
+        let err = transport_error(e, "test");
         assert!(
             matches!(
                 err,
@@ -349,6 +348,9 @@ mod tests {
             "{err:?}"
         );
         assert!(err.is_transient());
+        // The reqwest error is kept, not only its text.
+        let source = std::error::Error::source(&err).expect("a source");
+        assert!(source.is::<reqwest::Error>(), "{source:?}");
     }
 
     #[test]

@@ -163,11 +163,7 @@ async fn source_alone(n: usize, server: &McpServer) -> f64 {
     use tether::source::{CallContext, ToolSource};
     let t = Instant::now();
     for i in 0..n {
-        let cx = CallContext {
-            info: tether::SessionInfo::new("s", "bench"),
-            handler: Arc::new(tether::NoTools),
-            events: None,
-        };
+        let cx = CallContext::new(tether::SessionInfo::new("s", "bench"), Arc::new(tether::NoTools));
         let out = server
             .call(
                 &tether::ToolUse::new(format!("c{i}"), "noop", json!({"i": i})),

@@ -61,6 +61,7 @@ impl ApprovalConfig {
 /// are exposed. Unknown fields are refused (a misspelt `aproval` must not pass silently).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Entry {
     /// The server's name (in `mcpServers` JSON, the key).
     #[serde(default)]

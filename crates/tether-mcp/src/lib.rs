@@ -114,11 +114,22 @@ impl Transport {
 
 /// What answers a server's sampling requests: the session's model.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct SamplingModel {
     /// The model.
     pub model: Arc<dyn ChatModel>,
     /// The model name sent in its requests.
     pub model_name: String,
+}
+
+impl SamplingModel {
+    /// Sampling requests answered by `model`, asked for `model_name`.
+    pub fn new(model: Arc<dyn ChatModel>, model_name: impl Into<String>) -> Self {
+        SamplingModel {
+            model,
+            model_name: model_name.into(),
+        }
+    }
 }
 
 impl std::fmt::Debug for SamplingModel {
@@ -131,6 +142,7 @@ impl std::fmt::Debug for SamplingModel {
 
 /// One server's configuration.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ServerConfig {
     /// The server's name (in messages, prefixes and events).
     pub name: String,
@@ -1039,15 +1051,12 @@ impl ClientHandler for Client {
         };
         let answer = match self.newest_call() {
             Some((cx, _, clock)) => {
-                let req = ElicitationRequest {
-                    id: raw
-                        .get("elicitationId")
-                        .and_then(Value::as_str)
-                        .map(str::to_owned),
-                    message,
-                    mode,
-                    raw: json!({"server": self.server_name(), "params": raw}),
-                };
+                let mut req = ElicitationRequest::new(message, mode)
+                    .with_raw(json!({"server": self.server_name(), "params": raw}));
+                req.id = raw
+                    .get("elicitationId")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned);
                 // The user's time is not the call's: both the call's `call_timeout` and the
                 // session's tool timeout stop while the question waits, which is bounded by its
                 // own `elicitation_timeout` instead (then cancelled: nobody answered).
@@ -1248,11 +1257,7 @@ fn sampling_request(raw: &Value, model: &str) -> ChatRequest {
             _ => messages.push(ChatMessage::user(text)),
         }
     }
-    ChatRequest {
-        model: model.to_owned(),
-        messages,
-        tools: Vec::new(),
-    }
+    ChatRequest::new(model, messages, Vec::new())
 }
 
 #[cfg(test)]

@@ -74,11 +74,11 @@ async fn elicit_once(user: SlowUser, elicitation_timeout: Option<Duration>) -> t
         LONG,
         Session::builder(LocalLoop::new(model))
             .handler(handler)
-            .config(SessionConfig {
-                tool_timeout: Some(Duration::from_secs(2)),
-                max_turns: 4,
-                ..SessionConfig::default()
-            })
+            .config(
+                SessionConfig::default()
+                    .with_tool_timeout(Some(Duration::from_secs(2)))
+                    .with_max_turns(4),
+            )
             .run("go"),
     )
     .await

@@ -167,17 +167,11 @@ async fn streamable_http_full_round_through_a_session() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sampling_is_answered_by_the_model_when_allowed() {
     let model = Arc::new(ScriptedModel::new(vec![Ok(ScriptedModel::text("sampled words"))]));
-    let cfg = ServerConfig::new("everything", everything_stdio()).sampling(SamplingModel {
-        model: model.clone(),
-        model_name: "the-model".into(),
-    });
+    let cfg = ServerConfig::new("everything", everything_stdio())
+        .sampling(SamplingModel::new(model.clone(), "the-model"));
     let server = McpServer::connect(cfg).await.unwrap();
     wait_for_tools(&server, &["trigger-sampling-request"]).await;
-    let cx = CallContext {
-        info: SessionInfo::new("s", "test"),
-        handler: Arc::new(tether::NoTools),
-        events: None,
-    };
+    let cx = CallContext::new(SessionInfo::new("s", "test"), Arc::new(tether::NoTools));
     let out = server
         .call(
             &ToolUse::new(
@@ -213,11 +207,7 @@ async fn roots_are_the_workspace_root() {
     let cfg = ServerConfig::new("everything", everything_stdio()).roots(vec![dir.path().to_path_buf()]);
     let server = McpServer::connect(cfg).await.unwrap();
     wait_for_tools(&server, &["get-roots-list"]).await;
-    let cx = CallContext {
-        info: SessionInfo::new("s", "test"),
-        handler: Arc::new(tether::NoTools),
-        events: None,
-    };
+    let cx = CallContext::new(SessionInfo::new("s", "test"), Arc::new(tether::NoTools));
     match server
         .call(&ToolUse::new("u1", "get-roots-list", json!({})), cx)
         .await
@@ -276,11 +266,7 @@ async fn a_long_running_tool_is_cancelled_with_the_turn() {
         .expect("the cancel ends the run");
     assert!(matches!(r, Err(Error::Cancelled)), "{r:?}");
     // The server is still usable after the cancelled call.
-    let cx = CallContext {
-        info: SessionInfo::new("s", "test"),
-        handler: Arc::new(tether::NoTools),
-        events: None,
-    };
+    let cx = CallContext::new(SessionInfo::new("s", "test"), Arc::new(tether::NoTools));
     let out = server
         .call(&ToolUse::new("e2", "echo", json!({"message": "still here"})), cx)
         .await;

@@ -20,11 +20,7 @@ use tether_mcp::{McpError, McpServer, ServerConfig};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 
 fn cx() -> CallContext {
-    CallContext {
-        info: SessionInfo::new("s", "test"),
-        handler: Arc::new(tether::NoTools),
-        events: None,
-    }
+    CallContext::new(SessionInfo::new("s", "test"), Arc::new(tether::NoTools))
 }
 
 async fn call(s: &McpServer, name: &str, input: serde_json::Value) -> ToolOutput {

@@ -90,11 +90,7 @@ async fn through_tether_traced(
 
 /// (c): OpenAiModel alone, deltas discarded: parsing + accumulation, no event delivery.
 async fn model_alone(model: &OpenAiModel, deltas: &DeltaSink) -> usize {
-    let req = ChatRequest {
-        model: String::new(),
-        messages: vec![ChatMessage::user("go")],
-        tools: Vec::new(),
-    };
+    let req = ChatRequest::new(String::new(), vec![ChatMessage::user("go")], Vec::new());
     let r = model.chat(&req, deltas).await.expect("chat");
     r.message.content.map(|c| c.len() / 4).unwrap_or(0)
 }

@@ -464,11 +464,7 @@ impl StreamAccumulator {
         message.tool_calls = self
             .calls
             .into_iter()
-            .map(|c| ChatToolCall {
-                id: c.id,
-                name: c.name,
-                arguments: c.arguments,
-            })
+            .map(|c| ChatToolCall::new(c.id, c.name, c.arguments))
             .collect();
         let mut msg = json!({"role": "assistant", "content": message.content});
         if let Some(r) = &message.reasoning {
@@ -488,12 +484,9 @@ impl StreamAccumulator {
             "choices": [{"index": 0, "message": msg, "finish_reason": self.finish_reason}],
             "usage": self.usage.as_ref().and_then(|u| u.raw.first().cloned()).unwrap_or(Value::Null),
         });
-        ChatResponse {
-            message,
-            finish_reason: self.finish_reason,
-            usage: self.usage,
-            raw,
-        }
+        let mut response = ChatResponse::new(message).with_usage(self.usage).with_raw(raw);
+        response.finish_reason = self.finish_reason;
+        response
     }
 }
 

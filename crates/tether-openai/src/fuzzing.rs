@@ -305,11 +305,7 @@ pub fn check_streamed_arguments(args: &str) {
         );
         assert_eq!(out.live.calls.len(), 1);
         assert_eq!(out.live.calls[0].2, args, "the live arguments");
-        let call = tether::ChatToolCall {
-            id: "call_1".into(),
-            name: "probe".into(),
-            arguments: args.to_owned(),
-        };
+        let call = tether::ChatToolCall::new("call_1", "probe", args);
         assert_eq!(call.to_tool_use(), expected);
     }
 }
@@ -384,11 +380,11 @@ fn call_upstream(reply: &[u8], cuts: Vec<usize>, read_buffer: usize) -> Outcome 
         .stream_idle_timeout(std::time::Duration::from_secs(20))
         .build()
         .expect("a model for 127.0.0.1");
-    let req = ChatRequest {
-        model: String::new(),
-        messages: vec![tether::ChatMessage::user("hi")],
-        tools: vec![ToolSpec::new("probe", "", json!({"type": "object"}))],
-    };
+    let req = ChatRequest::new(
+        "",
+        vec![tether::ChatMessage::user("hi")],
+        vec![ToolSpec::new("probe", "", json!({"type": "object"}))],
+    );
     let (deltas, rec) = Recorder::delta_sink();
     let result = block_on(model.chat(&req, &deltas));
     let live = rec.live();

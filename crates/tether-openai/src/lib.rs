@@ -416,11 +416,7 @@ impl OpenAiModel {
     }
 
     fn transport(&self, kind: TransportKind, message: impl Into<String>) -> Error {
-        Error::Transport {
-            kind,
-            message: message.into(),
-            endpoint: self.endpoint.clone(),
-        }
+        Error::transport(kind, message, self.endpoint.clone())
     }
 
     fn transport_error(&self, e: TransportError) -> Error {
@@ -432,6 +428,7 @@ impl OpenAiModel {
         let tether_http::RetryHeaders {
             retry_after,
             should_retry,
+            ..
         } = tether_http::retry_headers(resp.headers());
         let body = read_capped(resp, deadline, MAX_ERROR_BODY).await;
         let (message, code) = match serde_json::from_slice::<Value>(&body) {
@@ -603,25 +600,25 @@ impl OpenAiModel {
             let f = c.function.as_ref();
             // A call without a name is kept: the engine answers it with an error result.
             let name = f.and_then(|f| f.name.clone()).unwrap_or_default();
-            calls.push(tether::ChatToolCall {
-                id: c
-                    .id
-                    .clone()
+            let id =
+                c.id.clone()
                     .filter(|s| !s.is_empty())
-                    .unwrap_or_else(|| format!("call_{base}_{i}")),
+                    .unwrap_or_else(|| format!("call_{base}_{i}"));
+            calls.push(tether::ChatToolCall::new(
+                id,
                 name,
-                arguments: f.map(|f| f.arguments_text()).unwrap_or_default(),
-            });
+                f.map(|f| f.arguments_text()).unwrap_or_default(),
+            ));
         }
         if calls.is_empty()
             && let Some(f) = &m.function_call
             && let Some(name) = f.name.clone().filter(|n| !n.is_empty())
         {
-            calls.push(tether::ChatToolCall {
-                id: format!("call_{base}_0"),
+            calls.push(tether::ChatToolCall::new(
+                format!("call_{base}_0"),
                 name,
-                arguments: f.arguments_text(),
-            });
+                f.arguments_text(),
+            ));
         }
         let kept = text.len()
             + reasoning.as_ref().map_or(0, String::len)
@@ -647,12 +644,11 @@ impl OpenAiModel {
         }
         message.reasoning = reasoning;
         message.tool_calls = calls;
-        Ok(ChatResponse {
-            message,
-            finish_reason: choice.finish_reason.filter(|f| !f.is_empty()),
-            usage: completion.usage.and_then(wire::usage_of),
-            raw,
-        })
+        let mut response = ChatResponse::new(message)
+            .with_usage(completion.usage.and_then(wire::usage_of))
+            .with_raw(raw);
+        response.finish_reason = choice.finish_reason.filter(|f| !f.is_empty());
+        Ok(response)
     }
 }
 

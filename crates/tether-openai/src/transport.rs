@@ -141,7 +141,7 @@ impl TransportError {
     /// As [`Error::Transport`], naming the endpoint.
     pub(crate) fn into_error(self, endpoint: &str) -> Error {
         match self {
-            TransportError::Reqwest(e) => tether_http::transport_error(&e, endpoint),
+            TransportError::Reqwest(e) => tether_http::transport_error(e, endpoint),
             TransportError::Lean(LeanError {
                 connecting, error, ..
             }) => {
@@ -150,11 +150,7 @@ impl TransportError {
                 } else {
                     TransportKind::Other
                 });
-                Error::Transport {
-                    kind,
-                    message: tether_http::describe_chain(&error),
-                    endpoint: endpoint.to_owned(),
-                }
+                Error::transport_with(kind, tether_http::describe_chain(&error), endpoint, error)
             }
         }
     }

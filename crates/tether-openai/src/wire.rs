@@ -467,12 +467,11 @@ pub(crate) fn usage_of(v: Value) -> Option<Usage> {
         .get("prompt_tokens_details")
         .and_then(|d| d.get("cached_tokens"))
         .or_else(|| v.get("prompt_cache_hit_tokens"));
-    Some(Usage {
-        input_tokens: n(v.get("prompt_tokens")),
-        output_tokens: n(v.get("completion_tokens")),
-        cache_read_tokens: n(cached),
-        raw: vec![v],
-    })
+    Some(
+        Usage::new(n(v.get("prompt_tokens")), n(v.get("completion_tokens")))
+            .with_cache_read_tokens(n(cached))
+            .with_raw(v),
+    )
 }
 
 /// The message and code of an OpenAI error object (`{"message","type","param","code"}`, or a

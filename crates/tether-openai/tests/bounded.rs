@@ -9,11 +9,7 @@ use tether_openai::OpenAiModel;
 use tether_testkit::openai::{FakeOpenAi, Reply};
 
 fn req() -> ChatRequest {
-    ChatRequest {
-        model: String::new(),
-        messages: vec![ChatMessage::user("hi")],
-        tools: Vec::new(),
-    }
+    ChatRequest::new(String::new(), vec![ChatMessage::user("hi")], Vec::new())
 }
 
 fn model(url: &str, stream: bool) -> OpenAiModel {

@@ -22,11 +22,7 @@ fn builder(fake: &FakeOpenAi, lean: bool) -> tether_openai::OpenAiBuilder {
 }
 
 fn req() -> ChatRequest {
-    ChatRequest {
-        model: String::new(),
-        messages: vec![ChatMessage::user("hi")],
-        tools: Vec::new(),
-    }
+    ChatRequest::new(String::new(), vec![ChatMessage::user("hi")], Vec::new())
 }
 
 /// A model that never stops (a stream of 333 MB for one run, before) is cut once the response

@@ -14,11 +14,7 @@ use tokio::io::AsyncReadExt;
 const CLIENTS: [bool; 2] = [false, true];
 
 fn req() -> ChatRequest {
-    ChatRequest {
-        model: String::new(),
-        messages: vec![ChatMessage::user("hi")],
-        tools: Vec::new(),
-    }
+    ChatRequest::new(String::new(), vec![ChatMessage::user("hi")], Vec::new())
 }
 
 /// Generous timeouts: a fault must show as itself, not as a timeout on a loaded machine.

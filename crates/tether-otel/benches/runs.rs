@@ -77,12 +77,7 @@ impl ChatModel for Deltas {
         for _ in 0..self.0 {
             deltas.text("x").await;
         }
-        Ok(ChatResponse {
-            message: ChatMessage::assistant("x".repeat(self.0)),
-            finish_reason: Some("stop".into()),
-            usage: None,
-            raw: Value::Null,
-        })
+        Ok(ChatResponse::new(ChatMessage::assistant("x".repeat(self.0))).with_finish_reason("stop"))
     }
 }
 

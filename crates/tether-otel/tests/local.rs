@@ -436,11 +436,9 @@ async fn a_retried_model_call_is_one_span_with_a_retry_event() {
     fake.push(Reply::server_error(503));
     fake.push(Reply::text("ok").usage(2, 1));
     let sleeper = tether::RecordingSleeper::default();
-    let retry = tether::RetryPolicy {
-        jitter: false,
-        ..tether::RetryPolicy::default()
-    }
-    .with_sleeper(sleeper.clone());
+    let retry = tether::RetryPolicy::default()
+        .with_jitter(false)
+        .with_sleeper(sleeper.clone());
     let result = Session::builder(LocalLoop::new(model(&fake)).retry(retry))
         .observer(tracer.observer())
         .run("hi")

@@ -461,10 +461,7 @@ impl TetherThread {
             provider = provider.model_name(m.clone());
         }
         // One tool step at a time: the journal's order must be the engine's on every replay.
-        let config = SessionConfig {
-            tool_concurrency: 1,
-            ..SessionConfig::default()
-        };
+        let config = SessionConfig::default().with_tool_concurrency(1);
         let handler: Arc<dyn Handler> = Arc::new(StepHandler::new(self.handler.clone(), steps.clone()));
         let mut builder = Session::builder(provider)
             .handler_arc(handler)

@@ -71,10 +71,11 @@ fn memo_of(events: &[Event]) -> Vec<tether::ToolResult> {
         .filter_map(|e| {
             let key = e.id.strip_prefix("tool_result:")?;
             match &e.kind {
-                EventKind::ToolResult { result } => Some(tether::ToolResult {
-                    tool_use_id: key.to_owned(),
-                    ..result.clone()
-                }),
+                EventKind::ToolResult { result } => Some(tether::ToolResult::new(
+                    key,
+                    result.content.clone(),
+                    result.is_error,
+                )),
                 _ => None,
             }
         })

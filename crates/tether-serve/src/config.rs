@@ -110,6 +110,7 @@ pub enum ConfigError {
 /// The whole file.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct Config {
     /// Server-wide limits.
     #[serde(default)]
@@ -122,6 +123,7 @@ pub struct Config {
 /// `[server]`: limits.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ServerSection {
     /// Largest accepted request body in bytes (default 1 MiB).
     #[serde(default = "default_body")]
@@ -238,6 +240,7 @@ pub enum AccessConfig {
 /// One agent.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct AgentConfig {
     /// Where the agent's loop lives: `openai` (the local loop over an OpenAI-compatible
     /// chat-completions endpoint, the default), `gguf` (a GGUF model run in-process), `anthropic` (the local loop over the Anthropic
@@ -449,6 +452,7 @@ fn default_tool_timeout() -> u64 {
 /// `[agents.NAME.workspace]`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct WorkspaceConfig {
     /// The root directory (relative paths are from the config file's directory).
     #[serde(default = "default_root")]
@@ -478,6 +482,7 @@ fn ask() -> AccessConfig {
 /// confined; see `tether::sandbox` for what is and is not confined.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct SandboxConfig {
     /// `auto` (default: confined where the kernel supports it, else run unconfined with a
     /// warning at start), `require` (refused where the kernel cannot confine them), `off`.
@@ -512,6 +517,7 @@ impl SandboxConfig {
 /// crash between the command's effect and the record can re-run it once).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct CommandTool {
     /// The tool's name.
     pub name: String,
@@ -534,6 +540,7 @@ pub struct CommandTool {
 /// A declared tool: name, description, JSON Schema.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
+#[non_exhaustive]
 pub struct ToolDecl {
     /// The tool's name.
     pub name: String,

@@ -63,7 +63,7 @@ pub(crate) async fn start_mcp(cfg: &AgentConfig) -> Result<(), String> {
         Some(w) => w.root.clone(),
         None => std::env::current_dir().map_err(|e| format!("cannot read the current directory: {e}"))?,
     };
-    let sampling = tether_mcp::SamplingModel { model, model_name };
+    let sampling = tether_mcp::SamplingModel::new(model, model_name);
     let (sources, _servers) = tether_mcp::config::connect_all(&cfg.mcp, &[root], Some(sampling))
         .await
         .map_err(|e| e.to_string())?;
@@ -87,11 +87,11 @@ impl ServeHandler {
             Some(w) => {
                 let ws = Workspace::new(&w.root)
                     .map_err(|e| format!("the workspace root {} is not usable: {e}", w.root.display()))?
-                    .policy(Policy {
-                        reads: policy_access(w.reads),
-                        writes: policy_access(w.writes),
-                        commands: policy_access(w.commands),
-                    })
+                    .policy(Policy::new(
+                        policy_access(w.reads),
+                        policy_access(w.writes),
+                        policy_access(w.commands),
+                    ))
                     .command_timeout(Duration::from_secs(cfg.tool_timeout_secs.max(1)))
                     .sandbox(sandbox.clone());
                 (
@@ -219,14 +219,12 @@ impl ServeHandler {
         if let Some(w) = &self.workspace {
             writable.push(w.root().to_path_buf());
         }
-        let spec = CommandSpec {
-            env,
-            writable,
-            stdin: Some(args.into_bytes()),
-            output_cap: OUTPUT_CAP,
-            timeout: self.tool_timeout,
-            ..CommandSpec::shell(&c.command, cwd)
-        };
+        let spec = CommandSpec::shell(&c.command, cwd)
+            .with_env(env)
+            .with_writable(writable)
+            .with_stdin(args.into_bytes())
+            .with_output_cap(OUTPUT_CAP)
+            .with_timeout(self.tool_timeout);
         match self.sandbox.run(&spec).await {
             // As the workspace's `run_command` reports it (a failure is its `HandlerError`).
             Ok(out) => match out.report(&format!("tool `{}`", c.name), &spec) {
@@ -263,25 +261,13 @@ async fn ask_user(
         "{kind}-{}",
         tether_agui::approval::digest(&json!([&title, &input]))
     );
-    let req = tether::PermissionRequest {
-        tool_use_id: id,
-        title: title.clone(),
-        input,
-        kind: Some(kind.to_owned()),
-        options: vec![
-            tether::PermissionOption {
-                id: "allow_once".into(),
-                name: "Allow once".into(),
-                kind: tether::PermissionKind::AllowOnce,
-            },
-            tether::PermissionOption {
-                id: "reject_once".into(),
-                name: "Reject".into(),
-                kind: tether::PermissionKind::RejectOnce,
-            },
-        ],
-        raw: Value::Null,
-    };
+    let req = tether::PermissionRequest::new(id, title.clone())
+        .with_input(input)
+        .with_kind(kind.to_owned())
+        .with_options(vec![
+            tether::PermissionOption::new("allow_once", "Allow once", tether::PermissionKind::AllowOnce),
+            tether::PermissionOption::new("reject_once", "Reject", tether::PermissionKind::RejectOnce),
+        ]);
     match asker.request_permission(&req, info).await {
         tether::PermissionOutcome::Selected { option_id } if option_id == "allow_once" => Ok(()),
         _ => Err(tether::HandlerError::Refused(format!(
@@ -319,11 +305,8 @@ impl ServeHandler {
         {
             // A server's elicitation asks the browser through the ThreadAgent running the call:
             // the run ends with an elicitation interrupt, the call waits for the answer.
-            let cx = CallContext {
-                info: info.clone(),
-                handler: tether_agui::thread::asking_handler().unwrap_or_else(|| Arc::new(tether::NoTools)),
-                events: ToolEvents::current(),
-            };
+            let handler = tether_agui::thread::asking_handler().unwrap_or_else(|| Arc::new(tether::NoTools));
+            let cx = CallContext::new(info.clone(), handler).with_events(ToolEvents::current());
             return sources.call_routed(&route, call, cx).await;
         }
         match &self.workspace {
@@ -486,10 +469,7 @@ mod tests {
     async fn an_agents_direct_write_under_ask_with_nobody_to_ask_is_refused_fail_closed() {
         let dir = tempfile::tempdir().unwrap();
         let info = SessionInfo::new("s", "acp");
-        let write = tether::WriteTextFile {
-            path: dir.path().join("x.txt"),
-            content: "hi".into(),
-        };
+        let write = tether::WriteTextFile::new(dir.path().join("x.txt"), "hi");
         let h = gated(dir.path(), "ask");
         let e = h.write_text_file(&write, &info).await.unwrap_err();
         assert!(matches!(e, tether::HandlerError::Refused(_)), "{e}");
@@ -501,11 +481,7 @@ mod tests {
         let h = gated(dir.path(), "allow");
         h.write_text_file(&write, &info).await.unwrap();
         assert_eq!(std::fs::read_to_string(dir.path().join("x.txt")).unwrap(), "hi");
-        let read = tether::ReadTextFile {
-            path: dir.path().join("x.txt"),
-            line: None,
-            limit: None,
-        };
+        let read = tether::ReadTextFile::new(dir.path().join("x.txt"));
         assert_eq!(h.read_text_file(&read, &info).await.unwrap(), "hi");
         assert!(h.needs_approval(&call).is_none());
     }

@@ -191,12 +191,7 @@ pub async fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let opts = ServerOptions {
-        config,
-        bind: args.bind.clone(),
-        db: args.db.clone(),
-        token: token.clone(),
-    };
+    let opts = ServerOptions::new(config, args.bind.clone(), args.db.clone()).with_token(token.clone());
     let server = match start(opts).await {
         Ok(s) => s,
         Err(e) => {

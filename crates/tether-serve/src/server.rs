@@ -82,6 +82,7 @@ pub enum ServeError {
 
 /// Everything the server needs to start.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ServerOptions {
     /// The agents and limits.
     pub config: Config,
@@ -93,6 +94,25 @@ pub struct ServerOptions {
     /// loopback bind allows. (`tether serve` generates one unless told `--no-token`; see
     /// [`generate_token`](crate::generate_token).)
     pub token: Option<String>,
+}
+
+impl ServerOptions {
+    /// A server for `config`, listening on `bind` (`host:port`), keeping its threads in the
+    /// SQLite file `db`, with no token (which only a loopback bind allows).
+    pub fn new(config: Config, bind: impl Into<String>, db: impl Into<PathBuf>) -> Self {
+        ServerOptions {
+            config,
+            bind: bind.into(),
+            db: db.into(),
+            token: None,
+        }
+    }
+
+    /// The same options with the bearer token every `/v1/` route requires.
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
+    }
 }
 
 /// A running server.
@@ -238,15 +258,10 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
         })?;
     let shutdown = CancellationToken::new();
     let runs = Arc::new(Semaphore::new(limits.max_concurrent_runs));
-    let endpoint = EndpointOptions {
-        body_limit: limits.max_body_bytes,
-        body_timeout: Some(Duration::from_secs(limits.body_timeout_secs)),
-        run: tether_agui::RunOptions {
-            runtime: Some(tokio::runtime::Handle::current()),
-            ..Default::default()
-        },
-        ..EndpointOptions::default()
-    };
+    let endpoint = EndpointOptions::default()
+        .with_body_limit(limits.max_body_bytes)
+        .with_body_timeout(Some(Duration::from_secs(limits.body_timeout_secs)))
+        .with_run(tether_agui::RunOptions::default().with_runtime(tokio::runtime::Handle::current()));
     let mut app: Router<AppState> = Router::new();
     let mut infos = Vec::new();
     let mut services: Vec<Service> = Vec::new();
@@ -288,10 +303,9 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
         let (agent, info) = thread_agent(name, cfg, spec, &store, run_timeout).map_err(agent_err)?;
         infos.push(info);
         let check: Arc<dyn ResumeCheck> = agent.clone();
-        let options = EndpointOptions {
-            admit: Some(admission(check, runs.clone(), shutdown.clone())),
-            ..endpoint.clone()
-        };
+        let options = endpoint
+            .clone()
+            .with_admit(admission(check, runs.clone(), shutdown.clone()));
         app = app.route_agui_with(&path, agent, options);
     }
     let state = AppState {
@@ -552,18 +566,16 @@ fn thread_agent(
         .iter()
         .map(|t| tether::ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone())))
         .collect();
-    let config = tether::SessionConfig {
-        max_turns: cfg.max_turns.max(1),
+    let mut config = tether::SessionConfig::default()
+        .with_max_turns(cfg.max_turns.max(1))
         // Bounded by the config check (at most a week), so the sum cannot overflow.
-        tool_timeout: Some(Duration::from_secs(
+        .with_tool_timeout(Some(Duration::from_secs(
             cfg.tool_timeout_secs.clamp(1, crate::config::MAX_DURATION_SECS) + 5,
-        )),
-        terminal_tool: cfg
-            .terminal_tool
-            .as_ref()
-            .map(|t| tether::ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone()))),
-        ..tether::SessionConfig::default()
-    };
+        )));
+    config.terminal_tool = cfg
+        .terminal_tool
+        .as_ref()
+        .map(|t| tether::ToolSpec::new(&t.name, &t.description, schema_or_empty(t.parameters.clone())));
     let keep_alive = if matches!(spec, ProviderSpec::Acp { .. }) {
         ACP_LIVE_THREADS
     } else {

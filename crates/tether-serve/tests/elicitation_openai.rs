@@ -72,12 +72,11 @@ args = ["{js}", "stdio"]
         js = everything_js().display()
     );
     let config = Config::parse(&text, "test.toml", dir.path()).unwrap();
-    let server = tether_serve::start(ServerOptions {
+    let server = tether_serve::start(ServerOptions::new(
         config,
-        bind: "127.0.0.1:0".into(),
-        db: dir.path().join("tether.db"),
-        token: None,
-    })
+        "127.0.0.1:0",
+        dir.path().join("tether.db"),
+    ))
     .await
     .unwrap();
     let addr = server.addr();

@@ -33,12 +33,11 @@ deny = ["get-env"]
         js = everything_js().display()
     );
     let config = Config::parse(&text, "test.toml", dir.path()).unwrap();
-    let server = tether_serve::start(ServerOptions {
+    let server = tether_serve::start(ServerOptions::new(
         config,
-        bind: "127.0.0.1:0".into(),
-        db: dir.path().join("tether.db"),
-        token: None,
-    })
+        "127.0.0.1:0",
+        dir.path().join("tether.db"),
+    ))
     .await
     .unwrap();
     let addr = server.addr();
@@ -122,12 +121,11 @@ name = "nothing"
 command = "/nonexistent/mcp"
 "#;
     let config = Config::parse(text, "test.toml", dir.path()).unwrap();
-    let Err(e) = tether_serve::start(ServerOptions {
+    let Err(e) = tether_serve::start(ServerOptions::new(
         config,
-        bind: "127.0.0.1:0".into(),
-        db: dir.path().join("tether.db"),
-        token: None,
-    })
+        "127.0.0.1:0",
+        dir.path().join("tether.db"),
+    ))
     .await
     else {
         panic!("the server must not start")

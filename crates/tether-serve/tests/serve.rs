@@ -229,12 +229,11 @@ async fn a_recorded_tool_result_is_not_run_again_on_resume() {
 async fn refusals_token_body_size_run_time_and_concurrency() {
     // No token on a non-loopback bind: refused before anything listens.
     let env = Env::new().await;
-    let err = tether_serve::start(ServerOptions {
-        config: env.config(""),
-        bind: "0.0.0.0:0".into(),
-        db: env.dir.path().join("x.db"),
-        token: None,
-    })
+    let err = tether_serve::start(ServerOptions::new(
+        env.config(""),
+        "0.0.0.0:0",
+        env.dir.path().join("x.db"),
+    ))
     .await
     .unwrap_err();
     assert!(err.to_string().contains("without a token"), "{err}");

@@ -317,6 +317,7 @@ pub enum StoreError {
 /// One sequence number shared by several events of a session (see
 /// [`StoreError::DuplicateSequence`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SeqDuplicate {
     /// The session.
     pub session_id: String,
@@ -745,16 +746,17 @@ impl ThreadRow {
     /// The thread, or `None` for a row whose id is not a valid [`ThreadId`] (written before ids
     /// were checked).
     fn thread(self) -> Option<Thread> {
-        Some(Thread {
-            id: ThreadId::new(self.id).ok()?,
-            agent: self.agent,
-            provider: self.provider,
-            record: self.record,
-            provider_session: self.provider_session,
-            title: self.title,
-            created_ms: self.created_ms,
-            updated_ms: self.updated_ms,
-        })
+        Some(
+            Thread::new(
+                ThreadId::new(self.id).ok()?,
+                self.agent,
+                self.record,
+                self.created_ms,
+            )
+            .with_provider(self.provider, self.provider_session)
+            .with_title(self.title)
+            .with_updated_ms(self.updated_ms),
+        )
     }
 }
 
@@ -891,11 +893,11 @@ impl EventStore for SqliteStore {
                 )
                 .and_then(|mut st| {
                     st.query_row(params![sid, tid], |r| {
-                        Ok(ToolResult {
-                            tool_use_id: tid.clone(),
-                            content: r.get(0)?,
-                            is_error: r.get::<_, i64>(1)? != 0,
-                        })
+                        Ok(ToolResult::new(
+                            tid.clone(),
+                            r.get::<_, String>(0)?,
+                            r.get::<_, i64>(1)? != 0,
+                        ))
                     })
                 })
                 .optional()

@@ -16,6 +16,7 @@ pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 8 << 20;
 
 /// A tool call inside an assistant message: id, name and the argument text as the model wrote it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ChatToolCall {
     /// The call's id.
     pub id: String,
@@ -26,6 +27,15 @@ pub struct ChatToolCall {
 }
 
 impl ChatToolCall {
+    /// A call of `name` with id `id` and the argument text `arguments`.
+    pub fn new(id: impl Into<String>, name: impl Into<String>, arguments: impl Into<String>) -> Self {
+        ChatToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
     /// The call as a [`ToolUse`], its arguments decoded (see [`ToolUse::from_arguments`]).
     pub fn to_tool_use(&self) -> ToolUse {
         ToolUse::from_arguments(&self.id, &self.name, &self.arguments)
@@ -38,6 +48,7 @@ impl ChatToolCall {
 /// anything a provider must get back unchanged in a later request (e.g. Anthropic thinking blocks
 /// with their signatures), so round-trips lose nothing.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ChatMessage {
     /// Who wrote it.
     pub role: Role,
@@ -97,10 +108,44 @@ impl ChatMessage {
             ..Self::plain(Role::Tool, content)
         }
     }
+
+    /// An assistant message that calls tools (with `text`, if any, before the calls).
+    ///
+    /// ```
+    /// use tether::{ChatMessage, ChatToolCall};
+    /// let m = ChatMessage::assistant_calls(None, vec![ChatToolCall::new("c1", "ls", "{}")]);
+    /// assert_eq!(m.tool_calls[0].name, "ls");
+    /// ```
+    pub fn assistant_calls(text: Option<String>, tool_calls: Vec<ChatToolCall>) -> Self {
+        ChatMessage {
+            content: text,
+            tool_calls,
+            ..Self::plain(Role::Assistant, "")
+        }
+    }
+
+    /// The same message with these tool calls.
+    pub fn with_tool_calls(mut self, tool_calls: Vec<ChatToolCall>) -> Self {
+        self.tool_calls = tool_calls;
+        self
+    }
+
+    /// The same message with its reasoning text.
+    pub fn with_reasoning(mut self, reasoning: impl Into<String>) -> Self {
+        self.reasoning = Some(reasoning.into());
+        self
+    }
+
+    /// The same message with provider-specific content to send back unchanged.
+    pub fn with_provider_data(mut self, data: Value) -> Self {
+        self.provider_data = Some(data);
+        self
+    }
 }
 
 /// One model call's input.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ChatRequest {
     /// The model name (empty: the model's configured default).
     pub model: String,
@@ -110,8 +155,20 @@ pub struct ChatRequest {
     pub tools: Vec<ToolSpec>,
 }
 
+impl ChatRequest {
+    /// A call of `model` (empty: the model's default) on `messages`, with `tools` declared.
+    pub fn new(model: impl Into<String>, messages: Vec<ChatMessage>, tools: Vec<ToolSpec>) -> Self {
+        ChatRequest {
+            model: model.into(),
+            messages,
+            tools,
+        }
+    }
+}
+
 /// One model call's output.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ChatResponse {
     /// The assistant message.
     pub message: ChatMessage,
@@ -124,6 +181,44 @@ pub struct ChatResponse {
     pub usage: Option<Usage>,
     /// The response as the server described it (assembled for streams), for the record.
     pub raw: Value,
+}
+
+impl ChatResponse {
+    /// A response carrying `message`, with no finish reason, usage or raw form yet.
+    ///
+    /// ```
+    /// use tether::{ChatMessage, ChatResponse, Usage};
+    /// let r = ChatResponse::new(ChatMessage::assistant("hi"))
+    ///     .with_finish_reason("stop")
+    ///     .with_usage(Usage::new(3, 1));
+    /// assert_eq!(r.finish_reason.as_deref(), Some("stop"));
+    /// ```
+    pub fn new(message: ChatMessage) -> Self {
+        ChatResponse {
+            message,
+            finish_reason: None,
+            usage: None,
+            raw: Value::Null,
+        }
+    }
+
+    /// The same response with a finish reason (OpenAI's words; see [`ChatResponse::finish_reason`]).
+    pub fn with_finish_reason(mut self, reason: impl Into<String>) -> Self {
+        self.finish_reason = Some(reason.into());
+        self
+    }
+
+    /// The same response with its usage (a [`Usage`], or an `Option` of one).
+    pub fn with_usage(mut self, usage: impl Into<Option<Usage>>) -> Self {
+        self.usage = usage.into();
+        self
+    }
+
+    /// The same response with its raw form, for the record.
+    pub fn with_raw(mut self, raw: Value) -> Self {
+        self.raw = raw;
+        self
+    }
 }
 
 /// One model call, streaming its deltas into a [`DeltaSink`] as it goes.

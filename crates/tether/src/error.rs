@@ -73,6 +73,10 @@ pub enum Error {
         message: String,
         /// What was called.
         endpoint: String,
+        /// The transport's own error behind it (a `reqwest::Error`, an `std::io::Error`, a
+        /// provider's marker type), for [`std::error::Error::source`] and downcasting.
+        #[source]
+        source: Option<BoxError>,
     },
     /// The server reported an error inside a successful (200) stream.
     #[error("the stream reported an error{}: {message}", code.as_deref().map(|c| format!(" ({c})")).unwrap_or_default())]
@@ -175,6 +179,31 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
+    /// A transport failure of `kind` talking to `endpoint`, described by `message`.
+    pub fn transport(kind: TransportKind, message: impl Into<String>, endpoint: impl Into<String>) -> Self {
+        Error::Transport {
+            kind,
+            message: message.into(),
+            endpoint: endpoint.into(),
+            source: None,
+        }
+    }
+
+    /// A transport failure that keeps the error behind it as its [`std::error::Error::source`].
+    pub fn transport_with(
+        kind: TransportKind,
+        message: impl Into<String>,
+        endpoint: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        Error::Transport {
+            kind,
+            message: message.into(),
+            endpoint: endpoint.into(),
+            source: Some(source.into()),
+        }
+    }
+
     /// Whether retrying the same request may succeed.
     ///
     /// Transient: HTTP 408, 409, 429 (but not quota exhaustion such as `insufficient_quota`),
@@ -361,11 +390,7 @@ mod tests {
             TransportKind::Reset,
             TransportKind::Closed,
         ] {
-            let e = Error::Transport {
-                kind: k,
-                message: String::new(),
-                endpoint: String::new(),
-            };
+            let e = Error::transport(k, String::new(), String::new());
             assert!(e.is_transient());
         }
         assert!(!Error::Cancelled.is_transient());

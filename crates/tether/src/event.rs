@@ -28,6 +28,7 @@ pub enum Role {
 /// session's exactly-once record; live events (`seq == None`, typically token deltas whose content
 /// a later durable event also holds) are only delivered to subscribers and the handler.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Event {
     /// A stable id: the provider's when it has one, else one tether assigns.
     pub id: String,
@@ -59,6 +60,12 @@ impl Event {
     /// Whether the event is in the durable record.
     pub fn is_durable(&self) -> bool {
         self.seq.is_some()
+    }
+
+    /// The same event at position `seq` of the session's record (as a store loads it).
+    pub fn with_seq(mut self, seq: u64) -> Self {
+        self.seq = Some(seq);
+        self
     }
 }
 

@@ -69,6 +69,7 @@ impl PermissionKind {
 
 /// One choice offered with a permission request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PermissionOption {
     /// The id to answer with.
     pub id: String,
@@ -78,8 +79,20 @@ pub struct PermissionOption {
     pub kind: PermissionKind,
 }
 
+impl PermissionOption {
+    /// An option with the id to answer with, a label and what choosing it means.
+    pub fn new(id: impl Into<String>, name: impl Into<String>, kind: PermissionKind) -> Self {
+        PermissionOption {
+            id: id.into(),
+            name: name.into(),
+            kind,
+        }
+    }
+}
+
 /// An agent asks whether it may do something (run a tool, write a file, run a command).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PermissionRequest {
     /// The tool call the request is about.
     pub tool_use_id: String,
@@ -100,24 +113,55 @@ pub struct PermissionRequest {
 }
 
 impl PermissionRequest {
+    /// A request about tool call `tool_use_id`, titled `title`, offering the
+    /// [standard options](PermissionRequest::standard_options).
+    ///
+    /// ```
+    /// use tether::{PermissionKind, PermissionRequest};
+    /// let r = PermissionRequest::new("call_1", "write notes.txt").with_kind("edit");
+    /// assert_eq!(r.option_of(PermissionKind::AllowOnce).map(|o| o.id.as_str()), Some("allow_once"));
+    /// ```
+    pub fn new(tool_use_id: impl Into<String>, title: impl Into<String>) -> Self {
+        PermissionRequest {
+            tool_use_id: tool_use_id.into(),
+            title: title.into(),
+            input: Value::Null,
+            kind: None,
+            options: Self::standard_options(),
+            raw: Value::Null,
+        }
+    }
+
+    /// The same request with the call's input.
+    pub fn with_input(mut self, input: Value) -> Self {
+        self.input = input;
+        self
+    }
+
+    /// The same request with the kind of action (ACP tool kinds: `edit`, `execute`, ...).
+    pub fn with_kind(mut self, kind: impl Into<String>) -> Self {
+        self.kind = Some(kind.into());
+        self
+    }
+
+    /// The same request with these options instead of the standard ones.
+    pub fn with_options(mut self, options: Vec<PermissionOption>) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The same request with the form the provider sent it in.
+    pub fn with_raw(mut self, raw: Value) -> Self {
+        self.raw = raw;
+        self
+    }
+
     /// The standard allow-once / allow-always / reject-once options, for providers that offer none.
     pub fn standard_options() -> Vec<PermissionOption> {
         vec![
-            PermissionOption {
-                id: "allow_once".into(),
-                name: "Allow once".into(),
-                kind: PermissionKind::AllowOnce,
-            },
-            PermissionOption {
-                id: "allow_always".into(),
-                name: "Always allow".into(),
-                kind: PermissionKind::AllowAlways,
-            },
-            PermissionOption {
-                id: "reject_once".into(),
-                name: "Reject".into(),
-                kind: PermissionKind::RejectOnce,
-            },
+            PermissionOption::new("allow_once", "Allow once", PermissionKind::AllowOnce),
+            PermissionOption::new("allow_always", "Always allow", PermissionKind::AllowAlways),
+            PermissionOption::new("reject_once", "Reject", PermissionKind::RejectOnce),
         ]
     }
 
@@ -160,6 +204,7 @@ impl PermissionOutcome {
 
 /// A request to read a text file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ReadTextFile {
     /// The path as the agent gave it.
     pub path: PathBuf,
@@ -171,13 +216,42 @@ pub struct ReadTextFile {
     pub limit: Option<u32>,
 }
 
+impl ReadTextFile {
+    /// A request to read all of `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        ReadTextFile {
+            path: path.into(),
+            line: None,
+            limit: None,
+        }
+    }
+
+    /// The same request limited to `limit` lines (at most) from line `line` (1-based).
+    pub fn with_range(mut self, line: Option<u32>, limit: Option<u32>) -> Self {
+        self.line = line;
+        self.limit = limit;
+        self
+    }
+}
+
 /// A request to write a text file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct WriteTextFile {
     /// The path as the agent gave it.
     pub path: PathBuf,
     /// The whole new content.
     pub content: String,
+}
+
+impl WriteTextFile {
+    /// A request to replace `path`'s content with `content`.
+    pub fn new(path: impl Into<PathBuf>, content: impl Into<String>) -> Self {
+        WriteTextFile {
+            path: path.into(),
+            content: content.into(),
+        }
+    }
 }
 
 /// One of the five ACP terminal operations.
@@ -226,6 +300,7 @@ pub enum TerminalRequest {
 
 /// How a command ended.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ExitStatus {
     /// The exit code, when it exited normally.
     #[serde(default)]
@@ -233,6 +308,24 @@ pub struct ExitStatus {
     /// The signal that ended it, when one did.
     #[serde(default)]
     pub signal: Option<String>,
+}
+
+impl ExitStatus {
+    /// A normal exit with `code`.
+    pub fn code(code: i32) -> Self {
+        ExitStatus {
+            exit_code: Some(code),
+            signal: None,
+        }
+    }
+
+    /// An end by `signal` (its name, e.g. `SIGKILL`).
+    pub fn signal(signal: impl Into<String>) -> Self {
+        ExitStatus {
+            exit_code: None,
+            signal: Some(signal.into()),
+        }
+    }
 }
 
 /// The answer to a [`TerminalRequest`].
@@ -262,6 +355,7 @@ pub enum TerminalResponse {
 
 /// An agent asks the user for structured input (a form) or to visit a URL.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ElicitationRequest {
     /// The request's id, when the protocol has one.
     #[serde(default)]
@@ -273,6 +367,30 @@ pub struct ElicitationRequest {
     /// The request as the provider sent it.
     #[serde(default)]
     pub raw: Value,
+}
+
+impl ElicitationRequest {
+    /// A request saying `message`, in `mode`.
+    pub fn new(message: impl Into<String>, mode: ElicitationMode) -> Self {
+        ElicitationRequest {
+            id: None,
+            message: message.into(),
+            mode,
+            raw: Value::Null,
+        }
+    }
+
+    /// The same request with the protocol's id for it.
+    pub fn with_id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// The same request with the form the provider sent it in.
+    pub fn with_raw(mut self, raw: Value) -> Self {
+        self.raw = raw;
+        self
+    }
 }
 
 /// The two kinds of elicitation.
@@ -335,6 +453,7 @@ pub enum HandlerError {
 
 /// Which client-side requests a handler serves (ACP advertises them as client capabilities).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Capabilities {
     /// `read_text_file`.
     pub read_files: bool,
@@ -346,6 +465,39 @@ pub struct Capabilities {
     pub elicitation_form: bool,
     /// URL elicitation.
     pub elicitation_url: bool,
+}
+
+impl Capabilities {
+    /// Every client-side request served.
+    pub fn all() -> Self {
+        Capabilities {
+            read_files: true,
+            write_files: true,
+            terminals: true,
+            elicitation_form: true,
+            elicitation_url: true,
+        }
+    }
+
+    /// The same, serving file reads and writes (`read`, `write`).
+    pub fn with_files(mut self, read: bool, write: bool) -> Self {
+        self.read_files = read;
+        self.write_files = write;
+        self
+    }
+
+    /// The same, serving the terminal operations or not.
+    pub fn with_terminals(mut self, on: bool) -> Self {
+        self.terminals = on;
+        self
+    }
+
+    /// The same, serving form and URL elicitation (`form`, `url`).
+    pub fn with_elicitation(mut self, form: bool, url: bool) -> Self {
+        self.elicitation_form = form;
+        self.elicitation_url = url;
+        self
+    }
 }
 
 /// Where the tools stay local: the one seam between a running agent and the user's process.

@@ -84,5 +84,5 @@ pub use thread::{Checkpoint, Claim, Thread, ThreadId, ThreadStore};
 pub use tokio_util::sync::CancellationToken;
 pub use types::{
     PendingToolUse, SessionInfo, SessionResult, StopReason, Terminal, ToolResult, ToolSpec, ToolUse,
-    TurnResult, Usage, UserMessage, Waiting, stop_reason,
+    ToolUseResult, TurnResult, Usage, UserMessage, Waiting, stop_reason,
 };

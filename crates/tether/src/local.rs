@@ -26,7 +26,7 @@ use crate::provider::{Input, Opened, Provider, Resume, TurnContext};
 use crate::raw;
 use crate::retry::RetryPolicy;
 use crate::sink::DeltaSink;
-use crate::types::{StopReason, Terminal, ToolResult, ToolUse, TurnResult};
+use crate::types::{StopReason, Terminal, ToolUse, ToolUseResult, TurnResult};
 
 mod rebuild;
 
@@ -139,13 +139,13 @@ impl LocalLoop {
         Ok(())
     }
 
-    async fn apply_results(
-        &mut self,
-        cx: &TurnContext,
-        uses: &[ToolUse],
-        results: &[ToolResult],
-    ) -> Result<()> {
-        for (u, r) in uses.iter().zip(results) {
+    async fn apply_results(&mut self, cx: &TurnContext, answered: &[ToolUseResult]) -> Result<()> {
+        for ToolUseResult {
+            tool_use: u,
+            result: r,
+            ..
+        } in answered
+        {
             self.history.push(rebuild::tool_message(&u.id, r));
             let n = self.error_counts.entry(u.name.clone()).or_insert(0);
             if r.is_error {
@@ -155,7 +155,12 @@ impl LocalLoop {
             }
         }
         let mut warned = HashSet::new();
-        for (u, r) in uses.iter().zip(results) {
+        for ToolUseResult {
+            tool_use: u,
+            result: r,
+            ..
+        } in answered
+        {
             if r.is_error
                 && self.error_counts.get(&u.name).copied().unwrap_or(0) >= 2
                 && warned.insert(u.name.clone())
@@ -289,7 +294,7 @@ impl Provider for LocalLoop {
                 self.seen.clear();
                 self.error_counts.clear();
             }
-            Input::ToolResults(uses, results) => self.apply_results(cx, &uses, &results).await?,
+            Input::ToolResults(answered) => self.apply_results(cx, &answered).await?,
             Input::Continue => {}
             Input::Raw(v) => {
                 let m: ChatMessage = serde_json::from_value(v).map_err(|e| {
@@ -413,9 +418,10 @@ impl Provider for LocalLoop {
         })
     }
 
-    async fn record_tool_results(&mut self, uses: &[ToolUse], results: &[ToolResult]) -> Result<()> {
-        for (u, r) in uses.iter().zip(results) {
-            self.history.push(rebuild::tool_message(&u.id, r));
+    async fn record_tool_results(&mut self, answered: &[ToolUseResult]) -> Result<()> {
+        for a in answered {
+            self.history
+                .push(rebuild::tool_message(&a.tool_use.id, &a.result));
         }
         Ok(())
     }

@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::event::Event;
 use crate::handler::Handler;
 use crate::sink::EventSink;
-use crate::types::{SessionInfo, ToolResult, ToolSpec, ToolUse, TurnResult};
+use crate::types::{SessionInfo, ToolSpec, ToolUse, ToolUseResult, TurnResult};
 
 /// What drives a turn.
 #[derive(Debug, Clone, PartialEq)]
@@ -17,8 +17,8 @@ use crate::types::{SessionInfo, ToolResult, ToolSpec, ToolUse, TurnResult};
 pub enum Input {
     /// The first prompt of a request, or a follow-up user message.
     Message(String),
-    /// Results of the tool uses the previous turn asked for, in the same order.
-    ToolResults(Vec<ToolUse>, Vec<ToolResult>),
+    /// The tool uses the previous turn asked for, each with its result, in the order asked.
+    ToolResults(Vec<ToolUseResult>),
     /// Go on without new input: the previous `RequiresAction` turn left nothing to run (its calls
     /// were all answered in the provider's own history), or a reconnect resumes a turn in flight.
     Continue,
@@ -28,6 +28,7 @@ pub enum Input {
 
 /// What [`Provider::open`] or [`Provider::resume`] learned.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct Opened {
     /// The session's id (the provider's when it has one).
     pub session_id: String,
@@ -39,6 +40,36 @@ pub struct Opened {
     /// recording it and the answer): the engine sends it again, without recording it again, with
     /// the session's next request.
     pub unanswered: Option<String>,
+}
+
+impl Opened {
+    /// A session `session_id` just created (not reattached), waiting on nothing.
+    pub fn new(session_id: impl Into<String>) -> Self {
+        Opened {
+            session_id: session_id.into(),
+            ..Opened::default()
+        }
+    }
+
+    /// A session `session_id` reattached from its record.
+    pub fn resumed(session_id: impl Into<String>) -> Self {
+        Opened {
+            resumed: true,
+            ..Opened::new(session_id)
+        }
+    }
+
+    /// The same, with the tool uses the session still waits for.
+    pub fn with_pending(mut self, pending: Vec<ToolUse>) -> Self {
+        self.pending = pending;
+        self
+    }
+
+    /// The same, with a recorded user message the provider never answered.
+    pub fn with_unanswered(mut self, text: Option<String>) -> Self {
+        self.unanswered = text;
+        self
+    }
 }
 
 /// What [`Provider::resume`] reopens a session from: the thread's record as the store holds it.
@@ -90,6 +121,7 @@ impl<'a> Resume<'a> {
 /// gets *during* a turn go (ACP's file, terminal and permission requests, Managed Agents' tool
 /// confirmations). Tool uses it hands back as `RequiresAction` are run by the engine, not by it.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct TurnContext {
     /// The session's event pipeline.
     pub sink: EventSink,
@@ -116,6 +148,32 @@ impl std::fmt::Debug for TurnContext {
 }
 
 impl TurnContext {
+    /// The context of turn 1 of 1 for a session's `sink` and `handler`, declaring no tools (the
+    /// engine builds these; this is for driving a provider directly, as tests do).
+    pub fn new(sink: EventSink, handler: Arc<dyn Handler>) -> Self {
+        TurnContext {
+            sink,
+            handler,
+            tools: Vec::new(),
+            terminal_tool: None,
+            turn: 1,
+            max_turns: 1,
+        }
+    }
+
+    /// The same context declaring `tools`.
+    pub fn with_tools(mut self, tools: Vec<ToolSpec>) -> Self {
+        self.tools = tools;
+        self
+    }
+
+    /// The same context as turn `turn` of at most `max_turns`.
+    pub fn with_turn(mut self, turn: u32, max_turns: u32) -> Self {
+        self.turn = turn;
+        self.max_turns = max_turns;
+        self
+    }
+
     /// The session's identity.
     pub fn info(&self) -> Arc<SessionInfo> {
         self.sink.info()
@@ -169,8 +227,8 @@ pub trait Provider: Send + 'static {
 
     /// Records tool results without starting a turn: used when the terminal tool ended the run,
     /// so the provider's history stays well formed. The default does nothing.
-    async fn record_tool_results(&mut self, uses: &[ToolUse], results: &[ToolResult]) -> Result<()> {
-        let _ = (uses, results);
+    async fn record_tool_results(&mut self, answered: &[ToolUseResult]) -> Result<()> {
+        let _ = answered;
         Ok(())
     }
 

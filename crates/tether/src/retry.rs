@@ -30,6 +30,7 @@ impl Sleeper for TokioSleeper {
 /// within [`RetryPolicy::retry_after_cap`] (a longer requested delay is not retried at all), else
 /// exponential backoff `base · 2^n` capped at `max_backoff`, with up to 25 % jitter subtracted.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Retries after the first attempt (default 3).
     pub max_retries: u32,
@@ -88,6 +89,25 @@ impl RetryPolicy {
     /// The same policy with another retry count.
     pub fn with_max_retries(mut self, n: u32) -> Self {
         self.max_retries = n;
+        self
+    }
+
+    /// The same policy with another first backoff and largest backoff.
+    pub fn with_backoff(mut self, base: Duration, max_backoff: Duration) -> Self {
+        self.base = base;
+        self.max_backoff = max_backoff;
+        self
+    }
+
+    /// The same policy honouring server-requested delays up to `cap`.
+    pub fn with_retry_after_cap(mut self, cap: Duration) -> Self {
+        self.retry_after_cap = cap;
+        self
+    }
+
+    /// The same policy with jitter on or off.
+    pub fn with_jitter(mut self, jitter: bool) -> Self {
+        self.jitter = jitter;
         self
     }
 
@@ -245,11 +265,7 @@ mod tests {
     #[tokio::test]
     async fn jitter_stays_within_a_quarter() {
         let p = RetryPolicy::default();
-        let e = Error::Transport {
-            kind: TransportKind::Reset,
-            message: String::new(),
-            endpoint: String::new(),
-        };
+        let e = Error::transport(TransportKind::Reset, String::new(), String::new());
         for _ in 0..100 {
             let d = p.delay_for(&e, 2).unwrap_or_default();
             assert!(

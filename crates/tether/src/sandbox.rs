@@ -111,6 +111,7 @@ impl std::str::FromStr for SandboxMode {
 
 /// What the running kernel lets tether confine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Support {
     /// The Landlock ABI version (0: no Landlock).
     pub landlock_abi: u32,
@@ -428,6 +429,7 @@ async fn pump<R: tokio::io::AsyncRead + Unpin>(r: Option<R>, buf: Arc<Mutex<Outp
 
 /// What to run: a program, its arguments and environment, where, and its bounds.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct CommandSpec {
     /// The program (looked up in `PATH`).
     pub program: OsString,
@@ -462,10 +464,41 @@ impl CommandSpec {
             timeout: Duration::from_secs(120),
         }
     }
+
+    /// The same command with these variables set (on top of the inherited environment).
+    pub fn with_env(mut self, env: Vec<(OsString, OsString)>) -> Self {
+        self.env = env;
+        self
+    }
+
+    /// The same command, writable beneath these directories only.
+    pub fn with_writable(mut self, writable: Vec<PathBuf>) -> Self {
+        self.writable = writable;
+        self
+    }
+
+    /// The same command with `stdin` written to its standard input, then closed.
+    pub fn with_stdin(mut self, stdin: Vec<u8>) -> Self {
+        self.stdin = Some(stdin);
+        self
+    }
+
+    /// The same command keeping at most `cap` output bytes.
+    pub fn with_output_cap(mut self, cap: usize) -> Self {
+        self.output_cap = cap;
+        self
+    }
+
+    /// The same command, killed after `timeout`.
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
 }
 
 /// How a command run by [`Sandbox::run`] ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CommandOutput {
     /// Its exit code or the signal that ended it (both empty when it could not be reaped).
     pub exit: ExitStatus,

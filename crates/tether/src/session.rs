@@ -22,7 +22,7 @@ use crate::store::{EventStore, MemoryStore};
 use crate::thread::{CHECKPOINT, Checkpoint, Claim, ThreadId, ThreadStore};
 use crate::types::{
     PendingToolUse, SessionInfo, SessionResult, StopReason, Terminal, ToolResult, ToolSpec, ToolUse,
-    TurnResult, Usage, UserMessage, Waiting,
+    ToolUseResult, TurnResult, Usage, UserMessage, Waiting,
 };
 
 /// What the turn guard sees after each turn.
@@ -50,6 +50,7 @@ type TurnGuard = Arc<dyn Fn(&GuardInfo) -> GuardDecision + Send + Sync>;
 
 /// How a session runs. Every field has a default; see each one.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct SessionConfig {
     /// Most turns per request (default 50). Turn `max_turns + 1` is never started: the request
     /// ends `Terminated` with stop reason `max_turns`, keeping the last turn's text.
@@ -107,6 +108,75 @@ impl Default for SessionConfig {
             turn_guard: None,
             metadata: Default::default(),
         }
+    }
+}
+
+/// Builder-style setters, so a caller outside this crate can set what it needs (the struct is
+/// `#[non_exhaustive]`: a struct literal would break when a field is added).
+///
+/// ```
+/// use std::time::Duration;
+/// let c = tether::SessionConfig::default()
+///     .with_max_turns(5)
+///     .with_timeout(Duration::from_secs(30));
+/// assert_eq!(c.max_turns, 5);
+/// ```
+impl SessionConfig {
+    /// Most turns per request.
+    pub fn with_max_turns(mut self, n: u32) -> Self {
+        self.max_turns = n;
+        self
+    }
+
+    /// How many tool uses of one turn run at a time.
+    pub fn with_tool_concurrency(mut self, n: usize) -> Self {
+        self.tool_concurrency = n;
+        self
+    }
+
+    /// The time limit of one tool call (`None`: no limit).
+    pub fn with_tool_timeout(mut self, t: Option<Duration>) -> Self {
+        self.tool_timeout = t;
+        self
+    }
+
+    /// The terminal tool the run must end by calling.
+    pub fn with_terminal_tool(mut self, tool: ToolSpec) -> Self {
+        self.terminal_tool = Some(tool);
+        self
+    }
+
+    /// Re-prompts before giving up on the terminal tool.
+    pub fn with_max_reprompts(mut self, n: u32) -> Self {
+        self.max_reprompts = n;
+        self
+    }
+
+    /// The time limit of [`SessionBuilder::run`].
+    pub fn with_timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+
+    /// Backoff for reconnecting a dropped stream.
+    pub fn with_reconnect(mut self, policy: RetryPolicy) -> Self {
+        self.reconnect = policy;
+        self
+    }
+
+    /// A guard checked after every turn.
+    pub fn with_turn_guard(
+        mut self,
+        guard: impl Fn(&GuardInfo) -> GuardDecision + Send + Sync + 'static,
+    ) -> Self {
+        self.turn_guard = Some(Arc::new(guard));
+        self
+    }
+
+    /// Caller metadata, copied into [`SessionInfo::metadata`].
+    pub fn with_metadata(mut self, metadata: serde_json::Map<String, Value>) -> Self {
+        self.metadata = metadata;
+        self
     }
 }
 
@@ -534,6 +604,15 @@ fn slot_state(r: &Ran) -> SlotState {
     }
 }
 
+/// Each tool use with its result, in order; a use left without one (waiting for the client or
+/// the user) is not among them.
+fn answered(uses: Vec<ToolUse>, results: Vec<Option<ToolResult>>) -> Vec<ToolUseResult> {
+    uses.into_iter()
+        .zip(results)
+        .filter_map(|(u, r)| r.map(|r| ToolUseResult::new(u, r)))
+        .collect()
+}
+
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -816,8 +895,7 @@ impl Session {
             return Ok(());
         }
         let sid = self.info().session_id.clone();
-        let mut uses = Vec::with_capacity(batch.len());
-        let mut results = Vec::with_capacity(batch.len());
+        let mut answered = Vec::with_capacity(batch.len());
         for p in batch {
             let key = current_key(&self.cx.sink, &p.tool_use).await;
             if p.waiting.is_some() {
@@ -831,10 +909,9 @@ impl Session {
                 .await?
                 .unwrap_or_else(|| ToolResult::error(&p.tool_use.id, reason));
             r.tool_use_id = p.tool_use.id.clone();
-            uses.push(p.tool_use);
-            results.push(r);
+            answered.push(ToolUseResult::new(p.tool_use, r));
         }
-        self.record_tool_results(&uses, &results).await?;
+        self.record_tool_results(&answered).await?;
         self.checkpoint_now().await
     }
 
@@ -1002,8 +1079,7 @@ impl Session {
             return Ok(());
         }
         let sid = self.info().session_id.clone();
-        let mut uses = Vec::with_capacity(slots.len());
-        let mut results = Vec::with_capacity(slots.len());
+        let mut answered = Vec::with_capacity(slots.len());
         for Slot {
             tool_use: u,
             key,
@@ -1032,10 +1108,9 @@ impl Session {
                     }
                 }
             };
-            uses.push(u);
-            results.push(r);
+            answered.push(ToolUseResult::new(u, r));
         }
-        self.record_tool_results(&uses, &results).await
+        self.record_tool_results(&answered).await
     }
 
     /// Notes the tool uses a turn handed over, before anything else happens to them.
@@ -1087,7 +1162,7 @@ impl Session {
                     return Ok(self.paused_result().await);
                 }
                 lock(&self.batch).clear();
-                Input::ToolResults(uses, results.into_iter().flatten().collect())
+                Input::ToolResults(answered(uses, results))
             }
         };
         let mut input = first;
@@ -1095,9 +1170,9 @@ impl Session {
         let terminal_name = self.config.terminal_tool.as_ref().map(|t| t.name.clone());
         loop {
             if acc.turns >= self.config.max_turns {
-                if let Input::ToolResults(uses, results) = &input {
+                if let Input::ToolResults(answered) = &input {
                     // Answered but never sent: the provider's history still gets the answers.
-                    self.record_tool_results(uses, results).await?;
+                    self.record_tool_results(answered).await?;
                 }
                 return Ok(self
                     .finish(acc, Terminal::Terminated, StopReason::MaxTurns, Vec::new())
@@ -1140,16 +1215,18 @@ impl Session {
                     if let Some(t) = uses.iter().find(|u| Some(&u.name) == terminal_name.as_ref()) {
                         acc.terminal_called = true;
                         acc.final_output = Some(t.input.clone());
-                        let done: Vec<ToolResult> = results
+                        let done: Vec<ToolUseResult> = results
                             .iter()
                             .zip(&uses)
                             .map(|(r, u)| {
-                                r.clone()
-                                    .unwrap_or_else(|| ToolResult::error(&u.id, "not run: the run ended"))
+                                let r = r
+                                    .clone()
+                                    .unwrap_or_else(|| ToolResult::error(&u.id, "not run: the run ended"));
+                                ToolUseResult::new(u.clone(), r)
                             })
                             .collect();
                         lock(&self.batch).clear();
-                        self.record_tool_results(&uses, &done).await?;
+                        self.record_tool_results(&done).await?;
                         return Ok(self
                             .finish(acc, Terminal::EndTurn, StopReason::TerminalTool, Vec::new())
                             .await);
@@ -1162,7 +1239,7 @@ impl Session {
                             .finish(acc, Terminal::RequiresAction, StopReason::PendingTools, waiting)
                             .await);
                     }
-                    input = Input::ToolResults(uses, results.into_iter().flatten().collect());
+                    input = Input::ToolResults(answered(uses, results));
                 }
                 Terminal::EndTurn => {
                     if let Some(name) = &terminal_name
@@ -1230,9 +1307,9 @@ impl Session {
     }
 
     /// Hands tool results to the provider (its checkpoint then needs saving).
-    async fn record_tool_results(&mut self, uses: &[ToolUse], results: &[ToolResult]) -> Result<()> {
+    async fn record_tool_results(&mut self, answered: &[ToolUseResult]) -> Result<()> {
         self.unsaved = true;
-        self.provider.record_tool_results(uses, results).await
+        self.provider.record_tool_results(answered).await
     }
 
     async fn turn_with_reconnect(&mut self, input: Input, acc: &mut Acc) -> Result<TurnResult> {
@@ -1287,12 +1364,15 @@ impl Session {
                 self.hand_over(&pending);
                 let (results, _pending) = self.runner().run(&pending, true).await?;
                 lock(&self.batch).clear();
-                let results = results
+                let answered = pending
                     .into_iter()
-                    .zip(&pending)
-                    .map(|(r, u)| r.unwrap_or_else(|| ToolResult::error(&u.id, "this tool is not run here")))
+                    .zip(results)
+                    .map(|(u, r)| {
+                        let r = r.unwrap_or_else(|| ToolResult::error(&u.id, "this tool is not run here"));
+                        ToolUseResult::new(u, r)
+                    })
                     .collect();
-                input = Some(Input::ToolResults(pending, results));
+                input = Some(Input::ToolResults(answered));
             }
         }
     }

@@ -217,6 +217,7 @@ impl Drop for ClockPause {
 
 /// What a [`ToolSource`] is given with a call: who is calling, and the way back to the user.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct CallContext {
     /// The session the call belongs to.
     pub info: SessionInfo,
@@ -233,6 +234,24 @@ impl std::fmt::Debug for CallContext {
             .field("info", &self.info)
             .field("events", &self.events)
             .finish()
+    }
+}
+
+impl CallContext {
+    /// A call made for session `info`, whose server's requests go to `handler`, with no event
+    /// channel (a call made outside the session engine).
+    pub fn new(info: SessionInfo, handler: Arc<dyn Handler>) -> Self {
+        CallContext {
+            info,
+            handler,
+            events: None,
+        }
+    }
+
+    /// The same context reporting progress and logs through `events`.
+    pub fn with_events(mut self, events: Option<ToolEvents>) -> Self {
+        self.events = events;
+        self
     }
 }
 
@@ -286,6 +305,7 @@ pub enum ApprovalRule {
 
 /// How one source is added: its name, prefix, filters and approval.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SourceOptions {
     /// The source's name (used in prefixes, approvals and messages).
     pub name: String,
@@ -410,6 +430,7 @@ struct Entry {
 
 /// Where an exposed tool name leads.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Route {
     /// The index of the source, in the order added.
     pub source: usize,

@@ -98,6 +98,7 @@ fn shown(s: &str) -> String {
 
 /// A thread as stored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Thread {
     /// The thread's id.
     pub id: ThreadId,
@@ -118,6 +119,42 @@ pub struct Thread {
     pub updated_ms: i64,
 }
 
+impl Thread {
+    /// A thread of `agent` with record key `record`, created and last used at `created_ms`, with
+    /// no provider session yet and no title (a store builds these).
+    pub fn new(id: ThreadId, agent: impl Into<String>, record: impl Into<String>, created_ms: i64) -> Self {
+        Thread {
+            id,
+            agent: agent.into(),
+            provider: String::new(),
+            record: record.into(),
+            provider_session: None,
+            title: String::new(),
+            created_ms,
+            updated_ms: created_ms,
+        }
+    }
+
+    /// The same thread with its title.
+    pub fn with_title(mut self, title: impl Into<String>) -> Self {
+        self.title = title.into();
+        self
+    }
+
+    /// The same thread run by `provider`, with the provider's own session handle if it has one.
+    pub fn with_provider(mut self, provider: impl Into<String>, session: Option<String>) -> Self {
+        self.provider = provider.into();
+        self.provider_session = session;
+        self
+    }
+
+    /// The same thread, last used at `updated_ms`.
+    pub fn with_updated_ms(mut self, updated_ms: i64) -> Self {
+        self.updated_ms = updated_ms;
+        self
+    }
+}
+
 /// What [`ThreadStore::claim_thread`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -136,6 +173,7 @@ pub enum Claim {
 /// A thread's checkpoint: the provider's resumable state ([`crate::Provider::checkpoint`]) and
 /// the sequence number of the last event it covers. Events after `seq` are what a resume replays.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Checkpoint {
     /// The last sequence number the state covers (0: none).
     #[serde(default)]
@@ -143,6 +181,13 @@ pub struct Checkpoint {
     /// The provider's state (`null` when it keeps none).
     #[serde(default)]
     pub provider: Value,
+}
+
+impl Checkpoint {
+    /// The provider's state `provider` as of sequence number `seq`.
+    pub fn new(seq: u64, provider: Value) -> Self {
+        Checkpoint { seq, provider }
+    }
 }
 
 /// The store seam for threads: an [`EventStore`] (the records) that also keeps the threads.

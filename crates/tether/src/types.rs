@@ -8,6 +8,7 @@ use crate::event::Event;
 
 /// A tool the model may call: name, description and a JSON Schema for its input.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ToolSpec {
     /// The tool's name, as the model will call it.
     pub name: String,
@@ -56,6 +57,7 @@ impl ToolSpec {
 
 /// One call of a tool, as the model or remote loop asked for it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ToolUse {
     /// The provider's id for this call; results are matched to it.
     pub id: String,
@@ -206,6 +208,7 @@ pub(crate) fn canonical_json(v: &Value, out: &mut String) {
 
 /// The answer to one [`ToolUse`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ToolResult {
     /// The id of the tool use this answers.
     pub tool_use_id: String,
@@ -218,6 +221,15 @@ pub struct ToolResult {
 }
 
 impl ToolResult {
+    /// A result, failed or not.
+    pub fn new(tool_use_id: impl Into<String>, content: impl Into<String>, is_error: bool) -> Self {
+        ToolResult {
+            tool_use_id: tool_use_id.into(),
+            content: content.into(),
+            is_error,
+        }
+    }
+
     /// A successful result.
     pub fn ok(tool_use_id: impl Into<String>, content: impl Into<String>) -> Self {
         ToolResult {
@@ -237,8 +249,33 @@ impl ToolResult {
     }
 }
 
+/// A tool use and its answer, paired: what [`crate::Input::ToolResults`] hands a provider, so
+/// a result can never be matched to the wrong call by position.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ToolUseResult {
+    /// The call, as the model or remote loop made it.
+    pub tool_use: ToolUse,
+    /// Its answer (`result.tool_use_id` is `tool_use.id`).
+    pub result: ToolResult,
+}
+
+impl ToolUseResult {
+    /// The answer `result` to `tool_use`.
+    ///
+    /// ```
+    /// use tether::{ToolResult, ToolUse, ToolUseResult};
+    /// let a = ToolUseResult::new(ToolUse::new("c1", "ls", serde_json::json!({})), ToolResult::ok("c1", "a.txt"));
+    /// assert_eq!(a.tool_use.id, a.result.tool_use_id);
+    /// ```
+    pub fn new(tool_use: ToolUse, result: ToolResult) -> Self {
+        ToolUseResult { tool_use, result }
+    }
+}
+
 /// Token usage, summed over model calls, with each provider's usage object kept verbatim.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Usage {
     /// Input (prompt) tokens.
     #[serde(default)]
@@ -255,6 +292,32 @@ pub struct Usage {
 }
 
 impl Usage {
+    /// Usage of `input_tokens` in and `output_tokens` out.
+    ///
+    /// ```
+    /// let u = tether::Usage::new(10, 5).with_cache_read_tokens(4);
+    /// assert_eq!((u.total(), u.cache_read_tokens), (15, 4));
+    /// ```
+    pub fn new(input_tokens: u64, output_tokens: u64) -> Self {
+        Usage {
+            input_tokens,
+            output_tokens,
+            ..Default::default()
+        }
+    }
+
+    /// The same usage with this many input tokens served from a prompt cache.
+    pub fn with_cache_read_tokens(mut self, n: u64) -> Self {
+        self.cache_read_tokens = n;
+        self
+    }
+
+    /// The same usage with one more provider usage object kept verbatim.
+    pub fn with_raw(mut self, raw: Value) -> Self {
+        self.raw.push(raw);
+        self
+    }
+
     /// Adds another usage into this one (sums, and appends the raw objects).
     pub fn add(&mut self, other: &Usage) {
         self.input_tokens += other.input_tokens;
@@ -316,6 +379,7 @@ pub enum Terminal {
 
 /// What a provider reports at the end of one turn.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TurnResult {
     /// How the turn ended.
     pub terminal: Terminal,
@@ -347,6 +411,30 @@ impl TurnResult {
             server_tool_uses: Vec::new(),
             usage: None,
         }
+    }
+
+    /// The same result with the turn's assistant text.
+    pub fn with_text(mut self, text: impl Into<String>) -> Self {
+        self.text = text.into();
+        self
+    }
+
+    /// The same result with tool uses to run locally.
+    pub fn with_tool_uses(mut self, tool_uses: Vec<ToolUse>) -> Self {
+        self.tool_uses = tool_uses;
+        self
+    }
+
+    /// The same result with tool uses the remote loop ran itself.
+    pub fn with_server_tool_uses(mut self, tool_uses: Vec<ToolUse>) -> Self {
+        self.server_tool_uses = tool_uses;
+        self
+    }
+
+    /// The same result with the turn's usage (a [`Usage`], or an `Option` of one).
+    pub fn with_usage(mut self, usage: impl Into<Option<Usage>>) -> Self {
+        self.usage = usage.into();
+        self
     }
 }
 
@@ -544,6 +632,7 @@ pub mod stop_reason {
 
 /// The outcome of one request (a prompt or a follow-up message) on a session.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct SessionResult {
     /// How the last turn ended.
     pub terminal: Terminal,
@@ -593,6 +682,7 @@ pub enum Waiting {
 
 /// A tool use the session waits on, and why.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct PendingToolUse {
     /// The tool use.
     pub tool_use: ToolUse,
@@ -601,9 +691,17 @@ pub struct PendingToolUse {
     pub waiting: Waiting,
 }
 
+impl PendingToolUse {
+    /// A tool use waiting for `waiting`.
+    pub fn new(tool_use: ToolUse, waiting: Waiting) -> Self {
+        PendingToolUse { tool_use, waiting }
+    }
+}
+
 /// A user message sent to a session: its text and, when the client has one, its id (an AG-UI
 /// message id), which makes recording it exactly-once across redeliveries.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct UserMessage {
     /// The client's id for the message, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]

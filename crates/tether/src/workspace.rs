@@ -43,6 +43,7 @@ pub enum Access {
 
 /// The workspace's permission policy: reads, writes (write, edit, delete, move) and commands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Policy {
     /// Reading and listing files, searching.
     pub reads: Access,
@@ -64,6 +65,15 @@ impl Default for Policy {
 }
 
 impl Policy {
+    /// A policy for reads, writes and commands.
+    pub fn new(reads: Access, writes: Access, commands: Access) -> Self {
+        Policy {
+            reads,
+            writes,
+            commands,
+        }
+    }
+
     /// Everything allowed (`--yes`).
     pub fn allow_all() -> Self {
         Policy {
@@ -85,11 +95,22 @@ impl Policy {
 
 /// What the approver is asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ApprovalRequest {
     /// The class of action: `write`, `command`, or a provider's tool kind.
     pub class: String,
     /// One line for people (`write_file notes.txt (12 bytes)`).
     pub summary: String,
+}
+
+impl ApprovalRequest {
+    /// A request of class `class` (`write`, `command`, ...) summarised in one line.
+    pub fn new(class: impl Into<String>, summary: impl Into<String>) -> Self {
+        ApprovalRequest {
+            class: class.into(),
+            summary: summary.into(),
+        }
+    }
 }
 
 /// The approver's answer.

@@ -174,12 +174,7 @@ async fn a_timed_out_tool_is_stopped() {
     ]));
     let r = Session::builder(LocalLoop::with_model(model.clone()))
         .handler(tools)
-        .config(SessionConfig {
-            // The timeout under test (long enough for the tool to start its child first, even
-            // on a loaded machine).
-            tool_timeout: Some(Duration::from_secs(3)),
-            ..Default::default()
-        })
+        .config(SessionConfig::default().with_tool_timeout(Some(Duration::from_secs(3))))
         .run("go")
         .await
         .unwrap();
@@ -229,16 +224,14 @@ impl Provider for Waiting {
         "waiting"
     }
     async fn open(&mut self, _cx: &TurnContext) -> tether::Result<Opened> {
-        Ok(Opened {
-            session_id: "w1".into(),
-            resumed: true,
-            pending: std::mem::take(&mut self.pending),
-            ..Default::default()
-        })
+        Ok(Opened::resumed("w1").with_pending(std::mem::take(&mut self.pending)))
     }
     async fn turn(&mut self, input: Input, _cx: &TurnContext) -> tether::Result<TurnResult> {
-        if let Input::ToolResults(_, rs) = input {
-            self.got.lock().unwrap().extend(rs);
+        if let Input::ToolResults(answered) = input {
+            self.got
+                .lock()
+                .unwrap()
+                .extend(answered.into_iter().map(|a| a.result));
         }
         let mut tr = TurnResult::new(Terminal::EndTurn, json!("end_turn"));
         tr.text = "done".into();

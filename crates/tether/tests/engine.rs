@@ -158,10 +158,7 @@ async fn a_hung_tool_times_out_into_an_error_result() {
         Ok(ScriptedModel::tool_calls(&[("a", "slow", r#"{"ms":60000}"#)])),
         Ok(ScriptedModel::text("ok")),
     ]));
-    let cfg = tether::SessionConfig {
-        tool_timeout: Some(Duration::from_millis(50)),
-        ..Default::default()
-    };
+    let cfg = tether::SessionConfig::default().with_tool_timeout(Some(Duration::from_millis(50)));
     let r = Session::builder(LocalLoop::with_model(model.clone()))
         .handler(tools())
         .config(cfg)
@@ -737,10 +734,7 @@ impl tether::Provider for Flaky {
         "flaky"
     }
     async fn open(&mut self, _cx: &tether::TurnContext) -> tether::Result<tether::Opened> {
-        Ok(tether::Opened {
-            session_id: "flaky-1".into(),
-            ..Default::default()
-        })
+        Ok(tether::Opened::new("flaky-1"))
     }
     fn can_reconnect(&self) -> bool {
         true
@@ -773,14 +767,14 @@ impl tether::Provider for Flaky {
                     ))
                     .await?;
                 // The stream drops before the turn's boundary.
-                Err(Error::Transport {
-                    kind: tether::TransportKind::Closed,
-                    message: "stream ended early".into(),
-                    endpoint: "fake".into(),
-                })
+                Err(Error::transport(
+                    tether::TransportKind::Closed,
+                    "stream ended early",
+                    "fake",
+                ))
             }
-            tether::Input::ToolResults(_, results) => {
-                self.results_seen.extend(results);
+            tether::Input::ToolResults(answered) => {
+                self.results_seen.extend(answered.into_iter().map(|a| a.result));
                 // Redelivered events are recorded once.
                 cx.sink.emit(ev("e2", EventKind::Other)).await?;
                 cx.sink
@@ -802,11 +796,11 @@ impl tether::Provider for Flaky {
         self.reconnects += 1;
         if self.reconnects == 1 {
             // The first reconnect attempt fails transiently too.
-            return Err(Error::Transport {
-                kind: tether::TransportKind::Refused,
-                message: "not yet".into(),
-                endpoint: "fake".into(),
-            });
+            return Err(Error::transport(
+                tether::TransportKind::Refused,
+                "not yet",
+                "fake",
+            ));
         }
         cx.sink.mark_seen(["e1".to_owned()]).await;
         Ok(vec![ToolUse::new("tu1", "echo", json!({"v": "once"}))])
@@ -825,13 +819,11 @@ async fn a_dropped_stream_reconnects_reruns_the_unanswered_tool_and_records_once
             Ok::<_, String>(i["v"].as_str().unwrap_or_default().to_owned())
         }
     });
-    let cfg = tether::SessionConfig {
-        reconnect: RetryPolicy {
-            jitter: false,
-            ..RetryPolicy::default().with_sleeper(sleeper.clone())
-        },
-        ..Default::default()
-    };
+    let cfg = tether::SessionConfig::default().with_reconnect(
+        RetryPolicy::default()
+            .with_sleeper(sleeper.clone())
+            .with_jitter(false),
+    );
     let r = Session::builder(Flaky {
         turns: 0,
         reconnects: 0,
@@ -961,10 +953,7 @@ impl tether::Provider for Broken {
         "broken"
     }
     async fn open(&mut self, _cx: &tether::TurnContext) -> tether::Result<tether::Opened> {
-        Ok(tether::Opened {
-            session_id: "b1".into(),
-            ..Default::default()
-        })
+        Ok(tether::Opened::new("b1"))
     }
     fn can_reconnect(&self) -> bool {
         true
@@ -979,18 +968,18 @@ impl tether::Provider for Broken {
             tr.text = "healed".into();
             return Ok(tr);
         }
-        Err(Error::Transport {
-            kind: tether::TransportKind::Closed,
-            message: "stream ended early".into(),
-            endpoint: "fake".into(),
-        })
+        Err(Error::transport(
+            tether::TransportKind::Closed,
+            "stream ended early",
+            "fake",
+        ))
     }
     async fn reconnect(&mut self, _cx: &tether::TurnContext) -> tether::Result<Vec<ToolUse>> {
-        Err(Error::Transport {
-            kind: tether::TransportKind::Refused,
-            message: "still down".into(),
-            endpoint: "fake".into(),
-        })
+        Err(Error::transport(
+            tether::TransportKind::Refused,
+            "still down",
+            "fake",
+        ))
     }
 }
 
@@ -1003,14 +992,12 @@ async fn reconnect_attempts_running_out_surface_the_last_error_with_the_attempts
     let sleeper = RecordingSleeper::default();
     let store = Arc::new(MemoryStore::default());
     let healed = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let cfg = tether::SessionConfig {
-        reconnect: RetryPolicy {
-            jitter: false,
-            max_retries: 3,
-            ..RetryPolicy::default().with_sleeper(sleeper.clone())
-        },
-        ..Default::default()
-    };
+    let cfg = tether::SessionConfig::default().with_reconnect(
+        RetryPolicy::default()
+            .with_sleeper(sleeper.clone())
+            .with_max_retries(3)
+            .with_jitter(false),
+    );
     let mut s = Session::builder(Broken {
         healed: healed.clone(),
     })

@@ -28,21 +28,16 @@ impl ChatModel for Flaky {
     async fn chat(&self, _req: &ChatRequest, deltas: &DeltaSink) -> tether::Result<ChatResponse> {
         if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
             deltas.text(self.first).await;
-            return Err(Error::Transport {
-                kind: TransportKind::Closed,
-                message: "the stream ended early".into(),
-                endpoint: "test".into(),
-            });
+            return Err(Error::transport(
+                TransportKind::Closed,
+                "the stream ended early",
+                "test",
+            ));
         }
         for p in &self.second {
             deltas.text(p).await;
         }
-        Ok(ChatResponse {
-            message: ChatMessage::assistant(self.second.concat()),
-            finish_reason: Some("stop".into()),
-            usage: None,
-            raw: serde_json::Value::Null,
-        })
+        Ok(ChatResponse::new(ChatMessage::assistant(self.second.concat())).with_finish_reason("stop"))
     }
 }
 
@@ -122,10 +117,7 @@ impl tether::Provider for Reconnecting {
     }
 
     async fn open(&mut self, _cx: &tether::TurnContext) -> tether::Result<tether::Opened> {
-        Ok(tether::Opened {
-            session_id: "r-1".into(),
-            ..Default::default()
-        })
+        Ok(tether::Opened::new("r-1"))
     }
 
     fn can_reconnect(&self) -> bool {
@@ -151,11 +143,11 @@ impl tether::Provider for Reconnecting {
         };
         if self.turns == 1 {
             cx.sink.emit_live(delta(self.first)).await;
-            return Err(Error::Transport {
-                kind: TransportKind::Closed,
-                message: "stream ended early".into(),
-                endpoint: "fake".into(),
-            });
+            return Err(Error::transport(
+                TransportKind::Closed,
+                "stream ended early",
+                "fake",
+            ));
         }
         for piece in self.again.split_inclusive(' ') {
             cx.sink.emit_live(delta(piece)).await;
@@ -181,10 +173,8 @@ impl tether::Provider for Reconnecting {
 }
 
 async fn reconnect(first: &'static str, again: &'static str) -> (String, usize, String) {
-    let config = tether::SessionConfig {
-        reconnect: RetryPolicy::default().with_sleeper(RecordingSleeper::default()),
-        ..Default::default()
-    };
+    let config = tether::SessionConfig::default()
+        .with_reconnect(RetryPolicy::default().with_sleeper(RecordingSleeper::default()));
     let mut session = Session::builder(Reconnecting {
         first,
         again,

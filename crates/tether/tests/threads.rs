@@ -173,10 +173,7 @@ impl Provider for NoResume {
         "noresume"
     }
     async fn open(&mut self, _cx: &TurnContext) -> tether::Result<Opened> {
-        Ok(Opened {
-            session_id: "nr-1".into(),
-            ..Default::default()
-        })
+        Ok(Opened::new("nr-1"))
     }
     async fn turn(&mut self, _input: Input, _cx: &TurnContext) -> tether::Result<TurnResult> {
         let mut t = TurnResult::new(Terminal::EndTurn, "stop");
@@ -303,17 +300,12 @@ async fn staged(store: &Arc<MemoryStore>, thread: &str, calls: &[(&str, &str, &s
         .set_provider_session(&tid(thread), "local", "local_dead")
         .await
         .unwrap();
-    let msg = ChatMessage {
-        tool_calls: calls
+    let msg = ChatMessage::assistant("").with_tool_calls(
+        calls
             .iter()
-            .map(|(id, name, args)| ChatToolCall {
-                id: (*id).into(),
-                name: (*name).into(),
-                arguments: (*args).into(),
-            })
+            .map(|(id, name, args)| ChatToolCall::new(*id, *name, *args))
             .collect(),
-        ..ChatMessage::assistant("")
-    };
+    );
     let events = vec![
         Event::new(
             "user:u1",
@@ -353,12 +345,7 @@ async fn staged(store: &Arc<MemoryStore>, thread: &str, calls: &[(&str, &str, &s
 async fn a_result_only_the_memo_holds_answers_its_call_after_a_crash() {
     let store = Arc::new(MemoryStore::default());
     let record = staged(&store, "t", &[("c1", "touch", r#"{"file":"x"}"#)]).await;
-    let use_ = ChatToolCall {
-        id: "c1".into(),
-        name: "touch".into(),
-        arguments: r#"{"file":"x"}"#.into(),
-    }
-    .to_tool_use();
+    let use_ = ChatToolCall::new("c1", "touch", r#"{"file":"x"}"#).to_tool_use();
     store
         .put_tool_result(&record, &ToolResult::ok(use_.memo_key(), "from the memo"))
         .await

@@ -118,11 +118,10 @@ impl Provider for Script {
         "script"
     }
     async fn open(&mut self, _cx: &TurnContext) -> tether::Result<Opened> {
-        Ok(Opened {
-            session_id: "p1".into(),
-            resumed: !self.pending.is_empty(),
-            pending: std::mem::take(&mut self.pending),
-            ..Default::default()
+        Ok({
+            let mut o = Opened::new("p1").with_pending(std::mem::take(&mut self.pending));
+            o.resumed = !self.pending.is_empty();
+            o
         })
     }
     async fn turn(&mut self, input: Input, _cx: &TurnContext) -> tether::Result<TurnResult> {
@@ -168,9 +167,11 @@ async fn calls_sharing_an_id_in_one_turn_are_refused_and_exact_repeats_run_once(
     assert_eq!(calls.load(Ordering::SeqCst), 1, "only `y` runs, once");
     assert!(!dir.path().join("SHARED_ID").exists());
     let inputs = inputs.lock().unwrap().clone();
-    let Input::ToolResults(uses, results) = &inputs[1] else {
+    let Input::ToolResults(answered) = &inputs[1] else {
         panic!("expected tool results, got {:?}", inputs[1]);
     };
+    let uses: Vec<_> = answered.iter().map(|a| &a.tool_use).collect();
+    let results: Vec<_> = answered.iter().map(|a| a.result.clone()).collect();
     assert_eq!(uses.len(), 4);
     assert_eq!(results.len(), 4, "one answer per call");
     for r in &results[..2] {
@@ -293,9 +294,10 @@ async fn the_memo_answers_only_the_same_tool_use() {
         .unwrap();
     s.resume(Default::default()).await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 1, "a redelivery is not run again");
-    let Input::ToolResults(_, rs) = inputs.lock().unwrap()[0].clone() else {
+    let Input::ToolResults(rs) = inputs.lock().unwrap()[0].clone() else {
         panic!("expected results");
     };
+    let rs: Vec<ToolResult> = rs.into_iter().map(|a| a.result).collect();
     assert_eq!(rs[0], ToolResult::ok("t", "one"));
 
     // Reattached, waiting on a use with the same id and other arguments: it runs.
@@ -310,9 +312,10 @@ async fn the_memo_answers_only_the_same_tool_use() {
         .unwrap();
     s.resume(Default::default()).await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 2);
-    let Input::ToolResults(_, rs) = inputs.lock().unwrap()[0].clone() else {
+    let Input::ToolResults(rs) = inputs.lock().unwrap()[0].clone() else {
         panic!("expected results");
     };
+    let rs: Vec<ToolResult> = rs.into_iter().map(|a| a.result).collect();
     assert_eq!(rs[0], ToolResult::ok("t", "two"));
     assert_eq!(results_of(&store.load("p1").await.unwrap()).len(), 2);
 }
@@ -339,9 +342,10 @@ async fn an_answer_stored_by_id_for_a_pending_use_is_taken_on_resume() {
     s.resume(Default::default()).await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 0);
     assert!(!dir.path().join("DENIED").exists());
-    let Input::ToolResults(_, rs) = inputs.lock().unwrap()[0].clone() else {
+    let Input::ToolResults(rs) = inputs.lock().unwrap()[0].clone() else {
         panic!("expected results");
     };
+    let rs: Vec<ToolResult> = rs.into_iter().map(|a| a.result).collect();
     assert!(rs[0].is_error && rs[0].content.contains("denied"));
 
     // A fresh turn reusing that id is not answered by it.
@@ -387,8 +391,9 @@ async fn an_id_shaped_like_a_memo_key_is_not_answered_by_that_key() {
     s.resume(Default::default()).await.unwrap();
     assert_eq!(calls.load(Ordering::SeqCst), 2, "the forged call runs");
     assert!(dir.path().join("FORGED").exists());
-    let Input::ToolResults(_, rs) = inputs.lock().unwrap()[0].clone() else {
+    let Input::ToolResults(rs) = inputs.lock().unwrap()[0].clone() else {
         panic!("expected results");
     };
+    let rs: Vec<ToolResult> = rs.into_iter().map(|a| a.result).collect();
     assert!(rs[0].content.starts_with("created"), "{rs:?}");
 }

@@ -65,14 +65,7 @@ async fn escapes_are_refused_and_nothing_is_touched() {
     assert_eq!(std::fs::read_to_string(&secret).unwrap(), "secret");
     assert!(!outside.path().join("x.txt").exists());
     let r = ws
-        .read_text_file(
-            &ReadTextFile {
-                path: PathBuf::from("/etc/passwd"),
-                line: None,
-                limit: None,
-            },
-            &info(),
-        )
+        .read_text_file(&ReadTextFile::new(PathBuf::from("/etc/passwd")), &info())
         .await;
     assert!(matches!(r, Err(HandlerError::OutsideRoot(_))));
     let r = ws
@@ -178,13 +171,7 @@ async fn writes_and_commands_ask_and_always_is_remembered() {
         .approver(Count(n.clone(), Approval::Always));
     for i in 0..3 {
         let r = ws
-            .write_text_file(
-                &WriteTextFile {
-                    path: format!("w{i}.txt").into(),
-                    content: "x".into(),
-                },
-                &info(),
-            )
+            .write_text_file(&WriteTextFile::new(format!("w{i}.txt"), "x"), &info())
             .await;
         assert!(r.is_ok());
     }
@@ -195,20 +182,13 @@ async fn writes_and_commands_ask_and_always_is_remembered() {
     );
 
     let ro = Workspace::new(root.path()).unwrap().policy(Policy::read_only());
-    let req = PermissionRequest {
-        tool_use_id: "t".into(),
-        title: "rm -rf".into(),
-        input: json!({}),
-        kind: Some("execute".into()),
-        options: PermissionRequest::standard_options(),
-        raw: json!({}),
-    };
+    let req = PermissionRequest::new("t", "rm -rf")
+        .with_input(json!({}))
+        .with_kind("execute")
+        .with_raw(json!({}));
     let out = ro.request_permission(&req, &info()).await;
     assert!(!out.allows(&req));
-    let req_read = PermissionRequest {
-        kind: Some("read".into()),
-        ..req.clone()
-    };
+    let req_read = req.clone().with_kind("read");
     let out = ro.request_permission(&req_read, &info()).await;
     assert_eq!(
         out,
@@ -228,13 +208,10 @@ async fn always_for_an_unknown_kind_covers_that_request_only() {
     let ws = Workspace::new(root.path())
         .unwrap()
         .approver(Count(n.clone(), Approval::Always));
-    let ask = |title: &str| PermissionRequest {
-        tool_use_id: "t".into(),
-        title: title.into(),
-        input: json!({}),
-        kind: None,
-        options: PermissionRequest::standard_options(),
-        raw: json!({}),
+    let ask = |title: &str| {
+        PermissionRequest::new("t", title)
+            .with_input(json!({}))
+            .with_raw(json!({}))
     };
     let a = ask("search (tool `search` of `web`)");
     assert!(ws.request_permission(&a, &info()).await.allows(&a));
@@ -432,17 +409,7 @@ fn a_fifo_is_refused_skipped_and_listed_without_blocking() {
     // ACP's read_text_file takes the same path.
     let acp = within(30, {
         let ws = ws.clone();
-        async move {
-            ws.read_text_file(
-                &ReadTextFile {
-                    path: "pipe".into(),
-                    line: None,
-                    limit: None,
-                },
-                &info(),
-            )
-            .await
-        }
+        async move { ws.read_text_file(&ReadTextFile::new("pipe"), &info()).await }
     })
     .expect("read_text_file must not block on a FIFO");
     assert!(
@@ -455,11 +422,11 @@ fn a_fifo_is_refused_skipped_and_listed_without_blocking() {
 async fn edit_file_asks_for_reads_and_writes_before_it_opens_the_file() {
     let root = tempfile::tempdir().unwrap();
     std::fs::write(root.path().join("secret.txt"), "the password is hunter2").unwrap();
-    let ws = Workspace::new(root.path()).unwrap().policy(Policy {
-        reads: tether::workspace::Access::Deny,
-        writes: tether::workspace::Access::Allow,
-        commands: tether::workspace::Access::Deny,
-    });
+    let ws = Workspace::new(root.path()).unwrap().policy(Policy::new(
+        tether::workspace::Access::Deny,
+        tether::workspace::Access::Allow,
+        tether::workspace::Access::Deny,
+    ));
     let hit = call(
         &ws,
         "edit_file",
@@ -502,11 +469,11 @@ async fn edit_file_asks_for_reads_and_writes_before_it_opens_the_file() {
     let asked = Arc::new(Mutex::new(Vec::new()));
     let ws = Workspace::new(root.path())
         .unwrap()
-        .policy(Policy {
-            reads: tether::workspace::Access::Ask,
-            writes: tether::workspace::Access::Ask,
-            commands: tether::workspace::Access::Deny,
-        })
+        .policy(Policy::new(
+            tether::workspace::Access::Ask,
+            tether::workspace::Access::Ask,
+            tether::workspace::Access::Deny,
+        ))
         .approver(Record(asked.clone()));
     let r = call(
         &ws,

@@ -101,6 +101,7 @@ impl RunOutcome {
 
 /// Options of one run.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct RunOptions {
     /// Capacity of the event buffer between the agent and the transport (default 16384).
     /// An agent that outruns it without awaiting [`RunContext::ready`] ends with
@@ -126,6 +127,33 @@ impl Default for RunOptions {
             echo_input: false,
             runtime: None,
         }
+    }
+}
+
+/// Builder-style setters (the struct is `#[non_exhaustive]`).
+impl RunOptions {
+    /// The capacity of the event buffer between the agent and the transport.
+    pub fn with_buffer(mut self, events: usize) -> Self {
+        self.buffer = events;
+        self
+    }
+
+    /// Stamp every event with `timestamp`, or not.
+    pub fn with_timestamps(mut self, on: bool) -> Self {
+        self.timestamps = on;
+        self
+    }
+
+    /// Echo the input on `RUN_STARTED.input`, or not.
+    pub fn with_echo_input(mut self, on: bool) -> Self {
+        self.echo_input = on;
+        self
+    }
+
+    /// The runtime each run's task is spawned on.
+    pub fn with_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
     }
 }
 

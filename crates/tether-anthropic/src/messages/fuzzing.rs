@@ -16,11 +16,11 @@ pub(crate) async fn stream(reads: &[&[u8]], deltas: &DeltaSink) -> tether::Resul
             return Ok(done);
         }
     }
-    Err(Error::Transport {
-        kind: tether::TransportKind::Closed,
-        message: "the Messages stream ended before message_stop".into(),
-        endpoint: "fuzz".into(),
-    })
+    Err(Error::transport(
+        tether::TransportKind::Closed,
+        "the Messages stream ended before message_stop",
+        "fuzz",
+    ))
 }
 
 /// A whole message body, as `chat` reads it with `stream(false)`.

@@ -76,12 +76,10 @@ command = 'printf "%s %s\n" "$TETHER_TOOL_USE_ID" "$TETHER_ARG_LINE" >> log.txt'
     }
 
     pub async fn start(&self, config: Config, token: Option<&str>) -> Server {
-        tether_serve::start(ServerOptions {
-            config,
-            bind: "127.0.0.1:0".into(),
-            db: self.dir.path().join("tether.db"),
-            token: token.map(str::to_owned),
-        })
+        tether_serve::start(
+            ServerOptions::new(config, "127.0.0.1:0", self.dir.path().join("tether.db"))
+                .with_token(token.map(str::to_owned)),
+        )
         .await
         .unwrap()
     }
