@@ -213,7 +213,7 @@ impl std::error::Error for Refusal {}
 
 /// A client-supplied string for an error message: at most 100 characters, control characters
 /// escaped (it may end up on a terminal).
-pub(crate) fn printable(s: &str) -> String {
+pub fn printable(s: &str) -> String {
     let mut out: String = s.chars().take(100).flat_map(char::escape_default).collect();
     if s.chars().nth(100).is_some() {
         out.push('…');
@@ -270,6 +270,53 @@ pub async fn save(store: &dyn EventStore, record: &str, out: &Outstanding) -> te
     store.put_state(record, INTERRUPTS, &v).await
 }
 
+/// Checks a request's `resume[]` against its thread's outstanding interrupts before the run
+/// starts (an endpoint's admission: refuse with [`Refusal::status`] before `RUN_STARTED`), for
+/// the threads of agent `agent` in `store`. One check for every backend that runs a thread's
+/// turns (`ThreadAgent` in process, `tether serve`'s Restate backend): the run checks again
+/// against what the thread waits on.
+///
+/// A thread id that is not valid, and a thread of another agent, pass here: the run says why it
+/// refuses them (nothing of this agent is outstanding there).
+pub async fn check_resume(
+    store: &dyn tether::ThreadStore,
+    agent: &str,
+    input: &crate::types::RunAgentInput,
+) -> Result<(), crate::thread::CheckError> {
+    use crate::thread::CheckError;
+    if input.resume.is_empty() {
+        return Ok(());
+    }
+    let thread = input.thread_id.as_str();
+    let Ok(id) = tether::ThreadId::new(thread) else {
+        return Ok(());
+    };
+    let outstanding = match store.thread(&id).await.map_err(CheckError::Store)? {
+        Some(t) if t.agent != agent => return Ok(()),
+        Some(t) => load(store, &t.record).await.map_err(CheckError::Store)?,
+        None => Outstanding::new(),
+    };
+    decide(&outstanding, thread, &input.resume, None)
+        .map(|_| ())
+        .map_err(CheckError::Refused)
+}
+
+/// The AG-UI interrupt `id` asking to approve tool use `tool_use_id` (what it does:
+/// `summary`), with the response schema `{"approved": boolean}`: the same for every backend.
+pub fn tool_interrupt(id: &str, tool_use_id: &str, summary: &str) -> crate::types::Interrupt {
+    let mut schema = serde_json::Map::new();
+    schema.insert("type".into(), serde_json::json!("object"));
+    schema.insert(
+        "properties".into(),
+        serde_json::json!({"approved": {"type": "boolean"}}),
+    );
+    schema.insert("required".into(), serde_json::json!(["approved"]));
+    crate::types::Interrupt::new(id, "approval")
+        .with_message(format!("Allow {summary}?"))
+        .with_tool_call(tool_use_id)
+        .with_response_schema(schema)
+}
+
 /// What the thread waits on, when known (inside the run, with the thread's lock held).
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -278,6 +325,14 @@ pub struct WaitingOn<'a> {
     pub calls: &'a [ToolUse],
     /// The question held live, if any.
     pub held: Option<Held<'a>>,
+}
+
+impl<'a> WaitingOn<'a> {
+    /// What a thread waits on: tool uses waiting for approval, and the question held live, if
+    /// any (for a backend outside this crate: the struct is non-exhaustive).
+    pub fn new(calls: &'a [ToolUse], held: Option<Held<'a>>) -> Self {
+        WaitingOn { calls, held }
+    }
 }
 
 /// Checks a resume against what is outstanding. `waiting`, when known, is what the thread

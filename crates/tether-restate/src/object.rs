@@ -4,6 +4,7 @@
 //!   every tool call is a `ctx.run` step, an approval an awakeable.
 //! - `approve` (shared): completes the awakeable the turn waits on, after checking that the tool
 //!   use it names is one the turn waits for.
+//! - `waiting` and `running` (shared): what the turn waits for, and whether a turn runs.
 //! - `cancel` (shared): cancels the turn in flight (Restate cancels the invocation: the step in
 //!   flight ends, a waiting approval ends as a cancel, and the turn records what it did).
 
@@ -14,8 +15,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tether::local::LocalLoop;
 use tether::{
-    CancellationToken, ChatModel, Error, Handler, RetryPolicy, Session, SessionConfig, ThreadId, ThreadStore,
-    ToolResult, UserMessage, Waiting,
+    CancellationToken, ChatModel, Error, Handler, RetryPolicy, Session, SessionConfig, StopReason, ThreadId,
+    ThreadStore, ToolResult, UserMessage, Waiting,
 };
 
 use crate::record::{self, Commit, Snapshot};
@@ -38,6 +39,11 @@ pub struct TurnRequest {
     pub message_id: String,
     /// The user's message.
     pub text: String,
+    /// Who sent it (e.g. the AG-UI run id; empty: nobody said): reported back in
+    /// [`TurnSignal::Ended`] so a relay knows the end of *its* turn when the same message is sent
+    /// again by another run. At most 256 bytes, no control characters.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run: String,
 }
 
 /// What a turn returns.
@@ -95,6 +101,8 @@ pub enum TurnSignal {
         thread: ThreadId,
         /// The id of the message the turn was started with.
         message_id: String,
+        /// The [`TurnRequest::run`] the turn was started with.
+        run: String,
         /// The outcome.
         outcome: Result<TurnOutcome, (u16, String)>,
     },
@@ -230,6 +238,9 @@ fn check_request(req: &TurnRequest) -> Result<(), TerminalError> {
     if req.message_id.chars().any(char::is_control) {
         return bad("message_id must not hold control characters");
     }
+    if req.run.len() > MAX_MESSAGE_ID || req.run.chars().any(char::is_control) {
+        return bad("run must be at most 256 bytes without control characters");
+    }
     if req.text.len() > MAX_TEXT {
         return bad("text is longer than 1 MiB");
     }
@@ -247,11 +258,16 @@ impl TetherThread {
     ) -> Result<Json<TurnOutcome>, HandlerError> {
         let req = req.into_inner();
         let message_id = req.message_id.clone();
+        let run = req.run.clone();
         let out = self.run_turn(&ctx, req).await;
+        // Also after a failure: a thread whose turn failed is not left looking busy.
+        ctx.clear(STATE_PENDING);
+        ctx.clear(STATE_TURN);
         if let Ok(thread) = ThreadId::new(ctx.key()) {
             self.signal(TurnSignal::Ended {
                 thread,
                 message_id,
+                run,
                 outcome: match &out {
                     Ok(o) => Ok(o.clone()),
                     Err(e) => Err((e.code(), e.message().to_owned())),
@@ -296,6 +312,14 @@ impl TetherThread {
         Ok(Json(
             pending.map(|p| p.into_inner().tool_uses).unwrap_or_default(),
         ))
+    }
+
+    /// Whether a turn of the thread is running (started, and not ended; a turn waiting for an
+    /// approval runs): a front-end refuses a new message on a busy thread rather than queue it
+    /// behind a turn that may never end by itself.
+    #[handler]
+    async fn running(&self, ctx: SharedObjectContext<'_>) -> Result<bool, HandlerError> {
+        Ok(ctx.get::<String>(STATE_TURN).await?.is_some())
     }
 
     /// Cancels the running turn, if any: the step in flight is abandoned, and the turn records
@@ -490,14 +514,45 @@ impl TetherThread {
     }
 }
 
-/// Sends the message, then answers approvals as they come until the turn ends.
+/// Goes on with what the record left unfinished, sends the message, then answers approvals as
+/// they come until the turn ends.
+///
+/// A thread whose last turn failed after a tool ran (the model failing on the tool's result)
+/// opens paused on that batch: it is resumed first (the recorded result is taken from the memo,
+/// the tool is not run again), as the default backend does, and the message (known to the
+/// record when a client sends it again) is sent after. A new message answers what the record
+/// still waits on as not answered.
 async fn drive(session: &mut Session, steps: &StepClient, req: TurnRequest) -> tether::Result<TurnOutcome> {
-    let mut result = session
-        .send_messages(
-            vec![UserMessage::with_id(req.message_id, req.text)],
-            CancellationToken::new(),
-        )
-        .await?;
+    if !session.knows_message(&req.message_id).await {
+        for p in session.pending() {
+            session
+                .answer_tool_use(ToolResult::error(
+                    &p.tool_use.id,
+                    "not answered: the user sent a new message instead",
+                ))
+                .await?;
+        }
+    }
+    let mut earlier = None;
+    if session.is_paused() {
+        earlier = Some(session.resume(CancellationToken::new()).await?);
+    }
+    let mut result = match earlier {
+        Some(r) if !session.pending().is_empty() => r,
+        earlier => {
+            let r = session
+                .send_messages(
+                    vec![UserMessage::with_id(req.message_id, req.text)],
+                    CancellationToken::new(),
+                )
+                .await?;
+            match earlier {
+                // The message was known: the resumed request is this turn's answer.
+                Some(e) if r.stop_reason == StopReason::Idle => e,
+                _ => r,
+            }
+        }
+    };
     let mut answered: Vec<String> = Vec::new();
     loop {
         let waiting: Vec<_> = session
@@ -579,7 +634,7 @@ mod tests {
         #[test]
         fn turn_requests_are_checked(id in "\\PC{0,300}|[\\x00-\\x1f]{1,3}", len in 0usize..4) {
             let text = "x".repeat([0, 10, MAX_TEXT, MAX_TEXT + 1][len]);
-            let ok = check_request(&TurnRequest { message_id: id.clone(), text: text.clone() }).is_ok();
+            let ok = check_request(&TurnRequest { message_id: id.clone(), text: text.clone(), run: String::new() }).is_ok();
             let valid = !id.is_empty() && id.len() <= MAX_MESSAGE_ID && !id.chars().any(char::is_control)
                 && text.len() <= MAX_TEXT;
             proptest::prop_assert_eq!(ok, valid);

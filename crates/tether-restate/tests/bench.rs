@@ -150,3 +150,73 @@ async fn through_restate(
     assert_eq!(effects(&config.effects).len(), n);
     took
 }
+
+/// What a thread read would cost if the record lived in Restate object state (the design chosen
+/// for several tether nodes, see the README): a shared handler reading one state key through the
+/// ingress (`running`), beside reading the same thread's record from its SQLite file. Prints
+/// medians; asserts nothing about time.
+///
+/// `cargo test -p tether-restate --test bench shared_handler -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: run with --ignored --nocapture"]
+async fn shared_handler_read_cost() {
+    const N: usize = 300;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let restate = Restate::start().await;
+    let fake = FakeOpenAi::start().await;
+    let config = ServiceConfig {
+        listen: format!("127.0.0.1:{}", free_port()),
+        admin: restate.admin.clone(),
+        model_url: fake.url(),
+        db: dir.path().join("read.db"),
+        effects: dir.path().join("read.log"),
+        live: None,
+    };
+    let service = Service::start(&config);
+    fake.push(Reply::text("hi"));
+    until("the ingress to know the service", async || {
+        let (status, v) = call(
+            &restate.ingress,
+            "t",
+            "turn",
+            &json!({"message_id": "m", "text": "hi"}),
+        )
+        .await;
+        assert!(status == 200 || status == 404, "{status} {v}");
+        (status == 200).then_some(())
+    })
+    .await;
+    // One client, its connection kept: as a tether node would call the ingress.
+    let client = reqwest::Client::new();
+    let url = format!("{}/TetherThread/t/running", restate.ingress);
+    let mut through = Vec::with_capacity(N);
+    for _ in 0..N {
+        let started = Instant::now();
+        let r = client.post(&url).send().await.expect("running");
+        assert!(r.status().is_success());
+        let _ = r.bytes().await.expect("body");
+        through.push(started.elapsed());
+    }
+    // The service holds the SQLite file's lock: read it once the service is gone.
+    service.kill();
+    use tether::{EventStore, ThreadStore};
+    let store = tether_sqlite::SqliteStore::open(&config.db).expect("open the record");
+    let id = ThreadId::new("t").expect("id");
+    let mut direct = Vec::with_capacity(N);
+    for _ in 0..N {
+        let started = Instant::now();
+        let t = store.thread(&id).await.expect("thread").expect("recorded");
+        let events = store.load(&t.record).await.expect("load");
+        assert!(!events.is_empty());
+        direct.push(started.elapsed());
+    }
+    let median = |v: &mut Vec<std::time::Duration>| {
+        v.sort_unstable();
+        v[v.len() / 2].as_secs_f64() * 1000.0
+    };
+    println!(
+        "{N} reads: a shared handler through the ingress (one state key) median {:.3} ms; the thread's record from SQLite (thread + load) median {:.3} ms",
+        median(&mut through),
+        median(&mut direct)
+    );
+}

@@ -6,7 +6,7 @@
 //! `ThreadAgent`, which opens the thread's `Session` in process. Here it is [`RestateAgent`],
 //! which
 //! - sends a new user message as a `turn` invocation through the Restate ingress
-//!   (`/TetherThread/{thread}/turn/send`, idempotent by the message's id);
+//!   (`/TetherThread/{thread}/turn/send`, idempotent by the message and run ids);
 //! - relays the turn's events to the client's AG-UI stream as they happen: the `TetherThread`
 //!   service runs inside this process (its endpoint on a listener of its own, registered with the
 //!   admin API at start) and sends every event (token deltas included) and every change of the
@@ -32,9 +32,7 @@ use serde_json::{Value, json};
 use tether::{EventStore, ThreadId, ThreadStore, ToolUse};
 use tether_agui::approval::{self, Outstanding};
 use tether_agui::thread::Update;
-use tether_agui::{
-    Agent, CheckError, EventMapper, Interrupt, Message, RunAgentInput, RunContext, RunOutcome,
-};
+use tether_agui::{Agent, CheckError, EventMapper, Message, RunAgentInput, RunContext, RunOutcome};
 use tether_restate::{LiveEvent, TetherThread, TurnRequest, TurnSignal, WaitingToolUse};
 use tether_sqlite::SqliteStore;
 use tokio::sync::broadcast;
@@ -194,18 +192,6 @@ fn restate_error(message: impl Into<String>) -> tether_agui::AgUiError {
     tether_agui::AgUiError::agent("RESTATE", message)
 }
 
-/// The AG-UI interrupt of a tool call waiting for approval (as the default backend issues it).
-fn tool_interrupt(id: &str, w: &WaitingToolUse) -> Interrupt {
-    let mut schema = serde_json::Map::new();
-    schema.insert("type".into(), json!("object"));
-    schema.insert("properties".into(), json!({"approved": {"type": "boolean"}}));
-    schema.insert("required".into(), json!(["approved"]));
-    Interrupt::new(id, "approval")
-        .with_message(format!("Allow {}?", w.summary))
-        .with_tool_call(w.id.as_str())
-        .with_response_schema(schema)
-}
-
 fn calls_of(waiting: &[WaitingToolUse]) -> Vec<ToolUse> {
     waiting
         .iter()
@@ -276,6 +262,16 @@ impl RestateAgent {
             .map_err(|e| restate_error(format!("the waiting handler answered oddly: {e}")))
     }
 
+    /// Whether a turn of the thread runs (see `TetherThread::running`).
+    async fn running(&self, thread: &ThreadId) -> tether_agui::AgUiResult<bool> {
+        let v = self
+            .call(thread, &["running"], &Value::Null, None)
+            .await
+            .map_err(|(s, m)| restate_error(format!("asking whether a turn runs failed ({s}): {m}")))?;
+        v.as_bool()
+            .ok_or_else(|| restate_error(format!("the running handler answered oddly: {v}")))
+    }
+
     /// Sends one decision to the waiting turn. The turn waits for one decision at a time (a new
     /// awakeable after each), so an answer to a tool use the turn does not wait on yet is retried
     /// until it does.
@@ -295,28 +291,20 @@ impl RestateAgent {
     /// Checks a request's `resume[]` before the run starts (the admission's check, as the
     /// default backend's).
     pub(crate) async fn check_resume(&self, input: &RunAgentInput) -> Result<(), CheckError> {
-        if input.resume.is_empty() {
-            return Ok(());
-        }
-        let thread = input.thread_id.as_str();
-        let Ok(id) = ThreadId::new(thread) else {
-            return Ok(());
-        };
-        let outstanding = match self.store.thread(&id).await.map_err(CheckError::Store)? {
-            Some(t) if t.agent != self.name => return Ok(()),
-            Some(t) => approval::load(&self.store, &t.record)
-                .await
-                .map_err(CheckError::Store)?,
-            None => Outstanding::new(),
-        };
-        approval::decide(&outstanding, thread, &input.resume, None)
-            .map(|_| ())
-            .map_err(CheckError::Refused)
+        approval::check_resume(&self.store, &self.name, input).await
     }
 
     async fn run_inner(&self, ctx: &mut RunContext<Value>) -> tether_agui::AgUiResult<RunOutcome> {
         let thread = ThreadId::new(ctx.input().thread_id.as_str())
             .map_err(|e| tether_agui::AgUiError::agent("INVALID_THREAD", e.to_string()))?;
+        if !ctx.input().tools.is_empty() {
+            // Refused rather than ignored: the model would never be offered the client's tools.
+            return Err(tether_agui::AgUiError::agent(
+                "FRONTEND_TOOLS_UNSUPPORTED",
+                "this server runs its turns on Restate, which does not run front-end tools yet: send the \
+                 run without `tools`, or use the default backend",
+            ));
+        }
         // Subscribed before anything is sent: nothing the turn does is missed.
         let mut events = self.live.subscribe();
         let mut signals = self.signals.subscribe();
@@ -345,8 +333,8 @@ impl RestateAgent {
         // suspension signals it waits for them again, a model that reuses an id asks anew.
         let mut answered: HashSet<(String, String)> = HashSet::new();
         let mut shown: u64 = 0;
-        // Which turn's end this run reports: the one it started (by message id), or, resuming,
-        // the waiting one.
+        // Which turn's end this run reports: the one it started (by run id), or, resuming, the
+        // waiting one.
         let mut ours: Option<String> = None;
         let resume = ctx.input().resume.clone();
         if !resume.is_empty() {
@@ -362,10 +350,7 @@ impl RestateAgent {
                 &outstanding,
                 thread.as_str(),
                 &resume,
-                Some(approval::WaitingOn {
-                    calls: &calls,
-                    held: None,
-                }),
+                Some(approval::WaitingOn::new(&calls, None)),
             )
             .map_err(|r| tether_agui::AgUiError::agent(r.code(), r.to_string()))?;
             // Used up before anything runs: an answer counts once.
@@ -412,17 +397,31 @@ impl RestateAgent {
                 approval::save(&self.store, &rec.record, &Outstanding::new())
                     .await
                     .map_err(store_error)?;
+            } else if existing.is_some() && self.running(&thread).await? {
+                // As the default backend: a new message does not queue behind a running turn.
+                return Err(tether_agui::AgUiError::agent(
+                    "THREAD_BUSY",
+                    format!(
+                        "another run is in progress on thread {}; wait for it to finish",
+                        approval::printable(thread.as_str())
+                    ),
+                ));
             }
+            let run = ctx.run_id().as_str().to_owned();
             let req = serde_json::to_value(TurnRequest {
                 message_id: id.clone(),
                 text,
+                run: run.clone(),
             })
             .map_err(|e| restate_error(e.to_string()))?;
-            let key = format!("{}/{id}", thread.as_str());
+            // Keyed by run too: a retried request of this run starts no second turn, while the
+            // same message sent again by a new run (after a failed turn) is a new turn, which
+            // goes on with what the failed one left.
+            let key = idempotency_key(&[thread.as_str(), &id, &run]);
             self.call(&thread, &["turn", "send"], &req, Some(&key))
                 .await
                 .map_err(|(s, m)| restate_error(format!("sending the turn failed ({s}): {m}")))?;
-            ours = Some(id);
+            ours = Some(run);
         } else {
             update(ctx, Update::Finished { waiting: false })?;
             return Ok(RunOutcome::Success);
@@ -460,8 +459,8 @@ impl RestateAgent {
                             break Relayed::Waiting(tool_uses);
                         }
                     }
-                    Ok(TurnSignal::Ended { thread: t, message_id, outcome }) if t == thread => {
-                        if ours.as_ref().is_none_or(|m| *m == message_id) {
+                    Ok(TurnSignal::Ended { thread: t, run, outcome, .. }) if t == thread => {
+                        if ours.as_ref().is_none_or(|m| *m == run) {
                             break Relayed::Ended(outcome);
                         }
                     }
@@ -519,7 +518,7 @@ impl RestateAgent {
                         issued
                             .iter()
                             .find(|(_, r)| r.tool_use_id == w.id)
-                            .map(|(id, _)| tool_interrupt(id, w))
+                            .map(|(id, _)| approval::tool_interrupt(id, &w.id, &w.summary))
                     })
                     .collect();
                 Ok(RunOutcome::Interrupt(interrupts))
@@ -544,6 +543,26 @@ impl RestateAgent {
             )),
         }
     }
+}
+
+/// The `idempotency-key` of a turn sent by a run: its parts percent-encoded (every byte but
+/// ASCII letters, digits, `-`, `_` and `.`) and joined by `/`, so the key is a valid header value
+/// whatever the client's ids hold, and two different (thread, message, run) never share a key.
+fn idempotency_key(parts: &[&str]) -> String {
+    let mut key = String::new();
+    for (i, p) in parts.iter().enumerate() {
+        if i > 0 {
+            key.push('/');
+        }
+        for b in p.bytes() {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.') {
+                key.push(char::from(b));
+            } else {
+                key.push_str(&format!("%{b:02X}"));
+            }
+        }
+    }
+    key
 }
 
 fn lagged() -> tether_agui::AgUiError {
@@ -597,5 +616,22 @@ impl Agent for RestateAgent {
 
     async fn run(&self, ctx: &mut RunContext<Value>) -> tether_agui::AgUiResult<RunOutcome> {
         Box::pin(self.run_inner(ctx)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::idempotency_key;
+
+    proptest::proptest! {
+        /// Different (thread, message, run) never share a key, and every key is a valid header
+        /// value.
+        #[test]
+        fn idempotency_keys_are_unambiguous(a in proptest::collection::vec("\\PC{0,6}|[/%.]{0,3}", 3), b in proptest::collection::vec("\\PC{0,6}|[/%.]{0,3}", 3)) {
+            let ka = idempotency_key(&[&a[0], &a[1], &a[2]]);
+            let kb = idempotency_key(&[&b[0], &b[1], &b[2]]);
+            proptest::prop_assert_eq!(ka == kb, a == b);
+            proptest::prop_assert!(reqwest::header::HeaderValue::from_str(&ka).is_ok());
+        }
     }
 }

@@ -247,7 +247,7 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
                 message,
             })?;
     }
-    let front = tokio::runtime::Builder::new_multi_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(front_threads())
         .thread_name("tether-serve-http")
         .enable_all()
@@ -256,6 +256,10 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
             bind: opts.bind.clone(),
             message: format!("cannot start the HTTP runtime: {e}"),
         })?;
+    let front = rt.handle().clone();
+    // Owned by `front_rt` at once: a start that fails below drops the runtime without blocking
+    // (a runtime dropped in async code panics).
+    let front_rt = FrontRuntime(Some(rt));
     let shutdown = CancellationToken::new();
     let runs = Arc::new(Semaphore::new(limits.max_concurrent_runs));
     let endpoint = EndpointOptions::default()
@@ -367,7 +371,7 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
         shutdown,
         stopped_accepting,
         task,
-        _front: FrontRuntime(Some(front)),
+        _front: front_rt,
         services: Services(services),
     })
 }
@@ -439,10 +443,9 @@ async fn restate_route(
     };
     let (agent, service) = crate::backend::start(name, cfg, spec, store, server, run_timeout).await?;
     let check: Arc<dyn ResumeCheck> = agent.clone();
-    let options = EndpointOptions {
-        admit: Some(admission(check, runs.clone(), shutdown.clone())),
-        ..endpoint.clone()
-    };
+    let options = endpoint
+        .clone()
+        .with_admit(admission(check, runs.clone(), shutdown.clone()));
     Ok((
         app.route_agui_with(path, agent, options),
         info,

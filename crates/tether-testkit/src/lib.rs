@@ -21,6 +21,8 @@ pub mod managed;
 pub mod openai;
 pub mod otlp;
 pub mod peers;
+#[cfg(unix)]
+pub mod restate;
 pub mod server;
 
 pub use server::{Negotiated, Serve, TestCa};

@@ -1,0 +1,190 @@
+//! A real Restate server on loopback for the tests of `tether-restate` and of `tether serve`'s
+//! Restate backend: the pinned `restate-server` from npm (`conformance/restate`, installed by its
+//! `setup.sh`, which `scripts/test` runs), one node or a cluster, each node in a temp dir of its
+//! own. A missing server fails the test with how to install it, never a silent pass.
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// How long a node may take to become healthy on a busy machine.
+pub const STARTUP: Duration = Duration::from_secs(120);
+
+/// `conformance/restate`, where the pinned server and its base configuration are.
+pub fn conformance_dir() -> PathBuf {
+    crate::peers::repo_root().join("conformance/restate")
+}
+
+/// The pinned `restate-server` launcher.
+///
+/// # Panics
+/// When it is not installed, saying how to install it.
+pub fn server_bin() -> PathBuf {
+    let bin = conformance_dir().join("node_modules/.bin/restate-server");
+    assert!(
+        bin.exists(),
+        "the Restate server is not installed at {}: run conformance/restate/setup.sh (scripts/test does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A free port on 127.0.0.1 (bound, then released for the process that will listen on it).
+///
+/// # Panics
+/// When no port can be bound.
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local addr").port()
+}
+
+/// One `restate-server` node; its whole process group is SIGKILLed when dropped.
+pub struct Restate {
+    child: Child,
+    /// The admin API's base URL (`http://127.0.0.1:<port>`).
+    pub admin: String,
+    /// The ingress's base URL (`http://127.0.0.1:<port>`).
+    pub ingress: String,
+    dir: tempfile::TempDir,
+}
+
+impl Restate {
+    /// A single-node server, healthy.
+    ///
+    /// # Panics
+    /// When the server is missing or does not become healthy within [`STARTUP`] (with its log).
+    pub async fn start() -> Restate {
+        Restate::start_node("n1", free_port(), None).await
+    }
+
+    /// A cluster of `n` nodes on loopback, replication 2 (logs and partitions), the first node
+    /// provisioning it; returns once every node is healthy.
+    ///
+    /// # Panics
+    /// As [`Restate::start`].
+    pub async fn start_cluster(n: usize) -> Vec<Restate> {
+        let fabrics: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let addresses: Vec<String> = fabrics
+            .iter()
+            .map(|p| format!("\"http://127.0.0.1:{p}\""))
+            .collect();
+        let tables = format!(
+            "\n[metadata-client]\naddresses = [{}]\n\n[bifrost]\ndefault-provider = \"replicated\"\n",
+            addresses.join(", ")
+        );
+        let starts = fabrics.iter().enumerate().map(|(i, &fabric)| {
+            let top = format!(
+                "cluster-name = \"tether-test\"\ndefault-replication = 2\nauto-provision = {}\n",
+                i == 0
+            );
+            let tables = tables.clone();
+            async move { Restate::start_node(&format!("n{}", i + 1), fabric, Some((top, tables))).await }
+        });
+        futures_util::future::join_all(starts).await
+    }
+
+    /// One node: `cluster` is (top-level keys, tables) added to `conformance/restate/restate.toml`.
+    async fn start_node(name: &str, fabric: u16, cluster: Option<(String, String)>) -> Restate {
+        let bin = server_bin();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (admin, ingress) = (free_port(), free_port());
+        let base = std::fs::read_to_string(conformance_dir().join("restate.toml")).expect("restate.toml");
+        let (top, tables) = cluster.unwrap_or_default();
+        // Top-level keys before the base file's tables, tables after.
+        let config = dir.path().join("restate.toml");
+        std::fs::write(&config, format!("{top}\n{base}\n{tables}")).expect("write config");
+        let log = std::fs::File::create(dir.path().join("restate.log")).expect("log file");
+        // Its own process group: `node_modules/.bin/restate-server` is a launcher that starts the
+        // server as its child, and killing the launcher alone leaves the server running.
+        let child = Command::new(bin)
+            .process_group(0)
+            .arg("--no-logo")
+            .args(["--listen-mode", "tcp"])
+            .arg("--config-file")
+            .arg(&config)
+            .arg("--base-dir")
+            .arg(dir.path())
+            .args(["--node-name", name])
+            .env("RESTATE_ADMIN__BIND_ADDRESS", format!("127.0.0.1:{admin}"))
+            .env("RESTATE_INGRESS__BIND_ADDRESS", format!("127.0.0.1:{ingress}"))
+            .env("RESTATE_BIND_ADDRESS", format!("127.0.0.1:{fabric}"))
+            .env("RESTATE_ADVERTISED_ADDRESS", format!("http://127.0.0.1:{fabric}"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn restate-server");
+        let r = Restate {
+            child,
+            admin: format!("http://127.0.0.1:{admin}"),
+            ingress: format!("http://127.0.0.1:{ingress}"),
+            dir,
+        };
+        let started = Instant::now();
+        loop {
+            if healthy(admin, "/health").await && healthy(ingress, "/restate/health").await {
+                break;
+            }
+            assert!(
+                started.elapsed() < STARTUP,
+                "the Restate server {name} did not become healthy within {STARTUP:?}: {}",
+                r.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        r
+    }
+
+    /// The `[server]` lines of a `tether.toml` that put an agent's turns on this node (the
+    /// service endpoint on a port of its own).
+    pub fn server_lines(&self) -> String {
+        format!(
+            "backend = \"restate\"\nrestate_ingress = \"{}\"\nrestate_admin = \"{}\"\nrestate_listen = \"127.0.0.1:0\"\n",
+            self.ingress, self.admin
+        )
+    }
+
+    /// SIGKILLs the node (its whole process group) and waits for the launcher.
+    pub fn kill(mut self) {
+        self.kill_group();
+        let _ = self.child.wait();
+    }
+
+    fn kill_group(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // SAFETY: kill(2) on the process group this test started; no memory is involved.
+            unsafe { libc::kill(-pid, libc::SIGKILL) };
+        }
+        let _ = self.child.kill();
+    }
+
+    /// The node's log so far (for a failing assertion's message).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("restate.log")).unwrap_or_default()
+    }
+}
+
+impl Drop for Restate {
+    fn drop(&mut self) {
+        self.kill_group();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether `GET path` on 127.0.0.1:`port` answers 2xx (plain HTTP/1.1, so the testkit needs no
+/// HTTP client).
+async fn healthy(port: u16, path: &str) -> bool {
+    let Ok(mut s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await else {
+        return false;
+    };
+    let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\r\n");
+    if s.write_all(req.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut head = [0u8; 12];
+    let read = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut head)).await;
+    matches!(read, Ok(Ok(_))) && head.starts_with(b"HTTP/1.1 2")
+}
