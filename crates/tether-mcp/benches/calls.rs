@@ -114,18 +114,20 @@ async fn sessions(n: usize, batch: usize, handler: Arc<dyn tether::Handler>) -> 
             .chunks(batch)
             .map(<[_]>::to_vec)
             .collect();
-        let mut script: std::collections::VecDeque<tether::ChatResponse> = turns
+        let mut script: Vec<tether::Result<tether::ChatResponse>> = turns
             .iter()
             .map(|calls| {
                 let calls: Vec<(&str, &str, &str)> = calls
                     .iter()
                     .map(|(id, a)| (id.as_str(), "noop", a.as_str()))
                     .collect();
-                ScriptedModel::tool_calls(&calls)
+                Ok(ScriptedModel::tool_calls(&calls))
             })
             .collect();
-        script.push_back(ScriptedModel::text("done"));
-        let r = Session::builder(LocalLoop::new(Replay(std::sync::Mutex::new(script))))
+        script.push(Ok(ScriptedModel::text("done")));
+        // A model that keeps no copy of the requests: the direct side pays for none either.
+        let model = ScriptedModel::new(script).without_request_log();
+        let r = Session::builder(LocalLoop::new(model))
             .handler_arc(handler.clone())
             .max_turns(turns.len() as u32 + 2)
             .run("go")
@@ -136,37 +138,6 @@ async fn sessions(n: usize, batch: usize, handler: Arc<dyn tether::Handler>) -> 
         done += k;
     }
     n as f64 / t.elapsed().as_secs_f64()
-}
-
-/// The sessions' model: replays its responses, streaming each as the testkit's `ScriptedModel`
-/// does (tool call start, arguments, end), but keeps no copy of the requests it gets
-/// (`ScriptedModel` keeps every request for tests to inspect: a copy of the whole history each
-/// turn, which no real model client makes and the direct side does not pay).
-struct Replay(std::sync::Mutex<std::collections::VecDeque<tether::ChatResponse>>);
-
-#[async_trait::async_trait]
-impl tether::ChatModel for Replay {
-    fn name(&self) -> &str {
-        "replay"
-    }
-
-    async fn chat(
-        &self,
-        _req: &tether::ChatRequest,
-        deltas: &tether::DeltaSink,
-    ) -> tether::Result<tether::ChatResponse> {
-        let next = self.0.lock().ok().and_then(|mut s| s.pop_front());
-        let resp = next.ok_or_else(|| tether::Error::malformed("the script has no more responses"))?;
-        if let Some(t) = &resp.message.content {
-            deltas.text(t).await;
-        }
-        for c in &resp.message.tool_calls {
-            deltas.tool_call_start(&c.id, &c.name).await;
-            deltas.tool_call_args(&c.id, &c.arguments).await;
-            deltas.tool_call_end(&c.id).await;
-        }
-        Ok(resp)
-    }
 }
 
 async fn mcp_handler() -> (Arc<dyn tether::Handler>, McpServer) {

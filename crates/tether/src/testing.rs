@@ -34,6 +34,7 @@ use crate::sink::DeltaSink;
 pub struct ScriptedModel {
     script: std::sync::Mutex<std::collections::VecDeque<Result<ChatResponse>>>,
     requests: std::sync::Mutex<Vec<ChatRequest>>,
+    keep_requests: bool,
 }
 
 impl ScriptedModel {
@@ -42,7 +43,16 @@ impl ScriptedModel {
         ScriptedModel {
             script: std::sync::Mutex::new(script.into()),
             requests: Default::default(),
+            keep_requests: true,
         }
+    }
+
+    /// The same model keeping no copy of the requests it gets ([`ScriptedModel::requests`] stays
+    /// empty): for benchmarks, where that copy of the whole history each turn is a cost no real
+    /// model client has.
+    pub fn without_request_log(mut self) -> Self {
+        self.keep_requests = false;
+        self
     }
 
     /// A plain text response with finish reason `stop`.
@@ -93,7 +103,9 @@ impl ChatModel for ScriptedModel {
     }
 
     async fn chat(&self, req: &ChatRequest, deltas: &DeltaSink) -> Result<ChatResponse> {
-        if let Ok(mut r) = self.requests.lock() {
+        if self.keep_requests
+            && let Ok(mut r) = self.requests.lock()
+        {
             r.push(req.clone());
         }
         let next = self.script.lock().ok().and_then(|mut s| s.pop_front());
