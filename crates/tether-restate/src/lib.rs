@@ -19,20 +19,32 @@
 
 // The object macro generates undocumented items (its service trait and `serve`).
 #[allow(missing_docs)]
+pub mod index;
+#[allow(missing_docs)]
+pub mod notes;
+#[allow(missing_docs)]
 pub mod object;
 pub mod record;
 pub mod steps;
+pub mod store;
 
 use std::time::Duration;
 
 use restate_sdk::prelude::Endpoint;
 use tokio::net::TcpListener;
 
+pub use index::TetherThreads;
+pub use notes::TetherThreadNotes;
 pub use object::{LiveEvent, TetherThread, TurnOutcome, TurnRequest, TurnSignal, WaitingToolUse};
 pub use steps::Decision;
+pub use store::RestateStore;
 
 /// The virtual object's service name in Restate (`/TetherThread/{thread}/turn` at the ingress).
 pub const SERVICE: &str = "TetherThread";
+/// The service name of a thread's notes object ([`notes::TetherThreadNotes`], keyed by thread).
+pub const NOTES: &str = "TetherThreadNotes";
+/// The service name of the thread index ([`index::TetherThreads`], keyed by agent).
+pub const INDEX: &str = "TetherThreads";
 
 /// Why the service could not be registered with Restate.
 #[derive(Debug, thiserror::Error)]
@@ -60,7 +72,8 @@ pub enum RegisterError {
     },
 }
 
-/// Serves `thread` on `listener` (HTTP/2, as Restate calls deployments) until the listener fails.
+/// Serves `thread` (with the notes object and the thread index beside it) on `listener` (HTTP/2,
+/// as Restate calls deployments) until the listener fails.
 ///
 /// Every connection gets `TCP_NODELAY`: a step is a small frame each way between the service
 /// and Restate, and with Nagle's algorithm against delayed acknowledgments a step waited tens of
@@ -77,7 +90,13 @@ pub async fn serve_until(
     listener: TcpListener,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let endpoint = restate_sdk::hyper::HyperEndpoint::new(Endpoint::builder().bind(thread).build());
+    let endpoint = restate_sdk::hyper::HyperEndpoint::new(
+        Endpoint::builder()
+            .bind(thread)
+            .bind(TetherThreadNotes)
+            .bind(TetherThreads)
+            .build(),
+    );
     let mut conns = tokio::task::JoinSet::new();
     tokio::pin!(stop);
     loop {

@@ -7,6 +7,8 @@
 //! - `waiting` and `running` (shared): what the turn waits for, and whether a turn runs.
 //! - `cancel` (shared): cancels the turn in flight (Restate cancels the invocation: the step in
 //!   flight ends, a waiting approval ends as a cancel, and the turn records what it did).
+//! - `thread`, `events` and `checkpoint` (shared): the thread's record, kept in the object's
+//!   state (see [`crate::record`]), readable while a turn runs or waits.
 
 use std::sync::Arc;
 
@@ -15,11 +17,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tether::local::LocalLoop;
 use tether::{
-    CancellationToken, ChatModel, Error, Handler, RetryPolicy, Session, SessionConfig, StopReason, ThreadId,
-    ThreadStore, ToolResult, UserMessage, Waiting,
+    CancellationToken, ChatModel, Error, Event, Handler, MemoryStore, RetryPolicy, Session, SessionConfig,
+    StopReason, Thread, ThreadId, ThreadStore, ToolResult, UserMessage, Waiting,
 };
 
-use crate::record::{self, Commit, Snapshot};
+use crate::index::TetherThreadsClient;
+use crate::record::{self, Page, Snapshot, Written};
 use crate::steps::{Decision, JournaledOutput, Step, StepClient, StepHandler, StepModel};
 
 /// The longest message text a turn accepts, in bytes.
@@ -49,7 +52,7 @@ pub struct TurnRequest {
 /// What a turn returns.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct TurnOutcome {
-    /// The thread's record key in the store.
+    /// The thread's record key (the thread id: the record is the thread object's state).
     pub record: String,
     /// The answer.
     pub text: String,
@@ -114,11 +117,12 @@ struct PendingState {
     tool_uses: Vec<WaitingToolUse>,
 }
 
-/// The virtual object's implementation: the model, the tools and the store a turn uses.
+/// The virtual object's implementation: the model and the tools a turn uses (the record is the
+/// object's state).
 pub struct TetherThread {
     model: Arc<dyn ChatModel>,
     handler: Arc<dyn Handler>,
-    store: Arc<dyn ThreadStore>,
+    import: Option<Arc<dyn ThreadStore>>,
     agent: String,
     system_prompt: Option<String>,
     model_name: Option<String>,
@@ -156,23 +160,26 @@ impl tether::EventObserver for LiveObserver {
 }
 
 impl TetherThread {
-    /// Threads of `agent` over `model` with `handler`'s tools, recorded in `store`.
-    pub fn new(
-        agent: impl Into<String>,
-        model: Arc<dyn ChatModel>,
-        handler: Arc<dyn Handler>,
-        store: Arc<dyn ThreadStore>,
-    ) -> Self {
+    /// Threads of `agent` over `model` with `handler`'s tools.
+    pub fn new(agent: impl Into<String>, model: Arc<dyn ChatModel>, handler: Arc<dyn Handler>) -> Self {
         TetherThread {
             model,
             handler,
-            store,
+            import: None,
             agent: agent.into(),
             system_prompt: None,
             model_name: None,
             live: None,
             signals: None,
         }
+    }
+
+    /// Imports a thread that has no record on Restate yet from `store` (read only), in its first
+    /// turn: the events, memo and checkpoint a node recorded before its threads moved to Restate
+    /// (e.g. its SQLite file). From then on the object state is the record.
+    pub fn import(mut self, store: Arc<dyn ThreadStore>) -> Self {
+        self.import = Some(store);
+        self
     }
 
     /// Sends every turn's state changes to `tx` (see [`TurnSignal`]).
@@ -206,6 +213,68 @@ impl TetherThread {
         self.model_name = Some(name.into());
         self
     }
+}
+
+/// Milliseconds since the epoch (read in a journaled step: a replay sees the same time).
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// A failure of the record's bookkeeping: terminal (it would fail the same way again).
+fn record_error(e: Error) -> TerminalError {
+    TerminalError::new(format!("the thread's record: {e}"))
+}
+
+/// The record's events and checkpoint as the object state holds them (journaled reads).
+async fn read_record(ctx: &ObjectContext<'_>) -> Result<(Vec<Event>, Option<Value>), TerminalError> {
+    let count = ctx
+        .get::<Json<u64>>(record::EVENTS)
+        .await?
+        .map_or(0, Json::into_inner);
+    let mut events = Vec::with_capacity(usize::try_from(count.min(4096)).unwrap_or(0));
+    for seq in 1..=count {
+        match ctx.get::<Json<Event>>(&record::event_key(seq)).await? {
+            Some(Json(e)) => events.push(e),
+            None => {
+                return Err(TerminalError::new(format!(
+                    "the thread's record lacks event {seq} of {count}"
+                )));
+            }
+        }
+    }
+    let checkpoint = ctx
+        .get::<Json<Value>>(record::CHECKPOINT_KEY)
+        .await?
+        .map(Json::into_inner);
+    Ok((events, checkpoint))
+}
+
+/// Writes what the engine added to its in-memory record since `written` into the object state
+/// (events first, then their count: a reader never sees a count ahead of the events).
+async fn write(
+    ctx: &ObjectContext<'_>,
+    mem: &MemoryStore,
+    written: &mut Written,
+) -> Result<(), TerminalError> {
+    let a = written.additions(mem).await.map_err(record_error)?;
+    for e in &a.events {
+        if let Some(seq) = e.seq {
+            ctx.set(&record::event_key(seq), Json(e.clone()));
+        }
+    }
+    if !a.events.is_empty() {
+        ctx.set(record::EVENTS, Json(written.events + a.events.len() as u64));
+    }
+    if let Some(c) = &a.checkpoint {
+        ctx.set(record::CHECKPOINT_KEY, Json(c.clone()));
+    }
+    if let Some(t) = &a.thread {
+        ctx.set(record::THREAD, Json(t.clone()));
+    }
+    written.apply(&a);
+    Ok(())
 }
 
 /// A failure inside a step: a transient one is retried by Restate (the step runs again), any
@@ -322,6 +391,71 @@ impl TetherThread {
         Ok(ctx.get::<String>(STATE_TURN).await?.is_some())
     }
 
+    /// The thread (`null` before its first turn).
+    #[handler]
+    async fn thread(&self, ctx: SharedObjectContext<'_>) -> Result<Json<Option<Thread>>, HandlerError> {
+        Ok(Json(
+            ctx.get::<Json<Thread>>(record::THREAD)
+                .await?
+                .map(Json::into_inner),
+        ))
+    }
+
+    /// A page of the thread's record: the events after `after`, at most `limit` (at most
+    /// [`record::MAX_PAGE`]), in sequence order. A running turn's events are there as soon as
+    /// the turn asks for its next step.
+    #[handler]
+    async fn events(
+        &self,
+        ctx: SharedObjectContext<'_>,
+        page: Json<Page>,
+    ) -> Result<Json<Vec<Event>>, HandlerError> {
+        let count = ctx
+            .get::<Json<u64>>(record::EVENTS)
+            .await?
+            .map_or(0, Json::into_inner);
+        let mut out = Vec::new();
+        for seq in page.into_inner().range(count) {
+            match ctx.get::<Json<Event>>(&record::event_key(seq)).await? {
+                Some(Json(e)) => out.push(e),
+                None => {
+                    return Err(TerminalError::new(format!(
+                        "the thread's record lacks event {seq} of {count}"
+                    ))
+                    .into());
+                }
+            }
+        }
+        Ok(Json(out))
+    }
+
+    /// How many events the thread's record holds.
+    #[handler]
+    async fn length(&self, ctx: SharedObjectContext<'_>) -> Result<Json<u64>, HandlerError> {
+        Ok(Json(
+            ctx.get::<Json<u64>>(record::EVENTS)
+                .await?
+                .map_or(0, Json::into_inner),
+        ))
+    }
+
+    /// The invocation id of the running turn (`null` when none): a front-end on any node waits
+    /// for its end with Restate's attach.
+    #[handler]
+    async fn invocation(&self, ctx: SharedObjectContext<'_>) -> Result<Json<Option<String>>, HandlerError> {
+        Ok(Json(ctx.get::<String>(STATE_TURN).await?))
+    }
+
+    /// The thread's checkpoint (`null` when none).
+    #[handler]
+    async fn checkpoint(&self, ctx: SharedObjectContext<'_>) -> Result<Json<Value>, HandlerError> {
+        Ok(Json(
+            ctx.get::<Json<Value>>(record::CHECKPOINT_KEY)
+                .await?
+                .map_or(Value::Null, Json::into_inner),
+        ))
+    }
+
     /// Cancels the running turn, if any: the step in flight is abandoned, and the turn records
     /// error results for what it did not run. Returns whether a turn was running.
     #[handler]
@@ -349,43 +483,29 @@ impl TetherThread {
         check_request(&req)?;
         ctx.set(STATE_TURN, ctx.invocation_id().to_owned());
 
-        let store = self.store.clone();
-        let agent = self.agent.clone();
-        let title: String = req.text.chars().take(80).collect();
-        let t = thread.clone();
-        let snapshot = ctx
-            .run(|| async move {
-                record::load(store.as_ref(), &t, &agent, &title)
-                    .await
-                    .map(Json)
-                    .map_err(step_error)
-            })
-            .name("load record")
-            .await?
-            .into_inner();
-
+        let (snapshot, mut written) = self.load(ctx, &thread, &req).await?;
+        let mem = record::seed(&snapshot).await.map_err(record_error)?;
         let (steps, mut rx) = StepClient::channel();
-        let engine = self.run_engine(&snapshot, &thread, req, steps);
+        let engine = self.run_engine(&snapshot, &mem, &thread, req, steps);
         tokio::pin!(engine);
-        let (outcome, commit) = loop {
+        let outcome = loop {
             tokio::select! {
                 out = &mut engine => break out,
-                Some(step) = rx.recv() => self.serve_step(ctx, step).await,
+                Some(step) = rx.recv() => {
+                    // The engine waits for this step: what it recorded so far is written first,
+                    // so the record is readable before the step runs (or the turn suspends).
+                    write(ctx, &mem, &mut written).await?;
+                    self.serve_step(ctx, step).await;
+                }
             }
         };
-
-        let mut added = 0;
-        if let Some(c) = commit {
-            let store = self.store.clone();
-            added = ctx
-                .run(|| async move {
-                    record::commit(store.as_ref(), &c)
-                        .await
-                        .map(|n| n as u64)
-                        .map_err(step_error)
-                })
-                .name("commit record")
-                .await?;
+        // Also after a failure: what the turn did is recorded.
+        write(ctx, &mem, &mut written).await?;
+        let added = written.events.saturating_sub(snapshot.events.len() as u64);
+        if written.thread != snapshot.thread {
+            ctx.object_client::<TetherThreadsClient>(written.thread.agent.clone())
+                .add(Json(written.thread.clone()))
+                .send();
         }
         ctx.clear(STATE_PENDING);
         ctx.clear(STATE_TURN);
@@ -397,6 +517,100 @@ impl TetherThread {
             Err(Error::Cancelled) => Err(TerminalError::new_with_code(409, "the turn was cancelled")),
             Err(e) => Err(TerminalError::new_with_code(500, e.to_string())),
         }
+    }
+
+    /// Reads the thread's record from the object state (journaled reads: a replay starts from the
+    /// same record), or imports it from the legacy store when the object has none, and claims
+    /// the thread for this agent, stamped with the turn's journaled clock. Returns the record and
+    /// what of it is in the object state.
+    async fn load(
+        &self,
+        ctx: &ObjectContext<'_>,
+        thread: &ThreadId,
+        req: &TurnRequest,
+    ) -> Result<(Snapshot, Written), TerminalError> {
+        let now = ctx
+            .run(|| async { Ok::<_, HandlerError>(Json(now_ms())) })
+            .name("clock")
+            .await?
+            .into_inner();
+        let (stored, events, checkpoint, in_state) = match ctx.get::<Json<Thread>>(record::THREAD).await? {
+            Some(Json(t)) => {
+                let (events, checkpoint) = read_record(ctx).await?;
+                let n = events.len() as u64;
+                (Some(t), events, checkpoint.clone(), (n, checkpoint))
+            }
+            None => match self.import_record(ctx, thread).await? {
+                Some(s) => {
+                    // The record key on Restate is the thread id.
+                    let mut t = s.thread;
+                    t.record = thread.as_str().to_owned();
+                    (Some(t), s.events, s.checkpoint, (0, None))
+                }
+                None => (None, Vec::new(), None, (0, None)),
+            },
+        };
+        let title: String = req.text.chars().take(80).collect();
+        let t = match stored {
+            Some(t) if t.agent != self.agent => {
+                return Err(TerminalError::new(
+                    Error::ThreadTaken {
+                        thread: t.id.to_string(),
+                        agent: t.agent,
+                    }
+                    .to_string(),
+                ));
+            }
+            Some(mut t) => {
+                if t.title.is_empty() {
+                    t.title = title;
+                }
+                t.with_updated_ms(now)
+            }
+            // The record key is the thread id: the record is this object's state.
+            None => Thread::new(thread.clone(), self.agent.clone(), thread.as_str(), now).with_title(title),
+        };
+        ctx.set(record::THREAD, Json(t.clone()));
+        // Listed from the start (a first turn that waits for approval is a thread already).
+        ctx.object_client::<TetherThreadsClient>(t.agent.clone())
+            .add(Json(t.clone()))
+            .send();
+        let written = Written {
+            thread: t.clone(),
+            events: in_state.0,
+            checkpoint: in_state.1,
+        };
+        Ok((
+            Snapshot {
+                thread: t,
+                events,
+                checkpoint,
+            },
+            written,
+        ))
+    }
+
+    /// The thread's record in the legacy store, if there is one and it holds the thread (read in
+    /// a journaled step: the import happens once).
+    async fn import_record(
+        &self,
+        ctx: &ObjectContext<'_>,
+        thread: &ThreadId,
+    ) -> Result<Option<Snapshot>, TerminalError> {
+        let Some(store) = self.import.clone() else {
+            return Ok(None);
+        };
+        let id = thread.clone();
+        let snapshot = ctx
+            .run(|| async move {
+                record::import(store.as_ref(), &id)
+                    .await
+                    .map(Json)
+                    .map_err(step_error)
+            })
+            .name("import record")
+            .await?;
+        Ok(snapshot.into_inner())
     }
 
     /// Serves one step the engine asked for, inside the invocation's journal.
@@ -460,19 +674,16 @@ impl TetherThread {
         }
     }
 
-    /// Runs the turn's engine against an in-memory copy of the snapshot; returns the outcome
-    /// and what to commit (also after a failure: what the turn did is recorded).
+    /// Runs the turn's engine against `mem`, the in-memory copy of the snapshot; returns the
+    /// outcome (what the turn recorded is in `mem`, also after a failure).
     async fn run_engine(
         &self,
         snapshot: &Snapshot,
+        mem: &Arc<MemoryStore>,
         thread: &ThreadId,
         req: TurnRequest,
         steps: StepClient,
-    ) -> (tether::Result<TurnOutcome>, Option<Commit>) {
-        let mem = match record::seed(snapshot).await {
-            Ok(m) => m,
-            Err(e) => return (Err(e), None),
-        };
+    ) -> tether::Result<TurnOutcome> {
         let model: Arc<dyn ChatModel> = Arc::new(StepModel::new(self.model.clone(), steps.clone()));
         // One attempt per model step: a transient failure is retried by Restate inside the step.
         let mut provider = LocalLoop::with_model(model)
@@ -498,19 +709,10 @@ impl TetherThread {
                 tx: tx.clone(),
             }));
         }
-        let opened = builder.open().await;
-        let outcome = match opened {
-            Ok(mut session) => {
-                let r = drive(&mut session, &steps, req).await;
-                r.map(|mut o| {
-                    o.record = snapshot.thread.record.clone();
-                    o
-                })
-            }
-            Err(e) => Err(e),
-        };
-        let commit = record::diff(snapshot, &mem).await.ok();
-        (outcome, commit)
+        let mut session = builder.open().await?;
+        let mut o = drive(&mut session, &steps, req).await?;
+        o.record = snapshot.thread.record.clone();
+        Ok(o)
     }
 }
 

@@ -1,20 +1,46 @@
 //! Where a thread's record lives, and how a turn reads and writes it.
 //!
-//! The record stays tether's: a [`ThreadStore`] (a shared `SqliteStore` file in this crate's
-//! service). A turn never writes it while it runs. It starts from a [`Snapshot`] read in a
-//! journaled step (so a replay starts from the very same record), runs the engine against an
-//! in-memory copy, and ends with one journaled [`commit`] step that appends the turn's events,
-//! memo results, checkpoint and provider session. Every write is keyed (event ids, memo keys,
-//! state keys), so a commit cut short by a crash and run again writes nothing twice.
+//! The record is the thread's **Restate object state** (the `TetherThread` object keyed by the
+//! thread id), so every tether node reads the same record and it is replicated with the Restate
+//! cluster:
+//!
+//! | state key | value |
+//! |---|---|
+//! | [`THREAD`] | the [`Thread`] (agent, title, provider session, times) |
+//! | [`EVENTS`] | how many events the record holds (`n`) |
+//! | `event:{seq}` ([`event_key`]) | the event with sequence number `seq`, for `seq` in `1..=n` |
+//! | [`CHECKPOINT_KEY`] | the checkpoint (tether's state key [`CHECKPOINT`]) |
+//!
+//! One key per event, so a value stays far below Restate's message size and a reader pages
+//! through them (the shared `events` handler). The memo (tool results by memo key) is not kept
+//! apart: it is read off the record's tool-result events (`tool_result:{memo key}`).
+//!
+//! A turn reads the record from the object state at its start (journaled: a replay starts from
+//! the very same record), runs the engine against an in-memory copy ([`seed`]), and before every
+//! step and at its end writes what the engine added (`ctx.set`, see [`Written`]). Those writes
+//! are part of the invocation's journal: written once, never twice, and readable by the shared
+//! handlers while the turn runs or waits for an approval.
 
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tether::thread::CHECKPOINT;
-use tether::{
-    Claim, Error, Event, EventKind, EventStore, MemoryStore, Result, Thread, ThreadId, ThreadStore,
-};
+use tether::{Event, EventKind, EventStore, MemoryStore, Result, Thread, ThreadStore};
+
+/// State key of the thread's [`Thread`].
+pub const THREAD: &str = "thread";
+/// State key of the number of events in the record.
+pub const EVENTS: &str = "events";
+/// State key of the checkpoint.
+pub const CHECKPOINT_KEY: &str = "checkpoint";
+/// The most events one read of the `events` handler returns.
+pub const MAX_PAGE: u32 = 128;
+
+/// The state key of the event with sequence number `seq` (`event:{seq}`).
+pub fn event_key(seq: u64) -> String {
+    format!("event:{seq}")
+}
 
 /// A thread's record as a turn starts from it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -27,45 +53,56 @@ pub struct Snapshot {
     pub checkpoint: Option<Value>,
 }
 
-/// A fresh record key for a new thread (random: the step that makes it is journaled).
-fn new_record_key() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("rs_{:032x}", nanos ^ (u128::from(std::process::id()) << 96))
+/// A page of a record, as the `events` handler is asked for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Page {
+    /// The events after this sequence number (0: from the start).
+    #[serde(default)]
+    pub after: u64,
+    /// At most this many (capped at [`MAX_PAGE`]; 0 means [`MAX_PAGE`]).
+    #[serde(default)]
+    pub limit: u32,
 }
 
-/// Claims `thread` for `agent` in `store` and reads its record.
-pub async fn load(store: &dyn ThreadStore, thread: &ThreadId, agent: &str, title: &str) -> Result<Snapshot> {
-    let thread = match store
-        .claim_thread(thread, agent, &new_record_key(), title)
-        .await?
-    {
-        Claim::Claimed { thread, .. } => thread,
-        Claim::Taken(other) => {
-            return Err(Error::ThreadTaken {
-                thread: other.id.to_string(),
-                agent: other.agent,
-            });
+impl Page {
+    /// The events after `after`, at most `limit` of them.
+    pub fn new(after: u64, limit: u32) -> Self {
+        Page { after, limit }
+    }
+
+    /// The sequence numbers this page covers in a record of `count` events.
+    pub fn range(&self, count: u64) -> std::ops::RangeInclusive<u64> {
+        let limit = match self.limit {
+            0 => MAX_PAGE,
+            n => n.min(MAX_PAGE),
+        };
+        if self.after >= count {
+            return 1..=0;
         }
-        _ => {
-            return Err(Error::store(
-                "the store answered a claim in a way this backend does not know",
-            ));
-        }
+        let first = self.after + 1;
+        let last = self.after.saturating_add(u64::from(limit)).min(count);
+        first..=last
+    }
+}
+
+/// A thread's record in a store of tether's (read only), for its import into Restate: `None`
+/// when the store does not hold the thread.
+pub async fn import(store: &dyn ThreadStore, thread: &tether::ThreadId) -> Result<Option<Snapshot>> {
+    let Some(t) = store.thread(thread).await? else {
+        return Ok(None);
     };
-    let events = store.load(&thread.record).await?;
-    let checkpoint = store.state(&thread.record, CHECKPOINT).await?;
-    Ok(Snapshot {
-        thread,
+    let events = store.load(&t.record).await?;
+    let checkpoint = store.state(&t.record, CHECKPOINT).await?;
+    Ok(Some(Snapshot {
+        thread: t,
         events,
         checkpoint,
-    })
+    }))
 }
 
 /// The memo entries a record's tool-result events hold (`tool_result:{memo key}`).
-fn memo_of(events: &[Event]) -> Vec<tether::ToolResult> {
+pub fn memo_of(events: &[Event]) -> Vec<tether::ToolResult> {
     events
         .iter()
         .filter_map(|e| {
@@ -102,54 +139,89 @@ pub async fn seed(snapshot: &Snapshot) -> Result<Arc<MemoryStore>> {
     Ok(mem)
 }
 
-/// What a turn adds to its thread's record.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Commit {
-    /// The thread, as the turn left it (its provider session).
+/// What of the engine's in-memory record is in the object state already.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The thread as written (its times are the turn's journaled clock, not the memory store's).
     pub thread: Thread,
-    /// The turn's new events, in sequence order.
-    pub events: Vec<Event>,
-    /// The checkpoint after the turn.
+    /// How many events are written.
+    pub events: u64,
+    /// The checkpoint as written.
     pub checkpoint: Option<Value>,
 }
 
-/// What the turn run against `mem` adds to `snapshot`.
-pub async fn diff(snapshot: &Snapshot, mem: &MemoryStore) -> Result<Commit> {
-    let t = &snapshot.thread;
-    let all = mem.load(&t.record).await?;
-    let known: std::collections::HashSet<&str> = snapshot.events.iter().map(|e| e.id.as_str()).collect();
-    let events = all
-        .into_iter()
-        .filter(|e| !known.contains(e.id.as_str()))
-        .collect();
-    let thread = mem.thread(&t.id).await?.unwrap_or_else(|| t.clone());
-    let checkpoint = mem.state(&t.record, CHECKPOINT).await?;
-    Ok(Commit {
-        thread,
-        events,
-        checkpoint,
-    })
+/// What the engine added to its in-memory record since `written`: the writes to make.
+#[derive(Debug, Default)]
+pub struct Additions {
+    /// New events, in sequence order (their `seq` follow `written.events` without a gap).
+    pub events: Vec<Event>,
+    /// The new checkpoint, when it changed.
+    pub checkpoint: Option<Value>,
+    /// The thread, when its provider session changed.
+    pub thread: Option<Thread>,
 }
 
-/// Writes a turn's additions to the durable store; run again after a crash, it writes nothing
-/// twice (events by id, memo entries first-wins, state and provider session overwritten with the
-/// same values). Returns how many events were new.
-pub async fn commit(store: &dyn ThreadStore, c: &Commit) -> Result<usize> {
-    let t = &c.thread;
-    let mut added = 0;
-    for r in memo_of(&c.events) {
-        store.put_tool_result(&t.record, &r).await?;
+impl Written {
+    /// What `mem` holds beyond what is written; an error when its events do not follow the
+    /// written ones without a gap (the engine only appends, so that is a bug, not an input).
+    pub async fn additions(&self, mem: &MemoryStore) -> Result<Additions> {
+        let t = &self.thread;
+        let mut out = Additions::default();
+        let mut next = self.events + 1;
+        for e in mem.load(&t.record).await? {
+            match e.seq {
+                Some(s) if s < next => {}
+                Some(s) if s == next => {
+                    next += 1;
+                    out.events.push(e);
+                }
+                other => {
+                    return Err(tether::Error::store(format!(
+                        "the turn's record would have a gap: event {} has sequence number {other:?}, {next} \
+                         expected",
+                        e.id
+                    )));
+                }
+            }
+        }
+        let checkpoint = mem.state(&t.record, CHECKPOINT).await?;
+        if checkpoint.is_some() && checkpoint != self.checkpoint {
+            out.checkpoint = checkpoint;
+        }
+        if let Some(now) = mem.thread(&t.id).await?
+            && (now.provider != t.provider || now.provider_session != t.provider_session)
+        {
+            let mut changed = t.clone();
+            changed.provider = now.provider;
+            changed.provider_session = now.provider_session;
+            out.thread = Some(changed);
+        }
+        Ok(out)
     }
-    for e in &c.events {
-        if store.append(&t.record, e).await? {
-            added += 1;
+
+    /// Notes `a` as written.
+    pub fn apply(&mut self, a: &Additions) {
+        self.events += a.events.len() as u64;
+        if let Some(c) = &a.checkpoint {
+            self.checkpoint = Some(c.clone());
+        }
+        if let Some(t) = &a.thread {
+            self.thread = t.clone();
         }
     }
-    if let Some(v) = &c.checkpoint {
-        store.put_state(&t.record, CHECKPOINT, v).await?;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pages_are_bounded_and_never_overflow() {
+        assert_eq!(Page::new(0, 10).range(3), 1..=3);
+        assert_eq!(Page::new(2, 10).range(3), 3..=3);
+        assert!(Page::new(3, 10).range(3).is_empty());
+        assert_eq!(Page::new(0, 0).range(1000), 1..=u64::from(MAX_PAGE));
+        assert_eq!(Page::new(0, 10_000).range(1000), 1..=u64::from(MAX_PAGE));
+        assert!(Page::new(u64::MAX, 5).range(u64::MAX).is_empty());
     }
-    if let Some(s) = &t.provider_session {
-        store.set_provider_session(&t.id, &t.provider, s).await?;
-    }
-    Ok(added)
 }

@@ -122,7 +122,6 @@ async fn through_restate(
         listen: format!("127.0.0.1:{}", free_port()),
         admin: admin.to_owned(),
         model_url: fake.url(),
-        db: dir.join(format!("{tag}.db")),
         effects: dir.join(format!("{tag}.log")),
         live: None,
     };
@@ -151,10 +150,11 @@ async fn through_restate(
     took
 }
 
-/// What a thread read would cost if the record lived in Restate object state (the design chosen
-/// for several tether nodes, see the README): a shared handler reading one state key through the
-/// ingress (`running`), beside reading the same thread's record from its SQLite file. Prints
-/// medians; asserts nothing about time.
+/// What a thread read costs with the record in Restate object state: a shared handler reading
+/// one state key through the ingress (`running`), the thread's whole record read through the
+/// ingress as a front-end reads it ([`tether_restate::RestateStore`]: `thread`, then pages of
+/// `events`), beside reading a copy of the same record from a SQLite file. Prints medians;
+/// asserts nothing about time.
 ///
 /// `cargo test -p tether-restate --test bench shared_handler -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread")]
@@ -168,7 +168,6 @@ async fn shared_handler_read_cost() {
         listen: format!("127.0.0.1:{}", free_port()),
         admin: restate.admin.clone(),
         model_url: fake.url(),
-        db: dir.path().join("read.db"),
         effects: dir.path().join("read.log"),
         live: None,
     };
@@ -197,11 +196,23 @@ async fn shared_handler_read_cost() {
         let _ = r.bytes().await.expect("body");
         through.push(started.elapsed());
     }
-    // The service holds the SQLite file's lock: read it once the service is gone.
-    service.kill();
     use tether::{EventStore, ThreadStore};
-    let store = tether_sqlite::SqliteStore::open(&config.db).expect("open the record");
     let id = ThreadId::new("t").expect("id");
+    let remote = store(&restate.ingress);
+    let mut record = Vec::with_capacity(N);
+    let mut copy = Vec::new();
+    for _ in 0..N {
+        let started = Instant::now();
+        let t = remote.thread(&id).await.expect("thread").expect("recorded");
+        copy = remote.load(&t.record).await.expect("load");
+        record.push(started.elapsed());
+    }
+    service.kill();
+    let store = tether_sqlite::SqliteStore::open(dir.path().join("read.db")).expect("open a store");
+    store.claim_thread(&id, "demo", "r", "hi").await.expect("claim");
+    for e in &copy {
+        store.append("r", e).await.expect("append");
+    }
     let mut direct = Vec::with_capacity(N);
     for _ in 0..N {
         let started = Instant::now();
@@ -215,8 +226,10 @@ async fn shared_handler_read_cost() {
         v[v.len() / 2].as_secs_f64() * 1000.0
     };
     println!(
-        "{N} reads: a shared handler through the ingress (one state key) median {:.3} ms; the thread's record from SQLite (thread + load) median {:.3} ms",
+        "{N} reads: a shared handler through the ingress (one state key) median {:.3} ms; the thread's record ({} events) through the ingress (thread + events) median {:.3} ms; the same from SQLite (thread + load) median {:.3} ms",
         median(&mut through),
+        copy.len(),
+        median(&mut record),
         median(&mut direct)
     );
 }

@@ -19,7 +19,6 @@ async fn a_turn_survives_the_loss_of_a_restate_node() {
         listen: format!("127.0.0.1:{}", free_port()),
         admin: nodes[0].admin.clone(),
         model_url: fake.url(),
-        db: dir.path().join("threads.db"),
         effects: dir.path().join("effects.log"),
         live: None,
     };

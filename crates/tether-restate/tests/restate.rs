@@ -23,7 +23,6 @@ async fn setup() -> Setup {
         listen: format!("127.0.0.1:{}", free_port()),
         admin: restate.admin.clone(),
         model_url: fake.url(),
-        db: dir.path().join("threads.db"),
         effects: dir.path().join("effects.log"),
         live: None,
     };
@@ -74,9 +73,8 @@ async fn a_turn_with_a_tool_call_completes_and_is_recorded_once() {
         3,
         "one model call per step, none repeated"
     );
+    let events = check_record(&s.restate.ingress, "t-1").await;
     service.kill();
-
-    let events = check_record(&s.config.db, "t-1").await;
     assert_eq!(
         events.len() as u64,
         added + out2["events_added"].as_u64().unwrap_or(0)
@@ -218,8 +216,10 @@ async fn sigkill_between_steps_never_repeats_a_tool_effect() {
         );
         service.kill();
     }
+    // The records are read through the service's shared handlers.
+    let _reader = Service::start(&config);
     for i in 0..crashes {
-        let events = check_record(&config.db, &format!("crash-{i}")).await;
+        let events = check_record(&ingress, &format!("crash-{i}")).await;
         let results = events
             .iter()
             .filter(|e| matches!(e.kind, EventKind::ToolResult { .. }))
@@ -274,8 +274,7 @@ async fn sigkill_while_waiting_for_approval_keeps_the_turn_and_its_effects() {
         vec!["append_line call_a first", "guarded_append call_g second"]
     );
     assert_eq!(s.fake.requests().len(), 3, "no model call ran twice");
-    drop(_service);
-    check_record(&s.config.db, "t-crash-approve").await;
+    check_record(&ingress, "t-crash-approve").await;
 }
 
 /// A denial is an error result for the model, and the tool never runs; a cancel of a turn that
@@ -337,8 +336,8 @@ async fn a_denial_and_a_cancel_never_run_the_tool() {
         effects(&s.config.effects).is_empty(),
         "a denied or cancelled tool ran"
     );
+    let events = check_record(&ingress, "t-cancel").await;
     service.kill();
-    let events = check_record(&s.config.db, "t-cancel").await;
     let cancelled = events.iter().any(|e| match &e.kind {
         EventKind::ToolResult { result } => result.is_error && result.tool_use_id == "call_c",
         _ => false,
@@ -371,10 +370,9 @@ async fn bad_requests_are_refused_before_any_step() {
     let (status, v) = call(&ingress, "t-bad", "approve", &json!({"decision": "yes please"})).await;
     assert!((400..500).contains(&status), "{status} {v}");
     assert!(s.fake.requests().is_empty());
-    service.kill();
-    let store = tether_sqlite::SqliteStore::open(&s.config.db).expect("open");
     use tether::ThreadStore;
-    assert!(store.threads(None).await.expect("threads").is_empty());
+    assert!(store(&ingress).threads(None).await.expect("threads").is_empty());
+    service.kill();
 }
 
 /// Token deltas leave the model step out of band while the turn runs (the journal keeps only
@@ -426,8 +424,8 @@ async fn token_deltas_stream_out_of_band_while_the_turn_runs() {
     .expect("the answer's message on the live stream");
     assert_eq!(deltas, message, "the deltas add up to the recorded message");
     assert!(pieces > 1, "the answer came in pieces: {pieces}");
+    check_record(&s.restate.ingress, "t-live").await;
     service.kill();
-    check_record(&s.config.db, "t-live").await;
 }
 
 /// A redelivered request (the same message id again, as a client retrying after a lost response
@@ -444,8 +442,8 @@ async fn a_redelivered_message_is_neither_recorded_nor_sent_twice() {
     assert_eq!(again["stop_reason"], "idle", "{again}");
     assert_eq!(again["events_added"], 0, "{again}");
     assert_eq!(s.fake.requests().len(), 1, "the model was asked once");
+    let events = check_record(&s.restate.ingress, "t-redo").await;
     service.kill();
-    let events = check_record(&s.config.db, "t-redo").await;
     let users = events.iter().filter(|e| e.id == "user:m1").count();
     assert_eq!(users, 1, "{events:#?}");
 }

@@ -16,20 +16,26 @@
 //!   a resume into `approve` calls that complete the turn's awakeable;
 //! - cancels the invocation (`cancel`) when the client goes away or the run times out.
 //!
-//! The record stays in the store: the turn commits it (journaled) when it ends, and the
-//! `GET /v1/threads/...` routes read it as they do with the default backend.
+//! The record is the thread object's state in Restate (written by the turn, step by step,
+//! inside its journal): this agent and the `GET /v1/threads/...` routes read it through the
+//! ingress ([`tether_restate::RestateStore`], see [`thread_store`]), so every tether node in
+//! front of the same Restate cluster answers the same. The approval bookkeeping this agent writes
+//! (the interrupts it issued, the last sequence number it showed) goes to the thread's
+//! `TetherThreadNotes` object, which never waits behind a suspended turn. The node's SQLite file
+//! is only read: a thread recorded there before (by the default backend, or by this backend
+//! before its record moved to Restate) is read from it and imported by its first turn.
 //!
 //! Not yet: only one agent per server (one `TetherThread` service per deployment), only the
 //! local loop (an OpenAI-compatible or embedded model), no front-end tools, and no relay of a
-//! turn's events to another tether node (the turn's events reach the clients of the node that
-//! runs it).
+//! turn's live token deltas to another tether node (a client of another node gets the turn's
+//! durable events from the record).
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use tether::{EventStore, ThreadId, ThreadStore, ToolUse};
+use tether::{ThreadId, ThreadStore, ToolUse};
 use tether_agui::approval::{self, Outstanding};
 use tether_agui::thread::Update;
 use tether_agui::{Agent, CheckError, EventMapper, Message, RunAgentInput, RunContext, RunOutcome};
@@ -44,6 +50,12 @@ use crate::providers::ProviderSpec;
 /// showed before the turn began waiting: a turn replayed after a suspension sends its events
 /// again, and the run that resumes it skips those.
 const SHOWN: &str = "restate.shown_seq";
+
+/// How often a relay with no news from this process reads what the turn waits for and the
+/// record through the ingress: a turn whose invocation runs on another tether node's service
+/// sends this process nothing (its live token deltas stay on that node; its durable events are
+/// read from the record here).
+const FOLLOW_EVERY: Duration = Duration::from_millis(250);
 
 /// How many events a relay may fall behind before it fails (`STREAM_LAGGED`).
 const LIVE_CAPACITY: usize = 8192;
@@ -81,7 +93,8 @@ pub(crate) struct RestateAgent {
     model: String,
     ingress: reqwest::Url,
     http: reqwest::Client,
-    store: SqliteStore,
+    store: Arc<dyn ThreadStore>,
+    restate: tether_restate::RestateStore,
     live: broadcast::Sender<LiveEvent>,
     signals: broadcast::Sender<TurnSignal>,
     run_timeout: Duration,
@@ -89,6 +102,24 @@ pub(crate) struct RestateAgent {
 
 fn bad_url(what: &str, url: &str, e: impl std::fmt::Display) -> String {
     format!("[server] {what} = {url:?} is not a URL: {e}")
+}
+
+/// The store the threads of `agents` are read through on this backend: Restate's ingress
+/// (`restate_ingress`), falling back to the node's SQLite file `legacy` for threads not on
+/// Restate yet (read only).
+pub(crate) fn thread_store<'a>(
+    server: &ServerSection,
+    agents: impl IntoIterator<Item = &'a String>,
+    legacy: &SqliteStore,
+) -> Result<Arc<dyn ThreadStore>, String> {
+    let ingress = server
+        .restate_ingress
+        .clone()
+        .unwrap_or_else(|| "http://127.0.0.1:8080".into());
+    let store = tether_restate::RestateStore::new(&ingress, agents.into_iter().cloned())
+        .map_err(|e| e.to_string())?
+        .with_legacy(Arc::new(legacy.clone()));
+    Ok(Arc::new(store))
 }
 
 /// Starts the `TetherThread` service of agent `name` on its listener, registers it with the
@@ -136,14 +167,10 @@ pub(crate) async fn start(
     let handler = crate::handler::ServeHandler::new(cfg)?;
     let (live, _) = broadcast::channel(LIVE_CAPACITY);
     let (signals, _) = broadcast::channel(1024);
-    let mut thread = TetherThread::new(
-        name,
-        local.model.clone(),
-        Arc::new(handler),
-        Arc::new(store.clone()),
-    )
-    .live(live.clone())
-    .signals(signals.clone());
+    let mut thread = TetherThread::new(name, local.model.clone(), Arc::new(handler))
+        .import(Arc::new(store.clone()))
+        .live(live.clone())
+        .signals(signals.clone());
     if !local.model_name.is_empty() {
         thread = thread.model_name(local.model_name.clone());
     }
@@ -176,7 +203,8 @@ pub(crate) async fn start(
         model: local.model_name.clone(),
         ingress,
         http: reqwest::Client::new(),
-        store: store.clone(),
+        store: thread_store(server, [&name.to_owned()], store)?,
+        restate: tether_restate::RestateStore::new(&ingress_text, [name]).map_err(|e| e.to_string())?,
         live,
         signals,
         run_timeout,
@@ -272,6 +300,72 @@ impl RestateAgent {
             .ok_or_else(|| restate_error(format!("the running handler answered oddly: {v}")))
     }
 
+    /// How many events the thread's record on Restate holds.
+    async fn length(&self, thread: &ThreadId) -> tether_agui::AgUiResult<u64> {
+        let v = self
+            .call(thread, &["length"], &Value::Null, None)
+            .await
+            .map_err(|(s, m)| restate_error(format!("asking for the record's length failed ({s}): {m}")))?;
+        v.as_u64()
+            .ok_or_else(|| restate_error(format!("the length handler answered oddly: {v}")))
+    }
+
+    /// The invocation id of the thread's running turn, if any.
+    async fn invocation(&self, thread: &ThreadId) -> tether_agui::AgUiResult<Option<String>> {
+        let v = self
+            .call(thread, &["invocation"], &Value::Null, None)
+            .await
+            .map_err(|(s, m)| restate_error(format!("asking for the running turn failed ({s}): {m}")))?;
+        Ok(v.as_str().map(str::to_owned))
+    }
+
+    /// Waits for the turn `invocation` to end (from any node: Restate's attach) and returns its
+    /// outcome, or its failure's status and message. Never resolves when the ingress cannot be
+    /// reached: the relay then learns the end from this process's signals or its time limit.
+    async fn attach(&self, invocation: &str) -> Result<tether_restate::TurnOutcome, (u16, String)> {
+        let mut u = self.ingress.clone();
+        if let Ok(mut seg) = u.path_segments_mut() {
+            seg.pop_if_empty()
+                .push("restate")
+                .push("invocation")
+                .push(invocation)
+                .push("attach");
+        }
+        let Ok(resp) = self.http.get(u).send().await else {
+            return std::future::pending().await;
+        };
+        let status = resp.status().as_u16();
+        let Ok(text) = resp.text().await else {
+            return std::future::pending().await;
+        };
+        if (200..300).contains(&status) {
+            return serde_json::from_str(&text)
+                .map_err(|e| (500, format!("the turn's outcome could not be read: {e}")));
+        }
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["message"].as_str().map(str::to_owned))
+            .unwrap_or(text);
+        Err((status, message.chars().take(2048).collect()))
+    }
+
+    /// The thread's durable events after `after`, read through the ingress.
+    async fn record_after(&self, thread: &ThreadId, after: u64) -> tether::Result<Vec<tether::Event>> {
+        let mut out: Vec<tether::Event> = Vec::new();
+        loop {
+            let from = out.last().and_then(|e| e.seq).unwrap_or(after);
+            let page = self
+                .restate
+                .events_after(thread.as_str(), from, tether_restate::record::MAX_PAGE)
+                .await?;
+            let n = page.len();
+            out.extend(page);
+            if n < tether_restate::record::MAX_PAGE as usize {
+                return Ok(out);
+            }
+        }
+    }
+
     /// Sends one decision to the waiting turn. The turn waits for one decision at a time (a new
     /// awakeable after each), so an answer to a tool use the turn does not wait on yet is retried
     /// until it does.
@@ -291,7 +385,7 @@ impl RestateAgent {
     /// Checks a request's `resume[]` before the run starts (the admission's check, as the
     /// default backend's).
     pub(crate) async fn check_resume(&self, input: &RunAgentInput) -> Result<(), CheckError> {
-        approval::check_resume(&self.store, &self.name, input).await
+        approval::check_resume(self.store.as_ref(), &self.name, input).await
     }
 
     async fn run_inner(&self, ctx: &mut RunContext<Value>) -> tether_agui::AgUiResult<RunOutcome> {
@@ -332,19 +426,23 @@ impl RestateAgent {
         // The calls this run answered (id and arguments' digest): a turn replayed after a
         // suspension signals it waits for them again, a model that reuses an id asks anew.
         let mut answered: HashSet<(String, String)> = HashSet::new();
-        let mut shown: u64 = 0;
+        let shown: u64;
         // Which turn's end this run reports: the one it started (by run id), or, resuming, the
         // waiting one.
         let mut ours: Option<String> = None;
+        // The turn this run relays (its end is read from Restate too: the turn may run on
+        // another node's service).
+        let invocation: Option<String>;
         let resume = ctx.input().resume.clone();
         if !resume.is_empty() {
             let Some(rec) = &existing else {
                 return Err(refused(&thread, &resume));
             };
-            let mut outstanding = approval::load(&self.store, &rec.record)
+            let mut outstanding = approval::load(self.store.as_ref(), &rec.record)
                 .await
                 .map_err(store_error)?;
             let waiting = self.waiting(&thread).await?;
+            invocation = self.invocation(&thread).await?;
             let calls = calls_of(&waiting);
             let answers = approval::decide(
                 &outstanding,
@@ -357,7 +455,7 @@ impl RestateAgent {
             for id in &answers.used {
                 outstanding.remove(id);
             }
-            approval::save(&self.store, &rec.record, &outstanding)
+            approval::save(self.store.as_ref(), &rec.record, &outstanding)
                 .await
                 .map_err(store_error)?;
             shown = self
@@ -384,7 +482,7 @@ impl RestateAgent {
             }
         } else if let Some((id, text)) = user {
             if let Some(rec) = &existing
-                && !approval::load(&self.store, &rec.record)
+                && !approval::load(self.store.as_ref(), &rec.record)
                     .await
                     .map_err(store_error)?
                     .is_empty()
@@ -394,7 +492,7 @@ impl RestateAgent {
                 if !self.waiting(&thread).await?.is_empty() {
                     self.decide(&thread, json!({"decision": "cancel"})).await?;
                 }
-                approval::save(&self.store, &rec.record, &Outstanding::new())
+                approval::save(self.store.as_ref(), &rec.record, &Outstanding::new())
                     .await
                     .map_err(store_error)?;
             } else if existing.is_some() && self.running(&thread).await? {
@@ -407,6 +505,16 @@ impl RestateAgent {
                     ),
                 ));
             }
+            // The turn's events follow the record as it is now (the record read through the
+            // ingress starts there).
+            let mut base = self.length(&thread).await?;
+            if base == 0
+                && let Some(rec) = &existing
+            {
+                // A thread not on Restate yet: its turn imports the node's record first.
+                base = self.store.load(&rec.record).await.map_err(store_error)?.len() as u64;
+            }
+            shown = base;
             let run = ctx.run_id().as_str().to_owned();
             let req = serde_json::to_value(TurnRequest {
                 message_id: id.clone(),
@@ -418,9 +526,11 @@ impl RestateAgent {
             // same message sent again by a new run (after a failed turn) is a new turn, which
             // goes on with what the failed one left.
             let key = idempotency_key(&[thread.as_str(), &id, &run]);
-            self.call(&thread, &["turn", "send"], &req, Some(&key))
+            let sent = self
+                .call(&thread, &["turn", "send"], &req, Some(&key))
                 .await
                 .map_err(|(s, m)| restate_error(format!("sending the turn failed ({s}): {m}")))?;
+            invocation = sent["invocationId"].as_str().map(str::to_owned);
             ours = Some(run);
         } else {
             update(ctx, Update::Finished { waiting: false })?;
@@ -432,6 +542,17 @@ impl RestateAgent {
         let timeout = tokio::time::sleep(self.run_timeout);
         tokio::pin!(timeout);
         let mut max_seq = shown;
+        let attached = async {
+            match &invocation {
+                Some(id) => self.attach(id).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(attached);
+        let mut follow = tokio::time::interval_at(tokio::time::Instant::now() + FOLLOW_EVERY, FOLLOW_EVERY);
+        follow.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Whether this process sent nothing of the turn since the last tick.
+        let mut quiet = true;
         let relayed = loop {
             tokio::select! {
                 biased;
@@ -452,6 +573,7 @@ impl RestateAgent {
                 }
                 sig = signals.recv() => match sig {
                     Ok(TurnSignal::Waiting { thread: t, tool_uses }) if t == thread => {
+                        quiet = false;
                         if tool_uses
                             .iter()
                             .any(|u| !answered.contains(&(u.id.clone(), approval::digest(&u.input))))
@@ -460,6 +582,7 @@ impl RestateAgent {
                         }
                     }
                     Ok(TurnSignal::Ended { thread: t, run, outcome, .. }) if t == thread => {
+                        quiet = false;
                         if ours.as_ref().is_none_or(|m| *m == run) {
                             break Relayed::Ended(outcome);
                         }
@@ -469,19 +592,45 @@ impl RestateAgent {
                     Err(broadcast::error::RecvError::Closed) => return Err(restate_error("the service stopped")),
                 },
                 ev = events.recv() => match ev {
-                    Ok(ev) if ev.thread == thread => relay(ctx, &mut mapper, &ev.event, &mut max_seq, shown).await?,
+                    Ok(ev) if ev.thread == thread => {
+                        quiet = false;
+                        relay(ctx, &mut mapper, &ev.event, &mut max_seq).await?
+                    }
                     Ok(_) => {}
                     Err(broadcast::error::RecvError::Lagged(_)) => return Err(lagged()),
                     Err(broadcast::error::RecvError::Closed) => return Err(restate_error("the service stopped")),
                 },
+                out = &mut attached => {
+                    // The turn ended (seen from Restate): its record is complete.
+                    for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
+                        relay(ctx, &mut mapper, &ev, &mut max_seq).await?;
+                    }
+                    break Relayed::Ended(out);
+                }
+                _ = follow.tick() => {
+                    if !std::mem::replace(&mut quiet, true) {
+                        continue;
+                    }
+                    // Nothing from this process: the turn may run on another node's service.
+                    // What it waits for first, then the record (written before it waits).
+                    let Ok(waiting) = self.waiting(&thread).await else { continue };
+                    let Ok(more) = self.record_after(&thread, max_seq).await else { continue };
+                    for ev in more {
+                        relay(ctx, &mut mapper, &ev, &mut max_seq).await?;
+                    }
+                    if waiting
+                        .iter()
+                        .any(|u| !answered.contains(&(u.id.clone(), approval::digest(&u.input))))
+                    {
+                        break Relayed::Waiting(waiting);
+                    }
+                }
             }
         };
         // Every event sent before the signal is in the channel already.
         loop {
             match events.try_recv() {
-                Ok(ev) if ev.thread == thread => {
-                    relay(ctx, &mut mapper, &ev.event, &mut max_seq, shown).await?
-                }
+                Ok(ev) if ev.thread == thread => relay(ctx, &mut mapper, &ev.event, &mut max_seq).await?,
                 Ok(_) => {}
                 Err(broadcast::error::TryRecvError::Lagged(_)) => return Err(lagged()),
                 Err(_) => break,
@@ -490,13 +639,10 @@ impl RestateAgent {
         match relayed {
             Relayed::Waiting(tool_uses) => {
                 mapper.close(ctx)?;
-                let rec = self
-                    .store
-                    .thread(&thread)
-                    .await
-                    .map_err(store_error)?
-                    .ok_or_else(|| restate_error("the waiting turn's thread is not in the store"))?;
-                let outstanding = approval::load(&self.store, &rec.record)
+                // The record key on Restate is the thread id (the turn's state may not be
+                // readable through the ingress yet: this process heard of the wait first).
+                let record = thread.as_str();
+                let outstanding = approval::load(self.store.as_ref(), record)
                     .await
                     .map_err(store_error)?;
                 let calls = calls_of(&tool_uses);
@@ -504,11 +650,11 @@ impl RestateAgent {
                 let issued =
                     approval::reissue(&outstanding, thread.as_str(), ctx.run_id().as_str(), &refs, None)
                         .map_err(|e| tether_agui::AgUiError::agent("INTERNAL", e.to_string()))?;
-                approval::save(&self.store, &rec.record, &issued)
+                approval::save(self.store.as_ref(), record, &issued)
                     .await
                     .map_err(store_error)?;
                 self.store
-                    .put_state(&rec.record, SHOWN, &json!(max_seq))
+                    .put_state(record, SHOWN, &json!(max_seq))
                     .await
                     .map_err(store_error)?;
                 update(ctx, Update::Finished { waiting: true })?;
@@ -585,19 +731,19 @@ fn refused(thread: &ThreadId, resume: &[tether_agui::ResumeEntry]) -> tether_agu
 }
 
 /// Maps one of the turn's events to the client's stream, skipping durable events already shown
-/// before the turn waited (a replayed turn sends them again).
+/// (`max_seq`: before the turn waited, or by this run; a replayed turn sends them again, and the
+/// record read through the ingress holds those this process sent too).
 async fn relay(
     ctx: &mut RunContext<Value>,
     mapper: &mut EventMapper,
     ev: &tether::Event,
     max_seq: &mut u64,
-    shown: u64,
 ) -> tether_agui::AgUiResult<()> {
     if let Some(seq) = ev.seq {
-        if seq <= shown {
+        if seq <= *max_seq {
             return Ok(());
         }
-        *max_seq = (*max_seq).max(seq);
+        *max_seq = seq;
     }
     ctx.ready().await?;
     mapper.map(ctx, ev)?;

@@ -192,7 +192,9 @@ impl Server {
 
 #[derive(Clone)]
 struct AppState {
-    store: SqliteStore,
+    /// Where the `GET /v1/threads...` routes read threads (the SQLite file; on the Restate
+    /// backend, Restate through its ingress).
+    store: Arc<dyn tether::ThreadStore>,
     agents: Arc<Vec<AgentInfo>>,
     boundary: Arc<Boundary>,
 }
@@ -312,6 +314,21 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
             .with_admit(admission(check, runs.clone(), shutdown.clone()));
         app = app.route_agui_with(&path, agent, options);
     }
+    #[cfg(feature = "restate")]
+    let store: Arc<dyn tether::ThreadStore> = if backend == crate::config::Backend::Restate {
+        crate::backend::thread_store(&opts.config.server, opts.config.agents.keys(), &store).map_err(
+            |message| {
+                ServeError::Config(crate::config::ConfigError::Invalid {
+                    path: "[server] restate_ingress".into(),
+                    message,
+                })
+            },
+        )?
+    } else {
+        Arc::new(store)
+    };
+    #[cfg(not(feature = "restate"))]
+    let store: Arc<dyn tether::ThreadStore> = Arc::new(store);
     let state = AppState {
         store,
         agents: Arc::new(infos),
@@ -1110,7 +1127,7 @@ fn thread_json(t: &tether::Thread) -> Value {
 }
 
 async fn list_threads(State(st): State<AppState>, Query(q): Query<ThreadsQuery>) -> Response {
-    match tether::ThreadStore::threads(&st.store, q.agent.as_deref()).await {
+    match tether::ThreadStore::threads(&*st.store, q.agent.as_deref()).await {
         Ok(ts) => {
             axum::Json(json!({"threads": ts.iter().map(thread_json).collect::<Vec<_>>()})).into_response()
         }
@@ -1126,7 +1143,7 @@ async fn load_thread(st: &AppState, thread: &str) -> Result<(tether::Thread, Vec
             format!("no thread {} (see GET /v1/threads)", printable(thread)),
         ));
     };
-    let rec = match tether::ThreadStore::thread(&st.store, &id).await {
+    let rec = match tether::ThreadStore::thread(&*st.store, &id).await {
         Ok(Some(r)) => r,
         Ok(None) => {
             return Err(json_error(
@@ -1143,7 +1160,7 @@ async fn load_thread(st: &AppState, thread: &str) -> Result<(tether::Thread, Vec
             ));
         }
     };
-    match tether::EventStore::load(&st.store, &rec.record).await {
+    match tether::EventStore::load(&*st.store, &rec.record).await {
         Ok(ev) => Ok((rec, ev)),
         Err(e) => Err(json_error(
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -2,12 +2,13 @@
 //!
 //! ```text
 //! tether-restate-demo --listen 127.0.0.1:9080 --admin http://127.0.0.1:9070 \
-//!     --model-url http://127.0.0.1:8080/v1 --db threads.db --effects effects.log
+//!     --model-url http://127.0.0.1:8080/v1 --effects effects.log
 //! ```
 //!
 //! It serves the `TetherThread` virtual object on `--listen` (HTTP/2), registers itself with the
 //! Restate admin API at `--admin` (as `http://<listen>`), and runs turns with the local loop over
-//! the OpenAI-compatible model at `--model-url`, recording threads in the SQLite file `--db`.
+//! the OpenAI-compatible model at `--model-url`; a thread's record is its object's state in
+//! Restate (agent `demo`).
 //! Its tools append a line to the `--effects` file each time they run (so a test can count
 //! effects by invocation): `append_line {"text"}`, and `guarded_append {"text"}`, which needs
 //! approval. It prints `ready` on stdout once registered.
@@ -30,14 +31,13 @@ struct Args {
     listen: String,
     admin: String,
     model_url: String,
-    db: PathBuf,
     effects: PathBuf,
     live: Option<String>,
 }
 
 fn args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
-    let (mut listen, mut admin, mut model_url, mut db, mut effects) = (None, None, None, None, None);
+    let (mut listen, mut admin, mut model_url, mut effects) = (None, None, None, None);
     let mut live = None;
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -45,7 +45,6 @@ fn args() -> Result<Args, String> {
             "--listen" => listen = Some(value),
             "--admin" => admin = Some(value),
             "--model-url" => model_url = Some(value),
-            "--db" => db = Some(value),
             "--effects" => effects = Some(value),
             "--live" => live = Some(value),
             other => return Err(format!("unknown option {other}")),
@@ -56,7 +55,6 @@ fn args() -> Result<Args, String> {
         listen: need(listen, "--listen")?,
         admin: need(admin, "--admin")?,
         model_url: need(model_url, "--model-url")?,
-        db: PathBuf::from(need(db, "--db")?),
         effects: PathBuf::from(need(effects, "--effects")?),
         live,
     })
@@ -126,13 +124,6 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    let store = match tether_sqlite::SqliteStore::open(&args.db) {
-        Ok(s) => Arc::new(s),
-        Err(e) => {
-            eprintln!("tether-restate-demo: cannot open {}: {e}", args.db.display());
-            return std::process::ExitCode::FAILURE;
-        }
-    };
     let model = match tether_openai::OpenAiModel::builder(&args.model_url)
         .model("fake-model")
         .build()
@@ -150,7 +141,7 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let mut thread = TetherThread::new("demo", model, Arc::new(Effects { path: args.effects }), store);
+    let mut thread = TetherThread::new("demo", model, Arc::new(Effects { path: args.effects }));
     if let Some(addr) = &args.live {
         let (tx, _) = tokio::sync::broadcast::channel(4096);
         let live = match tokio::net::TcpListener::bind(addr).await {

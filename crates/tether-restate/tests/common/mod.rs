@@ -48,7 +48,6 @@ pub struct ServiceConfig {
     pub listen: String,
     pub admin: String,
     pub model_url: String,
-    pub db: PathBuf,
     pub effects: PathBuf,
     /// Where the service serves its live events (`--live`), if anywhere.
     pub live: Option<String>,
@@ -66,8 +65,6 @@ impl Service {
                 "--model-url",
                 &c.model_url,
             ])
-            .arg("--db")
-            .arg(&c.db)
             .arg("--effects")
             .arg(&c.effects)
             .args(c.live.iter().flat_map(|l| ["--live", l.as_str()]))
@@ -150,10 +147,17 @@ pub fn effects(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Checks a thread's record: sequence numbers 1..=n without gap, ids unique; returns its events.
-pub async fn check_record(db: &Path, thread: &str) -> Vec<tether::Event> {
+/// The threads of the demo's agent, read through the ingress (the service must run: the reads
+/// are its shared handlers).
+pub fn store(ingress: &str) -> tether_restate::RestateStore {
+    tether_restate::RestateStore::new(ingress, ["demo"]).expect("a store")
+}
+
+/// Checks a thread's record, read through the ingress (the service must run): sequence numbers
+/// 1..=n without gap, ids unique; returns its events.
+pub async fn check_record(ingress: &str, thread: &str) -> Vec<tether::Event> {
     use tether::{EventStore, ThreadStore};
-    let store = tether_sqlite::SqliteStore::open(db).expect("open the record");
+    let store = store(ingress);
     let t = store
         .thread(&tether::ThreadId::new(thread).expect("id"))
         .await

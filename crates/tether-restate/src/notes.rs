@@ -1,0 +1,81 @@
+//! `TetherThreadNotes`: a front-end's bookkeeping about a thread (keyed by thread id), beside the
+//! thread's record.
+//!
+//! What a front-end must write while a turn waits for an approval (the AG-UI interrupts it
+//! issued, the last sequence number it showed) cannot go through the `TetherThread` object: its
+//! state is written only by the exclusive `turn`, and an exclusive call queues behind a turn
+//! suspended on an awakeable. This object's handlers are short and never suspend, so a write
+//! here never waits for a turn.
+
+use restate_sdk::prelude::*;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// The longest note key, in bytes.
+pub const MAX_KEY: usize = 256;
+
+/// The body of a `put` call: a named value (`null` clears it).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Note {
+    /// The note's name (1 to 256 bytes, no control characters).
+    pub key: String,
+    /// Its value.
+    pub value: Value,
+}
+
+impl Note {
+    /// The note `key` = `value`.
+    pub fn new(key: impl Into<String>, value: Value) -> Self {
+        Note {
+            key: key.into(),
+            value,
+        }
+    }
+}
+
+fn state_key(key: &str) -> Result<String, TerminalError> {
+    if key.is_empty() || key.len() > MAX_KEY || key.chars().any(char::is_control) {
+        return Err(TerminalError::new_with_code(
+            400,
+            "a note key is 1 to 256 bytes without control characters",
+        ));
+    }
+    Ok(format!("note:{key}"))
+}
+
+/// The notes object (see the module documentation).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TetherThreadNotes;
+
+#[restate_sdk::object]
+impl TetherThreadNotes {
+    /// Stores a note (overwriting; a `null` value removes it).
+    #[handler]
+    async fn put(&self, ctx: ObjectContext<'_>, note: Json<Note>) -> Result<(), HandlerError> {
+        let note = note.into_inner();
+        let key = state_key(&note.key)?;
+        if note.value.is_null() {
+            ctx.clear(&key);
+        } else {
+            ctx.set(&key, Json(note.value));
+        }
+        Ok(())
+    }
+
+    /// Reads a note (`null` when there is none).
+    #[handler]
+    async fn get(
+        &self,
+        ctx: SharedObjectContext<'_>,
+        key: Json<String>,
+    ) -> Result<Json<Value>, HandlerError> {
+        let key = state_key(&key.into_inner())?;
+        Ok(Json(
+            ctx.get::<Json<Value>>(&key)
+                .await?
+                .map(Json::into_inner)
+                .unwrap_or(Value::Null),
+        ))
+    }
+}
