@@ -188,3 +188,59 @@ async fn healthy(port: u16, path: &str) -> bool {
     let read = tokio::time::timeout(Duration::from_secs(5), s.read_exact(&mut head)).await;
     matches!(read, Ok(Ok(_))) && head.starts_with(b"HTTP/1.1 2")
 }
+
+/// A TCP forwarder on 127.0.0.1: each connection goes to the first of its targets that accepts
+/// one, bytes copied both ways. Put in front of several tether service endpoints and registered
+/// with Restate as one deployment (`restate_advertise`), Restate reaches the first live one:
+/// when the first target dies, its connections break and new ones go to the next.
+pub struct Forwarder {
+    /// The forwarder's address.
+    pub addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Forwarder {
+    /// Listens on a free port and forwards to `targets`, in order of preference.
+    ///
+    /// # Panics
+    /// When no port can be bound.
+    pub async fn start(targets: Vec<std::net::SocketAddr>) -> Forwarder {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the forwarder");
+        let addr = listener.local_addr().expect("local addr");
+        let targets = std::sync::Arc::new(targets);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                let targets = targets.clone();
+                tokio::spawn(async move {
+                    let _ = inbound.set_nodelay(true);
+                    for t in targets.iter() {
+                        if let Ok(mut outbound) = tokio::net::TcpStream::connect(t).await {
+                            let _ = outbound.set_nodelay(true);
+                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            return;
+                        }
+                    }
+                    // No target alive: the connection is dropped, and Restate retries.
+                });
+            }
+        });
+        Forwarder { addr, task }
+    }
+
+    /// The forwarder's URL (`http://127.0.0.1:<port>`), to advertise to Restate.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+}
+
+impl Drop for Forwarder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

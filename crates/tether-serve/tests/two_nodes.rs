@@ -1,0 +1,164 @@
+//! Two tether nodes serve one thread (issue 18, scale-out): both run `tether serve` with
+//! `backend = "restate"` in front of one real `restate-server` (from npm, `conformance/restate`),
+//! each with a SQLite file of its own; their service endpoints sit behind one TCP forwarder
+//! registered as the deployment, so Restate reaches whichever is alive (node A while it is).
+//!
+//! The record is the thread's Restate object state, so a turn started through node A that waits
+//! for an approval is approved through node B, node B relays the rest of the turn from the
+//! record (the turn runs on node A's service: node B gets its durable events, text as whole
+//! messages, not A's live token deltas), and either node reads the same gapless record.
+
+#![cfg(feature = "restate")]
+
+mod common;
+
+use common::*;
+use serde_json::{Value, json};
+use tether_serve::{Server, ServerOptions};
+use tether_testkit::openai::{FakeOpenAi, Reply};
+use tether_testkit::restate::{Forwarder, Restate, free_port};
+
+/// A command tool that needs approval and creates the file its `name` argument names.
+const TOUCH: &str = r#"
+[[agents.main.commands]]
+name = "touch_file"
+description = "Create a file"
+command = 'printf "%s\n" "$TETHER_TOOL_USE_ID" >> "$TETHER_ARG_NAME"'
+parameters = { type = "object", properties = { name = { type = "string" } }, required = ["name"] }
+approve = true
+"#;
+
+/// Starts a node: its own SQLite file `db`, its service endpoint on `listen`, advertised to
+/// Restate as `advertise` (the forwarder).
+async fn node(env: &Env, restate: &Restate, listen: u16, advertise: &str, db: &str) -> Server {
+    let server_lines = format!(
+        "backend = \"restate\"\nrestate_ingress = \"{}\"\nrestate_admin = \"{}\"\nrestate_listen = \
+         \"127.0.0.1:{listen}\"\nrestate_advertise = \"{advertise}\"\n",
+        restate.ingress, restate.admin
+    );
+    let config = env.config_with(&server_lines, TOUCH);
+    tether_serve::start(ServerOptions::new(config, "127.0.0.1:0", env.dir.path().join(db)))
+        .await
+        .expect("a tether node")
+}
+
+/// The thread's events as node `server` serves them: asserted gapless, ids unique.
+async fn record(server: &Server, thread: &str) -> Value {
+    let (s, v) = get(server, &format!("/v1/threads/{thread}/events")).await;
+    assert_eq!(s, 200, "{v}");
+    let events = v["events"].as_array().expect("events");
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap_or(0)).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gapless: {v}");
+    let mut ids: Vec<&str> = events.iter().map(|e| e["id"].as_str().unwrap_or("")).collect();
+    ids.sort_unstable();
+    let n = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "an event id twice: {v}");
+    v
+}
+
+async fn messages(server: &Server, thread: &str) -> Value {
+    let (s, v) = get(server, &format!("/v1/threads/{thread}/messages")).await;
+    assert_eq!(s, 200, "{v}");
+    v
+}
+
+/// A turn started through node A runs a tool and waits for approval; the approval goes through
+/// node B, which relays the rest of the turn; the record and messages read through either node
+/// are the same and gapless, each tool ran once, no model call was repeated, and both nodes list
+/// the thread.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_started_on_one_node_is_approved_and_read_on_the_other() {
+    let restate = Restate::start().await;
+    let env = Env {
+        dir: tempfile::tempdir().expect("tempdir"),
+        fake: FakeOpenAi::start().await,
+        restate: None,
+    };
+    let (pa, pb) = (free_port(), free_port());
+    let forwarder = Forwarder::start(vec![
+        format!("127.0.0.1:{pa}").parse().expect("addr"),
+        format!("127.0.0.1:{pb}").parse().expect("addr"),
+    ])
+    .await;
+    let a = node(&env, &restate, pa, &forwarder.url(), "a.db").await;
+    let b = node(&env, &restate, pb, &forwarder.url(), "b.db").await;
+
+    env.fake
+        .push(Reply::tool_calls(&[(
+            "call_1",
+            "append_line",
+            r#"{"line":"first"}"#,
+        )]))
+        .push(Reply::tool_calls(&[(
+            "call_2",
+            "touch_file",
+            r#"{"name":"touched.txt"}"#,
+        )]))
+        .push(Reply::text("Both done."));
+    let thread = "t-two";
+    let ev = run_at(
+        a.addr(),
+        "main",
+        &prompt_input(thread, "r1", "append, then touch"),
+    )
+    .await;
+    let intr = interrupt_of(&ev);
+    assert_eq!(intr["toolCallId"], "call_2", "{intr}");
+    assert!(!env.ws().join("touched.txt").exists(), "ran before its approval");
+
+    // While the turn waits, both nodes read the same record.
+    let (ra, rb) = (record(&a, thread).await, record(&b, thread).await);
+    assert_eq!(ra, rb, "the waiting turn's record differs between the nodes");
+    assert!(ra["events"].as_array().is_some_and(|e| e.len() >= 3), "{ra}");
+
+    let body = with_resume(
+        prompt_input(thread, "r2", "append, then touch"),
+        &intr["id"],
+        json!({"approved": true}),
+    );
+    let ev = run_at(b.addr(), "main", &body).await;
+    finished_ok(&ev);
+    assert_eq!(text_of(&ev), "Both done.", "{ev:?}");
+
+    let (ra, rb) = (record(&a, thread).await, record(&b, thread).await);
+    assert_eq!(ra, rb, "the record differs between the nodes");
+    assert_eq!(messages(&a, thread).await, messages(&b, thread).await);
+    let texts: Vec<String> = messages(&b, thread).await["messages"]
+        .as_array()
+        .expect("messages")
+        .iter()
+        .filter_map(|m| m["content"].as_str().map(str::to_owned))
+        .collect();
+    assert!(texts.iter().any(|t| t == "Both done."), "{texts:?}");
+
+    let log = std::fs::read_to_string(env.ws().join("log.txt")).unwrap_or_default();
+    assert_eq!(
+        log.lines().collect::<Vec<_>>(),
+        ["call_1 first"],
+        "append_line ran once"
+    );
+    let touched = std::fs::read_to_string(env.ws().join("touched.txt")).unwrap_or_default();
+    assert_eq!(
+        touched.lines().collect::<Vec<_>>(),
+        ["call_2"],
+        "touch_file ran once"
+    );
+    assert_eq!(env.fake.requests().len(), 3, "no model call repeated");
+
+    for server in [&a, &b] {
+        let (s, v) = get(server, "/v1/threads?agent=main").await;
+        assert_eq!(s, 200, "{v}");
+        let ids: Vec<&str> = v["threads"]
+            .as_array()
+            .expect("threads")
+            .iter()
+            .filter_map(|t| t["threadId"].as_str())
+            .collect();
+        assert_eq!(ids, [thread], "{v}");
+    }
+    a.shutdown();
+    b.shutdown();
+    a.wait().await;
+    b.wait().await;
+}
