@@ -72,6 +72,8 @@ impl Page {
     }
 
     /// The sequence numbers this page covers in a record of `count` events.
+    // `1..=0` is the empty range on purpose.
+    #[allow(clippy::reversed_empty_ranges)]
     pub fn range(&self, count: u64) -> std::ops::RangeInclusive<u64> {
         let limit = match self.limit {
             0 => MAX_PAGE,
