@@ -49,6 +49,8 @@ pub mod event;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod handler;
+#[cfg(feature = "json-scan")]
+pub mod json_scan;
 pub mod local;
 pub mod provider;
 pub mod raw;
