@@ -67,7 +67,7 @@ pub mod types;
 pub mod workspace;
 
 pub use chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse, ChatToolCall};
-pub use error::{BoxError, Error, Result, TransportKind};
+pub use error::{BoxError, ConfigKind, Error, Result, TransportKind};
 pub use event::{Event, EventKind, Role};
 pub use handler::{
     Capabilities, ElicitationMode, ElicitationRequest, ElicitationResponse, ExitStatus, Handler,
