@@ -26,13 +26,11 @@ use tether::{
     ToolResult, ToolUse, TurnContext, TurnResult,
 };
 
-use crate::bridge::{HandlerBridge, support_of};
+use crate::bridge::HandlerBridge;
 use crate::client::{AcpClient, AgentCommand};
 use crate::connection::lock;
 use crate::error::{AcpError, ClientError, codes};
-use crate::handler::{
-    AcpTerminalRequest, AcpTerminalResponse, AcpUpdate, ClientHandler, HandlerSupport, SessionUpdateEvent,
-};
+use crate::handler::{AcpTerminalRequest, AcpTerminalResponse, AcpUpdate, ClientHandler, SessionUpdateEvent};
 use crate::options::ClientOptions;
 use crate::schema::{
     CompleteElicitationNotification, ContentBlock, CreateElicitationRequest, CreateElicitationResponse,
@@ -54,7 +52,7 @@ struct TurnState {
 #[derive(Default)]
 struct RouterState {
     handler: Option<Arc<dyn Handler>>,
-    support: HandlerSupport,
+    support: tether::Capabilities,
     turn: Option<TurnState>,
     /// Updates that arrived outside a turn; recorded at the start of the next one.
     backlog: Vec<SessionUpdateEvent>,
@@ -280,7 +278,7 @@ impl Router {
 
 #[async_trait]
 impl ClientHandler for Router {
-    fn supports(&self) -> HandlerSupport {
+    fn supports(&self) -> tether::Capabilities {
         lock(&self.state).support
     }
 
@@ -496,7 +494,7 @@ impl AcpAgent {
         {
             let mut st = lock(&self.router.state);
             st.handler = Some(cx.handler.clone());
-            st.support = support_of(cx.handler.capabilities());
+            st.support = cx.handler.capabilities();
         }
         if self.client.is_none() {
             let client = AcpClient::spawn(self.command.clone(), self.router.clone(), self.options.clone())
