@@ -14,9 +14,7 @@ use tether::handler as th;
 use tether::{Handler, SessionInfo};
 
 use crate::error::{ClientError, codes};
-use crate::handler::{
-    AcpTerminalRequest, AcpTerminalResponse, ClientHandler, HandlerSupport, SessionUpdateEvent,
-};
+use crate::handler::{AcpTerminalRequest, AcpTerminalResponse, ClientHandler, SessionUpdateEvent};
 use crate::schema::{
     CompleteElicitationNotification, CreateElicitationRequest, CreateElicitationResponse,
     CreateTerminalResponse, ElicitationAction, ElicitationMode, ElicitationScope, KillTerminalResponse,
@@ -35,14 +33,6 @@ pub fn handler_error(e: th::HandlerError) -> ClientError {
         _ => codes::INTERNAL_ERROR,
     };
     ClientError::new(code, e.to_string())
-}
-
-/// The [`HandlerSupport`] a tether handler's capabilities imply.
-pub fn support_of(caps: th::Capabilities) -> HandlerSupport {
-    HandlerSupport::none()
-        .with_files(caps.read_files, caps.write_files)
-        .with_terminal(caps.terminals)
-        .with_elicitation(caps.elicitation_form, caps.elicitation_url)
 }
 
 fn snake<T: serde::Serialize>(v: &T) -> Option<String> {
@@ -301,8 +291,8 @@ impl HandlerBridge {
 
 #[async_trait]
 impl ClientHandler for HandlerBridge {
-    fn supports(&self) -> HandlerSupport {
-        support_of(self.handler.capabilities())
+    fn supports(&self) -> th::Capabilities {
+        self.handler.capabilities()
     }
 
     async fn session_update(&self, _event: &SessionUpdateEvent) {}

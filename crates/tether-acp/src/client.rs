@@ -274,7 +274,7 @@ impl AcpClient {
         conn.opts
             .capabilities
             .clone()
-            .unwrap_or_else(|| conn.handler.supports().to_capabilities())
+            .unwrap_or_else(|| crate::handler::client_capabilities(conn.handler.supports()))
     }
 
     /// `initialize`: advertises the capabilities, checks the agent speaks protocol version 1

@@ -276,8 +276,12 @@ fn build(
 /// `null` optional fields; it declines (to the serde structs) anything else: numbers, booleans,
 /// a non-null `_meta` or `annotations`, unknown or duplicate keys, control characters in strings,
 /// trailing bytes. Declining is always safe, so it only has to be right about what it accepts.
+/// The tokens, strings and objects are read by [`tether::json_scan`] (shared with tether-openai's
+/// chunk fast path); this module keeps only the shape of the update.
 mod scan {
     use std::borrow::Cow;
+
+    use tether::json_scan::{Scan, once};
 
     use super::ChunkKind;
 
@@ -286,131 +290,6 @@ mod scan {
         pub(super) kind: ChunkKind,
         pub(super) text: Cow<'a, str>,
         pub(super) message_id: Option<Cow<'a, str>>,
-    }
-
-    struct Scan<'a> {
-        line: &'a str,
-        i: usize,
-    }
-
-    const LO: u64 = 0x0101_0101_0101_0101;
-    const HI: u64 = 0x8080_8080_8080_8080;
-
-    /// Index of the first `"`, `\\` or control character at or after `from` (or the length).
-    fn find_special(s: &[u8], from: usize) -> usize {
-        let mut i = from;
-        while let Some(w) = s.get(i..i + 8) {
-            let Ok(bytes) = <[u8; 8]>::try_from(w) else { break };
-            let x = u64::from_le_bytes(bytes);
-            let zero = |v: u64| v.wrapping_sub(LO) & !v & HI;
-            let quote = zero(x ^ (LO * b'"' as u64));
-            let backslash = zero(x ^ (LO * b'\\' as u64));
-            let control = x.wrapping_sub(LO * 0x20) & !x & HI;
-            if quote | backslash | control != 0 {
-                break;
-            }
-            i += 8;
-        }
-        while let Some(&b) = s.get(i) {
-            if b == b'"' || b == b'\\' || b < 0x20 {
-                return i;
-            }
-            i += 1;
-        }
-        i
-    }
-
-    impl<'a> Scan<'a> {
-        fn peek(&mut self) -> Option<u8> {
-            let s = self.line.as_bytes();
-            while let Some(b' ' | b'\t' | b'\n' | b'\r') = s.get(self.i) {
-                self.i += 1;
-            }
-            s.get(self.i).copied()
-        }
-        fn eat(&mut self, b: u8) -> Option<()> {
-            (self.peek()? == b).then(|| self.i += 1)
-        }
-        fn string(&mut self) -> Option<Cow<'a, str>> {
-            self.eat(b'"')?;
-            let s = self.line.as_bytes();
-            let start = self.i;
-            let mut j = find_special(s, start);
-            match s.get(j)? {
-                b'"' => {
-                    self.i = j + 1;
-                    // `start - 1` and `j` are ASCII quotes, so both are char boundaries.
-                    self.line.get(start..j).map(Cow::Borrowed)
-                }
-                b'\\' => {
-                    // Find the closing quote (an escape is `\\` and one more byte; `\\u` is
-                    // followed by hex digits), then let serde_json decode and validate it all.
-                    loop {
-                        match s.get(j)? {
-                            b'"' => break,
-                            b'\\' => j = find_special(s, j + 2),
-                            _ => return None,
-                        }
-                    }
-                    self.i = j + 1;
-                    let quoted = self.line.get(start - 1..j + 1)?;
-                    serde_json::from_str::<String>(quoted).ok().map(Cow::Owned)
-                }
-                _ => None,
-            }
-        }
-        /// `null` (the only value accepted for the optional fields this tier does not decode).
-        fn null(&mut self) -> Option<()> {
-            self.peek()?;
-            let rest = self.line.get(self.i..)?;
-            rest.starts_with("null").then(|| self.i += 4)
-        }
-        /// A string or `null`.
-        fn opt_string(&mut self) -> Option<Option<Cow<'a, str>>> {
-            if self.peek()? == b'n' {
-                self.null().map(|()| None)
-            } else {
-                self.string().map(Some)
-            }
-        }
-        /// An object: `field` is called with each key (and must consume its value).
-        fn object(&mut self, mut field: impl FnMut(&str, &mut Self) -> Option<()>) -> Option<()> {
-            self.eat(b'{')?;
-            if self.peek()? == b'}' {
-                self.i += 1;
-                return Some(());
-            }
-            loop {
-                let key = self.string()?;
-                self.eat(b':')?;
-                field(&key, self)?;
-                match self.peek()? {
-                    b',' => self.i += 1,
-                    b'}' => {
-                        self.i += 1;
-                        return Some(());
-                    }
-                    _ => return None,
-                }
-            }
-        }
-    }
-
-    /// Sets a field once (a duplicate key declines, as it fails the typed decode).
-    fn once<T>(slot: &mut Option<T>, v: Option<T>) -> Option<()> {
-        if slot.is_some() {
-            return None;
-        }
-        *slot = Some(v?);
-        Some(())
-    }
-
-    impl Scan<'_> {
-        /// Skips `lit` if the line continues with exactly these bytes.
-        fn lit(&mut self, lit: &str) -> Option<()> {
-            let rest = self.line.as_bytes().get(self.i..)?;
-            rest.starts_with(lit.as_bytes()).then(|| self.i += lit.len())
-        }
     }
 
     fn chunk_kind(k: &str) -> Option<ChunkKind> {
@@ -432,15 +311,15 @@ mod scan {
         const UPDATE: &str = r#","update":{"sessionUpdate":"#;
         const CONTENT: &str = r#","content":{"type":"text","text":"#;
         const TAIL: &str = "}}}}";
-        let mut sc = Scan { line, i: 0 };
-        sc.lit(HEAD)?;
+        let mut sc = Scan::new(line);
+        sc.lit(HEAD.as_bytes())?;
         let session = sc.string()?;
-        sc.lit(UPDATE)?;
+        sc.lit(UPDATE.as_bytes())?;
         let kind = chunk_kind(&sc.string()?)?;
-        sc.lit(CONTENT)?;
+        sc.lit(CONTENT.as_bytes())?;
         let text = sc.string()?;
-        sc.lit(TAIL)?;
-        (sc.i == line.len()).then_some(Chunk {
+        sc.lit(TAIL.as_bytes())?;
+        (sc.pos() == line.len()).then_some(Chunk {
             session,
             kind,
             text,
@@ -449,25 +328,23 @@ mod scan {
     }
 
     pub(super) fn scan(line: &str) -> Option<Chunk<'_>> {
-        let mut sc = Scan { line, i: 0 };
+        let mut sc = Scan::new(line);
         let (mut jsonrpc, mut method, mut params) = (None, None, None);
-        sc.object(|k, sc| match k {
+        sc.object(|sc, k| match &*k {
             "jsonrpc" => once(&mut jsonrpc, sc.string()),
             "method" => once(&mut method, sc.string().filter(|m| m == "session/update")),
             "params" => once(&mut params, scan_params(sc)),
             _ => None,
         })?;
         // Only whitespace may follow (as `serde_json::from_str` requires).
-        if sc.peek().is_some() {
-            return None;
-        }
+        sc.end()?;
         method?;
         params
     }
 
     fn scan_params<'a>(sc: &mut Scan<'a>) -> Option<Chunk<'a>> {
         let (mut session, mut update, mut meta) = (None, None, None);
-        sc.object(|k, sc| match k {
+        sc.object(|sc, k| match &*k {
             "sessionId" => once(&mut session, sc.string()),
             "update" => once(&mut update, scan_update(sc)),
             "_meta" => once(&mut meta, sc.null()),
@@ -486,7 +363,7 @@ mod scan {
 
     fn scan_update<'a>(sc: &mut Scan<'a>) -> Option<Update<'a>> {
         let (mut kind, mut text, mut message_id, mut meta) = (None, None, None, None);
-        sc.object(|k, sc| match k {
+        sc.object(|sc, k| match &*k {
             "sessionUpdate" => once(&mut kind, sc.string().and_then(|k| chunk_kind(&k))),
             "content" => once(&mut text, scan_content(sc)),
             "messageId" => once(&mut message_id, sc.opt_string()),
@@ -498,7 +375,7 @@ mod scan {
 
     fn scan_content<'a>(sc: &mut Scan<'a>) -> Option<Cow<'a, str>> {
         let (mut kind, mut text, mut annotations, mut meta) = (None, None, None, None);
-        sc.object(|k, sc| match k {
+        sc.object(|sc, k| match &*k {
             "type" => once(&mut kind, sc.string().filter(|t| t == "text")),
             "text" => once(&mut text, sc.string()),
             "annotations" => once(&mut annotations, sc.null()),

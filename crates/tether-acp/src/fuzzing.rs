@@ -21,7 +21,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use crate::connection::parse_update;
 use crate::fast::{FastCache, decode_text_chunk};
 use crate::handler::{
-    AcpTerminalRequest, AcpTerminalResponse, ClientHandler, HandlerSupport, RawMessage, SessionUpdateEvent,
+    AcpTerminalRequest, AcpTerminalResponse, ClientHandler, RawMessage, SessionUpdateEvent,
 };
 use crate::schema::{
     NewSessionRequest, ReadTextFileRequest, ReadTextFileResponse, RequestId, WriteTextFileRequest,
@@ -104,8 +104,8 @@ impl Probe {
 
 #[async_trait]
 impl ClientHandler for Probe {
-    fn supports(&self) -> HandlerSupport {
-        HandlerSupport::all()
+    fn supports(&self) -> tether::Capabilities {
+        tether::Capabilities::all()
     }
 
     async fn session_update_with_message(&self, event: &SessionUpdateEvent, m: &RawMessage<'_>) {

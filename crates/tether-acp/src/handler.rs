@@ -10,6 +10,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 use serde_json::value::RawValue;
+use tether::Capabilities;
 
 use crate::error::ClientError;
 use crate::schema::{
@@ -23,76 +24,28 @@ use crate::schema::{
     WriteTextFileResponse,
 };
 
-/// Which optional client methods a handler implements. The client advertises exactly these
-/// capabilities (unless `ClientOptions::capabilities` overrides them), and the connection refuses
-/// requests for anything not advertised with `-32601` before the handler is called.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct HandlerSupport {
-    /// `fs/read_text_file`.
-    pub read_text_file: bool,
-    /// `fs/write_text_file`.
-    pub write_text_file: bool,
-    /// The five `terminal/*` methods.
-    pub terminal: bool,
-    /// `elicitation/create` with `mode: "form"`.
-    pub form_elicitation: bool,
-    /// `elicitation/create` with `mode: "url"` (and `elicitation/complete`).
-    pub url_elicitation: bool,
-}
-
-impl HandlerSupport {
-    /// Nothing optional supported (permission requests and session updates are baseline).
-    pub fn none() -> Self {
-        Self::default()
-    }
-    /// Files, terminals and both elicitation modes.
-    pub fn all() -> Self {
-        HandlerSupport {
-            read_text_file: true,
-            write_text_file: true,
-            terminal: true,
-            form_elicitation: true,
-            url_elicitation: true,
+/// The `clientCapabilities` a handler's [`Capabilities`] imply: file reads and writes, the five
+/// `terminal/*` methods, and form and URL elicitation (`elicitation/create` with that `mode`, and
+/// `elicitation/complete` with URL). The client advertises exactly these (unless
+/// `ClientOptions::capabilities` overrides them), and the connection refuses requests for
+/// anything not advertised with `-32601` before the handler is called.
+pub fn client_capabilities(caps: Capabilities) -> ClientCapabilities {
+    let mut out = ClientCapabilities::new()
+        .fs(FileSystemCapabilities::new()
+            .read_text_file(caps.read_files)
+            .write_text_file(caps.write_files))
+        .terminal(caps.terminals);
+    if caps.elicitation_form || caps.elicitation_url {
+        let mut e = ElicitationCapabilities::new();
+        if caps.elicitation_form {
+            e = e.form(ElicitationFormCapabilities::new());
         }
-    }
-    /// Sets `read_text_file` and `write_text_file`.
-    pub fn with_files(mut self, read: bool, write: bool) -> Self {
-        self.read_text_file = read;
-        self.write_text_file = write;
-        self
-    }
-    /// Sets `terminal`.
-    pub fn with_terminal(mut self, terminal: bool) -> Self {
-        self.terminal = terminal;
-        self
-    }
-    /// Sets both elicitation modes.
-    pub fn with_elicitation(mut self, form: bool, url: bool) -> Self {
-        self.form_elicitation = form;
-        self.url_elicitation = url;
-        self
-    }
-
-    /// The `clientCapabilities` these imply.
-    pub fn to_capabilities(self) -> ClientCapabilities {
-        let mut caps = ClientCapabilities::new()
-            .fs(FileSystemCapabilities::new()
-                .read_text_file(self.read_text_file)
-                .write_text_file(self.write_text_file))
-            .terminal(self.terminal);
-        if self.form_elicitation || self.url_elicitation {
-            let mut e = ElicitationCapabilities::new();
-            if self.form_elicitation {
-                e = e.form(ElicitationFormCapabilities::new());
-            }
-            if self.url_elicitation {
-                e = e.url(ElicitationUrlCapabilities::new());
-            }
-            caps = caps.elicitation(e);
+        if caps.elicitation_url {
+            e = e.url(ElicitationUrlCapabilities::new());
         }
-        caps
+        out = out.elicitation(e);
     }
+    out
 }
 
 /// A `session/update` as the handler sees it: the typed update when this client knows the kind,
@@ -277,8 +230,10 @@ pub fn refuse_permission(request: &RequestPermissionRequest) -> RequestPermissio
 #[async_trait]
 pub trait ClientHandler: Send + Sync + 'static {
     /// Which optional methods this handler implements (advertised in `initialize`).
-    fn supports(&self) -> HandlerSupport {
-        HandlerSupport::none()
+    /// ([`tether::Capabilities`]: the one description of the client-side requests a handler
+    /// serves, shared with tether's own [`tether::Handler`].)
+    fn supports(&self) -> Capabilities {
+        Capabilities::none()
     }
 
     /// Called once when the connection starts, before `initialize` is sent.

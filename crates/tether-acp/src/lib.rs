@@ -56,8 +56,8 @@ pub use bridge::HandlerBridge;
 pub use client::{AcpClient, AgentCommand, PromptOutcome, Received};
 pub use error::{AcpError, ClientError, Direction, codes};
 pub use handler::{
-    AcpTerminalRequest, AcpTerminalResponse, AcpUpdate, ClientHandler, HandlerSupport, RawMessage,
-    RefusingHandler, SessionUpdateEvent, TerminateReason, refuse_permission,
+    AcpTerminalRequest, AcpTerminalResponse, AcpUpdate, ClientHandler, RawMessage, RefusingHandler,
+    SessionUpdateEvent, TerminateReason, client_capabilities, refuse_permission,
 };
 pub use options::ClientOptions;
 pub use provider::AcpAgent;

@@ -14,7 +14,7 @@ pub struct ClientOptions {
     /// `clientInfo.version` sent in `initialize`.
     pub client_version: String,
     /// Explicit capabilities; replaces the set derived from the handler's
-    /// [`crate::HandlerSupport`] entirely.
+    /// [`ClientHandler::supports`](crate::ClientHandler::supports) entirely.
     pub capabilities: Option<ClientCapabilities>,
     /// Maximum size of one JSON-RPC frame in either direction, in bytes (without the newline).
     /// An oversized inbound frame closes the connection with [`crate::AcpError::FrameTooLarge`].

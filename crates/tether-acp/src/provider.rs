@@ -26,13 +26,11 @@ use tether::{
     ToolResult, ToolUse, TurnContext, TurnResult,
 };
 
-use crate::bridge::{HandlerBridge, support_of};
+use crate::bridge::HandlerBridge;
 use crate::client::{AcpClient, AgentCommand};
 use crate::connection::lock;
 use crate::error::{AcpError, ClientError, codes};
-use crate::handler::{
-    AcpTerminalRequest, AcpTerminalResponse, AcpUpdate, ClientHandler, HandlerSupport, SessionUpdateEvent,
-};
+use crate::handler::{AcpTerminalRequest, AcpTerminalResponse, AcpUpdate, ClientHandler, SessionUpdateEvent};
 use crate::options::ClientOptions;
 use crate::schema::{
     CompleteElicitationNotification, ContentBlock, CreateElicitationRequest, CreateElicitationResponse,
@@ -54,7 +52,7 @@ struct TurnState {
 #[derive(Default)]
 struct RouterState {
     handler: Option<Arc<dyn Handler>>,
-    support: HandlerSupport,
+    support: tether::Capabilities,
     turn: Option<TurnState>,
     /// Updates that arrived outside a turn; recorded at the start of the next one.
     backlog: Vec<SessionUpdateEvent>,
@@ -280,7 +278,7 @@ impl Router {
 
 #[async_trait]
 impl ClientHandler for Router {
-    fn supports(&self) -> HandlerSupport {
+    fn supports(&self) -> tether::Capabilities {
         lock(&self.state).support
     }
 
@@ -406,7 +404,8 @@ fn to_tether(e: AcpError, program: &str) -> tether::Error {
         AcpError::Rpc { code, message, .. } if code == codes::AUTH_REQUIRED as i64 => {
             tether::Error::Auth(message)
         }
-        AcpError::Spawn { .. } | AcpError::InvalidDirectory { .. } => tether::Error::Config(e.to_string()),
+        AcpError::Spawn { .. } => tether::Error::config_with(tether::ConfigKind::Setup, "", e),
+        AcpError::InvalidDirectory { .. } => tether::Error::config_with(tether::ConfigKind::Invalid, "", e),
         AcpError::AgentExited { .. } | AcpError::Io { .. } | AcpError::Closed { .. } => {
             tether::Error::transport(
                 tether::TransportKind::Closed,
@@ -495,7 +494,7 @@ impl AcpAgent {
         {
             let mut st = lock(&self.router.state);
             st.handler = Some(cx.handler.clone());
-            st.support = support_of(cx.handler.capabilities());
+            st.support = cx.handler.capabilities();
         }
         if self.client.is_none() {
             let client = AcpClient::spawn(self.command.clone(), self.router.clone(), self.options.clone())
@@ -515,12 +514,20 @@ impl AcpAgent {
             Input::Raw(v) => serde_json::from_value::<Vec<ContentBlock>>(v)
                 .map(Some)
                 .map_err(|e| {
-                    tether::Error::Config(format!("a raw ACP input must be an array of content blocks: {e}"))
+                    tether::Error::config_with(
+                        tether::ConfigKind::Invalid,
+                        "a raw ACP input must be an array of content blocks",
+                        e,
+                    )
                 }),
-            Input::ToolResults(..) => Err(tether::Error::Config(
-                "an ACP agent runs its own tools; there are no tool results to send it".into(),
+            Input::ToolResults(..) => Err(tether::Error::config(
+                tether::ConfigKind::Unsupported,
+                "an ACP agent runs its own tools; there are no tool results to send it",
             )),
-            _ => Err(tether::Error::Config("unsupported input for an ACP agent".into())),
+            _ => Err(tether::Error::config(
+                tether::ConfigKind::Unsupported,
+                "unsupported input for an ACP agent",
+            )),
         }
     }
 }
@@ -600,7 +607,10 @@ impl Provider for AcpAgent {
 
     async fn turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {
         let (Some(client), Some(session)) = (self.client.clone(), self.session.clone()) else {
-            return Err(tether::Error::Config("the ACP agent is not open".into()));
+            return Err(tether::Error::config(
+                tether::ConfigKind::State,
+                "the ACP agent is not open",
+            ));
         };
         let Some(prompt) = Self::prompt_of(input)? else {
             return Ok(TurnResult::new(Terminal::EndTurn, "continue"));

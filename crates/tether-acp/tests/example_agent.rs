@@ -6,8 +6,9 @@ mod common;
 use std::sync::Arc;
 
 use common::{PermissionAnswer, Recorder, WAIT, example_agent, text};
+use tether::Capabilities;
 use tether_acp::schema::{NewSessionRequest, RequestId, SessionUpdate, StopReason, ToolCallStatus};
-use tether_acp::{AcpClient, AcpUpdate, AgentCommand, ClientOptions, HandlerSupport};
+use tether_acp::{AcpClient, AcpUpdate, AgentCommand, ClientOptions};
 
 /// The example agent under a client; fails the test (with how to install it) when it is missing.
 async fn start(recorder: Arc<Recorder>) -> AcpClient {
@@ -23,7 +24,7 @@ async fn start(recorder: Arc<Recorder>) -> AcpClient {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_turn_with_permission_ends_end_turn() {
-    let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Select("allow".into()));
+    let rec = Recorder::new(Capabilities::none(), PermissionAnswer::Select("allow".into()));
     let client = start(rec.clone()).await;
     let init = client.initialize().await.expect("initialize");
     assert_eq!(init.protocol_version.as_u16(), 1);
@@ -89,7 +90,7 @@ async fn full_turn_with_permission_ends_end_turn() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejected_permission_takes_the_other_branch() {
-    let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Select("reject".into()));
+    let rec = Recorder::new(Capabilities::none(), PermissionAnswer::Select("reject".into()));
     let client = start(rec.clone()).await;
     client.initialize().await.unwrap();
     let cwd = tempfile::tempdir().unwrap();
@@ -108,7 +109,7 @@ async fn rejected_permission_takes_the_other_branch() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelled_turn_ends_cancelled() {
-    let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Hang);
+    let rec = Recorder::new(Capabilities::none(), PermissionAnswer::Hang);
     let client = start(rec.clone()).await;
     client.initialize().await.unwrap();
     let cwd = tempfile::tempdir().unwrap();
@@ -134,7 +135,7 @@ async fn cancelled_turn_ends_cancelled() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_answers_a_pending_permission_cancelled() {
     // The handler never answers the permission question; cancel must answer it at once.
-    let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Hang);
+    let rec = Recorder::new(Capabilities::none(), PermissionAnswer::Hang);
     let client = start(rec.clone()).await;
     client.initialize().await.unwrap();
     let cwd = tempfile::tempdir().unwrap();

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{PermissionAnswer, Recorder, WAIT, fake_agent, text};
+use tether::Capabilities;
 use tether_acp::schema::{ListSessionsRequest, LoadSessionRequest, NewSessionRequest, SessionId, StopReason};
-use tether_acp::{AcpClient, AcpError, AcpUpdate, AgentCommand, ClientOptions, Direction, HandlerSupport};
+use tether_acp::{AcpClient, AcpError, AcpUpdate, AgentCommand, ClientOptions, Direction};
 
 struct Fixture {
     client: AcpClient,
@@ -40,7 +41,7 @@ async fn fixture_with(rec: Arc<Recorder>, opts: ClientOptions) -> Fixture {
     }
 }
 
-async fn fixture(support: HandlerSupport, permission: PermissionAnswer) -> Fixture {
+async fn fixture(support: Capabilities, permission: PermissionAnswer) -> Fixture {
     fixture_with(Recorder::new(support, permission), ClientOptions::default()).await
 }
 
@@ -58,7 +59,7 @@ impl Fixture {
 
 #[tokio::test]
 async fn crash_mid_turn_is_a_typed_error_not_a_hang() {
-    let f = fixture(HandlerSupport::none(), PermissionAnswer::Cancelled).await;
+    let f = fixture(Capabilities::none(), PermissionAnswer::Cancelled).await;
     let r = tokio::time::timeout(WAIT, f.client.prompt(&f.session, text("crash")))
         .await
         .expect("no hang");
@@ -77,7 +78,7 @@ async fn crash_mid_turn_is_a_typed_error_not_a_hang() {
 
 #[tokio::test]
 async fn malformed_line_gets_parse_error_and_connection_survives() {
-    let f = fixture(HandlerSupport::none(), PermissionAnswer::Cancelled).await;
+    let f = fixture(Capabilities::none(), PermissionAnswer::Cancelled).await;
     let said = f.run("malformed").await;
     assert_eq!(said, "parse error code -32700");
     assert_eq!(f.run("echo still alive").await, "still alive");
@@ -85,7 +86,7 @@ async fn malformed_line_gets_parse_error_and_connection_survives() {
 
 #[tokio::test]
 async fn oversized_frame_is_a_clear_error() {
-    let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Cancelled);
+    let rec = Recorder::new(Capabilities::none(), PermissionAnswer::Cancelled);
     let f = fixture_with(rec, ClientOptions::default().with_max_frame_bytes(64 * 1024)).await;
     let r = tokio::time::timeout(WAIT, f.client.prompt(&f.session, text("oversized 200000")))
         .await
@@ -111,7 +112,7 @@ async fn oversized_frame_is_a_clear_error() {
 
 #[tokio::test]
 async fn unknown_update_kinds_pass_through_raw() {
-    let f = fixture(HandlerSupport::none(), PermissionAnswer::Cancelled).await;
+    let f = fixture(Capabilities::none(), PermissionAnswer::Cancelled).await;
     f.run("unknown").await;
     let events = f.rec.events.lock().unwrap().clone();
     let unknown = events
@@ -132,7 +133,7 @@ async fn unknown_update_kinds_pass_through_raw() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flood_of_updates_none_lost_with_a_tiny_queue() {
     let rec = Arc::new(Recorder::build(
-        HandlerSupport::none(),
+        Capabilities::none(),
         PermissionAnswer::Cancelled,
         None,
     ));
@@ -154,7 +155,7 @@ async fn flood_of_updates_none_lost_with_a_tiny_queue() {
 #[tokio::test]
 async fn slow_handler_back_pressures_instead_of_dropping() {
     let rec = Arc::new(Recorder::build(
-        HandlerSupport::none(),
+        Capabilities::none(),
         PermissionAnswer::Cancelled,
         Some(Duration::from_millis(1)),
     ));
@@ -165,7 +166,7 @@ async fn slow_handler_back_pressures_instead_of_dropping() {
 
 #[tokio::test]
 async fn paths_outside_the_roots_are_refused_and_nothing_is_touched() {
-    let f = fixture(HandlerSupport::all(), PermissionAnswer::Cancelled).await;
+    let f = fixture(Capabilities::all(), PermissionAnswer::Cancelled).await;
     let root = std::fs::canonicalize(f.root.path()).unwrap();
     let outside = tempfile::tempdir().unwrap();
     let outside = std::fs::canonicalize(outside.path()).unwrap();
@@ -247,7 +248,7 @@ async fn paths_outside_the_roots_are_refused_and_nothing_is_touched() {
 
 #[tokio::test]
 async fn unadvertised_capabilities_get_method_not_found() {
-    let f = fixture(HandlerSupport::none(), PermissionAnswer::Cancelled).await;
+    let f = fixture(Capabilities::none(), PermissionAnswer::Cancelled).await;
     let path = f.root.path().join("x.txt");
     std::fs::write(&path, "x").unwrap();
     assert!(
@@ -268,7 +269,7 @@ async fn unadvertised_capabilities_get_method_not_found() {
 
 #[tokio::test]
 async fn elicitation_modes_are_checked_and_dispatched() {
-    let support = HandlerSupport::none().with_elicitation(true, false);
+    let support = Capabilities::none().with_elicitation(true, false);
     let f = fixture(support, PermissionAnswer::Cancelled).await;
     let said = f.run("elicit form").await;
     assert!(
@@ -279,7 +280,7 @@ async fn elicitation_modes_are_checked_and_dispatched() {
     assert!(f.run("elicit url").await.contains("err:-32602"));
     assert_eq!(f.rec.calls(), ["form Your name?"]);
 
-    let f = fixture(HandlerSupport::all(), PermissionAnswer::Cancelled).await;
+    let f = fixture(Capabilities::all(), PermissionAnswer::Cancelled).await;
     assert!(f.run("elicit url").await.contains("decline"));
     // elicitation/complete follows the answer and reaches the handler.
     f.run("echo sync").await;
@@ -288,7 +289,7 @@ async fn elicitation_modes_are_checked_and_dispatched() {
 
 #[tokio::test]
 async fn permission_outcome_must_name_an_offered_option() {
-    let f = fixture(HandlerSupport::none(), PermissionAnswer::Select("always".into())).await;
+    let f = fixture(Capabilities::none(), PermissionAnswer::Select("always".into())).await;
     assert_eq!(
         f.run("permission").await,
         "outcome ok:{\"outcome\":{\"optionId\":\"always\",\"outcome\":\"selected\"}}"
@@ -299,7 +300,7 @@ async fn permission_outcome_must_name_an_offered_option() {
 
 #[tokio::test]
 async fn cancel_answers_pending_permission_at_once() {
-    let f = fixture(HandlerSupport::none(), PermissionAnswer::Hang).await;
+    let f = fixture(Capabilities::none(), PermissionAnswer::Hang).await;
     let c = f.client.clone();
     let sid = f.session.clone();
     let turn = tokio::spawn(async move { c.prompt(&sid, text("wait_cancel")).await });
@@ -323,13 +324,13 @@ async fn cancel_answers_pending_permission_at_once() {
 
 #[tokio::test]
 async fn agent_cancel_request_is_answered_request_cancelled() {
-    let f = fixture(HandlerSupport::none(), PermissionAnswer::Hang).await;
+    let f = fixture(Capabilities::none(), PermissionAnswer::Hang).await;
     assert!(f.run("cancel_request").await.starts_with("cancelled err:-32800"));
 }
 
 #[tokio::test]
 async fn duplicate_inbound_id_is_refused() {
-    let f = fixture(HandlerSupport::none(), PermissionAnswer::Hang).await;
+    let f = fixture(Capabilities::none(), PermissionAnswer::Hang).await;
     let c = f.client.clone();
     let sid = f.session.clone();
     let turn = tokio::spawn(async move { c.prompt(&sid, text("dup_id")).await });
@@ -355,7 +356,7 @@ async fn duplicate_inbound_id_is_refused() {
 
 #[tokio::test]
 async fn extension_methods_pass_through_and_unknown_get_method_not_found() {
-    let f = fixture(HandlerSupport::none(), PermissionAnswer::Cancelled).await;
+    let f = fixture(Capabilities::none(), PermissionAnswer::Cancelled).await;
     let said = f.run("ext").await;
     assert!(said.contains("ext ok:{\"method\":\"_fake/ping\""), "{said}");
     assert!(said.contains("unknown err:-32601"), "{said}");
@@ -364,7 +365,7 @@ async fn extension_methods_pass_through_and_unknown_get_method_not_found() {
 
 #[tokio::test]
 async fn lenient_answers_and_session_lifecycle() {
-    let f = fixture(HandlerSupport::none(), PermissionAnswer::Cancelled).await;
+    let f = fixture(Capabilities::none(), PermissionAnswer::Cancelled).await;
     // The update sent right after session/new's answer is not lost.
     assert_eq!(f.rec.texts().first().map(String::as_str), Some("welcome"));
     // A legacy `models` field is tolerated and kept raw.
@@ -407,7 +408,7 @@ async fn lenient_answers_and_session_lifecycle() {
 
 #[tokio::test]
 async fn per_call_timeout_and_version_check() {
-    let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Cancelled);
+    let rec = Recorder::new(Capabilities::none(), PermissionAnswer::Cancelled);
     let f = fixture_with(rec, ClientOptions::default()).await;
     let r = f
         .client
@@ -420,7 +421,7 @@ async fn per_call_timeout_and_version_check() {
     // The connection is still usable.
     assert_eq!(f.run("echo after").await, "after");
 
-    let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Cancelled);
+    let rec = Recorder::new(Capabilities::none(), PermissionAnswer::Cancelled);
     let client = AcpClient::spawn(
         AgentCommand::new(fake_agent()).env("FAKE_ACP_PROTOCOL_VERSION", "2"),
         rec,
@@ -438,7 +439,7 @@ async fn per_call_timeout_and_version_check() {
 
 #[tokio::test]
 async fn spawn_failure_is_actionable() {
-    let rec = Recorder::new(HandlerSupport::none(), PermissionAnswer::Cancelled);
+    let rec = Recorder::new(Capabilities::none(), PermissionAnswer::Cancelled);
     let r = AcpClient::spawn(
         AgentCommand::new("/nonexistent/acp-agent"),
         rec,

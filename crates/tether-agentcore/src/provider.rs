@@ -136,11 +136,14 @@ pub fn validate_session_id(id: &str) -> tether::Result<()> {
         .enumerate()
         .all(|(i, c)| c.is_ascii_alphanumeric() || (i > 0 && (c == '-' || c == '_')));
     if !(33..=256).contains(&id.len()) || !ok_chars {
-        return Err(Error::Config(format!(
-            "the AgentCore runtime session id must be 33-256 characters of [a-zA-Z0-9-_] starting with a \
+        return Err(Error::config(
+            tether::ConfigKind::Invalid,
+            format!(
+                "the AgentCore runtime session id must be 33-256 characters of [a-zA-Z0-9-_] starting with a \
              letter or digit (got {} characters); a UUID qualifies",
-            id.len()
-        )));
+                id.len()
+            ),
+        ));
     }
     Ok(())
 }
@@ -219,7 +222,7 @@ impl AgentCore {
             .connect_timeout(Duration::from_secs(10))
             .read_timeout(config.idle_timeout)
             .build()
-            .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?;
+            .map_err(|e| Error::config_with(tether::ConfigKind::Setup, "cannot build the HTTP client", e))?;
         Ok(AgentCore {
             config,
             http,
@@ -280,7 +283,7 @@ impl AgentCore {
             url.push_str(&enc(q));
         }
         let body = serde_json::to_vec(&json!({"clientToken": new_session_id()}))
-            .map_err(|e| Error::Config(format!("cannot encode the request: {e}")))?;
+            .map_err(|e| Error::config_with(tether::ConfigKind::Invalid, "cannot encode the request", e))?;
         let headers = vec![
             ("host".to_owned(), host_of(&url)?),
             ("content-type".to_owned(), "application/json".to_owned()),
@@ -335,9 +338,9 @@ impl AgentCore {
                 }
                 Input::Raw(v) if v["messages"].is_array() => v["messages"].clone(),
                 _ => {
-                    return Err(Error::Config(
-                        "AgentCore takes a message, tool results, or a raw {\"messages\": [...]} input"
-                            .into(),
+                    return Err(Error::config(
+                        tether::ConfigKind::Unsupported,
+                        "AgentCore takes a message, tool results, or a raw {\"messages\": [...]} input",
                     ));
                 }
             };
@@ -353,8 +356,9 @@ impl AgentCore {
                 }),
                 Input::Raw(v) if v.is_object() => v.clone(),
                 _ => {
-                    return Err(Error::Config(
-                        "AgentCore runtime takes a message, tool results or a raw object".into(),
+                    return Err(Error::config(
+                        tether::ConfigKind::Unsupported,
+                        "AgentCore runtime takes a message, tool results or a raw object",
                     ));
                 }
             };
@@ -544,8 +548,12 @@ impl AgentCore {
 
 /// The `host` header value for `url` (with the port when one is given).
 fn host_of(url: &str) -> tether::Result<String> {
-    let parsed =
-        reqwest::Url::parse(url).map_err(|e| Error::Config(format!("bad AgentCore URL {url}: {e}")))?;
+    let parsed = reqwest::Url::parse(url).map_err(|e| {
+        Error::config(
+            tether::ConfigKind::Invalid,
+            format!("bad AgentCore URL {url}: {e}"),
+        )
+    })?;
     Ok(match parsed.port() {
         Some(p) => format!("{}:{p}", parsed.host_str().unwrap_or_default()),
         None => parsed.host_str().unwrap_or_default().to_owned(),
@@ -777,14 +785,15 @@ impl Provider for AgentCore {
 impl AgentCore {
     async fn drive_turn(&mut self, input: Input, cx: &TurnContext) -> tether::Result<TurnResult> {
         if matches!(input, Input::Continue) {
-            return Err(Error::Config(
-                "AgentCore cannot continue without input: there is no turn in flight to resume".into(),
+            return Err(Error::config(
+                tether::ConfigKind::State,
+                "AgentCore cannot continue without input: there is no turn in flight to resume",
             ));
         }
         self.turns += 1;
         let turn_id = format!("turn-{}-{}", self.turns, random_hex(12));
         let body = serde_json::to_vec(&self.body(&input, &turn_id)?)
-            .map_err(|e| Error::Config(format!("cannot encode the request: {e}")))?;
+            .map_err(|e| Error::config_with(tether::ConfigKind::Invalid, "cannot encode the request", e))?;
         let mut retries = 0u32;
         let (fold, frames) = loop {
             let (err, retryable) = match self.attempt(&body, &turn_id, cx, retries + 1).await? {

@@ -98,7 +98,7 @@ pub fn sign_request(
         .time(time)
         .settings(SigningSettings::default())
         .build()
-        .map_err(|e| Error::Config(format!("SigV4 parameters: {e}")))?
+        .map_err(|e| Error::config_with(tether::ConfigKind::Invalid, "SigV4 parameters", e))?
         .into();
     let signable = SignableRequest::new(
         method,
@@ -106,9 +106,9 @@ pub fn sign_request(
         headers.iter().map(|(k, v)| (k.as_str(), v.as_str())),
         SignableBody::Bytes(body),
     )
-    .map_err(|e| Error::Config(format!("cannot sign {url}: {e}")))?;
+    .map_err(|e| Error::config(tether::ConfigKind::Invalid, format!("cannot sign {url}: {e}")))?;
     let (instructions, _signature) = sign(signable, &params)
-        .map_err(|e| Error::Config(format!("cannot sign {url}: {e}")))?
+        .map_err(|e| Error::config(tether::ConfigKind::Invalid, format!("cannot sign {url}: {e}")))?
         .into_parts();
     Ok(instructions
         .headers()

@@ -146,7 +146,7 @@ fn a_bundle_without_a_certificate_is_a_config_error() {
     )
     .add_root_certificates_pem("-----BEGIN CERTIFICATE-----\nnot base64\n-----END CERTIFICATE-----\n");
     match AgentCore::new(cfg) {
-        Err(Error::Config(m)) => assert!(m.contains("root certificate bundle #1"), "{m}"),
+        Err(Error::Config { message: m, .. }) => assert!(m.contains("root certificate bundle #1"), "{m}"),
         other => panic!("{other:?}"),
     }
 }

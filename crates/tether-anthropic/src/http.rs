@@ -109,7 +109,7 @@ impl ClientConfig {
         tether_http::add_root_certificates(reqwest::Client::builder(), &self.root_certificates)?
             .connect_timeout(self.connect_timeout)
             .build()
-            .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))
+            .map_err(|e| Error::config_with(tether::ConfigKind::Setup, "cannot build the HTTP client", e))
     }
 }
 

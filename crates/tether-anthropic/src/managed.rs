@@ -571,15 +571,16 @@ impl ManagedAgents {
                 }
                 Value::Object(m) if m.get("type").is_some_and(Value::is_string) => vec![v],
                 _ => {
-                    return Err(Error::Config(
-                        "a raw Managed Agents input must be an event object with a \"type\" or {\"events\": [...]}"
-                            .into(),
+                    return Err(Error::config(
+                        tether::ConfigKind::Invalid,
+                        "a raw Managed Agents input must be an event object with a \"type\" or {\"events\": [...]}",
                     ));
                 }
             },
             _ => {
-                return Err(Error::Config(
-                    "this input is not supported by Managed Agents".into(),
+                return Err(Error::config(
+                    tether::ConfigKind::Unsupported,
+                    "this input is not supported by Managed Agents",
                 ));
             }
         })
@@ -815,10 +816,10 @@ impl Provider for ManagedAgents {
             return Ok(Opened::resumed(sid).with_pending(pending));
         }
         let (Some(agent), Some(env)) = (&self.config.agent_id, &self.config.environment_id) else {
-            return Err(Error::Config(
+            return Err(Error::config(
+                tether::ConfigKind::Invalid,
                 "Managed Agents needs an agent id and an environment id (--agent-id, --environment-id) \
-                 to create a session, or a session id (--session-id) to reattach"
-                    .into(),
+                 to create a session, or a session id (--session-id) to reattach",
             ));
         };
         let mut body = json!({"agent": agent, "environment_id": env});

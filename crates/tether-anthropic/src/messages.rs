@@ -154,8 +154,9 @@ impl MessagesModel {
             &req.model
         };
         if model.is_empty() {
-            return Err(Error::Config(
-                "no Anthropic model named: pass one to MessagesModel::new or in the request".into(),
+            return Err(Error::config(
+                tether::ConfigKind::Invalid,
+                "no Anthropic model named: pass one to MessagesModel::new or in the request",
             ));
         }
         let (mut system, mut messages) = convert_messages(&req.messages);

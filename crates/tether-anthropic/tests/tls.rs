@@ -149,11 +149,11 @@ async fn messages_an_untrusted_certificate_is_refused_with_a_typed_error() {
 async fn a_bundle_without_a_certificate_is_a_config_error() {
     let config = ClientConfig::new("sk-test").add_root_certificates_pem("no certificate here");
     match MessagesModel::new(config.clone(), "claude-test") {
-        Err(Error::Config(m)) => assert!(m.contains("root certificate bundle #1"), "{m}"),
+        Err(Error::Config { message: m, .. }) => assert!(m.contains("root certificate bundle #1"), "{m}"),
         other => panic!("{other:?}"),
     }
     match ManagedAgents::new(ManagedConfig::new(config, "agent_1", "env_1")) {
-        Err(Error::Config(m)) => assert!(m.contains("root certificate bundle #1"), "{m}"),
+        Err(Error::Config { message: m, .. }) => assert!(m.contains("root certificate bundle #1"), "{m}"),
         other => panic!("{other:?}"),
     }
 }

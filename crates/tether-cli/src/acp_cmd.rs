@@ -354,12 +354,12 @@ pub async fn run(args: AcpArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => {
             let code = match e {
-                Error::CannotResume { .. } | Error::Config(_) => 2,
+                Error::CannotResume { .. } | Error::Config { .. } => 2,
                 _ => 1,
             };
             let msg = match &e {
                 Error::CannotResume { .. } => format!("--session-id: {e}"),
-                Error::Config(m) => m.clone(),
+                Error::Config { message, .. } => message.clone(),
                 _ => format!("could not start a session with `{program}`: {e}"),
             };
             complain(&mut screen, msg);

@@ -310,7 +310,7 @@ pub fn explain(e: &Error, label: &str) -> Option<String> {
             Error::Transport { .. } => format!("the {label} exited or closed its connection: {e}"),
             Error::CannotResume { .. } => format!("--session-id: {e}"),
             Error::Timeout(d) => format!("the run did not finish within {}s (--timeout)", d.as_secs()),
-            Error::Config(m) => m.clone(),
+            Error::Config { message, .. } => message.clone(),
             _ => format!("{label}: {e}"),
         });
     }

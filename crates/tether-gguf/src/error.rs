@@ -106,7 +106,8 @@ impl From<GgufError> for tether::Error {
     fn from(e: GgufError) -> Self {
         match e {
             GgufError::Cancelled => tether::Error::Cancelled,
-            GgufError::NotFound { .. } | GgufError::Fetch(_) => tether::Error::Config(e.to_string()),
+            GgufError::NotFound { .. } => tether::Error::config_with(tether::ConfigKind::Invalid, "", e),
+            GgufError::Fetch(_) => tether::Error::config_with(tether::ConfigKind::Setup, "", e),
             other => tether::Error::provider("gguf", other.to_string()),
         }
     }

@@ -182,17 +182,23 @@ pub fn add_root_certificates(
 ) -> Result<reqwest::ClientBuilder, Error> {
     for (i, pem) in pems.iter().enumerate() {
         let certs = reqwest::Certificate::from_pem_bundle(pem.as_bytes()).map_err(|e| {
-            Error::Config(format!(
-                "extra root certificate bundle #{} is not valid PEM: {}",
-                i + 1,
-                describe(&e)
-            ))
+            Error::config(
+                tether::ConfigKind::Invalid,
+                format!(
+                    "extra root certificate bundle #{} is not valid PEM: {}",
+                    i + 1,
+                    describe(&e)
+                ),
+            )
         })?;
         if certs.is_empty() {
-            return Err(Error::Config(format!(
-                "extra root certificate bundle #{} holds no -----BEGIN CERTIFICATE----- block",
-                i + 1
-            )));
+            return Err(Error::config(
+                tether::ConfigKind::Invalid,
+                format!(
+                    "extra root certificate bundle #{} holds no -----BEGIN CERTIFICATE----- block",
+                    i + 1
+                ),
+            ));
         }
         for c in certs {
             builder = builder.add_root_certificate(c);

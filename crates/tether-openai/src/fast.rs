@@ -10,7 +10,9 @@
 //! was the largest single cost of relaying a delta (~1 µs a chunk on the 2-vCPU bench machine,
 //! more than reading the bytes off the socket). The shape is fixed and tiny, so a single
 //! forward pass over the bytes — compare each key against a handful of literals, skip scalars,
-//! borrow the strings — does the same work for a fraction of the cost.
+//! borrow the strings — does the same work for a fraction of the cost. The scanner itself
+//! (tokens, strings, objects, scalars) is [`tether::json_scan`], shared with tether-acp's fast
+//! path; this module keeps only the chunk's shape and the template below.
 //!
 //! # Why it is exact
 //!
@@ -40,6 +42,8 @@
 //! and the same accumulated text and emits through both paths.
 
 use std::borrow::Cow;
+
+use tether::json_scan::{Scan, Seen, decode_token as decode, string_token};
 
 /// What a common chunk carries: the fields [`crate::StreamAccumulator`] reads, borrowed from the
 /// line unless escaped. Small on purpose: the serde [`crate::wire::Chunk`] is ~400 bytes of
@@ -75,42 +79,126 @@ impl Light<'_> {
 pub(crate) fn chunk(data: &[u8]) -> Option<Light<'_>> {
     // Validating the whole line once is cheaper than per string, and only stricter than serde
     // (which ignores the bytes of an unknown string): outside strings non-ASCII is an error anyway.
-    let text = std::str::from_utf8(data).ok()?;
-    let mut s = Scan {
-        s: text,
-        b: data,
-        i: 0,
-    };
+    let mut s = Scan::new(std::str::from_utf8(data).ok()?);
     let mut c = Light::default();
-    let mut seen = Seen(0);
+    let mut seen = Seen::default();
     s.object(|s, key| {
-        match key {
-            b"id" => {
+        match plain(key)? {
+            "id" => {
                 seen.once(1)?;
                 c.id = s.opt_string()?;
             }
-            b"model" => {
+            "model" => {
                 seen.once(2)?;
                 c.model = s.opt_string()?;
             }
-            b"choices" => {
+            "choices" => {
                 seen.once(4)?;
-                s.choices(&mut c)?;
+                choices(s, &mut c)?;
             }
-            b"usage" => {
+            "usage" => {
                 seen.once(8)?;
                 s.null()?;
             }
-            b"error" => {
+            "error" => {
                 seen.once(16)?;
                 s.null()?;
             }
-            _ => s.unknown()?,
+            _ => s.scalar()?,
         }
         Some(())
     })?;
-    s.ws();
-    (s.i == data.len()).then_some(c)
+    s.end().map(|()| c)
+}
+
+/// A key without escapes (one with an escape declines: serde would match it after unescaping,
+/// which this scanner does not try to reproduce).
+#[inline]
+fn plain(key: Cow<'_, str>) -> Option<&str> {
+    match key {
+        Cow::Borrowed(k) => Some(k),
+        Cow::Owned(_) => None,
+    }
+}
+
+/// `choices`: `null`, `[]` or one choice with index 0.
+fn choices<'a>(s: &mut Scan<'a>, c: &mut Light<'a>) -> Option<()> {
+    match s.peek()? {
+        b'n' => s.null(),
+        b'[' => {
+            s.eat(b'[')?;
+            if s.peek()? == b']' {
+                return s.eat(b']');
+            }
+            choice(s, c)?;
+            s.eat(b']')
+        }
+        _ => None,
+    }
+}
+
+fn choice<'a>(s: &mut Scan<'a>, c: &mut Light<'a>) -> Option<()> {
+    let mut seen = Seen::default();
+    s.object(|s, key| {
+        match plain(key)? {
+            "index" => {
+                seen.once(1)?;
+                s.eat(b'0')?;
+            }
+            "delta" => {
+                seen.once(2)?;
+                match s.peek()? {
+                    b'n' => s.null()?,
+                    _ => delta(s, c)?,
+                }
+            }
+            "finish_reason" => {
+                seen.once(4)?;
+                c.finish_reason = s.opt_string()?;
+            }
+            _ => s.scalar()?,
+        }
+        Some(())
+    })
+}
+
+fn delta<'a>(s: &mut Scan<'a>, c: &mut Light<'a>) -> Option<()> {
+    let mut seen = Seen::default();
+    s.object(|s, key| {
+        match plain(key)? {
+            "content" => {
+                seen.once(1)?;
+                s.ws();
+                let at = s.pos();
+                c.content = s.opt_string()?;
+                if c.content.is_some() {
+                    c.content_span = Some((at, s.pos()));
+                }
+            }
+            "refusal" => {
+                seen.once(2)?;
+                c.refusal = s.opt_string()?;
+            }
+            "reasoning_content" => {
+                seen.once(4)?;
+                c.reasoning_content = s.opt_string()?;
+            }
+            "reasoning" => {
+                seen.once(8)?;
+                c.reasoning = s.opt_string()?;
+            }
+            "tool_calls" => {
+                seen.once(16)?;
+                s.null()?;
+            }
+            "function_call" => {
+                seen.once(32)?;
+                s.null()?;
+            }
+            _ => s.scalar()?,
+        }
+        Some(())
+    })
 }
 
 /// The last content-only chunk of a stream, kept so that the next lines equal to it but for the
@@ -175,280 +263,6 @@ impl Template {
         let token = &data[prefix.len()..data.len() - suffix.len()];
         (string_token(token)?.len() == token.len()).then_some(())?;
         decode(token)
-    }
-}
-
-/// The string token `buf` starts with (quotes included): up to the first unescaped quote, with
-/// no raw control character (serde's rule, and so no CR or LF).
-#[inline]
-fn string_token(buf: &[u8]) -> Option<&[u8]> {
-    if buf.first() != Some(&b'"') {
-        return None;
-    }
-    let mut i = 1;
-    loop {
-        match *buf.get(i)? {
-            b'"' => return Some(&buf[..=i]),
-            b'\\' => i += 2,
-            0..=0x1f => return None,
-            _ => i += 1,
-        }
-    }
-}
-
-/// The value of a string token found by [`string_token`]: borrowed without escapes, else
-/// decoded by serde_json.
-#[inline]
-fn decode(token: &[u8]) -> Option<Cow<'_, str>> {
-    let text = std::str::from_utf8(token).ok()?;
-    let mut s = Scan {
-        s: text,
-        b: token,
-        i: 0,
-    };
-    let v = s.string()?;
-    (s.i == token.len()).then_some(v)
-}
-
-/// Known keys seen in one object, as bits.
-struct Seen(u8);
-
-impl Seen {
-    #[inline]
-    fn once(&mut self, bit: u8) -> Option<()> {
-        if self.0 & bit != 0 {
-            return None;
-        }
-        self.0 |= bit;
-        Some(())
-    }
-}
-
-struct Scan<'a> {
-    /// The line, valid UTF-8.
-    s: &'a str,
-    /// The same, as bytes.
-    b: &'a [u8],
-    i: usize,
-}
-
-impl<'a> Scan<'a> {
-    #[inline]
-    fn ws(&mut self) {
-        while let Some(b' ' | b'\n' | b'\r' | b'\t') = self.b.get(self.i) {
-            self.i += 1;
-        }
-    }
-
-    /// The next byte after whitespace (not consumed).
-    #[inline]
-    fn peek(&mut self) -> Option<u8> {
-        self.ws();
-        self.b.get(self.i).copied()
-    }
-
-    #[inline]
-    fn eat(&mut self, c: u8) -> Option<()> {
-        (self.peek()? == c).then(|| self.i += 1)
-    }
-
-    #[inline]
-    fn lit(&mut self, word: &[u8]) -> Option<()> {
-        self.ws();
-        self.b
-            .get(self.i..)?
-            .starts_with(word)
-            .then(|| self.i += word.len())
-    }
-
-    #[inline]
-    fn null(&mut self) -> Option<()> {
-        self.lit(b"null")
-    }
-
-    /// An object: `f(self, key)` reads each value. The key is returned raw; one with an escape
-    /// declines (serde would match it after unescaping).
-    #[inline]
-    fn object(&mut self, mut f: impl FnMut(&mut Self, &'a [u8]) -> Option<()>) -> Option<()> {
-        self.eat(b'{')?;
-        if self.peek()? == b'}' {
-            self.i += 1;
-            return Some(());
-        }
-        loop {
-            self.eat(b'"')?;
-            let start = self.i;
-            loop {
-                match *self.b.get(self.i)? {
-                    b'"' => break,
-                    b'\\' | 0..=0x1f => return None,
-                    _ => self.i += 1,
-                }
-            }
-            let key = &self.b[start..self.i];
-            self.i += 1;
-            self.eat(b':')?;
-            f(self, key)?;
-            match self.peek()? {
-                b',' => self.i += 1,
-                b'}' => {
-                    self.i += 1;
-                    return Some(());
-                }
-                _ => return None,
-            }
-        }
-    }
-
-    /// A string token: borrowed when it has no escape, else decoded by serde_json.
-    #[inline]
-    fn string(&mut self) -> Option<Cow<'a, str>> {
-        self.eat(b'"')?;
-        let start = self.i;
-        let mut escaped = false;
-        loop {
-            match *self.b.get(self.i)? {
-                b'"' => break,
-                b'\\' => {
-                    escaped = true;
-                    self.i += 2;
-                }
-                0..=0x1f => return None,
-                _ => self.i += 1,
-            }
-        }
-        let end = self.i;
-        self.i += 1;
-        if escaped {
-            serde_json::from_str::<String>(self.s.get(start - 1..self.i)?)
-                .ok()
-                .map(Cow::Owned)
-        } else {
-            // Both ends are at a quote, so on character boundaries.
-            self.s.get(start..end).map(Cow::Borrowed)
-        }
-    }
-
-    /// A string or `null`.
-    #[inline]
-    fn opt_string(&mut self) -> Option<Option<Cow<'a, str>>> {
-        match self.peek()? {
-            b'"' => Some(Some(self.string()?)),
-            b'n' => self.null().map(|_| None),
-            _ => None,
-        }
-    }
-
-    /// The value of a key the chunk types do not name: a scalar only.
-    fn unknown(&mut self) -> Option<()> {
-        match self.peek()? {
-            b'"' => self.string().map(drop),
-            b'n' => self.null(),
-            b't' => self.lit(b"true"),
-            b'f' => self.lit(b"false"),
-            b'-' | b'0'..=b'9' => self.integer(),
-            _ => None,
-        }
-    }
-
-    /// An integer in JSON's grammar (`-?(0|[1-9][0-9]*)`); a fraction or exponent after it
-    /// declines, since the caller then finds neither `,` nor `}`.
-    fn integer(&mut self) -> Option<()> {
-        if self.b.get(self.i) == Some(&b'-') {
-            self.i += 1;
-        }
-        match *self.b.get(self.i)? {
-            b'0' => self.i += 1,
-            b'1'..=b'9' => {
-                self.i += 1;
-                while let Some(b'0'..=b'9') = self.b.get(self.i) {
-                    self.i += 1;
-                }
-            }
-            _ => return None,
-        }
-        Some(())
-    }
-
-    /// `choices`: `null`, `[]` or one choice with index 0.
-    fn choices(&mut self, c: &mut Light<'a>) -> Option<()> {
-        match self.peek()? {
-            b'n' => self.null(),
-            b'[' => {
-                self.i += 1;
-                if self.peek()? == b']' {
-                    self.i += 1;
-                    return Some(());
-                }
-                self.choice(c)?;
-                self.eat(b']')
-            }
-            _ => None,
-        }
-    }
-
-    fn choice(&mut self, c: &mut Light<'a>) -> Option<()> {
-        let mut seen = Seen(0);
-        self.object(|s, key| {
-            match key {
-                b"index" => {
-                    seen.once(1)?;
-                    s.eat(b'0')?;
-                }
-                b"delta" => {
-                    seen.once(2)?;
-                    match s.peek()? {
-                        b'n' => s.null()?,
-                        _ => s.delta(c)?,
-                    }
-                }
-                b"finish_reason" => {
-                    seen.once(4)?;
-                    c.finish_reason = s.opt_string()?;
-                }
-                _ => s.unknown()?,
-            }
-            Some(())
-        })
-    }
-
-    fn delta(&mut self, c: &mut Light<'a>) -> Option<()> {
-        let mut seen = Seen(0);
-        self.object(|s, key| {
-            match key {
-                b"content" => {
-                    seen.once(1)?;
-                    s.ws();
-                    let at = s.i;
-                    c.content = s.opt_string()?;
-                    if c.content.is_some() {
-                        c.content_span = Some((at, s.i));
-                    }
-                }
-                b"refusal" => {
-                    seen.once(2)?;
-                    c.refusal = s.opt_string()?;
-                }
-                b"reasoning_content" => {
-                    seen.once(4)?;
-                    c.reasoning_content = s.opt_string()?;
-                }
-                b"reasoning" => {
-                    seen.once(8)?;
-                    c.reasoning = s.opt_string()?;
-                }
-                b"tool_calls" => {
-                    seen.once(16)?;
-                    s.null()?;
-                }
-                b"function_call" => {
-                    seen.once(32)?;
-                    s.null()?;
-                }
-                _ => s.unknown()?,
-            }
-            Some(())
-        })
     }
 }
 

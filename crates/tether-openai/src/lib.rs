@@ -316,16 +316,26 @@ impl OpenAiBuilder {
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(k) = &self.api_key {
             let mut v = HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
-                Error::Config("the API key contains characters not allowed in a header".into())
+                Error::config(
+                    tether::ConfigKind::Invalid,
+                    "the API key contains characters not allowed in a header",
+                )
             })?;
             v.set_sensitive(true);
             headers.insert(AUTHORIZATION, v);
         }
         for (k, v) in &self.headers {
-            let name = HeaderName::from_bytes(k.as_bytes())
-                .map_err(|_| Error::Config(format!("{k:?} is not a valid HTTP header name")))?;
+            let name = HeaderName::from_bytes(k.as_bytes()).map_err(|_| {
+                Error::config(
+                    tether::ConfigKind::Invalid,
+                    format!("{k:?} is not a valid HTTP header name"),
+                )
+            })?;
             let mut value = HeaderValue::from_str(v).map_err(|_| {
-                Error::Config(format!("the value of header {k:?} is not a valid header value"))
+                Error::config(
+                    tether::ConfigKind::Invalid,
+                    format!("the value of header {k:?} is not a valid header value"),
+                )
             })?;
             value.set_sensitive(true);
             headers.insert(name, value);
@@ -341,7 +351,9 @@ impl OpenAiBuilder {
                     .tcp_nodelay(true)
                     .pool_idle_timeout(Duration::from_secs(60))
                     .build()
-                    .map_err(|e| Error::Config(format!("cannot build the HTTP client: {e}")))?,
+                    .map_err(|e| {
+                        Error::config_with(tether::ConfigKind::Setup, "cannot build the HTTP client", e)
+                    })?,
             ),
         };
         let max_tokens_field = self.max_tokens_field.clone().unwrap_or_else(|| {
@@ -367,14 +379,16 @@ impl OpenAiBuilder {
 
 fn endpoint_of(base_url: &str) -> Result<String> {
     let url = reqwest::Url::parse(base_url.trim()).map_err(|e| {
-        Error::Config(format!(
-            "the base URL {base_url:?} is not a URL ({e}); expected e.g. http://127.0.0.1:8080/v1"
-        ))
+        Error::config(
+            tether::ConfigKind::Invalid,
+            format!("the base URL {base_url:?} is not a URL ({e}); expected e.g. http://127.0.0.1:8080/v1"),
+        )
     })?;
     if !matches!(url.scheme(), "http" | "https") {
-        return Err(Error::Config(format!(
-            "the base URL {base_url:?} must be http or https"
-        )));
+        return Err(Error::config(
+            tether::ConfigKind::Invalid,
+            format!("the base URL {base_url:?} must be http or https"),
+        ));
     }
     let mut s = url.as_str().trim_end_matches('/').to_owned();
     if matches!(url.path(), "" | "/") && url.query().is_none() {
@@ -734,9 +748,9 @@ impl ChatModel for OpenAiModel {
             req.model.as_str()
         };
         if model.is_empty() {
-            return Err(Error::Config(
-                "no model name: set OpenAiBuilder::model or name one in the request (LocalLoop::model_name)"
-                    .into(),
+            return Err(Error::config(
+                tether::ConfigKind::Invalid,
+                "no model name: set OpenAiBuilder::model or name one in the request (LocalLoop::model_name)",
             ));
         }
         let stream = self.cfg.stream;
@@ -812,8 +826,20 @@ mod tests {
             e("https://gw.example/openai"),
             "https://gw.example/openai/chat/completions"
         );
-        assert!(matches!(endpoint_of("ftp://x"), Err(Error::Config(_))));
-        assert!(matches!(endpoint_of("not a url"), Err(Error::Config(_))));
+        assert!(matches!(
+            endpoint_of("ftp://x"),
+            Err(Error::Config {
+                kind: tether::ConfigKind::Invalid,
+                ..
+            })
+        ));
+        assert!(matches!(
+            endpoint_of("not a url"),
+            Err(Error::Config {
+                kind: tether::ConfigKind::Invalid,
+                ..
+            })
+        ));
     }
 
     #[test]

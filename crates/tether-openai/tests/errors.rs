@@ -264,5 +264,14 @@ async fn a_server_ignoring_stream_true_is_read_as_json() {
 async fn a_missing_model_name_is_a_config_error() {
     let m = OpenAiModel::builder("http://127.0.0.1:9/v1").build().unwrap();
     let r = m.chat(&req(), &DeltaSink::discard()).await;
-    assert!(matches!(r, Err(Error::Config(_))), "{r:?}");
+    assert!(
+        matches!(
+            r,
+            Err(Error::Config {
+                kind: tether::ConfigKind::Invalid,
+                ..
+            })
+        ),
+        "{r:?}"
+    );
 }

@@ -182,7 +182,9 @@ async fn a_bundle_without_a_certificate_is_a_config_error() {
                 .add_root_certificates_pem(bad)
                 .build();
             match r {
-                Err(Error::Config(m)) => assert!(m.contains("root certificate bundle #1"), "{m}"),
+                Err(Error::Config { message: m, .. }) => {
+                    assert!(m.contains("root certificate bundle #1"), "{m}")
+                }
                 other => panic!("{bad:?} at {url}: {other:?}"),
             }
         }

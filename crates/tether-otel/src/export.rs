@@ -33,7 +33,9 @@ impl ExportClient {
             .connect_timeout(timeout.min(Duration::from_secs(5)))
             .timeout(timeout)
             .build()
-            .map_err(|e| tether::Error::Config(format!("cannot build the OTLP HTTP client: {e}")))?;
+            .map_err(|e| {
+                tether::Error::config_with(tether::ConfigKind::Setup, "cannot build the OTLP HTTP client", e)
+            })?;
         Ok(ExportClient { http, rt })
     }
 }

@@ -246,10 +246,13 @@ impl Telemetry {
             .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
             .unwrap_or_else(|| "http/protobuf".into());
         if protocol != "http/protobuf" {
-            return Err(Error::Config(format!(
-                "OTEL_EXPORTER_OTLP_PROTOCOL={protocol} is not supported: tether exports OTLP over http/protobuf only \
+            return Err(Error::config(
+                tether::ConfigKind::Unsupported,
+                format!(
+                    "OTEL_EXPORTER_OTLP_PROTOCOL={protocol} is not supported: tether exports OTLP over http/protobuf only \
                  (a collector's port 4318); set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"
-            )));
+                ),
+            ));
         }
         let timeout = env("OTEL_EXPORTER_OTLP_TIMEOUT")
             .and_then(|v| v.parse::<u64>().ok())
@@ -298,7 +301,13 @@ impl Telemetry {
             .thread_name("tether-otel-export")
             .enable_all()
             .build()
-            .map_err(|e| Error::Config(format!("cannot start the OTLP export thread: {e}")))?;
+            .map_err(|e| {
+                Error::config_with(
+                    tether::ConfigKind::Setup,
+                    "cannot start the OTLP export thread",
+                    e,
+                )
+            })?;
         let client = export::ExportClient::new(runtime.handle().clone(), b.timeout)?;
         let mut resource = Resource::builder();
         if let Some(s) = &b.service {
@@ -307,7 +316,9 @@ impl Telemetry {
         let resource = resource.build();
         let warned = Arc::new(AtomicBool::new(false));
         let headers: std::collections::HashMap<String, String> = b.headers.iter().cloned().collect();
-        let bad = |e: opentelemetry_otlp::ExporterBuildError| Error::Config(format!("OTLP exporter: {e}"));
+        let bad = |e: opentelemetry_otlp::ExporterBuildError| {
+            Error::config_with(tether::ConfigKind::Setup, "OTLP exporter", e)
+        };
 
         let mut spans = opentelemetry_otlp::SpanExporter::builder()
             .with_http()

@@ -14,6 +14,37 @@
 //!   steps.
 //! - [`serve`] and [`register`]: the HTTP endpoint on a listener, and its registration with the
 //!   Restate admin API.
+//!
+//! The service over an OpenAI-compatible model, with no tools and an in-memory record, served on
+//! a listener (a real deployment then calls [`register`] with the Restate admin URL, and sends
+//! turns to the ingress: `POST /TetherThread/{thread}/turn`); its health check answers without a
+//! Restate server:
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::Arc;
+//! use tether::{MemoryStore, NoTools};
+//! use tether_openai::OpenAiModel;
+//! use tether_restate::TetherThread;
+//!
+//! let model = OpenAiModel::builder("http://127.0.0.1:8000/v1").model("qwen3").build()?;
+//! let thread = TetherThread::new("assistant", Arc::new(model), Arc::new(NoTools), Arc::new(MemoryStore::default()))
+//!     .system_prompt("Answer briefly.");
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let addr = listener.local_addr()?;
+//! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+//! let server = tokio::spawn(tether_restate::serve_until(thread, listener, async {
+//!     let _ = stopped.await;
+//! }));
+//! // Restate calls a deployment over HTTP/2.
+//! let http2 = reqwest::Client::builder().http2_prior_knowledge().build()?;
+//! let health = http2.get(format!("http://{addr}/health")).send().await?;
+//! assert!(health.status().is_success());
+//! let _ = stop.send(());
+//! server.await?;
+//! # Ok(()) }
+//! ```
 
 #![deny(missing_docs)]
 

@@ -604,8 +604,11 @@ fn thread_agent(
     let agent_cfg = cfg.clone();
     let agent_name: Arc<str> = Arc::from(name);
     let factory = move |_input: &RunAgentInput| -> tether::Result<tether::SessionBuilder> {
-        let provider = spec.build().map_err(tether::Error::Config)?;
-        let handler = ServeHandler::new(&agent_cfg).map_err(tether::Error::Config)?;
+        let provider = spec
+            .build()
+            .map_err(|m| tether::Error::config(tether::ConfigKind::Invalid, m))?;
+        let handler = ServeHandler::new(&agent_cfg)
+            .map_err(|m| tether::Error::config(tether::ConfigKind::Invalid, m))?;
         let builder = tether::Session::builder_boxed(provider)
             .handler(handler)
             .config(config.clone());

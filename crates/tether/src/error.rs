@@ -41,6 +41,39 @@ impl std::fmt::Display for TransportKind {
     }
 }
 
+/// Which kind of problem an [`Error::Config`] is: what a caller may handle differently (a user
+/// interface points at the setting for [`ConfigKind::Invalid`], a program retries a call after
+/// finishing what [`ConfigKind::State`] names, reports the environment for [`ConfigKind::Setup`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ConfigKind {
+    /// A setting or argument has a value that cannot be used: a base URL that is not `http(s)`,
+    /// a header value with characters a header cannot carry, a certificate bundle that holds no
+    /// certificate, a transcript that is not a list of messages. Fix the value.
+    Invalid,
+    /// What was asked is not supported here: an input an ACP agent cannot take, a protocol
+    /// that is not built in. Use another input, provider or build.
+    Unsupported,
+    /// The call is not allowed in the current state: tool uses are pending, the agent is not
+    /// open yet. Do what the message says first, then call again.
+    State,
+    /// Setting up from the configuration failed in the environment: building the HTTP client,
+    /// starting a thread, spawning an agent, fetching a model file. The source says why.
+    Setup,
+}
+
+impl std::fmt::Display for ConfigKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ConfigKind::Invalid => "invalid",
+            ConfigKind::Unsupported => "unsupported",
+            ConfigKind::State => "state",
+            ConfigKind::Setup => "setup",
+        })
+    }
+}
+
 /// Everything that can go wrong in a tether session, as a type a caller can match on.
 ///
 /// Every variant's message says what happened and, where it can, what to do about it.
@@ -112,9 +145,20 @@ pub enum Error {
     /// The run was cancelled by the caller.
     #[error("the run was cancelled")]
     Cancelled,
-    /// The configuration is incomplete or inconsistent.
-    #[error("configuration: {0}")]
-    Config(String),
+    /// The configuration or a call is not usable as given: a bad value, something unsupported,
+    /// a call out of order, or a setup step that failed. Not transient; [`ConfigKind`] says which
+    /// (match on it rather than on the message).
+    #[error("configuration: {message}")]
+    Config {
+        /// Which kind of problem it is.
+        kind: ConfigKind,
+        /// What is wrong and what to do about it.
+        message: String,
+        /// The error behind it (a URL or certificate parse error, an `std::io::Error` from a
+        /// spawn, ...), for [`std::error::Error::source`] and downcasting.
+        #[source]
+        source: Option<BoxError>,
+    },
     /// Authentication failed or credentials are missing.
     #[error("authentication: {0}")]
     Auth(String),
@@ -272,7 +316,7 @@ impl Error {
             Error::ResponseTooLarge { .. } => "response_too_large",
             Error::Timeout(_) => "timeout",
             Error::Cancelled => "cancelled",
-            Error::Config(_) => "config",
+            Error::Config { .. } => "config",
             Error::Guard(_) => "guard",
             Error::Provider { .. } => "provider",
             Error::Store { .. } => "store",
@@ -316,6 +360,38 @@ impl Error {
         Error::Store {
             message: with_context(context, &*source),
             source: Some(source),
+        }
+    }
+
+    /// Builds an [`Error::Config`] of `kind` with no source error.
+    pub fn config(kind: ConfigKind, message: impl Into<String>) -> Self {
+        Error::Config {
+            kind,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Builds an [`Error::Config`] of `kind` that keeps `source`; the message is
+    /// `context: source`, or the source's own text when `context` is empty.
+    pub fn config_with(
+        kind: ConfigKind,
+        context: impl std::fmt::Display,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        let source = source.into();
+        Error::Config {
+            kind,
+            message: with_context(context, &*source),
+            source: Some(source),
+        }
+    }
+
+    /// The kind of an [`Error::Config`]; `None` for every other variant.
+    pub fn config_kind(&self) -> Option<ConfigKind> {
+        match self {
+            Error::Config { kind, .. } => Some(*kind),
+            _ => None,
         }
     }
 
@@ -416,6 +492,31 @@ mod tests {
             Some(std::io::ErrorKind::PermissionDenied)
         );
         assert!(Error::store("x").source().is_none());
+
+        let bad = "x".parse::<u16>().unwrap_err();
+        let e = Error::config_with(ConfigKind::Invalid, "the port `x`", bad);
+        assert_eq!(
+            e.to_string(),
+            "configuration: the port `x`: invalid digit found in string"
+        );
+        assert_eq!(e.config_kind(), Some(ConfigKind::Invalid));
+        assert!(matches!(
+            e,
+            Error::Config {
+                kind: ConfigKind::Invalid,
+                ..
+            }
+        ));
+        assert!(
+            e.source()
+                .and_then(|s| s.downcast_ref::<std::num::ParseIntError>())
+                .is_some()
+        );
+        let e = Error::config(ConfigKind::State, "tool uses are pending");
+        assert_eq!(e.to_string(), "configuration: tool uses are pending");
+        assert!(e.source().is_none() && !e.is_transient());
+        assert_eq!((e.code(), e.config_kind()), ("config", Some(ConfigKind::State)));
+        assert_eq!(Error::Closed.config_kind(), None);
 
         let e: Error = std::io::Error::other("disk full").into();
         assert!(matches!(&e, Error::Io(io) if io.kind() == std::io::ErrorKind::Other));

@@ -468,6 +468,11 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// No client-side request served (permission requests and events are baseline).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
     /// Every client-side request served.
     pub fn all() -> Self {
         Capabilities {

@@ -49,6 +49,8 @@ pub mod event;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod handler;
+#[cfg(feature = "json-scan")]
+pub mod json_scan;
 pub mod local;
 pub mod provider;
 pub mod raw;
@@ -65,7 +67,7 @@ pub mod types;
 pub mod workspace;
 
 pub use chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse, ChatToolCall};
-pub use error::{BoxError, Error, Result, TransportKind};
+pub use error::{BoxError, ConfigKind, Error, Result, TransportKind};
 pub use event::{Event, EventKind, Role};
 pub use handler::{
     Capabilities, ElicitationMode, ElicitationRequest, ElicitationResponse, ExitStatus, Handler,

@@ -116,8 +116,13 @@ impl LocalLoop {
 
     /// Continues from a transcript exported earlier (the local loop's [`crate::Session::checkpoint`]: its chat history).
     pub fn transcript(mut self, transcript: &Value) -> Result<Self> {
-        let history: Vec<ChatMessage> = serde_json::from_value(transcript.clone())
-            .map_err(|e| Error::Config(format!("the transcript is not a list of chat messages: {e}")))?;
+        let history: Vec<ChatMessage> = serde_json::from_value(transcript.clone()).map_err(|e| {
+            Error::config_with(
+                crate::ConfigKind::Invalid,
+                "the transcript is not a list of chat messages",
+                e,
+            )
+        })?;
         self.resumed = !history.is_empty();
         self.req.messages = history;
         Ok(self)
@@ -303,9 +308,11 @@ impl Provider for LocalLoop {
             Input::Continue => {}
             Input::Raw(v) => {
                 let m: ChatMessage = serde_json::from_value(v).map_err(|e| {
-                    Error::Config(format!(
-                        "a raw input to the local loop must be a chat message: {e}"
-                    ))
+                    Error::config_with(
+                        crate::ConfigKind::Invalid,
+                        "a raw input to the local loop must be a chat message",
+                        e,
+                    )
                 })?;
                 if m.role == Role::User {
                     self.seen.clear();

@@ -391,8 +391,9 @@ impl SessionBuilder {
             None => opening.await?,
         };
         if !session.pending_tool_uses().is_empty() {
-            return Err(Error::Config(
-                "the session waits for tool results: call submit_tool_results (or resume) first".into(),
+            return Err(Error::config(
+                crate::ConfigKind::State,
+                "the session waits for tool results: call submit_tool_results (or resume) first",
             ));
         }
         let r = session
@@ -780,8 +781,9 @@ impl Session {
         cancel: CancellationToken,
     ) -> Result<SessionResult> {
         if !self.pending_tool_uses().is_empty() {
-            return Err(Error::Config(
-                "the session waits for tool results: call submit_tool_results (or resume) first".into(),
+            return Err(Error::config(
+                crate::ConfigKind::State,
+                "the session waits for tool results: call submit_tool_results (or resume) first",
             ));
         }
         let mut texts: Vec<String> = Vec::new();
@@ -827,8 +829,9 @@ impl Session {
             return self.send_messages(vec![UserMessage::new(text)], cancel).await;
         }
         if !self.pending_tool_uses().is_empty() {
-            return Err(Error::Config(
-                "the session waits for tool results: call submit_tool_results (or resume) first".into(),
+            return Err(Error::config(
+                crate::ConfigKind::State,
+                "the session waits for tool results: call submit_tool_results (or resume) first",
             ));
         }
         self.request(Start::Input(input), cancel, None).await

@@ -421,7 +421,13 @@ async fn front_end_tools_pause_the_session_until_results_arrive() {
     assert_eq!(r.stop_reason, StopReason::PendingTools);
     assert_eq!(r.pending_tool_uses.len(), 1);
     assert_eq!(r.pending_tool_uses[0].id, "b");
-    assert!(matches!(s.send("again").await, Err(Error::Config(_))));
+    assert!(matches!(
+        s.send("again").await,
+        Err(Error::Config {
+            kind: tether::ConfigKind::State,
+            ..
+        })
+    ));
     let r = s
         .submit_tool_results(vec![ToolResult::ok("b", "yes")], Default::default())
         .await

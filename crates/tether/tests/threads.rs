@@ -441,8 +441,9 @@ async fn a_reused_call_id_is_not_answered_with_the_earlier_result() {
 async fn an_unanswered_user_message_is_sent_again_after_a_crash() {
     let store = Arc::new(MemoryStore::default());
     let handler = Arc::new(Touch::default());
-    let dead = Arc::new(ScriptedModel::new(vec![Err(Error::Config(
-        "the model died".into(),
+    let dead = Arc::new(ScriptedModel::new(vec![Err(Error::config(
+        tether::ConfigKind::Setup,
+        "the model died",
     ))]));
     let mut s = session(&store, "t", &dead, &handler).open().await.unwrap();
     assert!(

@@ -6,14 +6,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
+use tether::Capabilities;
 use tether_acp::schema::{
     ContentBlock, CreateElicitationRequest, CreateElicitationResponse, ElicitationAction,
     ReadTextFileRequest, ReadTextFileResponse, RequestId, RequestPermissionOutcome, RequestPermissionRequest,
     SelectedPermissionOutcome, SessionUpdate, TextContent, WriteTextFileRequest, WriteTextFileResponse,
 };
 use tether_acp::{
-    AcpTerminalRequest, AcpTerminalResponse, AcpUpdate, ClientError, ClientHandler, HandlerSupport,
-    RawMessage, SessionUpdateEvent,
+    AcpTerminalRequest, AcpTerminalResponse, AcpUpdate, ClientError, ClientHandler, RawMessage,
+    SessionUpdateEvent,
 };
 
 /// How long a test waits for something that must happen (generous: a loaded 2-core machine).
@@ -37,7 +38,7 @@ pub enum PermissionAnswer {
 
 /// A handler that records everything and answers as configured.
 pub struct Recorder {
-    pub support: HandlerSupport,
+    pub support: Capabilities,
     pub permission: Mutex<PermissionAnswer>,
     pub events: Mutex<Vec<SessionUpdateEvent>>,
     pub raw_messages: Mutex<Vec<String>>,
@@ -52,11 +53,11 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn new(support: HandlerSupport, permission: PermissionAnswer) -> Arc<Self> {
+    pub fn new(support: Capabilities, permission: PermissionAnswer) -> Arc<Self> {
         Arc::new(Self::build(support, permission, None))
     }
     pub fn build(
-        support: HandlerSupport,
+        support: Capabilities,
         permission: PermissionAnswer,
         update_delay: Option<Duration>,
     ) -> Self {
@@ -126,7 +127,7 @@ impl Recorder {
 
 #[async_trait]
 impl ClientHandler for Recorder {
-    fn supports(&self) -> HandlerSupport {
+    fn supports(&self) -> Capabilities {
         self.support
     }
     async fn session_update_with_message(&self, event: &SessionUpdateEvent, message: &RawMessage<'_>) {
