@@ -10,27 +10,29 @@
 //! - [`steps`]: the seam between tether's engine and the journal ([`steps::StepModel`],
 //!   [`steps::StepHandler`]): the engine stays ordinary async Rust, and only this crate knows
 //!   the 0.x SDK.
-//! - [`record`]: the thread's record stays in tether's store, read and written in journaled
-//!   steps.
+//! - [`record`], [`store::RestateStore`], [`notes`], [`index`]: the thread's record is the
+//!   object's own state (written with the journal, read through shared handlers by any tether
+//!   node), its front-end bookkeeping a second per-thread object, its listing an index per agent.
 //! - [`serve`] and [`register`]: the HTTP endpoint on a listener, and its registration with the
 //!   Restate admin API.
 //!
-//! The service over an OpenAI-compatible model, with no tools and an in-memory record, served on
+//! The service over an OpenAI-compatible model, with no tools (the record is the object's state),
+//! served on
 //! a listener (a real deployment then calls [`register`] with the Restate admin URL, and sends
-//! turns to the ingress: `POST /TetherThread/{thread}/turn`); its health check answers without a
-//! Restate server:
+//! turns to the ingress: `POST /TetherThread/{thread}/turn`); its health check answers without
+//! a Restate server:
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::sync::Arc;
-//! use tether::{MemoryStore, NoTools};
+//! use tether::NoTools;
 //! use tether_openai::OpenAiModel;
 //! use tether_restate::TetherThread;
 //!
 //! let model = OpenAiModel::builder("http://127.0.0.1:8000/v1").model("qwen3").build()?;
-//! let thread = TetherThread::new("assistant", Arc::new(model), Arc::new(NoTools), Arc::new(MemoryStore::default()))
-//!     .system_prompt("Answer briefly.");
+//! let thread =
+//!     TetherThread::new("assistant", Arc::new(model), Arc::new(NoTools)).system_prompt("Answer briefly.");
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
 //! let addr = listener.local_addr()?;
 //! let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

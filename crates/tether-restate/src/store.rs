@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tether::thread::CHECKPOINT;
-use tether::{Claim, Error, Event, EventStore, Result, Thread, ThreadId, ThreadStore, ToolResult};
+use tether::{Claim, ConfigKind, Error, Event, EventStore, Result, Thread, ThreadId, ThreadStore, ToolResult};
 
 use crate::record::{MAX_PAGE, Page, memo_of};
 
@@ -62,11 +62,14 @@ impl RestateStore {
     /// listing the threads of `agents` (the index is kept per agent).
     pub fn new(ingress: &str, agents: impl IntoIterator<Item = impl Into<String>>) -> Result<Self> {
         let url = reqwest::Url::parse(ingress)
-            .map_err(|e| Error::Config(format!("the Restate ingress {ingress:?} is not a URL: {e}")))?;
+            .map_err(|e| {
+            Error::config_with(ConfigKind::Invalid, format!("the Restate ingress {ingress:?} is not a URL"), e)
+        })?;
         if url.cannot_be_a_base() {
-            return Err(Error::Config(format!(
-                "the Restate ingress {ingress:?} cannot be a base URL"
-            )));
+            return Err(Error::config(
+                ConfigKind::Invalid,
+                format!("the Restate ingress {ingress:?} cannot be a base URL"),
+            ));
         }
         Ok(RestateStore {
             ingress: url,
