@@ -407,3 +407,71 @@ async fn a_started_thread_ignores_first_messages_and_records_only_what_is_new() 
         .collect();
     assert_eq!(users, ["user:u1", "user:u2"], "each message once");
 }
+
+/// A new thread's whole first run (one model turn): what each way of opening it asks of the
+/// store, before the model and in all.
+#[tokio::test]
+async fn a_new_threads_first_run_makes_three_store_calls_where_it_made_five() {
+    let expected = [
+        // Without first messages (as before): claim, provider session, user message, answer,
+        // checkpoint.
+        (
+            false,
+            false,
+            vec![("claim_thread", 1), ("set_provider_session", 1)],
+            vec![
+                ("claim_thread", 1),
+                ("set_provider_session", 1),
+                ("append", 2),
+                ("put_state", 1),
+            ],
+        ),
+        // A provider that opens remotely: claim, then provider session with the user message.
+        (
+            true,
+            false,
+            vec![("claim_thread", 1), ("start_thread", 1)],
+            vec![
+                ("claim_thread", 1),
+                ("start_thread", 1),
+                ("append", 1),
+                ("put_state", 1),
+            ],
+        ),
+        // The local loop: one call before the model.
+        (
+            true,
+            true,
+            vec![("claim_thread_starting", 1)],
+            vec![("claim_thread_starting", 1), ("append", 1), ("put_state", 1)],
+        ),
+    ];
+    for (first, locally, at_open, total) in expected {
+        let dir = tempfile::tempdir().unwrap();
+        let store = counting_store(&dir);
+        let thread = ThreadId::new("t").unwrap();
+        let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("answer"))]);
+        let mut b = Session::builder(LocalLoop::new(model));
+        if locally {
+            b = b.provider_opens_locally();
+        }
+        let msgs = vec![UserMessage::with_id("u1", "go")];
+        let mut b = b.thread(store.clone() as Arc<dyn ThreadStore>, thread.clone(), "agent");
+        if first {
+            b = b.first_messages(msgs.clone());
+        }
+        let mut s = b.open().await.unwrap();
+        assert_eq!(
+            store.snapshot(),
+            HashMap::from_iter(at_open),
+            "first={first} locally={locally}"
+        );
+        s.send_messages(msgs, Default::default()).await.unwrap();
+        s.close().await.unwrap();
+        assert_eq!(
+            store.snapshot(),
+            HashMap::from_iter(total),
+            "first={first} locally={locally}"
+        );
+    }
+}
