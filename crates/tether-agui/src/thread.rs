@@ -1192,6 +1192,13 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                                 .take(80)
                                 .collect::<String>(),
                         );
+                    // A thread not yet started is started with the request's user messages in
+                    // one store step (with its provider session): the request then records
+                    // nothing more before its first model request. A request answering
+                    // interrupts is checked first, before anything is recorded.
+                    if plan.resume.is_empty() {
+                        builder = builder.first_messages(plan.users.clone());
+                    }
                     let events = builder.subscribe(256);
                     let handler = handler_slot
                         .lock()

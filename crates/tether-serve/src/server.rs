@@ -603,15 +603,23 @@ fn thread_agent(
     };
     let agent_cfg = cfg.clone();
     let agent_name: Arc<str> = Arc::from(name);
+    // The local loop's open only prepares its history: a new thread is then claimed, given its
+    // provider session and its first messages in one store step (one wait at the store's
+    // writer before the first model request, not two). A remote loop's open creates a session
+    // on its service, so it must not run before the claim.
+    let opens_locally = matches!(spec, ProviderSpec::Local(_) | ProviderSpec::Anthropic { .. });
     let factory = move |_input: &RunAgentInput| -> tether::Result<tether::SessionBuilder> {
         let provider = spec
             .build()
             .map_err(|m| tether::Error::config(tether::ConfigKind::Invalid, m))?;
         let handler = ServeHandler::new(&agent_cfg)
             .map_err(|m| tether::Error::config(tether::ConfigKind::Invalid, m))?;
-        let builder = tether::Session::builder_boxed(provider)
+        let mut builder = tether::Session::builder_boxed(provider)
             .handler(handler)
             .config(config.clone());
+        if opens_locally {
+            builder = builder.provider_opens_locally();
+        }
         Ok(builder)
     };
     let store: Arc<dyn tether::ThreadStore> = Arc::new(store.clone());

@@ -49,7 +49,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use rusqlite::{Connection, OptionalExtension, params};
 use serde_json::Value;
-use tether::{Claim, Event, EventStore, Thread, ThreadId, ThreadStore, ToolResult};
+use tether::{Claim, Event, EventStore, Thread, ThreadId, ThreadStart, ThreadStore, ToolResult};
 
 mod lock;
 
@@ -311,6 +311,22 @@ pub enum StoreError {
         event_id: String,
         /// The event stored at that number.
         existing_event_id: String,
+    },
+    /// A new thread's first event is already in the thread's record
+    /// ([`ThreadStore::start_thread`]): nothing of the thread's start was stored.
+    #[error(
+        "{path}: thread {thread} cannot start: its record {record} already holds event {event_id} \
+         (is another process writing this thread?); nothing of the start was stored"
+    )]
+    AlreadyStarted {
+        /// The database file.
+        path: String,
+        /// The thread.
+        thread: String,
+        /// The thread's record key.
+        record: String,
+        /// The event found already stored.
+        event_id: String,
     },
 }
 
@@ -576,51 +592,158 @@ impl SqliteStore {
     /// already stored (nothing written), [`StoreError::SequenceTaken`] when its sequence number
     /// is another event's in the session (nothing written; the schema has one event per number).
     pub async fn append_event(&self, session_id: &str, event: &Event) -> Result<bool, StoreError> {
-        let body = serde_json::to_string(event).map_err(|e| {
-            corrupt(
-                &self.inner.path,
-                format!("event {} does not encode: {e}", event.id),
-            )
-        })?;
-        let (sid, id, seq) = (session_id.to_owned(), event.id.clone(), event.seq);
+        let e = Encoded::new(&self.inner.path, event)?;
+        let sid = session_id.to_owned();
         self.blocking(move |c, p| {
-            // Only a repeated id is "already stored"; a repeated sequence number under another id
-            // violates the unique index and is reported, never ignored.
-            let inserted = c
-                .prepare_cached(
-                    "INSERT INTO events (session_id, event_id, seq, body) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (session_id, event_id) DO NOTHING",
-                )
-                .and_then(|mut st| st.execute(params![sid, id, seq.map(|s| s as i64), body]));
-            let n = match inserted {
-                Ok(n) => n,
-                Err(e) if e.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) => {
-                    let Some(seq) = seq else { return Err(sql(p, e)) };
-                    let existing: Option<String> = c
-                        .prepare_cached("SELECT event_id FROM events WHERE session_id = ?1 AND seq = ?2")
-                        .and_then(|mut st| st.query_row(params![sid, seq as i64], |r| r.get(0)))
-                        .optional()
-                        .map_err(|e| sql(p, e))?;
-                    return match existing {
-                        Some(existing_event_id) => Err(StoreError::SequenceTaken {
-                            path: p.into(),
-                            session_id: sid,
-                            seq,
-                            event_id: id,
-                            existing_event_id,
-                        }),
-                        None => Err(sql(p, e)),
-                    };
-                }
-                Err(e) => return Err(sql(p, e)),
-            };
-            if n == 1 {
+            let inserted = insert_event(c, p, &sid, &e)?;
+            if inserted {
                 touch_session(c, p, &sid)?;
             }
-            Ok(n == 1)
+            Ok(inserted)
         })
         .await
     }
+}
+
+/// An event encoded for the store's thread.
+struct Encoded {
+    id: String,
+    seq: Option<u64>,
+    body: String,
+}
+
+impl Encoded {
+    fn new(path: &str, event: &Event) -> Result<Self, StoreError> {
+        let body = serde_json::to_string(event)
+            .map_err(|e| corrupt(path, format!("event {} does not encode: {e}", event.id)))?;
+        Ok(Encoded {
+            id: event.id.clone(),
+            seq: event.seq,
+            body,
+        })
+    }
+}
+
+/// Inserts one event of session `sid`: `Ok(false)` when its id is already stored,
+/// [`StoreError::SequenceTaken`] when its number is another event's.
+fn insert_event(c: &Connection, p: &str, sid: &str, e: &Encoded) -> Result<bool, StoreError> {
+    // Only a repeated id is "already stored"; a repeated sequence number under another id
+    // violates the unique index and is reported, never ignored.
+    let inserted = c
+        .prepare_cached(
+            "INSERT INTO events (session_id, event_id, seq, body) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (session_id, event_id) DO NOTHING",
+        )
+        .and_then(|mut st| st.execute(params![sid, e.id, e.seq.map(|s| s as i64), e.body]));
+    match inserted {
+        Ok(n) => Ok(n == 1),
+        Err(err) if err.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) => {
+            let Some(seq) = e.seq else { return Err(sql(p, err)) };
+            let existing: Option<String> = c
+                .prepare_cached("SELECT event_id FROM events WHERE session_id = ?1 AND seq = ?2")
+                .and_then(|mut st| st.query_row(params![sid, seq as i64], |r| r.get(0)))
+                .optional()
+                .map_err(|e| sql(p, e))?;
+            match existing {
+                Some(existing_event_id) => Err(StoreError::SequenceTaken {
+                    path: p.into(),
+                    session_id: sid.to_owned(),
+                    seq,
+                    event_id: e.id.clone(),
+                    existing_event_id,
+                }),
+                None => Err(sql(p, err)),
+            }
+        }
+        Err(err) => Err(sql(p, err)),
+    }
+}
+
+/// Claims thread `t` for agent `a` (see [`ThreadStore::claim_thread`]), in the caller's
+/// savepoint.
+fn claim_in(
+    c: &Connection,
+    p: &str,
+    t: &str,
+    a: &str,
+    new_record: String,
+    title: &str,
+) -> Result<Claim, StoreError> {
+    let existing = get_thread(c, p, t)?;
+    let created = existing.is_none();
+    let record = match existing {
+        Some(row) if row.agent != a => {
+            return match row.thread() {
+                Some(other) => Ok(Claim::Taken(other)),
+                None => Err(corrupt(p, format!("thread {t} has an invalid id"))),
+            };
+        }
+        Some(row) => row.record,
+        None => new_record,
+    };
+    c.prepare_cached(
+        "INSERT INTO threads (thread_id, agent, session_id, title, created_ms, updated_ms)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?5)
+         ON CONFLICT (thread_id) DO UPDATE SET
+           title = CASE WHEN title = '' THEN ?4 ELSE title END,
+           updated_ms = max(updated_ms, ?5)",
+    )
+    .and_then(|mut st| st.execute(params![t, a, record, title, now_ms()]))
+    .map_err(|e| sql(p, e))?;
+    written_thread(c, p, t).map(|thread| Claim::Claimed { thread, created })
+}
+
+/// Records thread `t`'s provider session, in the caller's savepoint.
+fn set_session_in(c: &Connection, p: &str, t: &str, provider: &str, session: &str) -> Result<(), StoreError> {
+    let n = c
+        .prepare_cached("UPDATE threads SET provider = ?2, provider_session = ?3 WHERE thread_id = ?1")
+        .and_then(|mut st| st.execute(params![t, provider, session]))
+        .map_err(|e| sql(p, e))?;
+    if n == 0 {
+        return Err(corrupt(p, format!("no thread {t} to record a session on")));
+    }
+    Ok(())
+}
+
+/// A thread's start, owned for the store's thread ([`ThreadStart`]).
+struct Start {
+    provider: String,
+    session: String,
+    events: Vec<Encoded>,
+}
+
+impl Start {
+    fn new(path: &str, start: &ThreadStart<'_>) -> Result<Self, StoreError> {
+        Ok(Start {
+            provider: start.provider.to_owned(),
+            session: start.session.to_owned(),
+            events: start
+                .events
+                .iter()
+                .map(|e| Encoded::new(path, e))
+                .collect::<Result<_, _>>()?,
+        })
+    }
+}
+
+/// Starts thread `t` (see [`ThreadStore::start_thread`]), in the caller's savepoint: its
+/// provider session, then its first events under `record`, each new.
+fn start_in(c: &Connection, p: &str, t: &str, record: &str, start: &Start) -> Result<(), StoreError> {
+    set_session_in(c, p, t, &start.provider, &start.session)?;
+    for e in &start.events {
+        if !insert_event(c, p, record, e)? {
+            return Err(StoreError::AlreadyStarted {
+                path: p.into(),
+                thread: t.into(),
+                record: record.into(),
+                event_id: e.id.clone(),
+            });
+        }
+    }
+    if !start.events.is_empty() {
+        touch_session(c, p, record)?;
+    }
+    Ok(())
 }
 
 /// Connection settings, before any migration: busy timeout, statement cache, WAL, sync level.
@@ -987,32 +1110,7 @@ impl ThreadStore for SqliteStore {
             new_record.to_owned(),
             title.to_owned(),
         );
-        Ok(self
-            .blocking(move |c, p| {
-                let existing = get_thread(c, p, &t)?;
-                let created = existing.is_none();
-                let record = match existing {
-                    Some(row) if row.agent != a => {
-                        return match row.thread() {
-                            Some(other) => Ok(Claim::Taken(other)),
-                            None => Err(corrupt(p, format!("thread {t} has an invalid id"))),
-                        };
-                    }
-                    Some(row) => row.record,
-                    None => s,
-                };
-                c.prepare_cached(
-                    "INSERT INTO threads (thread_id, agent, session_id, title, created_ms, updated_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?5)
-                     ON CONFLICT (thread_id) DO UPDATE SET
-                       title = CASE WHEN title = '' THEN ?4 ELSE title END,
-                       updated_ms = max(updated_ms, ?5)",
-                )
-                .and_then(|mut st| st.execute(params![t, a, record, ti, now_ms()]))
-                .map_err(|e| sql(p, e))?;
-                written_thread(c, p, &t).map(|thread| Claim::Claimed { thread, created })
-            })
-            .await?)
+        Ok(self.blocking(move |c, p| claim_in(c, p, &t, &a, s, &ti)).await?)
     }
 
     async fn set_provider_session(
@@ -1023,17 +1121,53 @@ impl ThreadStore for SqliteStore {
     ) -> tether::Result<()> {
         let (t, pr, s) = (thread.to_string(), provider.to_owned(), session.to_owned());
         Ok(self
-            .blocking(move |c, p| {
-                let n = c
-                    .prepare_cached(
-                        "UPDATE threads SET provider = ?2, provider_session = ?3 WHERE thread_id = ?1",
-                    )
-                    .and_then(|mut st| st.execute(params![t, pr, s]))
-                    .map_err(|e| sql(p, e))?;
-                if n == 0 {
-                    return Err(corrupt(p, format!("no thread {t} to record a session on")));
+            .blocking(move |c, p| set_session_in(c, p, &t, &pr, &s))
+            .await?)
+    }
+
+    /// One call (one transaction): the provider session and the first events are stored
+    /// together or not at all.
+    async fn start_thread(
+        &self,
+        thread: &ThreadId,
+        record: &str,
+        start: &ThreadStart<'_>,
+    ) -> tether::Result<()> {
+        let st = Start::new(&self.inner.path, start)?;
+        let (t, r) = (thread.to_string(), record.to_owned());
+        Ok(self.blocking(move |c, p| start_in(c, p, &t, &r, &st)).await?)
+    }
+
+    /// One call (one transaction): a new thread is created already started, so a server's new
+    /// run waits for the store once before its first model request.
+    async fn claim_thread_starting(
+        &self,
+        thread: &ThreadId,
+        agent: &str,
+        new_record: &str,
+        title: &str,
+        start: &ThreadStart<'_>,
+    ) -> tether::Result<Claim> {
+        let st = Start::new(&self.inner.path, start)?;
+        let (t, a, s, ti) = (
+            thread.to_string(),
+            agent.to_owned(),
+            new_record.to_owned(),
+            title.to_owned(),
+        );
+        Ok(self
+            .blocking(move |c, p| match claim_in(c, p, &t, &a, s, &ti)? {
+                Claim::Claimed {
+                    thread,
+                    created: true,
+                } => {
+                    start_in(c, p, &t, &thread.record, &st)?;
+                    Ok(Claim::Claimed {
+                        thread: thread.with_provider(st.provider, Some(st.session)),
+                        created: true,
+                    })
                 }
-                Ok(())
+                other => Ok(other),
             })
             .await?)
     }

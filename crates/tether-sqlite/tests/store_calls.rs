@@ -1,11 +1,15 @@
 //! What opening a thread asks of the store, on a real SQLite file: a new thread's session reads
-//! nothing back (its record key is fresh, so nothing can be recorded under it), and a thread
-//! opened again reloads its whole record and continues it.
+//! nothing back (its record key is fresh, so nothing can be recorded under it); a new thread
+//! opened with its first messages is claimed, given its provider session and its first messages
+//! in one store call when the provider opens locally (two otherwise), and nothing else is
+//! written before the first model request; a thread opened again reloads its whole record and
+//! continues it.
 //!
 //! Why it matters: `tether serve` opens a thread's session on every request, and at 1,000
 //! concurrent runs every store call before the first model request waits its turn at the store's
-//! one writer thread; the read of a new thread's (empty) record was one of four such calls
-//! before each run's first model request (see BENCHMARKS.md, `tether-serve`).
+//! one writer thread. A new run made four such calls in series (claim, read the empty record,
+//! record the provider session, record the user message); it now makes one (see BENCHMARKS.md,
+//! `tether-serve`).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -14,7 +18,8 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tether::local::LocalLoop;
 use tether::{
-    Claim, Event, EventStore, ScriptedModel, Session, Thread, ThreadId, ThreadStore, ToolResult, UserMessage,
+    ChatModel, ChatRequest, ChatResponse, Claim, DeltaSink, Event, EventStore, ScriptedModel, Session,
+    Thread, ThreadId, ThreadStart, ThreadStore, ToolResult, UserMessage,
 };
 use tether_sqlite::SqliteStore;
 
@@ -35,6 +40,11 @@ impl Counting {
 
     fn reset(&self) {
         self.calls.lock().unwrap().clear();
+    }
+
+    /// Every call so far, by method.
+    fn snapshot(&self) -> HashMap<&'static str, usize> {
+        self.calls.lock().unwrap().clone()
     }
 }
 
@@ -90,6 +100,28 @@ impl ThreadStore for Counting {
     ) -> tether::Result<()> {
         self.count("set_provider_session");
         self.inner.set_provider_session(thread, provider, session).await
+    }
+    async fn start_thread(
+        &self,
+        thread: &ThreadId,
+        record: &str,
+        start: &ThreadStart<'_>,
+    ) -> tether::Result<()> {
+        self.count("start_thread");
+        self.inner.start_thread(thread, record, start).await
+    }
+    async fn claim_thread_starting(
+        &self,
+        thread: &ThreadId,
+        agent: &str,
+        new_record: &str,
+        title: &str,
+        start: &ThreadStart<'_>,
+    ) -> tether::Result<Claim> {
+        self.count("claim_thread_starting");
+        self.inner
+            .claim_thread_starting(thread, agent, new_record, title, start)
+            .await
     }
     async fn thread(&self, thread: &ThreadId) -> tether::Result<Option<Thread>> {
         self.count("thread");
@@ -169,4 +201,277 @@ async fn a_new_thread_reads_nothing_back_and_a_reopened_one_reloads_its_record()
         .filter(|e| e.raw_type == tether::raw::USER_MESSAGE)
         .count();
     assert_eq!(users, 2, "each user message recorded once: {after:?}");
+}
+
+/// A model that notes the store calls made before each request it gets, then answers as the
+/// scripted model does.
+struct Noting {
+    inner: ScriptedModel,
+    store: Arc<Counting>,
+    seen: Mutex<Vec<HashMap<&'static str, usize>>>,
+}
+
+#[async_trait]
+impl ChatModel for Noting {
+    fn name(&self) -> &str {
+        "noting"
+    }
+    async fn chat(&self, req: &ChatRequest, deltas: &DeltaSink) -> tether::Result<ChatResponse> {
+        self.seen.lock().unwrap().push(self.store.snapshot());
+        self.inner.chat(req, deltas).await
+    }
+}
+
+fn counting_store(dir: &tempfile::TempDir) -> Arc<Counting> {
+    Arc::new(Counting {
+        inner: SqliteStore::open(dir.path().join("tether.db")).unwrap(),
+        calls: Mutex::new(HashMap::new()),
+    })
+}
+
+/// Opens `thread` with `first` as its first messages, sends them, and returns the store calls
+/// made before the first model request, the texts the model was sent, and the session's record.
+async fn first_request(
+    store: &Arc<Counting>,
+    thread: &ThreadId,
+    first: Vec<UserMessage>,
+    locally: bool,
+) -> (HashMap<&'static str, usize>, Vec<String>, String) {
+    let model = Arc::new(Noting {
+        inner: ScriptedModel::new(vec![Ok(ScriptedModel::text("answer"))]),
+        store: store.clone(),
+        seen: Mutex::new(Vec::new()),
+    });
+    let mut builder = Session::builder(LocalLoop::with_model(model.clone()));
+    if locally {
+        builder = builder.provider_opens_locally();
+    }
+    let mut session = builder
+        .thread(store.clone() as Arc<dyn ThreadStore>, thread.clone(), "agent")
+        .first_messages(first.clone())
+        .open()
+        .await
+        .unwrap();
+    for m in &first {
+        assert!(session.knows_message(m.id.as_deref().unwrap()).await);
+    }
+    let first_len = first.len();
+    let r = session.send_messages(first, Default::default()).await.unwrap();
+    assert_eq!(r.text, "answer");
+    let users = r
+        .events
+        .iter()
+        .filter(|e| e.raw_type == tether::raw::USER_MESSAGE)
+        .count();
+    assert_eq!(
+        users, first_len,
+        "the request's record holds its messages: {:?}",
+        r.events
+    );
+    let record = session.info().session_id.clone();
+    session.close().await.unwrap();
+    let sent = model
+        .inner
+        .requests()
+        .first()
+        .map(|req| {
+            req.messages
+                .iter()
+                .filter(|m| m.role == tether::Role::User)
+                .filter_map(|m| m.content.clone())
+                .collect()
+        })
+        .unwrap_or_default();
+    let before = model.seen.lock().unwrap().first().cloned().unwrap();
+    (before, sent, record)
+}
+
+#[tokio::test]
+async fn a_new_thread_started_with_its_messages_waits_for_one_store_call_before_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = counting_store(&dir);
+    let thread = ThreadId::new("t-new").unwrap();
+    let first = vec![
+        UserMessage::with_id("u1", "hello"),
+        UserMessage::with_id("u2", "there"),
+    ];
+    let (before, sent, record) = first_request(&store, &thread, first, true).await;
+    assert_eq!(
+        before,
+        HashMap::from([("claim_thread_starting", 1)]),
+        "one store call before the first model request"
+    );
+    assert_eq!(
+        sent,
+        vec!["hello\n\nthere".to_owned()],
+        "the model got both messages, once"
+    );
+
+    // On the file: the thread with its provider session; the messages first in the record,
+    // numbered 1 and 2, each once, then the answer.
+    let t = store.inner.thread(&thread).await.unwrap().unwrap();
+    assert_eq!(t.provider, "local");
+    assert!(t.provider_session.is_some());
+    let events = store.inner.load(&record).await.unwrap();
+    let ids: Vec<(&str, Option<u64>)> = events.iter().map(|e| (e.id.as_str(), e.seq)).collect();
+    assert_eq!(
+        &ids[..2],
+        &[("user:u1", Some(1)), ("user:u2", Some(2))],
+        "{ids:?}"
+    );
+    let seqs: Vec<u64> = events.iter().filter_map(|e| e.seq).collect();
+    assert_eq!(
+        seqs,
+        (1..=seqs.len() as u64).collect::<Vec<_>>(),
+        "gapless: {ids:?}"
+    );
+    assert!(
+        events.iter().any(|e| matches!(
+            &e.kind,
+            tether::EventKind::Message {
+                role: tether::Role::Assistant,
+                ..
+            }
+        )),
+        "{ids:?}"
+    );
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.raw_type == tether::raw::USER_MESSAGE)
+            .count(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn a_remote_provider_opens_after_the_claim_and_starts_the_thread_in_one_more_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = counting_store(&dir);
+    let thread = ThreadId::new("t-remote").unwrap();
+    let (before, sent, record) =
+        first_request(&store, &thread, vec![UserMessage::with_id("u1", "hello")], false).await;
+    assert_eq!(
+        before,
+        HashMap::from([("claim_thread", 1), ("start_thread", 1)]),
+        "the claim, then the provider session with the first message"
+    );
+    assert_eq!(sent, vec!["hello".to_owned()]);
+    let events = store.inner.load(&record).await.unwrap();
+    assert_eq!(events[0].id, "user:u1");
+    assert_eq!(events[0].seq, Some(1));
+}
+
+#[tokio::test]
+async fn a_started_thread_ignores_first_messages_and_records_only_what_is_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = counting_store(&dir);
+    let thread = ThreadId::new("t-again").unwrap();
+    let (_, _, record) =
+        first_request(&store, &thread, vec![UserMessage::with_id("u1", "hello")], true).await;
+    store.reset();
+    // The client resends its history with one new message.
+    let history = vec![
+        UserMessage::with_id("u1", "hello"),
+        UserMessage::with_id("u2", "more"),
+    ];
+    let model = Arc::new(Noting {
+        inner: ScriptedModel::new(vec![Ok(ScriptedModel::text("second"))]),
+        store: store.clone(),
+        seen: Mutex::new(Vec::new()),
+    });
+    let mut session = Session::builder(LocalLoop::with_model(model.clone()))
+        .provider_opens_locally()
+        .thread(store.clone() as Arc<dyn ThreadStore>, thread.clone(), "agent")
+        .first_messages(history.clone())
+        .open()
+        .await
+        .unwrap();
+    assert!(session.opened().resumed);
+    assert!(session.knows_message("u1").await);
+    assert!(
+        !session.knows_message("u2").await,
+        "nothing of the start was written"
+    );
+    let r = session.send_messages(history, Default::default()).await.unwrap();
+    assert_eq!(r.text, "second");
+    session.close().await.unwrap();
+    let before = model.seen.lock().unwrap()[0].clone();
+    assert_eq!(before.get("claim_thread_starting"), Some(&1));
+    assert_eq!(before.get("start_thread"), None);
+    let events = store.inner.load(&record).await.unwrap();
+    let users: Vec<&str> = events
+        .iter()
+        .filter(|e| e.raw_type == tether::raw::USER_MESSAGE)
+        .map(|e| e.id.as_str())
+        .collect();
+    assert_eq!(users, ["user:u1", "user:u2"], "each message once");
+}
+
+/// A new thread's whole first run (one model turn): what each way of opening it asks of the
+/// store, before the model and in all.
+#[tokio::test]
+async fn a_new_threads_first_run_makes_three_store_calls_where_it_made_five() {
+    let expected = [
+        // Without first messages (as before): claim, provider session, user message, answer,
+        // checkpoint.
+        (
+            false,
+            false,
+            vec![("claim_thread", 1), ("set_provider_session", 1)],
+            vec![
+                ("claim_thread", 1),
+                ("set_provider_session", 1),
+                ("append", 2),
+                ("put_state", 1),
+            ],
+        ),
+        // A provider that opens remotely: claim, then provider session with the user message.
+        (
+            true,
+            false,
+            vec![("claim_thread", 1), ("start_thread", 1)],
+            vec![
+                ("claim_thread", 1),
+                ("start_thread", 1),
+                ("append", 1),
+                ("put_state", 1),
+            ],
+        ),
+        // The local loop: one call before the model.
+        (
+            true,
+            true,
+            vec![("claim_thread_starting", 1)],
+            vec![("claim_thread_starting", 1), ("append", 1), ("put_state", 1)],
+        ),
+    ];
+    for (first, locally, at_open, total) in expected {
+        let dir = tempfile::tempdir().unwrap();
+        let store = counting_store(&dir);
+        let thread = ThreadId::new("t").unwrap();
+        let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("answer"))]);
+        let mut b = Session::builder(LocalLoop::new(model));
+        if locally {
+            b = b.provider_opens_locally();
+        }
+        let msgs = vec![UserMessage::with_id("u1", "go")];
+        let mut b = b.thread(store.clone() as Arc<dyn ThreadStore>, thread.clone(), "agent");
+        if first {
+            b = b.first_messages(msgs.clone());
+        }
+        let mut s = b.open().await.unwrap();
+        assert_eq!(
+            store.snapshot(),
+            HashMap::from_iter(at_open),
+            "first={first} locally={locally}"
+        );
+        s.send_messages(msgs, Default::default()).await.unwrap();
+        s.close().await.unwrap();
+        assert_eq!(
+            store.snapshot(),
+            HashMap::from_iter(total),
+            "first={first} locally={locally}"
+        );
+    }
 }

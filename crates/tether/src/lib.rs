@@ -81,7 +81,7 @@ pub use sink::{DeltaSink, EventObserver, EventSink, Subscription};
 pub use store::{EventStore, MemoryStore};
 #[cfg(feature = "test-util")]
 pub use testing::{RecordingSleeper, ScriptedModel};
-pub use thread::{Checkpoint, Claim, Thread, ThreadId, ThreadStore};
+pub use thread::{Checkpoint, Claim, Thread, ThreadId, ThreadStart, ThreadStore};
 /// Cancels a request in flight ([`Session::send_cancellable`]); re-exported from tokio-util.
 pub use tokio_util::sync::CancellationToken;
 pub use types::{

@@ -19,7 +19,7 @@ use crate::raw;
 use crate::retry::RetryPolicy;
 use crate::sink::{EventObserver, EventSink};
 use crate::store::{EventStore, MemoryStore};
-use crate::thread::{CHECKPOINT, Checkpoint, Claim, ThreadId, ThreadStore};
+use crate::thread::{CHECKPOINT, Checkpoint, Claim, ThreadId, ThreadStart, ThreadStore};
 use crate::types::{
     PendingToolUse, SessionInfo, SessionResult, StopReason, Terminal, ToolResult, ToolSpec, ToolUse,
     ToolUseResult, TurnResult, Usage, UserMessage, Waiting,
@@ -192,6 +192,9 @@ pub struct SessionBuilder {
     subscribers: Vec<mpsc::Sender<Box<Event>>>,
     /// The observer attached to the session's sink at open (a tracer).
     observer: Option<Arc<dyn EventObserver>>,
+    /// Whether the provider's `open` reaches nothing outside the process
+    /// ([`SessionBuilder::provider_opens_locally`]).
+    opens_locally: bool,
 }
 
 /// What [`SessionBuilder::thread`] asked for.
@@ -200,6 +203,8 @@ struct ThreadOpen {
     id: ThreadId,
     agent: String,
     title: String,
+    /// The user messages that start a new thread ([`SessionBuilder::first_messages`]).
+    first: Vec<UserMessage>,
 }
 
 impl SessionBuilder {
@@ -268,6 +273,7 @@ impl SessionBuilder {
             id: thread,
             agent: agent.into(),
             title: String::new(),
+            first: Vec::new(),
         });
         self
     }
@@ -278,6 +284,41 @@ impl SessionBuilder {
         if let Some(t) = &mut self.thread {
             t.title = title.into();
         }
+        self
+    }
+
+    /// The user messages that start the thread's first request (an AG-UI request's messages);
+    /// ignored without [`Self::thread`].
+    ///
+    /// When opening finds the thread not yet started (just created, or claimed earlier by a run
+    /// that stopped before recording anything), the engine records these messages in the same
+    /// store step as the provider's session handle ([`ThreadStore::start_thread`]; with
+    /// [`Self::provider_opens_locally`], in the claim's own step), instead of one step for the
+    /// handle and another when the first request records them. They are then in the record,
+    /// delivered to subscribers as the session opens, and sent with the session's next request,
+    /// as a message a resume found unanswered is ([`Opened::unanswered`]): a
+    /// [`Session::send_messages`] carrying the same ids does not record or send them twice. A
+    /// thread that already started ignores them (the request records what is new, as always).
+    pub fn first_messages(mut self, messages: Vec<UserMessage>) -> Self {
+        if let Some(t) = &mut self.thread {
+            t.first = messages;
+        }
+        self
+    }
+
+    /// Declares that the provider's [`Provider::open`] reaches nothing outside the process (the
+    /// local loop's does not: it only prepares its history) and may be called on a session that
+    /// then [`resume`](Provider::resume)s instead.
+    ///
+    /// Opening a thread with [`Self::first_messages`] then opens the provider *before* claiming
+    /// the thread, so a new thread is claimed, given its provider session and its first messages
+    /// in one store step ([`ThreadStore::claim_thread_starting`]): one store round trip before
+    /// the first model request instead of two. A claim that finds the thread started resumes the
+    /// provider as usual (its early open is discarded). Never set this for a provider whose open
+    /// creates something remotely (a Managed Agents or AgentCore session, an ACP agent's
+    /// session): a thread that already exists would leave that behind.
+    pub fn provider_opens_locally(mut self) -> Self {
+        self.opens_locally = true;
         self
     }
 
@@ -309,7 +350,17 @@ impl SessionBuilder {
         let tools = declared_tools(self.handler.as_ref(), self.config.terminal_tool.as_ref());
         let mut info = SessionInfo::new("", self.provider.name());
         info.metadata = self.config.metadata.clone();
-        let sink = EventSink::new(info.clone(), self.handler.clone(), self.store.clone());
+        // A thread that may be started with its first messages writes them through the store's
+        // own step: the sink's store then knows not to write them a second time.
+        let opening = match &self.thread {
+            Some(t) if !t.first.is_empty() => Some(Arc::new(Opening::new(self.store.clone()))),
+            _ => None,
+        };
+        let store: Arc<dyn EventStore> = match &opening {
+            Some(o) => o.clone(),
+            None => self.store.clone(),
+        };
+        let sink = EventSink::new(info.clone(), self.handler.clone(), store);
         for tx in self.subscribers {
             sink.attach(tx);
         }
@@ -334,7 +385,11 @@ impl SessionBuilder {
                 cx.sink.seed(&stored).await;
                 (opened, None)
             }
-            Some(t) => (open_thread(provider.as_mut(), &cx, info, &t).await?, Some(t.id)),
+            Some(t) => {
+                let early = self.opens_locally && opening.is_some();
+                let opened = open_thread(provider.as_mut(), &cx, info, &t, opening.as_deref(), early).await?;
+                (opened, Some(t.id))
+            }
         };
         // What a reattached session waits on: a call the handler says needs approval waits for
         // it; any other waits for its result (a front-end tool's, or a run on resume).
@@ -415,17 +470,42 @@ fn new_record_key() -> String {
 }
 
 /// Claims a thread and opens or resumes its provider session (see [`SessionBuilder::thread`]).
+///
+/// A thread not yet started, given first messages (`opening` is then the sink's store), is
+/// started in one store step: its provider session with its first messages. With `early` (the
+/// provider opens locally) the provider is opened before the claim, and that step is the claim's
+/// own; otherwise it follows the claim and the provider's open.
 async fn open_thread(
     provider: &mut dyn Provider,
     cx: &TurnContext,
     mut info: SessionInfo,
     t: &ThreadOpen,
+    opening: Option<&Opening>,
+    early: bool,
 ) -> Result<Opened> {
-    let (thread, created) = match t
-        .store
-        .claim_thread(&t.id, &t.agent, &new_record_key(), &t.title)
-        .await?
-    {
+    // A new thread's record is empty: its first messages are numbered from 1.
+    let first = match opening {
+        Some(_) => FirstMessages::new(&t.first),
+        None => FirstMessages::default(),
+    };
+    let early = match early && !first.events.is_empty() {
+        true => Some(provider.open(cx).await?),
+        false => None,
+    };
+    let claim = match &early {
+        Some(opened) => {
+            let start = ThreadStart::new(provider.name(), &opened.session_id, &first.events);
+            t.store
+                .claim_thread_starting(&t.id, &t.agent, &new_record_key(), &t.title, &start)
+                .await?
+        }
+        None => {
+            t.store
+                .claim_thread(&t.id, &t.agent, &new_record_key(), &t.title)
+                .await?
+        }
+    };
+    let (thread, created) = match claim {
         Claim::Claimed { thread, created } => (thread, created),
         Claim::Taken(other) => {
             return Err(Error::ThreadTaken {
@@ -451,12 +531,24 @@ async fn open_thread(
         store.load(&thread.record).await?
     };
     cx.sink.seed(&events).await;
+    if created && let Some(opened) = early {
+        // The claim stored the provider session and the first messages.
+        return first.adopt(cx, opening, &thread.record, opened).await;
+    }
     if thread.provider_session.is_none() && events.is_empty() {
-        let opened = provider.open(cx).await?;
-        t.store
-            .set_provider_session(&t.id, provider.name(), &opened.session_id)
-            .await?;
-        return Ok(opened);
+        let opened = match early {
+            Some(opened) => opened,
+            None => provider.open(cx).await?,
+        };
+        if first.events.is_empty() {
+            t.store
+                .set_provider_session(&t.id, provider.name(), &opened.session_id)
+                .await?;
+            return Ok(opened);
+        }
+        let start = ThreadStart::new(provider.name(), &opened.session_id, &first.events);
+        t.store.start_thread(&t.id, &thread.record, &start).await?;
+        return first.adopt(cx, opening, &thread.record, opened).await;
     }
     if !thread.provider.is_empty() && thread.provider != provider.name() {
         return Err(Error::cannot_resume(
@@ -484,6 +576,142 @@ async fn open_thread(
             .await?;
     }
     Ok(opened)
+}
+
+/// The first messages of a thread not yet started, as the events that record them
+/// ([`SessionBuilder::first_messages`]), numbered from 1.
+#[derive(Default)]
+struct FirstMessages {
+    events: Vec<Event>,
+    texts: Vec<String>,
+}
+
+impl FirstMessages {
+    /// The events recording `messages` in order, as [`Session::send_messages`] records them: a
+    /// message whose id came earlier in the list is left out (it would not be recorded or sent
+    /// twice).
+    fn new(messages: &[UserMessage]) -> Self {
+        let mut out = FirstMessages::default();
+        for m in messages {
+            let mut e = user_message_event(m);
+            if out.events.iter().any(|x| x.id == e.id) {
+                continue;
+            }
+            e.seq = Some(out.events.len() as u64 + 1);
+            out.events.push(e);
+            out.texts.push(m.text.clone());
+        }
+        out
+    }
+
+    /// Records the first messages the store has just written (the sink numbers and delivers
+    /// them, its store answering their appends without writing them again), and hands their
+    /// text to the session's next request.
+    async fn adopt(
+        self,
+        cx: &TurnContext,
+        opening: Option<&Opening>,
+        record: &str,
+        opened: Opened,
+    ) -> Result<Opened> {
+        if let Some(o) = opening {
+            o.stored(record, &self.events);
+        }
+        for e in self.events {
+            cx.sink.emit(e).await?;
+        }
+        if let Some(o) = opening {
+            o.done();
+        }
+        let mut texts = self.texts;
+        if let Some(earlier) = opened.unanswered.clone() {
+            texts.insert(0, earlier);
+        }
+        Ok(opened.with_unanswered(Some(texts.join("\n\n"))))
+    }
+}
+
+/// The store a thread session's sink writes through when the thread may start with its first
+/// messages: everything goes to the session's store, except the appends of the first events
+/// the thread's start step has just stored ([`ThreadStore::start_thread`]), which are answered
+/// as stored without a second write (the sink's `emit` numbers, marks and delivers them as it
+/// does any event).
+struct Opening {
+    inner: Arc<dyn EventStore>,
+    /// The record key and the events already stored, until the sink has recorded them.
+    stored: Mutex<Option<(String, Vec<Event>)>>,
+}
+
+impl Opening {
+    fn new(inner: Arc<dyn EventStore>) -> Self {
+        Opening {
+            inner,
+            stored: Mutex::new(None),
+        }
+    }
+
+    /// `events` are stored under `record` already.
+    fn stored(&self, record: &str, events: &[Event]) {
+        *lock(&self.stored) = Some((record.to_owned(), events.to_vec()));
+    }
+
+    /// The sink has recorded them: every append writes from now on.
+    fn done(&self) {
+        *lock(&self.stored) = None;
+    }
+
+    /// Whether `event` is one already stored under `session_id`, exactly (same id, number and
+    /// content): it is taken off the list.
+    fn take(&self, session_id: &str, event: &Event) -> bool {
+        let mut g = lock(&self.stored);
+        let Some((record, events)) = g.as_mut() else {
+            return false;
+        };
+        if record != session_id {
+            return false;
+        }
+        match events.iter().position(|e| e == event) {
+            Some(i) => {
+                events.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl EventStore for Opening {
+    async fn append(&self, session_id: &str, event: &Event) -> Result<bool> {
+        if self.take(session_id, event) {
+            return Ok(true);
+        }
+        self.inner.append(session_id, event).await
+    }
+
+    async fn load(&self, session_id: &str) -> Result<Vec<Event>> {
+        self.inner.load(session_id).await
+    }
+
+    async fn tool_result(&self, session_id: &str, tool_use_id: &str) -> Result<Option<ToolResult>> {
+        self.inner.tool_result(session_id, tool_use_id).await
+    }
+
+    async fn put_tool_result(&self, session_id: &str, result: &ToolResult) -> Result<()> {
+        self.inner.put_tool_result(session_id, result).await
+    }
+
+    async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> Result<()> {
+        self.inner.put_state(session_id, key, value).await
+    }
+
+    async fn state(&self, session_id: &str, key: &str) -> Result<Option<Value>> {
+        self.inner.state(session_id, key).await
+    }
+
+    async fn sessions(&self) -> Result<Vec<String>> {
+        self.inner.sessions().await
+    }
 }
 
 /// How long a provider gets to interrupt (after a cancel or a timeout) and to close after a run's
@@ -678,6 +906,7 @@ impl Session {
             thread: None,
             subscribers: Vec::new(),
             observer: None,
+            opens_locally: false,
         }
     }
 
@@ -791,26 +1020,7 @@ impl Session {
             texts.push(t);
         }
         for m in messages {
-            let id = match &m.id {
-                Some(id) => id.clone(),
-                None => format!("msg_{:016x}", rand::random::<u64>()),
-            };
-            let recorded = self
-                .cx
-                .sink
-                .record(
-                    user_event_id(&id),
-                    raw::USER_MESSAGE,
-                    json!({"id": id, "text": m.text}),
-                    EventKind::Message {
-                        message_id: id,
-                        role: crate::event::Role::User,
-                        text: m.text.clone(),
-                        reasoning: None,
-                        tool_uses: Vec::new(),
-                    },
-                )
-                .await?;
+            let recorded = self.cx.sink.emit(user_message_event(&m)).await?;
             if recorded {
                 texts.push(m.text);
             }
@@ -1854,6 +2064,27 @@ fn declared_tools(handler: &dyn Handler, terminal: Option<&ToolSpec>) -> Vec<Too
         tools.push(t.clone());
     }
     tools
+}
+
+/// The event recording a user message: id `user:` and the client's id (a fresh `msg_` id for a
+/// message without one), see [`user_event_id`].
+fn user_message_event(m: &UserMessage) -> Event {
+    let id = match &m.id {
+        Some(id) => id.clone(),
+        None => format!("msg_{:016x}", rand::random::<u64>()),
+    };
+    Event::new(
+        user_event_id(&id),
+        raw::USER_MESSAGE,
+        json!({"id": id, "text": m.text}),
+        EventKind::Message {
+            message_id: id,
+            role: crate::event::Role::User,
+            text: m.text.clone(),
+            reasoning: None,
+            tool_uses: Vec::new(),
+        },
+    )
 }
 
 /// The event id of a user message with the client's id `id`: `user:` and the id, or a digest of

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
+use crate::event::Event;
 use crate::store::EventStore;
 
 /// The state key of a thread's checkpoint (a [`Checkpoint`] as JSON).
@@ -190,6 +191,38 @@ impl Checkpoint {
     }
 }
 
+/// What a new thread starts with, written in one store step ([`ThreadStore::start_thread`],
+/// [`ThreadStore::claim_thread_starting`]): the provider that runs it with that provider's
+/// session handle, and the first events of its record (its first user messages, numbered from
+/// 1).
+///
+/// Why one step: every store call before a new thread's first model request waits its turn at a
+/// durable store's one writer; under many concurrent new runs those waits are most of the time
+/// to the first token (see BENCHMARKS.md, `tether-serve`). Writing the session handle with the
+/// first events also keeps a thread's record from ever holding events without the provider
+/// session they belong to.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ThreadStart<'a> {
+    /// The provider that runs the thread ([`crate::Provider::name`]).
+    pub provider: &'a str,
+    /// The provider's own session handle.
+    pub session: &'a str,
+    /// The first events of the thread's record, in sequence order, numbered (`seq` set).
+    pub events: &'a [Event],
+}
+
+impl<'a> ThreadStart<'a> {
+    /// A thread run by `provider` in its session `session`, whose record starts with `events`.
+    pub fn new(provider: &'a str, session: &'a str, events: &'a [Event]) -> Self {
+        ThreadStart {
+            provider,
+            session,
+            events,
+        }
+    }
+}
+
 /// The store seam for threads: an [`EventStore`] (the records) that also keeps the threads.
 ///
 /// Implemented by [`crate::MemoryStore`] and `tether-sqlite`'s `SqliteStore`.
@@ -209,11 +242,71 @@ pub trait ThreadStore: EventStore {
     /// Records the provider session a thread runs on (after the provider opened it).
     async fn set_provider_session(&self, thread: &ThreadId, provider: &str, session: &str) -> Result<()>;
 
+    /// Records what a new thread starts with ([`ThreadStart`]: its provider session and the
+    /// first events of its record, under `record`) as one step, so a durable store writes it in
+    /// one transaction: either all of it is stored or none.
+    ///
+    /// Every event must be new to the record (a thread just claimed and created has an empty
+    /// one): an event already stored fails with [`Error::Store`], since its sequence number may
+    /// then be another's.
+    ///
+    /// The default calls [`Self::set_provider_session`], then [`EventStore::append`] for each
+    /// event (several steps: a crash between them leaves the provider session without the
+    /// events, which a later open handles as a thread not yet started). A store with
+    /// transactions overrides it.
+    async fn start_thread(&self, thread: &ThreadId, record: &str, start: &ThreadStart<'_>) -> Result<()> {
+        self.set_provider_session(thread, start.provider, start.session)
+            .await?;
+        for e in start.events {
+            if !self.append(record, e).await? {
+                return Err(already_stored(thread, e));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Self::claim_thread`], and when this claim creates the thread, [`Self::start_thread`]
+    /// with `start` under the new record, as one step: a new thread is stored already started
+    /// (the returned thread carries the provider and its session), or not at all. A claim that
+    /// finds the thread writes nothing of `start`.
+    ///
+    /// The default calls the two methods in turn; a store with transactions overrides it.
+    async fn claim_thread_starting(
+        &self,
+        thread: &ThreadId,
+        agent: &str,
+        new_record: &str,
+        title: &str,
+        start: &ThreadStart<'_>,
+    ) -> Result<Claim> {
+        match self.claim_thread(thread, agent, new_record, title).await? {
+            Claim::Claimed {
+                thread: t,
+                created: true,
+            } => {
+                self.start_thread(thread, &t.record, start).await?;
+                Ok(Claim::Claimed {
+                    thread: t.with_provider(start.provider, Some(start.session.to_owned())),
+                    created: true,
+                })
+            }
+            other => Ok(other),
+        }
+    }
+
     /// The thread with this id, if any.
     async fn thread(&self, thread: &ThreadId) -> Result<Option<Thread>>;
 
     /// The threads of an agent (every agent's with `None`), most recently used first.
     async fn threads(&self, agent: Option<&str>) -> Result<Vec<Thread>>;
+}
+
+/// The error for a first event a thread's record already holds ([`ThreadStore::start_thread`]).
+pub fn already_stored(thread: &ThreadId, event: &Event) -> Error {
+    Error::store(format!(
+        "thread {thread} cannot start: its record already holds event {}; is another process writing this thread?",
+        shown(&event.id)
+    ))
 }
 
 #[cfg(test)]

@@ -527,3 +527,123 @@ async fn a_checkpoint_that_ends_on_tool_calls_resumes_with_them_pending() {
     assert_eq!(handler.runs.load(Ordering::SeqCst), 1);
     assert_gapless(&store.load(&record).await.unwrap());
 }
+
+/// A thread opened with its first messages records them as it opens (on a store using the
+/// trait's default start methods), and sends them with the first request, once: with the
+/// provider opened before the claim or after it.
+#[tokio::test]
+async fn a_new_thread_opened_with_its_first_messages_records_them_once_and_sends_them() {
+    for locally in [true, false] {
+        let store = Arc::new(MemoryStore::default());
+        let handler = Arc::new(Touch::default());
+        let model = Arc::new(ScriptedModel::new(vec![Ok(ScriptedModel::text("hi"))]));
+        let first = vec![
+            UserMessage::with_id("u1", "one"),
+            UserMessage::with_id("u1", "one again"),
+            UserMessage::with_id("u2", "two"),
+        ];
+        let mut b = session(&store, "t", &model, &handler).first_messages(first.clone());
+        if locally {
+            b = b.provider_opens_locally();
+        }
+        let mut sub = b.subscribe(16);
+        let mut s = b.open().await.unwrap();
+        let record = s.info().session_id.clone();
+        // Recorded and delivered as the session opened, before any request.
+        let stored = store.load(&record).await.unwrap();
+        let ids: Vec<&str> = stored.iter().map(|e| e.id.as_str()).collect();
+        assert_eq!(ids, ["user:u1", "user:u2"], "locally={locally}");
+        assert_gapless(&stored);
+        assert_eq!(sub.recv().await.unwrap().id, "user:u1");
+        assert_eq!(sub.recv().await.unwrap().id, "user:u2");
+        let t = store.thread(&tid("t")).await.unwrap().unwrap();
+        assert_eq!(t.provider, "local", "the provider session is recorded with them");
+        assert!(t.provider_session.is_some());
+        assert_eq!(s.opened().unanswered.as_deref(), Some("one\n\ntwo"));
+
+        let r = s.send_messages(first, CancellationToken::new()).await.unwrap();
+        assert_eq!(r.text, "hi");
+        let users: Vec<_> = model.requests()[0]
+            .messages
+            .iter()
+            .filter(|m| m.role == Role::User)
+            .map(|m| m.content.clone())
+            .collect();
+        assert_eq!(
+            users,
+            [Some("one\n\ntwo".to_owned())],
+            "sent once, locally={locally}"
+        );
+        let all = store.load(&record).await.unwrap();
+        assert_gapless(&all);
+        assert_eq!(all.iter().filter(|e| e.raw_type == raw::USER_MESSAGE).count(), 2);
+        assert_eq!(
+            r.events
+                .iter()
+                .filter(|e| e.raw_type == raw::USER_MESSAGE)
+                .count(),
+            2,
+            "the first request's record holds the messages it sent"
+        );
+    }
+}
+
+/// A thread of another agent is refused before anything of the start is written, even with the
+/// provider opened before the claim.
+#[tokio::test]
+async fn first_messages_for_a_thread_of_another_agent_write_nothing() {
+    let store = Arc::new(MemoryStore::default());
+    let handler = Arc::new(Touch::default());
+    let model = Arc::new(ScriptedModel::new(vec![]));
+    let s = session(&store, "t1", &model, &handler).open().await.unwrap();
+    let record = s.info().session_id.clone();
+    let before = store.thread(&tid("t1")).await.unwrap().unwrap();
+    let m: Arc<dyn tether::ChatModel> = model.clone();
+    let e = Session::builder(LocalLoop::with_model(m))
+        .provider_opens_locally()
+        .thread(store.clone(), tid("t1"), "agent-b")
+        .first_messages(vec![UserMessage::with_id("u1", "mine now")])
+        .open()
+        .await
+        .unwrap_err();
+    assert!(matches!(&e, Error::ThreadTaken { .. }), "{e}");
+    assert!(store.load(&record).await.unwrap().is_empty());
+    assert_eq!(store.thread(&tid("t1")).await.unwrap().unwrap(), before);
+}
+
+/// First messages recorded as the thread opened, whose model call then failed, are what a
+/// later open finds unanswered: sent again once, recorded once.
+#[tokio::test]
+async fn first_messages_a_failed_request_left_unanswered_are_sent_again() {
+    let store = Arc::new(MemoryStore::default());
+    let handler = Arc::new(Touch::default());
+    let dead = Arc::new(ScriptedModel::new(vec![Err(Error::store("the model died"))]));
+    let first = vec![UserMessage::with_id("u1", "are you there?")];
+    let mut s = session(&store, "t", &dead, &handler)
+        .provider_opens_locally()
+        .first_messages(first.clone())
+        .open()
+        .await
+        .unwrap();
+    assert!(
+        s.send_messages(first.clone(), CancellationToken::new())
+            .await
+            .is_err()
+    );
+    drop(s);
+    let model = Arc::new(ScriptedModel::new(vec![Ok(ScriptedModel::text("yes"))]));
+    let mut s = session(&store, "t", &model, &handler)
+        .provider_opens_locally()
+        .first_messages(first.clone())
+        .open()
+        .await
+        .unwrap();
+    assert!(s.opened().resumed);
+    assert_eq!(s.opened().unanswered.as_deref(), Some("are you there?"));
+    let r = s.send_messages(first, CancellationToken::new()).await.unwrap();
+    assert_eq!(r.text, "yes");
+    let record = s.info().session_id.clone();
+    let all = store.load(&record).await.unwrap();
+    assert_gapless(&all);
+    assert_eq!(all.iter().filter(|e| e.raw_type == raw::USER_MESSAGE).count(), 1);
+}
