@@ -950,6 +950,12 @@ impl ToolSource for McpServer {
         lock(&self.inner.tools).clone()
     }
 
+    /// The tool-list counter ([`McpServer::tools_changed`]), bumped after every refresh of the
+    /// list: a [`tether::source::ToolSources`] keeps its routes while it stays the same.
+    fn tools_version(&self) -> Option<u64> {
+        Some(*self.inner.tools_tx.borrow())
+    }
+
     async fn call(&self, call: &ToolUse, cx: CallContext) -> ToolOutput {
         self.call_inner(call, cx).await
     }

@@ -1364,7 +1364,7 @@ impl Session {
             if let Some(provider) = state {
                 let sid = sink.info().session_id.clone();
                 sink.store()
-                    .put_state(&sid, CHECKPOINT, &checkpoint_value(seq, provider))
+                    .put_state_owned(&sid, CHECKPOINT, checkpoint_value(seq, provider))
                     .await?;
             }
             Ok(())

@@ -264,12 +264,23 @@ pub trait ToolSource: Send + Sync + 'static {
     /// Runs one call; `call.name` is the source's own name for the tool. A dropped future is a
     /// cancelled call: the source stops the work it started (and tells its server).
     async fn call(&self, call: &ToolUse, cx: CallContext) -> ToolOutput;
+
+    /// A number that changes whenever [`tools`](Self::tools) may start returning something else
+    /// (it must change *after* the new list is readable), so [`ToolSources`] can keep the names
+    /// and routes it derived from the list instead of rebuilding them on every turn and call.
+    /// `None` (the default): the source cannot tell, and its list is read again each time.
+    fn tools_version(&self) -> Option<u64> {
+        None
+    }
 }
 
 #[async_trait]
 impl<S: ToolSource + ?Sized> ToolSource for Arc<S> {
     fn tools(&self) -> Vec<ToolSpec> {
         (**self).tools()
+    }
+    fn tools_version(&self) -> Option<u64> {
+        (**self).tools_version()
     }
     async fn call(&self, call: &ToolUse, cx: CallContext) -> ToolOutput {
         (**self).call(call, cx).await
@@ -443,9 +454,30 @@ pub struct Route {
 }
 
 /// An ordered set of tool sources, each with its options.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub struct ToolSources {
     entries: Vec<Arc<Entry>>,
+    /// The mapping last built, with what it was built from: reused while the handler's names and
+    /// every source's [`ToolSource::tools_version`] are the same (a turn declares the tools and
+    /// a call routes by them: without it each rebuilt the whole mapping from fresh copies of
+    /// every source's list).
+    cache: Mutex<Option<Cached>>,
+}
+
+impl Clone for ToolSources {
+    fn clone(&self) -> Self {
+        ToolSources {
+            entries: self.entries.clone(),
+            cache: Mutex::new(None),
+        }
+    }
+}
+
+/// A [`Mapping`] and what it was built from.
+struct Cached {
+    taken: Vec<String>,
+    versions: Vec<u64>,
+    mapping: Arc<Mapping>,
 }
 
 impl std::fmt::Debug for ToolSources {
@@ -481,6 +513,9 @@ impl ToolSources {
             return Err(ToolsError::DuplicateSource(opts.name));
         }
         self.entries.push(Arc::new(Entry { opts, source }));
+        if let Ok(mut c) = self.cache.lock() {
+            *c = None;
+        }
         Ok(())
     }
 
@@ -492,6 +527,38 @@ impl ToolSources {
     /// The sources' options, in order.
     pub fn options(&self) -> impl Iterator<Item = &SourceOptions> {
         self.entries.iter().map(|e| &e.opts)
+    }
+
+    /// The mapping beside `taken`, reused from the last one built while nothing it depends on
+    /// changed (see [`ToolSource::tools_version`]); built afresh, and not kept, when a source
+    /// has no version (then the `bool` is `true`). A kept mapping's collisions are logged once,
+    /// when it is built.
+    fn current(&self, taken: &[String]) -> (Arc<Mapping>, bool) {
+        // The versions are read before the lists (`mapping` reads them after): a list that
+        // changes in between is then kept under the older version, and rebuilt next time.
+        let versions: Option<Vec<u64>> = self.entries.iter().map(|e| e.source.tools_version()).collect();
+        let Some(versions) = versions else {
+            return (Arc::new(self.mapping(taken)), true);
+        };
+        if let Ok(c) = self.cache.lock()
+            && let Some(c) = c.as_ref()
+            && c.versions == versions
+            && c.taken == taken
+        {
+            return (c.mapping.clone(), false);
+        }
+        let mapping = Arc::new(self.mapping(taken));
+        for c in &mapping.collisions {
+            tracing::warn!("a tool was left out: {c}");
+        }
+        if let Ok(mut c) = self.cache.lock() {
+            *c = Some(Cached {
+                taken: taken.to_vec(),
+                versions,
+                mapping: mapping.clone(),
+            });
+        }
+        (mapping, false)
     }
 
     fn mapping(&self, taken: &[String]) -> Mapping {
@@ -581,11 +648,15 @@ impl ToolSources {
     /// is already taken is left out with a warning (a collision that appeared after
     /// [`check`](Self::check), when a source's list changed).
     pub fn tools(&self, taken: &[String]) -> Vec<ToolSpec> {
-        let m = self.mapping(taken);
-        for c in &m.collisions {
-            tracing::warn!("a tool was left out: {c}");
+        let (m, uncached) = self.current(taken);
+        // A kept mapping's collisions were said when it was built (once per change of the
+        // lists, not on every turn).
+        if uncached {
+            for c in &m.collisions {
+                tracing::warn!("a tool was left out: {c}");
+            }
         }
-        m.tools
+        m.tools.clone()
     }
 
     /// Where the exposed name `name` leads, if a source serves it.
@@ -593,7 +664,7 @@ impl ToolSources {
         if taken.iter().any(|t| t == name) {
             return None;
         }
-        self.mapping(taken).routes.remove(name)
+        self.current(taken).0.routes.get(name).cloned()
     }
 
     /// Runs a call routed by [`route`](Self::route) (no approval asked here: the caller's gate
@@ -771,6 +842,66 @@ mod tests {
         async fn call(&self, call: &ToolUse, _cx: CallContext) -> ToolOutput {
             ToolOutput::Ok(format!("ran {}", call.name))
         }
+    }
+
+    /// A source whose list can change, with a version, counting how often its list is read.
+    struct Versioned {
+        list: Mutex<Vec<&'static str>>,
+        version: std::sync::atomic::AtomicU64,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait]
+    impl ToolSource for Versioned {
+        fn tools(&self) -> Vec<ToolSpec> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Fixed(self.list.lock().unwrap().clone()).tools()
+        }
+        async fn call(&self, call: &ToolUse, _cx: CallContext) -> ToolOutput {
+            ToolOutput::Ok(format!("ran {}", call.name))
+        }
+        fn tools_version(&self) -> Option<u64> {
+            Some(self.version.load(std::sync::atomic::Ordering::SeqCst))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_versioned_source_is_read_again_only_when_its_version_changes() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let src = Arc::new(Versioned {
+            list: Mutex::new(vec!["echo"]),
+            version: 0.into(),
+            reads: 0.into(),
+        });
+        let s = ToolSources::new()
+            .add(src.clone(), SourceOptions::new("a").prefix(Prefix::Always))
+            .unwrap();
+        let h = WithTools::new(ToolSet::new(), s).unwrap();
+        let info = SessionInfo::new("s", "t");
+        let before = src.reads.load(SeqCst);
+        for i in 0..3 {
+            assert_eq!(names(&h), vec!["a__echo"]);
+            let out = h
+                .call_tool(&ToolUse::new(format!("{i}"), "a__echo", json!({})), &info)
+                .await;
+            assert_eq!(out, ToolOutput::Ok("ran echo".into()));
+        }
+        assert_eq!(
+            src.reads.load(SeqCst) - before,
+            1,
+            "the list is read once while unchanged"
+        );
+        // The list changes, then the version: the next turn and call see the new list.
+        *src.list.lock().unwrap() = vec!["sum"];
+        src.version.fetch_add(1, SeqCst);
+        assert_eq!(names(&h), vec!["a__sum"]);
+        let out = h.call_tool(&ToolUse::new("9", "a__echo", json!({})), &info).await;
+        assert!(
+            matches!(out, ToolOutput::Error(_)),
+            "a removed tool is not routed: {out:?}"
+        );
+        let out = h.call_tool(&ToolUse::new("10", "a__sum", json!({})), &info).await;
+        assert_eq!(out, ToolOutput::Ok("ran sum".into()));
     }
 
     fn names(h: &impl Handler) -> Vec<String> {

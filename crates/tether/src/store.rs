@@ -33,6 +33,12 @@ pub trait EventStore: Send + Sync + 'static {
     async fn put_tool_result(&self, session_id: &str, result: &ToolResult) -> Result<()>;
     /// Stores a named value for the session (overwriting).
     async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> Result<()>;
+    /// [`put_state`](Self::put_state) with the value handed over, for a caller that has no
+    /// further use for it (the engine's checkpoint after each turn): a store that keeps values
+    /// as they are ([`MemoryStore`]) takes it without copying it. The default calls `put_state`.
+    async fn put_state_owned(&self, session_id: &str, key: &str, value: Value) -> Result<()> {
+        self.put_state(session_id, key, &value).await
+    }
     /// Reads a named value of the session.
     async fn state(&self, session_id: &str, key: &str) -> Result<Option<Value>>;
     /// Ids of all sessions with stored events or state.
@@ -187,6 +193,18 @@ impl EventStore for MemoryStore {
                 .state
                 .insert(key.to_owned(), value.clone());
         })
+    }
+
+    async fn put_state_owned(&self, session_id: &str, key: &str, value: Value) -> Result<()> {
+        // Dropped outside the lock: the value it replaces can be a whole transcript.
+        let old = self.with(|m| {
+            m.entry(session_id.to_owned())
+                .or_default()
+                .state
+                .insert(key.to_owned(), value)
+        })?;
+        drop(old);
+        Ok(())
     }
 
     async fn state(&self, session_id: &str, key: &str) -> Result<Option<Value>> {
