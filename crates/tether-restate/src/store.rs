@@ -23,7 +23,9 @@ use async_trait::async_trait;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tether::thread::CHECKPOINT;
-use tether::{Claim, ConfigKind, Error, Event, EventStore, Result, Thread, ThreadId, ThreadStore, ToolResult};
+use tether::{
+    Claim, ConfigKind, Error, Event, EventStore, Result, Thread, ThreadId, ThreadStore, ToolResult,
+};
 
 use crate::record::{MAX_PAGE, Page, memo_of};
 
@@ -61,9 +63,12 @@ impl RestateStore {
     /// A store reading through the Restate ingress at `ingress` (e.g. `http://127.0.0.1:8080`),
     /// listing the threads of `agents` (the index is kept per agent).
     pub fn new(ingress: &str, agents: impl IntoIterator<Item = impl Into<String>>) -> Result<Self> {
-        let url = reqwest::Url::parse(ingress)
-            .map_err(|e| {
-            Error::config_with(ConfigKind::Invalid, format!("the Restate ingress {ingress:?} is not a URL"), e)
+        let url = reqwest::Url::parse(ingress).map_err(|e| {
+            Error::config_with(
+                ConfigKind::Invalid,
+                format!("the Restate ingress {ingress:?} is not a URL"),
+                e,
+            )
         })?;
         if url.cannot_be_a_base() {
             return Err(Error::config(
