@@ -446,10 +446,7 @@ impl SessionBuilder {
             None => opening.await?,
         };
         if !session.pending_tool_uses().is_empty() {
-            return Err(Error::config(
-                crate::ConfigKind::State,
-                "the session waits for tool results: call submit_tool_results (or resume) first",
-            ));
+            return Err(tools_pending());
         }
         let r = session
             .request(
@@ -712,6 +709,14 @@ impl EventStore for Opening {
     async fn sessions(&self) -> Result<Vec<String>> {
         self.inner.sessions().await
     }
+}
+
+/// The error of a request made while the session waits for tool results.
+fn tools_pending() -> Error {
+    Error::config(
+        crate::ConfigKind::State,
+        "the session waits for tool results: call submit_tool_results (or resume) first",
+    )
 }
 
 /// How long a provider gets to interrupt (after a cancel or a timeout) and to close after a run's
@@ -1010,10 +1015,7 @@ impl Session {
         cancel: CancellationToken,
     ) -> Result<SessionResult> {
         if !self.pending_tool_uses().is_empty() {
-            return Err(Error::config(
-                crate::ConfigKind::State,
-                "the session waits for tool results: call submit_tool_results (or resume) first",
-            ));
+            return Err(tools_pending());
         }
         let mut texts: Vec<String> = Vec::new();
         if let Some(t) = self.unanswered.take() {
@@ -1039,10 +1041,7 @@ impl Session {
             return self.send_messages(vec![UserMessage::new(text)], cancel).await;
         }
         if !self.pending_tool_uses().is_empty() {
-            return Err(Error::config(
-                crate::ConfigKind::State,
-                "the session waits for tool results: call submit_tool_results (or resume) first",
-            ));
+            return Err(tools_pending());
         }
         self.request(Start::Input(input), cancel, None).await
     }
