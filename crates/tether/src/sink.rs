@@ -46,6 +46,8 @@ struct Inner {
     live: StdMutex<LiveGuard>,
     subscribers: StdMutex<Vec<mpsc::Sender<Box<Event>>>>,
     observer: OnceLock<Arc<dyn EventObserver>>,
+    /// Whether the observer wants the deltas a [`DeltaSink`] delivers (its `wants_deltas`).
+    observer_deltas: AtomicBool,
     /// W3C `traceparent` values by scope (see [`EventSink::traceparent`]).
     trace: StdMutex<HashMap<String, String>>,
     full_payloads: AtomicBool,
@@ -62,6 +64,15 @@ struct Inner {
 pub trait EventObserver: Send + Sync + 'static {
     /// One event (durable, live, or an observer-only mark), with the sink it went through.
     fn on_event(&self, event: &Event, sink: &EventSink);
+
+    /// Whether [`on_event`](Self::on_event) is called for a model's token and argument deltas
+    /// (what a [`DeltaSink`] delivers: text, reasoning and tool-argument pieces, a tool call's
+    /// start and end, a reasoning signature). Asked once, when the observer is attached. A
+    /// tracer, which builds spans from requests, model calls and tool calls, answers `false`
+    /// and so costs nothing per token.
+    fn wants_deltas(&self) -> bool {
+        true
+    }
 }
 
 #[derive(Default)]
@@ -92,6 +103,7 @@ impl EventSink {
                 live: StdMutex::new(LiveGuard::default()),
                 subscribers: StdMutex::new(Vec::new()),
                 observer: OnceLock::new(),
+                observer_deltas: AtomicBool::new(false),
                 trace: StdMutex::new(HashMap::new()),
                 full_payloads: AtomicBool::new(false),
             }),
@@ -101,7 +113,12 @@ impl EventSink {
     /// Attaches the session's observer (a tracer); there is at most one. Returns `false`, changing
     /// nothing, when one is attached already.
     pub fn set_observer(&self, observer: Arc<dyn EventObserver>) -> bool {
-        self.inner.observer.set(observer).is_ok()
+        let deltas = observer.wants_deltas();
+        let set = self.inner.observer.set(observer).is_ok();
+        if set {
+            self.inner.observer_deltas.store(deltas, Ordering::Relaxed);
+        }
+        set
     }
 
     /// Whether an observer is attached: marks ([`EventSink::observe`]) are only worth building
@@ -265,6 +282,16 @@ impl EventSink {
         self.deliver(event).await;
     }
 
+    /// A model's delta (from a [`DeltaSink`]): delivered like [`emit_live`](Self::emit_live),
+    /// but shown to the observer only when it wants deltas ([`EventObserver::wants_deltas`]).
+    async fn emit_delta(&self, event: Event) {
+        if self.inner.observer_deltas.load(Ordering::Relaxed) {
+            self.deliver(event).await;
+        } else {
+            self.deliver_unobserved(event).await;
+        }
+    }
+
     /// Shorthand: records a durable event built from a raw type, raw payload and kind.
     pub async fn record(
         &self,
@@ -280,6 +307,11 @@ impl EventSink {
         if let Some(o) = self.inner.observer.get() {
             o.on_event(&event, self);
         }
+        self.deliver_unobserved(event).await;
+    }
+
+    /// Delivers to the handler and the subscribers (through the retry guard), not the observer.
+    async fn deliver_unobserved(&self, event: Event) {
         let rewritten = match self.inner.live.lock() {
             Ok(mut g) => g.on_event(&event),
             Err(p) => p.into_inner().on_event(&event),
@@ -935,7 +967,7 @@ impl DeltaSink {
 
     async fn live(&self, raw_type: &'static str, kind: EventKind) {
         if let Some(s) = &self.sink {
-            s.emit_live(Event {
+            s.emit_delta(Event {
                 id: String::new(),
                 seq: None,
                 raw_type: raw_type.to_owned(),
@@ -1367,6 +1399,67 @@ mod tests {
         let (c, events) = play(&[Retry, Text("Hi")], ("Hi", &[])).await;
         assert_eq!((text_of(&c).as_str(), c.restarts), ("Hi", 0));
         assert_eq!(events.len(), 3);
+    }
+
+    /// Counts what an observer is shown, by raw type.
+    struct Seen {
+        deltas: bool,
+        seen: StdMutex<Vec<String>>,
+    }
+
+    impl EventObserver for Seen {
+        fn on_event(&self, event: &Event, _sink: &EventSink) {
+            self.seen.lock().unwrap().push(event.raw_type.clone());
+        }
+        fn wants_deltas(&self) -> bool {
+            self.deltas
+        }
+    }
+
+    #[tokio::test]
+    async fn an_observer_that_wants_no_deltas_is_not_called_for_them_and_subscribers_still_are() {
+        for wants in [false, true] {
+            let sink = EventSink::detached();
+            let seen = Arc::new(Seen {
+                deltas: wants,
+                seen: StdMutex::new(Vec::new()),
+            });
+            assert!(sink.set_observer(seen.clone()));
+            let mut sub = sink.subscribe(64).await;
+            let d = DeltaSink::new(sink.clone(), "m");
+            d.text("Hel").await;
+            d.tool_call_start("t1", "f").await;
+            d.tool_call_args("t1", "{}").await;
+            d.tool_call_end("t1").await;
+            sink.record("u1", "tether.user_message", json!({}), EventKind::Message {
+                message_id: "u1".into(),
+                role: Role::User,
+                text: "hi".into(),
+                reasoning: None,
+                tool_uses: Vec::new(),
+            })
+            .await
+            .unwrap();
+            sink.observe(&Event::new("", "tether.run_end", json!({}), EventKind::Other));
+            let seen = seen.seen.lock().unwrap().clone();
+            let deltas = [
+                raw::LOCAL_TEXT_DELTA,
+                raw::LOCAL_TOOL_CALL_START,
+                raw::LOCAL_TOOL_CALL_ARGS,
+                raw::LOCAL_TOOL_CALL_END,
+            ];
+            let mut expected: Vec<&str> = if wants { deltas.to_vec() } else { Vec::new() };
+            expected.extend(["tether.user_message", "tether.run_end"]);
+            assert_eq!(seen, expected, "wants_deltas = {wants}");
+            // The subscribers get every delivered event either way (marks are not delivered).
+            let mut got = Vec::new();
+            while let Ok(e) = sub.try_recv() {
+                got.push(e.raw_type);
+            }
+            let mut all: Vec<&str> = deltas.to_vec();
+            all.push("tether.user_message");
+            assert_eq!(got, all);
+        }
     }
 
     #[tokio::test]
