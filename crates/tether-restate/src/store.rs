@@ -40,10 +40,11 @@ pub const FAILOVER: Duration = Duration::from_secs(30);
 
 /// Whether an ingress call that failed this way may be sent again: `None` when no answer came
 /// (the connection was refused or broke: the node behind the address died, or a pooled
-/// connection to it was stale), or the statuses Restate and proxies answer while the node cannot
-/// reach the partition's leader (502, 503, 504). Every call tether makes through the ingress
-/// is safe to repeat: shared handlers read, a note's `put` writes the same value, a turn is sent
-/// with an idempotency key, and an awakeable completed twice keeps the first completion.
+/// connection to it was stale), or the statuses of a gateway or a node that cannot serve the
+/// call yet (502, 503, 504). The calls tether makes through the ingress are
+/// safe to repeat: shared handlers read, a note's `put` writes the same value, a turn is sent
+/// with an idempotency key; an `approve` whose first attempt took effect finds the turn no
+/// longer waiting on that tool use (409) when repeated, which its caller reports.
 pub fn retryable(status: Option<u16>) -> bool {
     matches!(status, None | Some(502..=504))
 }

@@ -14,7 +14,10 @@
 //! - ends the run with the same approval interrupts as the default backend (issued and checked
 //!   by `tether_agui::approval`, recorded in the thread's record) when the turn waits, and turns
 //!   a resume into `approve` calls that complete the turn's awakeable;
-//! - cancels the invocation (`cancel`) when the client goes away or the run times out.
+//! - cancels the invocation (`cancel`) when the client goes away or the run times out;
+//! - lets a client whose stream broke (its node died) reconnect on any node: a run sending the
+//!   running turn's message again follows that turn from the last event its messages hold
+//!   (`reconnect_point`), rather than getting `THREAD_BUSY`.
 //!
 //! The record is the thread object's state in Restate (written by the turn, step by step,
 //! inside its journal): this agent and the `GET /v1/threads/...` routes read it through the
