@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use serde_json::Value;
 use tokio::sync::{Mutex, mpsc};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::event::{Event, EventKind};
 use crate::handler::Handler;
 use crate::raw;
@@ -275,6 +275,52 @@ impl EventSink {
         }
         self.deliver(event).await;
         Ok(true)
+    }
+
+    /// Adopts events the store already holds under this session's record, written by a step of
+    /// the store's own: a new thread's start ([`crate::ThreadStore::start_thread`],
+    /// [`crate::ThreadStore::claim_thread_starting`]) stores its first user messages with its
+    /// provider session in one step, and the session adopts them here instead of emitting them
+    /// (which would write them a second time).
+    ///
+    /// Adopted events are recorded as [`EventSink::emit`] records them, but nothing is written:
+    /// they keep the sequence numbers they are stored under (numbering continues after them),
+    /// their ids count as seen (a redelivery is dropped), [`EventSink::take_record`] returns them,
+    /// and they are delivered in order to the observer, the handler and every subscriber.
+    ///
+    /// Each event must carry its stored number, continuing the record: the first
+    /// [`EventSink::last_seq`] + 1, each next one more, every id new to the record. Otherwise
+    /// nothing is adopted and the result is [`crate::Error::Store`] naming the event that does
+    /// not fit: the store and the sink would disagree on what the record holds.
+    pub async fn adopt(&self, events: Vec<Event>) -> Result<()> {
+        {
+            let mut rec = self.inner.record.lock().await;
+            let mut ids = HashSet::with_capacity(events.len());
+            for (i, e) in events.iter().enumerate() {
+                let want = rec.next_seq + i as u64;
+                if e.seq != Some(want)
+                    || e.id.is_empty()
+                    || rec.seen.contains(&e.id)
+                    || !ids.insert(e.id.as_str())
+                {
+                    return Err(Error::store(format!(
+                        "session {}: stored event {:?} (number {}) does not continue the record (next: number {want}, an id not yet recorded), so none was adopted; reopen the session to load its record",
+                        self.info().session_id,
+                        e.id,
+                        e.seq.map_or_else(|| "none".to_owned(), |s| s.to_string()),
+                    )));
+                }
+            }
+            for e in &events {
+                rec.seen.insert(e.id.clone());
+                rec.events.push(e.clone());
+            }
+            rec.next_seq += events.len() as u64;
+        }
+        for e in events {
+            self.deliver(e).await;
+        }
+        Ok(())
     }
 
     /// Delivers a live-only event (not recorded): token and argument deltas.
@@ -1589,6 +1635,64 @@ mod tests {
             (c.held["m1"].reasoning.as_str(), text_of(&c).as_str()),
             ("r", "t")
         );
+    }
+
+    fn stored(id: &str, seq: u64) -> Event {
+        let mut e = Event::new(id, raw::USER_MESSAGE, json!({"text": id}), EventKind::Other);
+        e.seq = Some(seq);
+        e
+    }
+
+    #[tokio::test]
+    async fn adopted_events_are_recorded_and_delivered_but_not_written() {
+        let store = Arc::new(crate::store::MemoryStore::default());
+        let sink = EventSink::new(
+            SessionInfo::new("s1", "test"),
+            Arc::new(crate::handler::NoTools),
+            store.clone(),
+        );
+        let mut sub = sink.subscribe(8).await;
+        sink.adopt(vec![stored("a", 1), stored("b", 2)]).await.unwrap();
+        assert!(
+            store.load("s1").await.unwrap().is_empty(),
+            "adopting writes nothing"
+        );
+        assert_eq!(sink.last_seq().await, 2);
+        assert!(sink.has_seen("a").await && sink.has_seen("b").await);
+        let got: Vec<(String, Option<u64>)> = std::iter::from_fn(|| sub.try_recv().ok())
+            .map(|e| (e.id, e.seq))
+            .collect();
+        assert_eq!(got, [("a".to_owned(), Some(1)), ("b".to_owned(), Some(2))]);
+        // A redelivery of an adopted event is dropped; the next event continues the numbering.
+        assert!(!sink.emit(stored("a", 0)).await.unwrap());
+        assert!(sink.emit(stored("c", 0)).await.unwrap());
+        let written = store.load("s1").await.unwrap();
+        assert_eq!(written.len(), 1);
+        assert_eq!((written[0].id.as_str(), written[0].seq), ("c", Some(3)));
+        let record: Vec<String> = sink.take_record().await.into_iter().map(|e| e.id).collect();
+        assert_eq!(record, ["a", "b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn events_that_do_not_continue_the_record_are_not_adopted() {
+        let sink = EventSink::detached();
+        let mut sub = sink.subscribe(8).await;
+        sink.adopt(vec![stored("a", 1)]).await.unwrap();
+        let bad = [
+            vec![stored("b", 3)],                                      // a gap
+            vec![stored("b", 1)],                                      // a number taken
+            vec![stored("a", 2)],                                      // an id recorded
+            vec![stored("b", 2), stored("b", 3)],                      // an id twice
+            vec![stored("b", 2), stored("c", 2)],                      // a number twice
+            vec![Event::new("b", "t", Value::Null, EventKind::Other)], // no number
+        ];
+        for events in bad {
+            let err = sink.adopt(events.clone()).await.unwrap_err();
+            assert!(matches!(err, crate::Error::Store { .. }), "{events:?}: {err}");
+        }
+        assert_eq!(sink.last_seq().await, 1, "nothing of a refused batch is adopted");
+        assert!(!sink.has_seen("b").await);
+        assert_eq!(std::iter::from_fn(|| sub.try_recv().ok()).count(), 1);
     }
 
     /// Splits `s` into pieces at the char boundaries `cuts` pick.
