@@ -1477,13 +1477,18 @@ mod tests {
             d.tool_call_start("t1", "f").await;
             d.tool_call_args("t1", "{}").await;
             d.tool_call_end("t1").await;
-            sink.record("u1", "tether.user_message", json!({}), EventKind::Message {
-                message_id: "u1".into(),
-                role: Role::User,
-                text: "hi".into(),
-                reasoning: None,
-                tool_uses: Vec::new(),
-            })
+            sink.record(
+                "u1",
+                "tether.user_message",
+                json!({}),
+                EventKind::Message {
+                    message_id: "u1".into(),
+                    role: Role::User,
+                    text: "hi".into(),
+                    reasoning: None,
+                    tool_uses: Vec::new(),
+                },
+            )
             .await
             .unwrap();
             sink.observe(&Event::new("", "tether.run_end", json!({}), EventKind::Other));
