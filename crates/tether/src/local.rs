@@ -51,6 +51,10 @@ pub struct LocalLoop {
     /// cost then does not grow with the conversation's length).
     req: ChatRequest,
     resumed: bool,
+    /// Whether the history gained something the record lacks since the engine last asked
+    /// ([`Provider::state_beyond_record`]): what `open` set up, a raw input, an event the sink
+    /// had already.
+    beyond_record: bool,
     seen: HashSet<String>,
     error_counts: HashMap<String, u32>,
 }
@@ -85,6 +89,7 @@ impl LocalLoop {
                 tools: Vec::new(),
             },
             resumed: false,
+            beyond_record: true,
             seen: HashSet::new(),
             error_counts: HashMap::new(),
         }
@@ -135,7 +140,8 @@ impl LocalLoop {
 
     async fn directive(&mut self, cx: &TurnContext, role: &str, text: String) -> Result<()> {
         self.req.messages.push(ChatMessage::user(text.clone()));
-        cx.sink
+        let recorded = cx
+            .sink
             .record(
                 "",
                 raw::LOCAL_DIRECTIVE,
@@ -146,7 +152,14 @@ impl LocalLoop {
                 },
             )
             .await?;
+        self.note_recorded(recorded);
         Ok(())
+    }
+
+    /// Notes whether an event holding an addition to the history was recorded (`false`: one with
+    /// its id was there already, so a rebuild from the record would not see this one).
+    fn note_recorded(&mut self, recorded: bool) {
+        self.beyond_record |= !recorded;
     }
 
     async fn apply_results(&mut self, cx: &TurnContext, answered: &[ToolUseResult]) -> Result<()> {
@@ -261,6 +274,8 @@ impl Provider for LocalLoop {
     }
 
     async fn open(&mut self, _cx: &TurnContext) -> Result<Opened> {
+        // The system prompt and an imported transcript are in no record.
+        self.beyond_record = true;
         if self.req.messages.is_empty()
             && let Some(p) = &self.system_prompt
         {
@@ -281,6 +296,8 @@ impl Provider for LocalLoop {
         let rb = rebuild::rebuild(&from, self.system_prompt.as_deref(), cx).await?;
         self.req.messages = rb.history;
         self.resumed = true;
+        // Rebuilt from the checkpoint and the record: the same resume rebuilds it again.
+        self.beyond_record = false;
         if self.req.messages.is_empty()
             && let Some(p) = &self.system_prompt
         {
@@ -319,6 +336,7 @@ impl Provider for LocalLoop {
                     self.error_counts.clear();
                 }
                 self.req.messages.push(m);
+                self.beyond_record = true;
             }
         }
         if cx.is_final_turn() {
@@ -347,7 +365,8 @@ impl Provider for LocalLoop {
         }
         let text = resp.message.content.clone().unwrap_or_default();
         let all_uses: Vec<ToolUse> = resp.message.tool_calls.iter().map(|c| c.to_tool_use()).collect();
-        cx.sink
+        let recorded = cx
+            .sink
             .record(
                 &message_id,
                 raw::LOCAL_MODEL_RESPONSE,
@@ -367,6 +386,7 @@ impl Provider for LocalLoop {
                 },
             )
             .await?;
+        self.note_recorded(recorded);
         if let Some(u) = &resp.usage {
             cx.sink
                 .record(
@@ -392,7 +412,8 @@ impl Provider for LocalLoop {
                 false,
             ));
             let input = d.to_tool_use().input;
-            cx.sink
+            let recorded = cx
+                .sink
                 .record(
                     format!("dup:{}", d.id),
                     raw::LOCAL_DUPLICATE_TOOL_CALL,
@@ -403,6 +424,7 @@ impl Provider for LocalLoop {
                     },
                 )
                 .await?;
+            self.note_recorded(recorded);
         }
 
         let finish = resp.finish_reason.clone().filter(|s| !s.is_empty());
@@ -441,6 +463,13 @@ impl Provider for LocalLoop {
 
     fn checkpoint(&self) -> Option<Value> {
         serde_json::to_value(&self.req.messages).ok()
+    }
+
+    /// The history a resume rebuilds is the checkpoint's and the record's after it (see the
+    /// `rebuild` module): a turn's model response, tool results, directives and duplicate calls
+    /// are all recorded, so only what the record lacks needs a save.
+    fn state_beyond_record(&mut self) -> bool {
+        std::mem::take(&mut self.beyond_record)
     }
 }
 

@@ -414,6 +414,7 @@ impl SessionBuilder {
             opened,
             thread,
             unsaved: false,
+            unrecorded: false,
             tasks: TaskTracker::new(),
             batch: Arc::new(Mutex::new(Vec::new())),
         })
@@ -791,6 +792,10 @@ pub struct Session {
     unanswered: Option<String>,
     /// Whether the provider may have changed since its transcript was last saved.
     unsaved: bool,
+    /// Whether the engine handed the provider something the record lacks since the checkpoint
+    /// was last saved (an input it did not record, results it made up), or a request failed:
+    /// the next save is then not skipped (see [`Provider::state_beyond_record`]).
+    unrecorded: bool,
     /// The session's tool tasks: a cancel waits on it for the tasks it aborted to end.
     tasks: TaskTracker,
     /// The tool batch in flight (set when a turn hands tool uses over, cleared when they are
@@ -855,8 +860,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 enum Start {
     /// A provider input (a message is recorded as the user's first).
     Input(Input),
-    /// User messages already recorded (or being sent again): the provider gets their text.
-    Recorded(String),
+    /// User messages already recorded (or being sent again): the provider gets their text;
+    /// `true` when it is exactly one recorded message (as a resume would replay it).
+    Recorded(String, bool),
     /// Tool uses a paused or reattached session waits on: run them (answers the application
     /// wrote for them count), then continue with their results.
     Pending(Vec<ToolUse>),
@@ -1018,8 +1024,11 @@ impl Session {
             return Err(tools_pending());
         }
         let mut texts: Vec<String> = Vec::new();
+        // A text resent from before may be several messages joined: not as the record has it.
+        let mut exact = true;
         if let Some(t) = self.unanswered.take() {
             texts.push(t);
+            exact = false;
         }
         for m in messages {
             let recorded = self.cx.sink.emit(user_message_event(&m)).await?;
@@ -1030,7 +1039,9 @@ impl Session {
         if texts.is_empty() {
             return Ok(self.idle_result().await);
         }
-        self.request(Start::Recorded(texts.join("\n\n")), cancel, None)
+        // Several messages go to the provider as one, which the record does not hold.
+        let exact = exact && texts.len() == 1;
+        self.request(Start::Recorded(texts.join("\n\n"), exact), cancel, None)
             .await
     }
 
@@ -1165,7 +1176,7 @@ impl Session {
     pub async fn resume(&mut self, cancel: CancellationToken) -> Result<SessionResult> {
         if self.paused.is_empty() {
             return match self.unanswered.take() {
-                Some(text) => self.request(Start::Recorded(text), cancel, None).await,
+                Some(text) => self.request(Start::Recorded(text, false), cancel, None).await,
                 None => Ok(self.idle_result().await),
             };
         }
@@ -1216,7 +1227,7 @@ impl Session {
                 Start::Input(Input::ToolResults(..)) => "tool_results",
                 Start::Input(Input::Continue) => "continue",
                 Start::Input(Input::Raw(_)) => "raw",
-                Start::Recorded(_) => "message",
+                Start::Recorded(..) => "message",
                 Start::Pending(_) => "resume",
             };
             self.cx.sink.observe(&Event::new(
@@ -1263,6 +1274,8 @@ impl Session {
         if r.is_err() {
             // The failed request's events are in the store; the next result must not carry them.
             let _ = self.cx.sink.take_record().await;
+            // Whatever the provider holds now, the next save writes it.
+            self.unrecorded = true;
         }
         // A request that failed in a provider call is not checkpointed: the provider's state may
         // hold a half-done turn (a user message it never answered), which a resume from the last
@@ -1340,8 +1353,11 @@ impl Session {
     /// Saves the checkpoint (state key [`CHECKPOINT`]: the provider's state and the sequence
     /// number it covers) so a crash loses at most the turn in flight: called after every turn and
     /// at the end of every request. Nothing is written when the provider was not called since
-    /// the last save (a request that ends with the turn just saved), nor for a provider that
-    /// keeps no state.
+    /// the last save (a request that ends with the turn just saved), for a provider that keeps
+    /// no state, nor when the record holds everything the provider got since the last save
+    /// (neither the provider nor the engine noted anything beyond it, see
+    /// [`Provider::state_beyond_record`]): a resume rebuilds the state from the saved checkpoint
+    /// and the record after it.
     async fn checkpoint_now(&mut self) -> Result<()> {
         self.checkpoint_saver().await.await
     }
@@ -1351,7 +1367,15 @@ impl Session {
     /// work (a turn's tool calls).
     async fn checkpoint_saver(&mut self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
         let state = match std::mem::take(&mut self.unsaved) {
-            true => self.provider.checkpoint(),
+            // Skipped when the record holds everything since the last save: a resume rebuilds
+            // the same state from that checkpoint and the record after it.
+            true => {
+                let beyond = self.provider.state_beyond_record();
+                match std::mem::take(&mut self.unrecorded) || beyond {
+                    true => self.provider.checkpoint(),
+                    false => None,
+                }
+            }
             false => None,
         };
         let sink = self.cx.sink.clone();
@@ -1373,8 +1397,18 @@ impl Session {
     async fn drive(&mut self, start: Start) -> Result<SessionResult> {
         let mut acc = Acc::default();
         let first = match start {
-            Start::Input(i) => i,
-            Start::Recorded(text) => Input::Message(text),
+            Start::Input(i) => {
+                // An input given directly (`run`'s prompt, a raw input, results from outside) is
+                // in no record.
+                if !matches!(i, Input::Continue) {
+                    self.unrecorded = true;
+                }
+                i
+            }
+            Start::Recorded(text, exact) => {
+                self.unrecorded |= !exact;
+                Input::Message(text)
+            }
             Start::Pending(uses) => {
                 self.hand_over(&uses);
                 let (results, pending) = self.runner().run(&uses, true).await?;
@@ -1498,7 +1532,8 @@ impl Session {
                             let text = format!(
                                 "You ended your turn without calling the `{name}` tool. You MUST call `{name}` now to finish, with your final answer as its input."
                             );
-                            self.cx
+                            let recorded = self
+                                .cx
                                 .sink
                                 .record(
                                     "",
@@ -1510,6 +1545,7 @@ impl Session {
                                     },
                                 )
                                 .await?;
+                            self.unrecorded |= !recorded;
                             input = Input::Message(text);
                             continue;
                         }
@@ -1554,9 +1590,11 @@ impl Session {
             .collect();
     }
 
-    /// Hands tool results to the provider (its checkpoint then needs saving).
+    /// Hands tool results to the provider without a turn (its checkpoint then needs saving: a
+    /// rebuild from the record takes results no turn followed for a batch still pending).
     async fn record_tool_results(&mut self, answered: &[ToolUseResult]) -> Result<()> {
         self.unsaved = true;
+        self.unrecorded = true;
         self.provider.record_tool_results(answered).await
     }
 
@@ -1612,6 +1650,7 @@ impl Session {
                 self.hand_over(&pending);
                 let (results, _pending) = self.runner().run(&pending, true).await?;
                 lock(&self.batch).clear();
+                self.unrecorded |= results.iter().any(Option::is_none);
                 let answered = pending
                     .into_iter()
                     .zip(results)
