@@ -882,10 +882,11 @@ struct Acc {
 }
 
 impl Acc {
-    fn absorb(&mut self, tr: &TurnResult) {
+    /// Takes in a turn's result; `keys` are its tool uses' memo keys, in order.
+    fn absorb(&mut self, tr: &TurnResult, keys: &[String]) {
         self.texts.push(tr.text.clone());
-        for u in &tr.tool_uses {
-            self.add_tool_use(u);
+        for (u, key) in tr.tool_uses.iter().zip(keys) {
+            self.add_tool_use(u, key);
         }
         self.server_tool_uses.extend(tr.server_tool_uses.iter().cloned());
         if let Some(u) = &tr.usage {
@@ -893,9 +894,11 @@ impl Acc {
         }
     }
 
-    /// Adds a tool use unless the same tool use (id, name, arguments) is there already.
-    fn add_tool_use(&mut self, u: &ToolUse) {
-        if self.keys.insert(u.memo_key()) {
+    /// Adds a tool use unless the same tool use (id, name, arguments: its memo key `key`) is
+    /// there already.
+    fn add_tool_use(&mut self, u: &ToolUse, key: &str) {
+        if !self.keys.contains(key) {
+            self.keys.insert(key.to_owned());
             self.tool_uses.push(u.clone());
         }
     }
@@ -1338,13 +1341,15 @@ impl Session {
         self.record_tool_results(&answered).await
     }
 
-    /// Notes the tool uses a turn handed over, before anything else happens to them.
-    fn hand_over(&self, uses: &[ToolUse]) {
+    /// Notes the tool uses a turn handed over, before anything else happens to them; `keys` are
+    /// their memo keys ([`memo_keys`]).
+    fn hand_over(&self, uses: &[ToolUse], keys: &[String]) {
         *lock(&self.batch) = uses
             .iter()
-            .map(|u| Slot {
+            .zip(keys)
+            .map(|(u, key)| Slot {
                 tool_use: u.clone(),
-                key: u.memo_key(),
+                key: key.clone(),
                 state: SlotState::NotStarted,
             })
             .collect();
@@ -1410,8 +1415,9 @@ impl Session {
                 Input::Message(text)
             }
             Start::Pending(uses) => {
-                self.hand_over(&uses);
-                let (results, pending) = self.runner().run(&uses, true).await?;
+                let keys = memo_keys(&uses);
+                self.hand_over(&uses, &keys);
+                let (results, pending) = self.runner().run(&uses, &keys, true).await?;
                 if !pending.is_empty() {
                     lock(&self.batch).clear();
                     self.pause(uses, &pending);
@@ -1437,9 +1443,11 @@ impl Session {
             self.cx.turn = acc.turns + 1;
             let tr = self.turn_with_reconnect(input, &mut acc).await?;
             acc.turns += 1;
-            acc.absorb(&tr);
+            // Each use's memo key, computed once (a SHA-256 of its canonical arguments).
+            let keys = memo_keys(&tr.tool_uses);
+            acc.absorb(&tr, &keys);
             if tr.terminal == Terminal::RequiresAction {
-                self.hand_over(&tr.tool_uses);
+                self.hand_over(&tr.tool_uses, &keys);
             }
             // A turn that hands tool uses over saves its checkpoint while they run: the save
             // holds the provider's state as of the turn's end, taken now, and the tools' results
@@ -1483,9 +1491,9 @@ impl Session {
                     }
                     let (ran, saved) = match saving.take() {
                         Some(saving) => {
-                            futures_util::future::join(self.runner().run(&uses, false), saving).await
+                            futures_util::future::join(self.runner().run(&uses, &keys, false), saving).await
                         }
-                        None => (self.runner().run(&uses, false).await, Ok(())),
+                        None => (self.runner().run(&uses, &keys, false).await, Ok(())),
                     };
                     if let Err(e) = saved {
                         // The calls that ran are memoized and recorded: the provider gets their
@@ -1644,11 +1652,12 @@ impl Session {
             if pending.is_empty() {
                 input = Some(Input::Continue);
             } else {
-                for u in &pending {
-                    acc.add_tool_use(u);
+                let keys = memo_keys(&pending);
+                for (u, key) in pending.iter().zip(&keys) {
+                    acc.add_tool_use(u, key);
                 }
-                self.hand_over(&pending);
-                let (results, _pending) = self.runner().run(&pending, true).await?;
+                self.hand_over(&pending, &keys);
+                let (results, _pending) = self.runner().run(&pending, &keys, true).await?;
                 lock(&self.batch).clear();
                 self.unrecorded |= results.iter().any(Option::is_none);
                 let answered = pending
@@ -1719,12 +1728,13 @@ impl ToolRunner<'_> {
     async fn run(
         &self,
         uses: &[ToolUse],
+        base_keys: &[String],
         by_id: bool,
     ) -> Result<(Vec<Option<ToolResult>>, Vec<PendingToolUse>)> {
         let sid = self.cx.sink.info().session_id.clone();
         let mut keys = Vec::with_capacity(uses.len());
-        for u in uses {
-            keys.push(current_key(&self.cx.sink, u).await);
+        for base in base_keys {
+            keys.push(current_key_from(&self.cx.sink, base).await);
         }
         let plan = plan_batch(uses, &keys);
         {
@@ -1953,11 +1963,21 @@ fn check_call(cx: &TurnContext, u: &ToolUse) -> Option<String> {
     })
 }
 
+/// The memo key ([`ToolUse::memo_key`]) of each use, in order: computed once per use and
+/// carried along (the accumulator, the batch in flight and the runner all need it).
+fn memo_keys(uses: &[ToolUse]) -> Vec<String> {
+    uses.iter().map(ToolUse::memo_key).collect()
+}
+
 /// The memo key `u` is answered under now: [`ToolUse::memo_key`], moved on by one generation
 /// each time its result was forgotten ([`Session::forget_tool_result`]).
 async fn current_key(sink: &EventSink, u: &ToolUse) -> String {
-    let base = u.memo_key();
-    let mut key = base.clone();
+    current_key_from(sink, &u.memo_key()).await
+}
+
+/// [`current_key`] from the use's [`ToolUse::memo_key`], `base`.
+async fn current_key_from(sink: &EventSink, base: &str) -> String {
+    let mut key = base.to_owned();
     let mut generation = 0u32;
     while sink.has_seen(&format!("tool_forget:{key}")).await {
         generation += 1;
