@@ -263,6 +263,8 @@ impl LocalLoop {
 
 /// The duplicate-call key: the tool name and its arguments (see [`ToolUse::fingerprint`]):
 /// canonical JSON when they parse, the raw text when they don't.
+/// The loop keys each call by its decoded use's fingerprint, which is this.
+#[cfg(test)]
 fn call_key(name: &str, arguments: &str) -> String {
     ToolUse::from_arguments("", name, arguments).fingerprint()
 }
@@ -354,17 +356,18 @@ impl Provider for LocalLoop {
         let resp = self.call_model(cx, &message_id).await?;
         self.req.messages.push(resp.message.clone());
 
+        // Each call decoded once: for the record, the duplicate check and the engine.
+        let all_uses: Vec<ToolUse> = resp.message.tool_calls.iter().map(|c| c.to_tool_use()).collect();
         let mut uses = Vec::new();
         let mut dups = Vec::new();
-        for c in &resp.message.tool_calls {
-            if self.seen.insert(call_key(&c.name, &c.arguments)) {
-                uses.push(c.to_tool_use());
+        for (c, u) in resp.message.tool_calls.iter().zip(&all_uses) {
+            if self.seen.insert(u.fingerprint()) {
+                uses.push(u.clone());
             } else {
                 dups.push(c.clone());
             }
         }
         let text = resp.message.content.clone().unwrap_or_default();
-        let all_uses: Vec<ToolUse> = resp.message.tool_calls.iter().map(|c| c.to_tool_use()).collect();
         let recorded = cx
             .sink
             .record(

@@ -4,7 +4,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -755,9 +755,10 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 /// ([`SessionConfig::tool_timeout`]) or a run's timeout ([`SessionBuilder::run`]) aborts the tool
 /// tasks it stops and waits (up to 5 s) for them to end: a tool stops at its next `.await`, and
 /// what it owns is dropped (a `tokio::process::Child` spawned with `kill_on_drop` is killed). A
-/// tool blocked outside an `.await` cannot be stopped and finishes on its own. Each tool use the
-/// stop left without a result gets an error result saying so, recorded in the memo and the
-/// record and handed to the provider (its history stays well formed), so a later resume or
+/// tool blocked outside an `.await` cannot be stopped and finishes on its own (a call alone in
+/// its turn runs on the session's own task, so the session waits for it too; calls of a batch
+/// run on tasks of their own). Each tool use the stop left without a result gets an error
+/// result saying so, recorded in the memo and the record and handed to the provider (its history stays well formed), so a later resume or
 /// reconnect does not run it again; [`Session::forget_tool_result`] makes it run again when the
 /// same tool use is delivered next. What else a stop does depends on the provider's
 /// [`Provider::interrupt`]:
@@ -1705,6 +1706,14 @@ struct ToolRunner<'a> {
     approved: &'a Mutex<std::collections::HashSet<String>>,
 }
 
+/// How a tool call's future ended without an output.
+enum Stopped {
+    /// It panicked, with this message.
+    Panicked(String),
+    /// Its task failed otherwise (cancelled by the runtime shutting down).
+    Failed(String),
+}
+
 /// What running one tool use came to: its result, or what it waits for.
 type Ran = std::result::Result<ToolResult, Waiting>;
 
@@ -1737,6 +1746,10 @@ impl ToolRunner<'_> {
             keys.push(current_key_from(&self.cx.sink, base).await);
         }
         let plan = plan_batch(uses, &keys);
+        // A call alone in its batch runs on the session's own task: spawning it would only add
+        // a task hop there and back (a wake-up of another thread when the session runs on one
+        // outside the runtime's workers) to each call.
+        let inline = plan.iter().filter(|p| matches!(p, Plan::Run)).count() == 1;
         {
             let mut b = lock(self.batch);
             for (slot, key) in b.iter_mut().zip(&keys) {
@@ -1761,7 +1774,7 @@ impl ToolRunner<'_> {
                         }
                         Plan::Run => {
                             self.set_state(i, SlotState::Running);
-                            self.run_one(u, key, by_id, sid).await?
+                            self.run_one(u, key, by_id, sid, inline).await?
                         }
                     };
                     self.set_state(i, slot_state(&r));
@@ -1815,7 +1828,9 @@ impl ToolRunner<'_> {
         }
     }
 
-    async fn run_one(&self, u: &ToolUse, key: &str, by_id: bool, sid: &str) -> Result<Ran> {
+    /// Runs one tool use: answered from the memo when it ran before, else through the handler,
+    /// on a task of its own, or on this one when `inline` (it is alone in its batch).
+    async fn run_one(&self, u: &ToolUse, key: &str, by_id: bool, sid: &str, inline: bool) -> Result<Ran> {
         let cx = self.cx;
         let store = cx.sink.store();
         if let Some(mut r) = store.tool_result(sid, key).await? {
@@ -1865,40 +1880,59 @@ impl ToolRunner<'_> {
             // The call's clock: time the call spends waiting for the user (a source pauses it)
             // does not count against the tool timeout.
             let clock = events.clock().clone();
-            let mut task = AbortOnDrop(
-                self.tasks
-                    .spawn(events.scope(async move { handler.call_tool(&call, &info).await })),
-            );
-            let joined = match self.config.tool_timeout {
-                Some(d) => match clock.timeout(d, &mut task.0).await {
-                    Some(j) => j,
-                    None => {
+            let call = events.scope(async move { handler.call_tool(&call, &info).await });
+            let joined = match inline {
+                true => {
+                    // Dropped (so stopped at its next `.await`) on a timeout or with the request.
+                    let call = AssertUnwindSafe(call).catch_unwind();
+                    match self.config.tool_timeout {
+                        Some(d) => clock.timeout(d, call).await,
+                        None => Some(call.await),
+                    }
+                    .map(|j| j.map_err(|p| Stopped::Panicked(panic_message(p.as_ref()))))
+                }
+                false => {
+                    let mut task = AbortOnDrop(self.tasks.spawn(call));
+                    let joined = match self.config.tool_timeout {
+                        Some(d) => clock.timeout(d, &mut task.0).await,
+                        None => Some((&mut task.0).await),
+                    };
+                    if joined.is_none() {
                         task.0.abort();
                         if tokio::time::timeout(STOP_GRACE, &mut task.0).await.is_err() {
                             tracing::warn!(tool = %u.name, "a timed-out tool did not stop within {STOP_GRACE:?}");
                         }
-                        let r = ToolResult::error(
-                            &u.id,
-                            format!(
-                                "tool `{}` timed out after {d:?} and was stopped; it may have partly run",
-                                shown(&u.name)
-                            ),
-                        );
-                        store_result(cx, sid, key, &r).await?;
-                        return Ok(Ok(r));
                     }
-                },
-                None => (&mut task.0).await,
+                    joined.map(|j| {
+                        j.map_err(|e| match e.is_panic() {
+                            true => Stopped::Panicked(panic_message(e.into_panic().as_ref())),
+                            false => Stopped::Failed(e.to_string()),
+                        })
+                    })
+                }
+            };
+            let Some(joined) = joined else {
+                let d = self.config.tool_timeout.unwrap_or_default();
+                let r = ToolResult::error(
+                    &u.id,
+                    format!(
+                        "tool `{}` timed out after {d:?} and was stopped; it may have partly run",
+                        shown(&u.name)
+                    ),
+                );
+                store_result(cx, sid, key, &r).await?;
+                return Ok(Ok(r));
             };
             match joined {
                 Ok(ToolOutput::Ok(s)) => ToolResult::ok(&u.id, s),
                 Ok(ToolOutput::Error(s)) => ToolResult::error(&u.id, s),
                 Ok(ToolOutput::Pending) => return Ok(Err(Waiting::Client)),
-                Err(e) if e.is_panic() => {
-                    let msg = panic_message(e.into_panic().as_ref());
+                Err(Stopped::Panicked(msg)) => {
                     ToolResult::error(&u.id, format!("tool `{}` panicked: {msg}", shown(&u.name)))
                 }
-                Err(e) => ToolResult::error(&u.id, format!("tool `{}` failed: {e}", shown(&u.name))),
+                Err(Stopped::Failed(e)) => {
+                    ToolResult::error(&u.id, format!("tool `{}` failed: {e}", shown(&u.name)))
+                }
             }
         };
         store_result(cx, sid, key, &result).await?;

@@ -118,6 +118,35 @@ async fn tool_errors_and_panics_become_error_results() {
     assert!(tool[3].content.as_deref().unwrap().contains("not valid JSON"));
 }
 
+/// A call alone in its turn runs on the session's own task, not a spawned one: its panic still
+/// becomes an error result, and the session goes on.
+#[tokio::test]
+async fn a_lone_call_that_panics_becomes_an_error_result() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("b", "boom", "{}")])),
+        Ok(ScriptedModel::tool_calls(&[(
+            "e",
+            "echo",
+            r#"{"v":"still here"}"#,
+        )])),
+        Ok(ScriptedModel::text("ok")),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(tools())
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.text, "ok");
+    let msgs = &model.requests()[2].messages;
+    let tool: Vec<_> = msgs.iter().filter(|m| m.tool_call_id.is_some()).collect();
+    assert!(tool[0].is_error);
+    assert!(tool[0].content.as_deref().unwrap().contains("panicked: kaboom"));
+    assert_eq!(
+        (tool[1].is_error, tool[1].content.as_deref()),
+        (false, Some("still here"))
+    );
+}
+
 /// Arguments that parse but are not an object (`[1]`, `"x"`, `null`, `5`) never reach a tool:
 /// every tool's input schema is an object, and a handler reading `input["path"]` of an array
 /// would act on nothing. Each is answered with an error naming what it was.
