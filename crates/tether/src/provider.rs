@@ -237,8 +237,9 @@ pub trait Provider: Send + 'static {
         Ok(())
     }
 
-    /// The provider's resumable state, saved by the engine as the thread's checkpoint after every
-    /// turn (with the sequence number it covers) and handed back to [`Provider::resume`]: the
+    /// The provider's resumable state, saved by the engine as the thread's checkpoint after a
+    /// turn (with the sequence number it covers; see [`Provider::state_beyond_record`] for the
+    /// turns it skips) and handed back to [`Provider::resume`]: the
     /// local loop's history; a remote session's bookkeeping that its service does not keep.
     /// `None` (the default): nothing beyond the session handle and the record.
     fn checkpoint(&self) -> Option<Value> {
