@@ -111,6 +111,9 @@ enum Question {
     },
 }
 
+/// The capacity of a run's subscription to its session's events (see where it subscribes).
+const SUBSCRIPTION: usize = 32;
+
 /// A question asked mid-turn, waiting for the user.
 struct Ask {
     question: Question,
@@ -185,7 +188,10 @@ struct RunHandler {
     frontend: RwLock<Vec<ToolSpec>>,
     approval: Arc<HashSet<String>>,
     policy: PermissionPolicy,
-    asks: mpsc::Sender<Ask>,
+    /// Boxed: a tokio channel allocates its slots 32 at a time, and an `Ask` is a few hundred
+    /// bytes (its request), so an unboxed channel cost every run ~9 KiB for questions that are
+    /// rare; boxed, a block is 32 pointers.
+    asks: mpsc::Sender<Box<Ask>>,
     /// This handler, for the tool calls it runs ([`asking_handler`]).
     me: std::sync::Weak<RunHandler>,
 }
@@ -199,7 +205,7 @@ impl RunHandler {
             question: question(tx),
             record: record.to_owned(),
         };
-        self.asks.send(ask).await.ok()?;
+        self.asks.send(Box::new(ask)).await.ok()?;
         rx.await.ok()
     }
 
@@ -594,7 +600,7 @@ async fn record_lost(sink: &tether::EventSink, lost: &approval::Issued) -> tethe
 struct Held {
     session: Session,
     handler: Arc<RunHandler>,
-    asks: mpsc::Receiver<Ask>,
+    asks: mpsc::Receiver<Box<Ask>>,
     events: Subscription,
     used: u64,
 }
@@ -604,7 +610,7 @@ struct Asking {
     work: tokio::task::JoinHandle<WorkOut>,
     ask: Ask,
     handler: Arc<RunHandler>,
-    asks: mpsc::Receiver<Ask>,
+    asks: mpsc::Receiver<Box<Ask>>,
     events: Subscription,
     used: u64,
 }
@@ -1199,7 +1205,12 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                     if plan.resume.is_empty() {
                         builder = builder.first_messages(plan.users.clone());
                     }
-                    let events = builder.subscribe(256);
+                    // The relay below takes every queued event before it polls the turn again,
+                    // so the queue holds what one poll of the turn produced; when it is full the
+                    // session waits for the relay (the sink drops nothing). 32 is one block of
+                    // the channel's slots: the capacity bounds a run's memory, not what the
+                    // client gets.
+                    let events = builder.subscribe(SUBSCRIPTION);
                     let handler = handler_slot
                         .lock()
                         .ok()
@@ -1261,6 +1272,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                 },
                 ask = asks.recv(), if !stopping => {
                     let Some(ask) = ask else { continue };
+                    let ask = *ask;
                     mapping.drain(ctx, &mut events)?;
                     mapping.mapper.close(ctx)?;
                     let mut outstanding = approval::load(store.as_ref(), &ask.record)

@@ -387,6 +387,12 @@ impl EventObserver for SessionTracer {
         }
         self.handle(e, sink);
     }
+
+    /// Spans come from requests, model calls and tool calls, never from a token: the sink does
+    /// not call the tracer for a [`tether::DeltaSink`]'s deltas at all.
+    fn wants_deltas(&self) -> bool {
+        false
+    }
 }
 
 impl Drop for SessionTracer {

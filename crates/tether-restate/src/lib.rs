@@ -93,6 +93,19 @@ pub enum RegisterError {
         /// The last failure.
         message: String,
     },
+    /// The deployment was registered, but the ingress did not serve the service in time (in a
+    /// cluster a node's ingress learns of a new deployment after the admin API's node).
+    #[error(
+        "the Restate ingress at {ingress} did not serve {SERVICE} within {waited:?} after its registration: {message}"
+    )]
+    NotServed {
+        /// The ingress URL.
+        ingress: String,
+        /// How long it was waited for.
+        waited: Duration,
+        /// The last failure.
+        message: String,
+    },
     /// The admin API refused the deployment.
     #[error("the Restate admin API refused the deployment {uri} ({status}): {body}")]
     Refused {
@@ -200,5 +213,36 @@ pub async fn register(admin: &str, uri: &str, wait: Duration) -> Result<(), Regi
             });
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the ingress at `ingress` serves the `TetherThread` service (a shared handler's
+/// call answers), for up to `wait`: the admin API's answer to a registration does not mean every
+/// node's ingress knows the deployment yet (in a cluster it learns of it a moment later, and
+/// until then answers 404 "service not found"), so a server that registered waits for its own
+/// ingress before it takes runs.
+pub async fn wait_until_served(ingress: &str, wait: Duration) -> Result<(), RegisterError> {
+    let client = reqwest::Client::new();
+    // `length` of a thread no one uses: a read that writes nothing.
+    let url = format!("{}/{SERVICE}/~probe/length", ingress.trim_end_matches('/'));
+    let started = std::time::Instant::now();
+    loop {
+        let message = match client.post(&url).timeout(Duration::from_secs(30)).send().await {
+            Ok(r) if r.status().is_success() => return Ok(()),
+            Ok(r) => {
+                let status = r.status().as_u16();
+                let body: String = r.text().await.unwrap_or_default().chars().take(2048).collect();
+                format!("{status}: {body}")
+            }
+            Err(e) => e.to_string(),
+        };
+        if started.elapsed() >= wait {
+            return Err(RegisterError::NotServed {
+                ingress: ingress.to_owned(),
+                waited: wait,
+                message,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }

@@ -32,6 +32,28 @@ use crate::record::{MAX_PAGE, Page, memo_of};
 /// How long one ingress call may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long an ingress call that got no answer, or an answer saying the cluster cannot serve it
+/// yet ([`retryable`]), is sent again: long enough for a cluster to move a lost node's
+/// partitions to the survivors (seconds on loopback), for a client behind a load balancer or
+/// forwarder over several nodes' ingresses to reach a live one.
+pub const FAILOVER: Duration = Duration::from_secs(30);
+
+/// Whether an ingress call that failed this way may be sent again: `None` when no answer came
+/// (the connection was refused or broke: the node behind the address died, or a pooled
+/// connection to it was stale), or the statuses of a gateway or a node that cannot serve the
+/// call yet (502, 503, 504). The calls tether makes through the ingress are
+/// safe to repeat: shared handlers read, a note's `put` writes the same value, a turn is sent
+/// with an idempotency key; an `approve` whose first attempt took effect finds the turn no
+/// longer waiting on that tool use (409) when repeated, which its caller reports.
+pub fn retryable(status: Option<u16>) -> bool {
+    matches!(status, None | Some(502..=504))
+}
+
+/// The pause before the `attempt`-th repetition of an ingress call (50 ms, growing to 500 ms).
+pub fn retry_pause(attempt: u32) -> Duration {
+    Duration::from_millis(50u64.saturating_mul(1u64 << attempt.min(4)).min(500))
+}
+
 /// A [`ThreadStore`] reading threads on Restate through the ingress (see the module
 /// documentation). Cheap to clone.
 #[derive(Clone)]
@@ -100,7 +122,8 @@ impl RestateStore {
     }
 
     /// Calls `handler` of object `service`/`key` through the ingress with `body` (none when
-    /// `null`) and decodes its answer.
+    /// `null`) and decodes its answer; sent again for up to [`FAILOVER`] while it fails in a
+    /// [`retryable`] way.
     async fn call<T: DeserializeOwned>(
         &self,
         service: &str,
@@ -108,6 +131,28 @@ impl RestateStore {
         handler: &str,
         body: &Value,
     ) -> Result<T> {
+        let started = tokio::time::Instant::now();
+        let mut attempt = 0;
+        loop {
+            match self.call_once(service, key, handler, body).await {
+                Err((status, _)) if retryable(status) && started.elapsed() < FAILOVER => {
+                    tokio::time::sleep(retry_pause(attempt)).await;
+                    attempt += 1;
+                }
+                r => return r.map_err(|(_, e)| e),
+            }
+        }
+    }
+
+    /// One attempt of [`RestateStore::call`]; a failure carries the answer's status (`None`:
+    /// no answer).
+    async fn call_once<T: DeserializeOwned>(
+        &self,
+        service: &str,
+        key: &str,
+        handler: &str,
+        body: &Value,
+    ) -> std::result::Result<T, (Option<u16>, Error)> {
         let what = format!("{service}/{handler}");
         let mut req = self
             .http
@@ -116,21 +161,26 @@ impl RestateStore {
         if !body.is_null() {
             req = req.json(body);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| Error::store_with(format!("calling {what} through the Restate ingress"), e))?;
+        let resp = req.send().await.map_err(|e| {
+            (
+                None,
+                Error::store_with(format!("calling {what} through the Restate ingress"), e),
+            )
+        })?;
         let status = resp.status();
-        let text = resp
-            .text()
-            .await
-            .map_err(|e| Error::store_with(format!("reading the answer of {what}"), e))?;
+        let code = Some(status.as_u16());
+        let text = resp.text().await.map_err(|e| {
+            (
+                code,
+                Error::store_with(format!("reading the answer of {what}"), e),
+            )
+        })?;
         if !status.is_success() {
             let text: String = text.chars().take(1024).collect();
-            return Err(Error::store(format!(
-                "{what} answered {}: {text}",
-                status.as_u16()
-            )));
+            return Err((
+                code,
+                Error::store(format!("{what} answered {}: {text}", status.as_u16())),
+            ));
         }
         // A handler without output answers with an empty body.
         let text = if text.trim().is_empty() {
@@ -138,8 +188,12 @@ impl RestateStore {
         } else {
             text.as_str()
         };
-        serde_json::from_str(text)
-            .map_err(|e| Error::store_with(format!("the answer of {what} is not what tether expects"), e))
+        serde_json::from_str(text).map_err(|e| {
+            (
+                code,
+                Error::store_with(format!("the answer of {what} is not what tether expects"), e),
+            )
+        })
     }
 
     /// A page of a thread's record: the events after `after`, at most `limit` (at most

@@ -86,6 +86,73 @@ fn reset_hwm(pid: u32) {
     let _ = std::fs::write(format!("/proc/{pid}/clear_refs"), "5");
 }
 
+/// The process of `tether-serve` itself under a `BENCH_SERVER_WRAP` wrapper started as
+/// `wrapper`: its first descendant named `tether-serve` (heaptrack's script runs the server as
+/// its child), or the wrapper itself (valgrind runs the server in its own process).
+fn wrapped_server(wrapper: u32) -> u32 {
+    let mut procs: Vec<(u32, u32, String)> = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; the name may hold spaces, inside the parentheses.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = stat[open + 1..close].to_owned();
+        let ppid = stat[close + 1..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        procs.push((pid, ppid, comm));
+    }
+    let mut family = vec![wrapper];
+    let mut i = 0;
+    while i < family.len() {
+        let parent = family[i];
+        for (pid, ppid, comm) in &procs {
+            if *ppid == parent {
+                if comm == "tether-serve" {
+                    return *pid;
+                }
+                family.push(*pid);
+            }
+        }
+        i += 1;
+    }
+    wrapper
+}
+
+/// Stops a server run under `BENCH_SERVER_WRAP` so that its profiler writes its profile: SIGTERM
+/// to the server (it shuts down as on Ctrl-C), then waits for the wrapper to finish (heaptrack's
+/// script waits for its interpreter to write the file). SIGKILL, what dropping the child sends,
+/// would leave no profile.
+async fn stop_wrapped(mut wrapper: Child, server: u32) {
+    let wrapper_pid = wrapper.id().unwrap_or(0);
+    println!(
+        "stopping the wrapped server (pid {server}) with SIGTERM; waiting for its profiler to write its output"
+    );
+    if let Ok(pid) = i32::try_from(server) {
+        // SAFETY: kill(2) with a pid of the server process this bench started.
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+    match tokio::time::timeout(Duration::from_secs(600), wrapper.wait()).await {
+        Ok(Ok(status)) => {
+            println!(
+                "the wrapped server exited ({status}); heaptrack names its file after the wrapper's pid {wrapper_pid}"
+            )
+        }
+        Ok(Err(e)) => println!("waiting for the wrapped server failed: {e}"),
+        Err(_) => println!("the wrapped server did not exit within 600 s; killing it (no profile)"),
+    }
+}
+
 /// Alternating loads per server in the BENCH_OTEL phase (odd, so a median exists).
 const OTEL_ROUNDS: usize = 5;
 
@@ -629,7 +696,13 @@ async fn main() {
         .split_once("/#token=")
         .map(|(u, t)| (u.to_owned(), t.to_owned()))
         .expect("the server prints its URL with the generated token");
-    let server_pid = server.id().unwrap_or(0);
+    // Under a wrapper the figures are read from the server process itself (a wrapper such as
+    // heaptrack's script runs it as a child).
+    let wrapper_pid = server.id().unwrap_or(0);
+    let server_pid = match wrap.is_empty() {
+        true => wrapper_pid,
+        false => wrapped_server(wrapper_pid),
+    };
     let fake_pid = fake.id().unwrap_or(0);
     let idle_server = vm_rss_kib(server_pid);
     let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(0);
@@ -837,7 +910,11 @@ async fn main() {
             c / d
         );
     }
-    drop(server);
+    if wrap.is_empty() {
+        drop(server);
+    } else {
+        stop_wrapped(server, server_pid).await;
+    }
     drop(fake);
     let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -14,7 +14,10 @@
 //! - ends the run with the same approval interrupts as the default backend (issued and checked
 //!   by `tether_agui::approval`, recorded in the thread's record) when the turn waits, and turns
 //!   a resume into `approve` calls that complete the turn's awakeable;
-//! - cancels the invocation (`cancel`) when the client goes away or the run times out.
+//! - cancels the invocation (`cancel`) when the client goes away or the run times out;
+//! - lets a client whose stream broke (its node died) reconnect on any node: a run sending the
+//!   running turn's message again follows that turn from the last event its messages hold
+//!   (`reconnect_point`), rather than getting `THREAD_BUSY`.
 //!
 //! The record is the thread object's state in Restate (written by the turn, step by step,
 //! inside its journal): this agent and the `GET /v1/threads/...` routes read it through the
@@ -198,6 +201,11 @@ pub(crate) async fn start(
     tether_restate::register(&admin, &advertise, Duration::from_secs(60))
         .await
         .map_err(|e| e.to_string())?;
+    // The ingress this node sends turns to may learn of the deployment after the admin API
+    // (another node of a cluster): runs are taken once it serves the service.
+    tether_restate::wait_until_served(&ingress_text, Duration::from_secs(60))
+        .await
+        .map_err(|e| e.to_string())?;
     let agent = RestateAgent {
         name: name.to_owned(),
         model: local.model_name.clone(),
@@ -252,8 +260,34 @@ impl RestateAgent {
     }
 
     /// Calls a handler of the thread's object through the ingress; `Err` carries the status
-    /// (0: unreachable) and the body.
+    /// (0: unreachable) and the body. Sent again for up to `tether_restate::store::FAILOVER`
+    /// while it gets no answer or one saying the cluster cannot serve it yet (a Restate node
+    /// behind the ingress address died, its partitions moving to the survivors).
     async fn call(
+        &self,
+        thread: &ThreadId,
+        handler: &[&str],
+        body: &Value,
+        idempotency: Option<&str>,
+    ) -> Result<Value, (u16, String)> {
+        let started = tokio::time::Instant::now();
+        let mut attempt = 0;
+        loop {
+            match self.call_once(thread, handler, body, idempotency).await {
+                Err((status, _))
+                    if tether_restate::store::retryable((status != 0).then_some(status))
+                        && started.elapsed() < tether_restate::store::FAILOVER =>
+                {
+                    tokio::time::sleep(tether_restate::store::retry_pause(attempt)).await;
+                    attempt += 1;
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// One attempt of [`RestateAgent::call`].
+    async fn call_once(
         &self,
         thread: &ThreadId,
         handler: &[&str],
@@ -433,6 +467,9 @@ impl RestateAgent {
         // The turn this run relays (its end is read from Restate too: the turn may run on
         // another node's service).
         let invocation: Option<String>;
+        // Set when this run reconnects to the running turn its message started: the sequence
+        // number of the last event the client holds.
+        let mut reconnect: Option<u64> = None;
         let resume = ctx.input().resume.clone();
         if !resume.is_empty() {
             let Some(rec) = &existing else {
@@ -480,61 +517,75 @@ impl RestateAgent {
                     answered.insert((id.clone(), digest));
                 }
             }
-        } else if let Some((id, text)) = user {
-            if let Some(rec) = &existing
-                && !approval::load(self.store.as_ref(), &rec.record)
-                    .await
-                    .map_err(store_error)?
-                    .is_empty()
-            {
-                // The user moved on while a turn waited for approval: that turn ends (its
-                // waiting calls answered as cancelled), and the new message is the next turn.
-                if !self.waiting(&thread).await?.is_empty() {
-                    self.decide(&thread, json!({"decision": "cancel"})).await?;
-                }
-                approval::save(self.store.as_ref(), &rec.record, &Outstanding::new())
-                    .await
-                    .map_err(store_error)?;
-            } else if existing.is_some() && self.running(&thread).await? {
-                // As the default backend: a new message does not queue behind a running turn.
-                return Err(tether_agui::AgUiError::agent(
-                    "THREAD_BUSY",
-                    format!(
-                        "another run is in progress on thread {}; wait for it to finish",
-                        approval::printable(thread.as_str())
-                    ),
-                ));
-            }
-            // The turn's events follow the record as it is now (the record read through the
-            // ingress starts there).
-            let mut base = self.length(&thread).await?;
-            if base == 0
-                && let Some(rec) = &existing
-            {
-                // A thread not on Restate yet: its turn imports the node's record first.
-                base = self.store.load(&rec.record).await.map_err(store_error)?.len() as u64;
-            }
-            shown = base;
-            let run = ctx.run_id().as_str().to_owned();
-            let req = serde_json::to_value(TurnRequest {
-                message_id: id.clone(),
-                text,
-                run: run.clone(),
-            })
-            .map_err(|e| restate_error(e.to_string()))?;
-            // Keyed by run too: a retried request of this run starts no second turn, while the
-            // same message sent again by a new run (after a failed turn) is a new turn, which
-            // goes on with what the failed one left.
-            let key = idempotency_key(&[thread.as_str(), &id, &run]);
-            let sent = self
-                .call(&thread, &["turn", "send"], &req, Some(&key))
-                .await
-                .map_err(|(s, m)| restate_error(format!("sending the turn failed ({s}): {m}")))?;
-            invocation = sent["invocationId"].as_str().map(str::to_owned);
-            ours = Some(run);
         } else {
-            update(ctx, Update::Finished { waiting: false })?;
-            return Ok(RunOutcome::Success);
+            if let Some((id, _)) = &user {
+                if let Some(rec) = &existing
+                    && !approval::load(self.store.as_ref(), &rec.record)
+                        .await
+                        .map_err(store_error)?
+                        .is_empty()
+                {
+                    // The user moved on while a turn waited for approval: that turn ends (its
+                    // waiting calls answered as cancelled), and the new message is the next turn.
+                    if !self.waiting(&thread).await?.is_empty() {
+                        self.decide(&thread, json!({"decision": "cancel"})).await?;
+                    }
+                    approval::save(self.store.as_ref(), &rec.record, &Outstanding::new())
+                        .await
+                        .map_err(store_error)?;
+                } else if existing.is_some() && self.running(&thread).await? {
+                    // A client whose stream of this turn broke (the tether node relaying it died,
+                    // or its connection did) sends its message again, on any node: it follows the
+                    // turn from where its messages end. Any other message does not queue behind a
+                    // running turn (as the default backend).
+                    let record = self.record_after(&thread, 0).await.map_err(store_error)?;
+                    let Some(at) = reconnect_point(&record, id, &ctx.input().messages) else {
+                        return Err(tether_agui::AgUiError::agent(
+                            "THREAD_BUSY",
+                            format!(
+                                "another run is in progress on thread {}; wait for it to finish",
+                                approval::printable(thread.as_str())
+                            ),
+                        ));
+                    };
+                    reconnect = Some(at);
+                }
+            }
+            if let Some(at) = reconnect {
+                shown = at;
+                invocation = self.invocation(&thread).await?;
+            } else if let Some((id, text)) = user {
+                // The turn's events follow the record as it is now (the record read through the
+                // ingress starts there).
+                let mut base = self.length(&thread).await?;
+                if base == 0
+                    && let Some(rec) = &existing
+                {
+                    // A thread not on Restate yet: its turn imports the node's record first.
+                    base = self.store.load(&rec.record).await.map_err(store_error)?.len() as u64;
+                }
+                shown = base;
+                let run = ctx.run_id().as_str().to_owned();
+                let req = serde_json::to_value(TurnRequest {
+                    message_id: id.clone(),
+                    text,
+                    run: run.clone(),
+                })
+                .map_err(|e| restate_error(e.to_string()))?;
+                // Keyed by run too: a retried request of this run starts no second turn, while the
+                // same message sent again by a new run (after a failed turn) is a new turn, which
+                // goes on with what the failed one left.
+                let key = idempotency_key(&[thread.as_str(), &id, &run]);
+                let sent = self
+                    .call(&thread, &["turn", "send"], &req, Some(&key))
+                    .await
+                    .map_err(|(s, m)| restate_error(format!("sending the turn failed ({s}): {m}")))?;
+                invocation = sent["invocationId"].as_str().map(str::to_owned);
+                ours = Some(run);
+            } else {
+                update(ctx, Update::Finished { waiting: false })?;
+                return Ok(RunOutcome::Success);
+            }
         }
 
         // Relay until the turn waits or ends, the client goes away or the run times out.
@@ -711,6 +762,63 @@ fn idempotency_key(parts: &[&str]) -> String {
     key
 }
 
+/// Where a client reconnecting to a running turn left it: the sequence number of the last event
+/// of the thread's `record` that its `messages` hold (an assistant message by its id or its tool
+/// calls, a tool call, a tool result by its call's id), at least its own message's; `None` when
+/// `message_id` is not the record's last user message (a new message, not a reconnect).
+///
+/// An AG-UI client sends the messages it holds with every run, so this is where its stream broke,
+/// whichever node it was on: the reconnected run relays what follows, nothing twice.
+fn reconnect_point(record: &[tether::Event], message_id: &str, messages: &[Message]) -> Option<u64> {
+    let user = record.iter().rev().find_map(|e| match &e.kind {
+        tether::EventKind::Message {
+            role: tether::Role::User,
+            message_id: m,
+            ..
+        } => Some((e.seq, m)),
+        _ => None,
+    })?;
+    let (Some(user_seq), m) = user else {
+        return None;
+    };
+    if m != message_id {
+        return None;
+    }
+    let mut ids = HashSet::new();
+    let mut calls = HashSet::new();
+    let mut results = HashSet::new();
+    for m in messages {
+        ids.insert(m.id().as_str());
+        match m {
+            Message::Assistant(a) => calls.extend(a.tool_calls.iter().flatten().map(|c| c.id.as_str())),
+            Message::Tool(t) => {
+                results.insert(t.tool_call_id.as_str());
+            }
+            _ => {}
+        }
+    }
+    let held = |e: &tether::Event| match &e.kind {
+        tether::EventKind::Message {
+            role: tether::Role::Assistant,
+            message_id,
+            tool_uses,
+            ..
+        } => ids.contains(message_id.as_str()) || tool_uses.iter().any(|u| calls.contains(u.id.as_str())),
+        tether::EventKind::ToolCall { tool_use, .. } => calls.contains(tool_use.id.as_str()),
+        tether::EventKind::ToolResult { result } => results.contains(result.tool_use_id.as_str()),
+        _ => false,
+    };
+    Some(
+        record
+            .iter()
+            .filter(|e| held(e))
+            .filter_map(|e| e.seq)
+            .filter(|&s| s > user_seq)
+            .max()
+            .unwrap_or(user_seq),
+    )
+}
+
 fn lagged() -> tether_agui::AgUiError {
     tether_agui::AgUiError::agent(
         "STREAM_LAGGED",
@@ -767,7 +875,85 @@ impl Agent for RestateAgent {
 
 #[cfg(test)]
 mod tests {
-    use super::idempotency_key;
+    use super::{idempotency_key, reconnect_point};
+    use serde_json::json;
+    use tether::{Event, EventKind, Role, ToolResult, ToolUse};
+    use tether_agui::Message;
+
+    fn message(seq: u64, id: &str, role: Role, calls: &[&str]) -> Event {
+        Event::new(
+            format!("e{seq}"),
+            "test",
+            json!(null),
+            EventKind::Message {
+                message_id: id.into(),
+                role,
+                text: String::new(),
+                reasoning: None,
+                tool_uses: calls.iter().map(|c| ToolUse::new(*c, "t", json!({}))).collect(),
+            },
+        )
+        .with_seq(seq)
+    }
+
+    fn result(seq: u64, call: &str) -> Event {
+        Event::new(
+            format!("e{seq}"),
+            "test",
+            json!(null),
+            EventKind::ToolResult {
+                result: ToolResult::ok(call, "ok"),
+            },
+        )
+        .with_seq(seq)
+    }
+
+    fn held(v: serde_json::Value) -> Vec<Message> {
+        serde_json::from_value(v).unwrap()
+    }
+
+    /// A reconnecting client is followed from the last event its messages hold; a message that
+    /// is not the record's last user message is no reconnect.
+    #[test]
+    fn a_reconnect_resumes_after_what_the_client_holds() {
+        let record = [
+            message(1, "old", Role::User, &[]),
+            message(2, "a1", Role::Assistant, &[]),
+            message(3, "u1", Role::User, &[]),
+            message(4, "a2", Role::Assistant, &["c1"]),
+            result(5, "c1"),
+            message(6, "a3", Role::Assistant, &["c2"]),
+        ];
+        let user = json!({"id": "u1", "role": "user", "content": "hi"});
+        let call = json!({"id": "a2", "role": "assistant", "toolCalls": [
+            {"id": "c1", "type": "function", "function": {"name": "t", "arguments": "{}"}}]});
+        let tool = json!({"id": "r1", "role": "tool", "toolCallId": "c1", "content": "ok"});
+        assert_eq!(reconnect_point(&record, "u1", &held(json!([user]))), Some(3));
+        assert_eq!(
+            reconnect_point(&record, "u1", &held(json!([user, call]))),
+            Some(4)
+        );
+        assert_eq!(
+            reconnect_point(&record, "u1", &held(json!([user, call, tool]))),
+            Some(5)
+        );
+        // The calls alone identify the assistant message, whatever id the client gave it.
+        let renamed = json!({"id": "x", "role": "assistant", "toolCalls": [
+            {"id": "c1", "type": "function", "function": {"name": "t", "arguments": "{}"}}]});
+        assert_eq!(
+            reconnect_point(&record, "u1", &held(json!([user, renamed]))),
+            Some(4)
+        );
+        // An earlier user message, or a new one, is not the running turn's.
+        assert_eq!(reconnect_point(&record, "old", &held(json!([user]))), None);
+        assert_eq!(reconnect_point(&record, "u2", &held(json!([user]))), None);
+        // Events before the client's own message do not count.
+        let earlier = json!({"id": "a1", "role": "assistant", "content": "x"});
+        assert_eq!(
+            reconnect_point(&record, "u1", &held(json!([earlier, user]))),
+            Some(3)
+        );
+    }
 
     proptest::proptest! {
         /// Different (thread, message, run) never share a key, and every key is a valid header

@@ -192,7 +192,11 @@ async fn healthy(port: u16, path: &str) -> bool {
 /// A TCP forwarder on 127.0.0.1: each connection goes to the first of its targets that accepts
 /// one, bytes copied both ways. Put in front of several tether service endpoints and registered
 /// with Restate as one deployment (`restate_advertise`), Restate reaches the first live one:
-/// when the first target dies, its connections break and new ones go to the next.
+/// when the first target dies, its connections break and new ones go to the next. In front of
+/// the ingresses of a cluster's nodes, a client reaches the first live node.
+///
+/// Dropping it closes its listener and every connection it holds (a test that stops forwarding
+/// leaves no connection copying in the background).
 pub struct Forwarder {
     /// The forwarder's address.
     pub addr: std::net::SocketAddr,
@@ -211,13 +215,20 @@ impl Forwarder {
         let addr = listener.local_addr().expect("local addr");
         let targets = std::sync::Arc::new(targets);
         let task = tokio::spawn(async move {
+            // The connections' tasks: aborted with this one when the forwarder is dropped.
+            let mut connections = tokio::task::JoinSet::new();
             loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    // Reap finished connections, so the set does not grow with every one.
+                    Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+                };
+                let Ok((mut inbound, _)) = accepted else {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 };
                 let targets = targets.clone();
-                tokio::spawn(async move {
+                connections.spawn(async move {
                     let _ = inbound.set_nodelay(true);
                     for t in targets.iter() {
                         if let Ok(mut outbound) = tokio::net::TcpStream::connect(t).await {

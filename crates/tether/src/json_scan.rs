@@ -244,7 +244,7 @@ pub fn string_token(buf: &[u8]) -> Option<&[u8]> {
     if buf.first() != Some(&b'"') {
         return None;
     }
-    let mut i = find_special(buf, 1);
+    let mut i = find_special_short(buf, 1);
     loop {
         match *buf.get(i)? {
             b'"' => return Some(&buf[..=i]),
@@ -258,9 +258,35 @@ pub fn string_token(buf: &[u8]) -> Option<&[u8]> {
 /// without escapes, else decoded by serde_json; `None` if it is not valid UTF-8 or not one token.
 #[inline]
 pub fn decode_token(token: &[u8]) -> Option<Cow<'_, str>> {
-    let mut s = Scan::new(std::str::from_utf8(token).ok()?);
+    let text = std::str::from_utf8(token).ok()?;
+    // Most tokens have no escape: their inside, borrowed, after one short search.
+    if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"'))
+        && find_special_short(inner.as_bytes(), 0) == inner.len()
+    {
+        return Some(Cow::Borrowed(inner));
+    }
+    let mut s = Scan::new(text);
     let v = s.string()?;
     (s.i == token.len()).then_some(v)
+}
+
+/// [`find_special`] for a string that is usually short (a token's text, an id, a model name):
+/// its first 16 bytes a byte at a time, then eight at a time. On the template path (one short
+/// token per line) the word search alone cost more than the byte loop it replaced (callgrind:
+/// +4.7 % instructions per line).
+#[inline]
+fn find_special_short(s: &[u8], from: usize) -> usize {
+    let end = s.len().min(from.saturating_add(16));
+    if let Some(head) = s.get(from..end) {
+        if let Some(p) = head.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20) {
+            return from + p;
+        }
+        if end == s.len() {
+            return end;
+        }
+        return find_special(s, end);
+    }
+    find_special(s, from)
 }
 
 const LO: u64 = 0x0101_0101_0101_0101;
@@ -323,6 +349,26 @@ mod tests {
                 serde_string(text).as_deref(),
                 "{text}"
             );
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever its length (the short search's 16 bytes and past them), a token
+        /// `string_token` finds decodes as serde_json reads it, or is declined where serde fails.
+        #[test]
+        fn tokens_of_any_length_decode_as_serde_does(
+            body in "[a-z\"\\\\/nu0-9\u{e9}\t]{0,40}",
+            tail in "[a-z\"]{0,3}",
+        ) {
+            let text = format!("\"{body}\"{tail}");
+            if let Some(token) = string_token(text.as_bytes()) {
+                let quoted = std::str::from_utf8(token).expect("a prefix ending at an ASCII quote");
+                proptest::prop_assert_eq!(
+                    decode_token(token).as_deref(),
+                    serde_string(quoted).as_deref(),
+                    "{}", quoted
+                );
+            }
         }
     }
 

@@ -350,17 +350,7 @@ impl SessionBuilder {
         let tools = declared_tools(self.handler.as_ref(), self.config.terminal_tool.as_ref());
         let mut info = SessionInfo::new("", self.provider.name());
         info.metadata = self.config.metadata.clone();
-        // A thread that may be started with its first messages writes them through the store's
-        // own step: the sink's store then knows not to write them a second time.
-        let opening = match &self.thread {
-            Some(t) if !t.first.is_empty() => Some(Arc::new(Opening::new(self.store.clone()))),
-            _ => None,
-        };
-        let store: Arc<dyn EventStore> = match &opening {
-            Some(o) => o.clone(),
-            None => self.store.clone(),
-        };
-        let sink = EventSink::new(info.clone(), self.handler.clone(), store);
+        let sink = EventSink::new(info.clone(), self.handler.clone(), self.store);
         for tx in self.subscribers {
             sink.attach(tx);
         }
@@ -386,8 +376,7 @@ impl SessionBuilder {
                 (opened, None)
             }
             Some(t) => {
-                let early = self.opens_locally && opening.is_some();
-                let opened = open_thread(provider.as_mut(), &cx, info, &t, opening.as_deref(), early).await?;
+                let opened = open_thread(provider.as_mut(), &cx, info, &t, self.opens_locally).await?;
                 (opened, Some(t.id))
             }
         };
@@ -469,23 +458,19 @@ fn new_record_key() -> String {
 
 /// Claims a thread and opens or resumes its provider session (see [`SessionBuilder::thread`]).
 ///
-/// A thread not yet started, given first messages (`opening` is then the sink's store), is
-/// started in one store step: its provider session with its first messages. With `early` (the
-/// provider opens locally) the provider is opened before the claim, and that step is the claim's
-/// own; otherwise it follows the claim and the provider's open.
+/// A thread not yet started, given first messages, is started in one store step: its provider
+/// session with its first messages, which the sink then adopts ([`EventSink::adopt`]) rather than
+/// writing them again. With `early` (the provider opens locally) the provider is opened before the
+/// claim, and that step is the claim's own; otherwise it follows the claim and the provider's open.
 async fn open_thread(
     provider: &mut dyn Provider,
     cx: &TurnContext,
     mut info: SessionInfo,
     t: &ThreadOpen,
-    opening: Option<&Opening>,
     early: bool,
 ) -> Result<Opened> {
     // A new thread's record is empty: its first messages are numbered from 1.
-    let first = match opening {
-        Some(_) => FirstMessages::new(&t.first),
-        None => FirstMessages::default(),
-    };
+    let first = FirstMessages::new(&t.first);
     let early = match early && !first.events.is_empty() {
         true => Some(provider.open(cx).await?),
         false => None,
@@ -531,7 +516,7 @@ async fn open_thread(
     cx.sink.seed(&events).await;
     if created && let Some(opened) = early {
         // The claim stored the provider session and the first messages.
-        return first.adopt(cx, opening, &thread.record, opened).await;
+        return first.adopt(cx, opened).await;
     }
     if thread.provider_session.is_none() && events.is_empty() {
         let opened = match early {
@@ -546,7 +531,7 @@ async fn open_thread(
         }
         let start = ThreadStart::new(provider.name(), &opened.session_id, &first.events);
         t.store.start_thread(&t.id, &thread.record, &start).await?;
-        return first.adopt(cx, opening, &thread.record, opened).await;
+        return first.adopt(cx, opened).await;
     }
     if !thread.provider.is_empty() && thread.provider != provider.name() {
         return Err(Error::cannot_resume(
@@ -602,113 +587,16 @@ impl FirstMessages {
         out
     }
 
-    /// Records the first messages the store has just written (the sink numbers and delivers
-    /// them, its store answering their appends without writing them again), and hands their
-    /// text to the session's next request.
-    async fn adopt(
-        self,
-        cx: &TurnContext,
-        opening: Option<&Opening>,
-        record: &str,
-        opened: Opened,
-    ) -> Result<Opened> {
-        if let Some(o) = opening {
-            o.stored(record, &self.events);
-        }
-        for e in self.events {
-            cx.sink.emit(e).await?;
-        }
-        if let Some(o) = opening {
-            o.done();
-        }
+    /// Records the first messages the thread's start step has just stored (the sink adopts
+    /// them: numbered and delivered, not written again), and hands their text to the session's
+    /// next request.
+    async fn adopt(self, cx: &TurnContext, opened: Opened) -> Result<Opened> {
+        cx.sink.adopt(self.events).await?;
         let mut texts = self.texts;
         if let Some(earlier) = opened.unanswered.clone() {
             texts.insert(0, earlier);
         }
         Ok(opened.with_unanswered(Some(texts.join("\n\n"))))
-    }
-}
-
-/// The store a thread session's sink writes through when the thread may start with its first
-/// messages: everything goes to the session's store, except the appends of the first events
-/// the thread's start step has just stored ([`ThreadStore::start_thread`]), which are answered
-/// as stored without a second write (the sink's `emit` numbers, marks and delivers them as it
-/// does any event).
-struct Opening {
-    inner: Arc<dyn EventStore>,
-    /// The record key and the events already stored, until the sink has recorded them.
-    stored: Mutex<Option<(String, Vec<Event>)>>,
-}
-
-impl Opening {
-    fn new(inner: Arc<dyn EventStore>) -> Self {
-        Opening {
-            inner,
-            stored: Mutex::new(None),
-        }
-    }
-
-    /// `events` are stored under `record` already.
-    fn stored(&self, record: &str, events: &[Event]) {
-        *lock(&self.stored) = Some((record.to_owned(), events.to_vec()));
-    }
-
-    /// The sink has recorded them: every append writes from now on.
-    fn done(&self) {
-        *lock(&self.stored) = None;
-    }
-
-    /// Whether `event` is one already stored under `session_id`, exactly (same id, number and
-    /// content): it is taken off the list.
-    fn take(&self, session_id: &str, event: &Event) -> bool {
-        let mut g = lock(&self.stored);
-        let Some((record, events)) = g.as_mut() else {
-            return false;
-        };
-        if record != session_id {
-            return false;
-        }
-        match events.iter().position(|e| e == event) {
-            Some(i) => {
-                events.remove(i);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl EventStore for Opening {
-    async fn append(&self, session_id: &str, event: &Event) -> Result<bool> {
-        if self.take(session_id, event) {
-            return Ok(true);
-        }
-        self.inner.append(session_id, event).await
-    }
-
-    async fn load(&self, session_id: &str) -> Result<Vec<Event>> {
-        self.inner.load(session_id).await
-    }
-
-    async fn tool_result(&self, session_id: &str, tool_use_id: &str) -> Result<Option<ToolResult>> {
-        self.inner.tool_result(session_id, tool_use_id).await
-    }
-
-    async fn put_tool_result(&self, session_id: &str, result: &ToolResult) -> Result<()> {
-        self.inner.put_tool_result(session_id, result).await
-    }
-
-    async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> Result<()> {
-        self.inner.put_state(session_id, key, value).await
-    }
-
-    async fn state(&self, session_id: &str, key: &str) -> Result<Option<Value>> {
-        self.inner.state(session_id, key).await
-    }
-
-    async fn sessions(&self) -> Result<Vec<String>> {
-        self.inner.sessions().await
     }
 }
 

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 use serde_json::Value;
 use tokio::sync::{Mutex, mpsc};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::event::{Event, EventKind};
 use crate::handler::Handler;
 use crate::raw;
@@ -46,6 +46,8 @@ struct Inner {
     live: StdMutex<LiveGuard>,
     subscribers: StdMutex<Vec<mpsc::Sender<Box<Event>>>>,
     observer: OnceLock<Arc<dyn EventObserver>>,
+    /// Whether the observer wants the deltas a [`DeltaSink`] delivers (its `wants_deltas`).
+    observer_deltas: AtomicBool,
     /// W3C `traceparent` values by scope (see [`EventSink::traceparent`]).
     trace: StdMutex<HashMap<String, String>>,
     full_payloads: AtomicBool,
@@ -62,6 +64,15 @@ struct Inner {
 pub trait EventObserver: Send + Sync + 'static {
     /// One event (durable, live, or an observer-only mark), with the sink it went through.
     fn on_event(&self, event: &Event, sink: &EventSink);
+
+    /// Whether [`on_event`](Self::on_event) is called for a model's token and argument deltas
+    /// (what a [`DeltaSink`] delivers: text, reasoning and tool-argument pieces, a tool call's
+    /// start and end, a reasoning signature). Asked once, when the observer is attached. A
+    /// tracer, which builds spans from requests, model calls and tool calls, answers `false`
+    /// and so costs nothing per token.
+    fn wants_deltas(&self) -> bool {
+        true
+    }
 }
 
 #[derive(Default)]
@@ -92,6 +103,7 @@ impl EventSink {
                 live: StdMutex::new(LiveGuard::default()),
                 subscribers: StdMutex::new(Vec::new()),
                 observer: OnceLock::new(),
+                observer_deltas: AtomicBool::new(false),
                 trace: StdMutex::new(HashMap::new()),
                 full_payloads: AtomicBool::new(false),
             }),
@@ -101,7 +113,12 @@ impl EventSink {
     /// Attaches the session's observer (a tracer); there is at most one. Returns `false`, changing
     /// nothing, when one is attached already.
     pub fn set_observer(&self, observer: Arc<dyn EventObserver>) -> bool {
-        self.inner.observer.set(observer).is_ok()
+        let deltas = observer.wants_deltas();
+        let set = self.inner.observer.set(observer).is_ok();
+        if set {
+            self.inner.observer_deltas.store(deltas, Ordering::Relaxed);
+        }
+        set
     }
 
     /// Whether an observer is attached: marks ([`EventSink::observe`]) are only worth building
@@ -260,9 +277,65 @@ impl EventSink {
         Ok(true)
     }
 
+    /// Adopts events the store already holds under this session's record, written by a step of
+    /// the store's own: a new thread's start ([`crate::ThreadStore::start_thread`],
+    /// [`crate::ThreadStore::claim_thread_starting`]) stores its first user messages with its
+    /// provider session in one step, and the session adopts them here instead of emitting them
+    /// (which would write them a second time).
+    ///
+    /// Adopted events are recorded as [`EventSink::emit`] records them, but nothing is written:
+    /// they keep the sequence numbers they are stored under (numbering continues after them),
+    /// their ids count as seen (a redelivery is dropped), [`EventSink::take_record`] returns them,
+    /// and they are delivered in order to the observer, the handler and every subscriber.
+    ///
+    /// Each event must carry its stored number, continuing the record: the first
+    /// [`EventSink::last_seq`] + 1, each next one more, every id new to the record. Otherwise
+    /// nothing is adopted and the result is [`crate::Error::Store`] naming the event that does
+    /// not fit: the store and the sink would disagree on what the record holds.
+    pub async fn adopt(&self, events: Vec<Event>) -> Result<()> {
+        {
+            let mut rec = self.inner.record.lock().await;
+            let mut ids = HashSet::with_capacity(events.len());
+            for (i, e) in events.iter().enumerate() {
+                let want = rec.next_seq + i as u64;
+                if e.seq != Some(want)
+                    || e.id.is_empty()
+                    || rec.seen.contains(&e.id)
+                    || !ids.insert(e.id.as_str())
+                {
+                    return Err(Error::store(format!(
+                        "session {}: stored event {:?} (number {}) does not continue the record (next: number {want}, an id not yet recorded), so none was adopted; reopen the session to load its record",
+                        self.info().session_id,
+                        e.id,
+                        e.seq.map_or_else(|| "none".to_owned(), |s| s.to_string()),
+                    )));
+                }
+            }
+            for e in &events {
+                rec.seen.insert(e.id.clone());
+                rec.events.push(e.clone());
+            }
+            rec.next_seq += events.len() as u64;
+        }
+        for e in events {
+            self.deliver(e).await;
+        }
+        Ok(())
+    }
+
     /// Delivers a live-only event (not recorded): token and argument deltas.
     pub async fn emit_live(&self, event: Event) {
         self.deliver(event).await;
+    }
+
+    /// A model's delta (from a [`DeltaSink`]): delivered like [`emit_live`](Self::emit_live),
+    /// but shown to the observer only when it wants deltas ([`EventObserver::wants_deltas`]).
+    async fn emit_delta(&self, event: Event) {
+        if self.inner.observer_deltas.load(Ordering::Relaxed) {
+            self.deliver(event).await;
+        } else {
+            self.deliver_unobserved(event).await;
+        }
     }
 
     /// Shorthand: records a durable event built from a raw type, raw payload and kind.
@@ -280,6 +353,11 @@ impl EventSink {
         if let Some(o) = self.inner.observer.get() {
             o.on_event(&event, self);
         }
+        self.deliver_unobserved(event).await;
+    }
+
+    /// Delivers to the handler and the subscribers (through the retry guard), not the observer.
+    async fn deliver_unobserved(&self, event: Event) {
         let rewritten = match self.inner.live.lock() {
             Ok(mut g) => g.on_event(&event),
             Err(p) => p.into_inner().on_event(&event),
@@ -935,7 +1013,7 @@ impl DeltaSink {
 
     async fn live(&self, raw_type: &'static str, kind: EventKind) {
         if let Some(s) = &self.sink {
-            s.emit_live(Event {
+            s.emit_delta(Event {
                 id: String::new(),
                 seq: None,
                 raw_type: raw_type.to_owned(),
@@ -1369,6 +1447,67 @@ mod tests {
         assert_eq!(events.len(), 3);
     }
 
+    /// Counts what an observer is shown, by raw type.
+    struct Seen {
+        deltas: bool,
+        seen: StdMutex<Vec<String>>,
+    }
+
+    impl EventObserver for Seen {
+        fn on_event(&self, event: &Event, _sink: &EventSink) {
+            self.seen.lock().unwrap().push(event.raw_type.clone());
+        }
+        fn wants_deltas(&self) -> bool {
+            self.deltas
+        }
+    }
+
+    #[tokio::test]
+    async fn an_observer_that_wants_no_deltas_is_not_called_for_them_and_subscribers_still_are() {
+        for wants in [false, true] {
+            let sink = EventSink::detached();
+            let seen = Arc::new(Seen {
+                deltas: wants,
+                seen: StdMutex::new(Vec::new()),
+            });
+            assert!(sink.set_observer(seen.clone()));
+            let mut sub = sink.subscribe(64).await;
+            let d = DeltaSink::new(sink.clone(), "m");
+            d.text("Hel").await;
+            d.tool_call_start("t1", "f").await;
+            d.tool_call_args("t1", "{}").await;
+            d.tool_call_end("t1").await;
+            sink.record("u1", "tether.user_message", json!({}), EventKind::Message {
+                message_id: "u1".into(),
+                role: Role::User,
+                text: "hi".into(),
+                reasoning: None,
+                tool_uses: Vec::new(),
+            })
+            .await
+            .unwrap();
+            sink.observe(&Event::new("", "tether.run_end", json!({}), EventKind::Other));
+            let seen = seen.seen.lock().unwrap().clone();
+            let deltas = [
+                raw::LOCAL_TEXT_DELTA,
+                raw::LOCAL_TOOL_CALL_START,
+                raw::LOCAL_TOOL_CALL_ARGS,
+                raw::LOCAL_TOOL_CALL_END,
+            ];
+            let mut expected: Vec<&str> = if wants { deltas.to_vec() } else { Vec::new() };
+            expected.extend(["tether.user_message", "tether.run_end"]);
+            assert_eq!(seen, expected, "wants_deltas = {wants}");
+            // The subscribers get every delivered event either way (marks are not delivered).
+            let mut got = Vec::new();
+            while let Ok(e) = sub.try_recv() {
+                got.push(e.raw_type);
+            }
+            let mut all: Vec<&str> = deltas.to_vec();
+            all.push("tether.user_message");
+            assert_eq!(got, all);
+        }
+    }
+
     #[tokio::test]
     async fn text_sent_after_its_record_is_not_withdrawn_by_a_reconnect() {
         // Providers whose messages arrive whole (Managed Agents) record the message, then send
@@ -1496,6 +1635,64 @@ mod tests {
             (c.held["m1"].reasoning.as_str(), text_of(&c).as_str()),
             ("r", "t")
         );
+    }
+
+    fn stored(id: &str, seq: u64) -> Event {
+        let mut e = Event::new(id, raw::USER_MESSAGE, json!({"text": id}), EventKind::Other);
+        e.seq = Some(seq);
+        e
+    }
+
+    #[tokio::test]
+    async fn adopted_events_are_recorded_and_delivered_but_not_written() {
+        let store = Arc::new(crate::store::MemoryStore::default());
+        let sink = EventSink::new(
+            SessionInfo::new("s1", "test"),
+            Arc::new(crate::handler::NoTools),
+            store.clone(),
+        );
+        let mut sub = sink.subscribe(8).await;
+        sink.adopt(vec![stored("a", 1), stored("b", 2)]).await.unwrap();
+        assert!(
+            store.load("s1").await.unwrap().is_empty(),
+            "adopting writes nothing"
+        );
+        assert_eq!(sink.last_seq().await, 2);
+        assert!(sink.has_seen("a").await && sink.has_seen("b").await);
+        let got: Vec<(String, Option<u64>)> = std::iter::from_fn(|| sub.try_recv().ok())
+            .map(|e| (e.id, e.seq))
+            .collect();
+        assert_eq!(got, [("a".to_owned(), Some(1)), ("b".to_owned(), Some(2))]);
+        // A redelivery of an adopted event is dropped; the next event continues the numbering.
+        assert!(!sink.emit(stored("a", 0)).await.unwrap());
+        assert!(sink.emit(stored("c", 0)).await.unwrap());
+        let written = store.load("s1").await.unwrap();
+        assert_eq!(written.len(), 1);
+        assert_eq!((written[0].id.as_str(), written[0].seq), ("c", Some(3)));
+        let record: Vec<String> = sink.take_record().await.into_iter().map(|e| e.id).collect();
+        assert_eq!(record, ["a", "b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn events_that_do_not_continue_the_record_are_not_adopted() {
+        let sink = EventSink::detached();
+        let mut sub = sink.subscribe(8).await;
+        sink.adopt(vec![stored("a", 1)]).await.unwrap();
+        let bad = [
+            vec![stored("b", 3)],                                      // a gap
+            vec![stored("b", 1)],                                      // a number taken
+            vec![stored("a", 2)],                                      // an id recorded
+            vec![stored("b", 2), stored("b", 3)],                      // an id twice
+            vec![stored("b", 2), stored("c", 2)],                      // a number twice
+            vec![Event::new("b", "t", Value::Null, EventKind::Other)], // no number
+        ];
+        for events in bad {
+            let err = sink.adopt(events.clone()).await.unwrap_err();
+            assert!(matches!(err, crate::Error::Store { .. }), "{events:?}: {err}");
+        }
+        assert_eq!(sink.last_seq().await, 1, "nothing of a refused batch is adopted");
+        assert!(!sink.has_seen("b").await);
+        assert_eq!(std::iter::from_fn(|| sub.try_recv().ok()).count(), 1);
     }
 
     /// Splits `s` into pieces at the char boundaries `cuts` pick.
