@@ -933,6 +933,10 @@ impl McpServer {
 /// Waits (bounded) for tool-list refreshes the server asked for during a call: a tool the call
 /// added is then declared on the next turn.
 async fn settle(inner: &Inner) {
+    // The common case, nothing refreshing: no receiver, no timer.
+    if *inner.refreshing.borrow() == 0 {
+        return;
+    }
     let mut rx = inner.refreshing.subscribe();
     let _ = tokio::time::timeout(SETTLE_GRACE, rx.wait_for(|n| *n == 0)).await;
 }

@@ -51,6 +51,10 @@ pub struct LocalLoop {
     /// cost then does not grow with the conversation's length).
     req: ChatRequest,
     resumed: bool,
+    /// Whether the history gained something the record lacks since the engine last asked
+    /// ([`Provider::state_beyond_record`]): what `open` set up, a raw input, an event the sink
+    /// had already.
+    beyond_record: bool,
     seen: HashSet<String>,
     error_counts: HashMap<String, u32>,
 }
@@ -85,6 +89,7 @@ impl LocalLoop {
                 tools: Vec::new(),
             },
             resumed: false,
+            beyond_record: true,
             seen: HashSet::new(),
             error_counts: HashMap::new(),
         }
@@ -135,7 +140,8 @@ impl LocalLoop {
 
     async fn directive(&mut self, cx: &TurnContext, role: &str, text: String) -> Result<()> {
         self.req.messages.push(ChatMessage::user(text.clone()));
-        cx.sink
+        let recorded = cx
+            .sink
             .record(
                 "",
                 raw::LOCAL_DIRECTIVE,
@@ -146,7 +152,14 @@ impl LocalLoop {
                 },
             )
             .await?;
+        self.note_recorded(recorded);
         Ok(())
+    }
+
+    /// Notes whether an event holding an addition to the history was recorded (`false`: one with
+    /// its id was there already, so a rebuild from the record would not see this one).
+    fn note_recorded(&mut self, recorded: bool) {
+        self.beyond_record |= !recorded;
     }
 
     async fn apply_results(&mut self, cx: &TurnContext, answered: &[ToolUseResult]) -> Result<()> {
@@ -250,6 +263,8 @@ impl LocalLoop {
 
 /// The duplicate-call key: the tool name and its arguments (see [`ToolUse::fingerprint`]):
 /// canonical JSON when they parse, the raw text when they don't.
+/// The loop keys each call by its decoded use's fingerprint, which is this.
+#[cfg(test)]
 fn call_key(name: &str, arguments: &str) -> String {
     ToolUse::from_arguments("", name, arguments).fingerprint()
 }
@@ -261,6 +276,8 @@ impl Provider for LocalLoop {
     }
 
     async fn open(&mut self, _cx: &TurnContext) -> Result<Opened> {
+        // The system prompt and an imported transcript are in no record.
+        self.beyond_record = true;
         if self.req.messages.is_empty()
             && let Some(p) = &self.system_prompt
         {
@@ -281,6 +298,8 @@ impl Provider for LocalLoop {
         let rb = rebuild::rebuild(&from, self.system_prompt.as_deref(), cx).await?;
         self.req.messages = rb.history;
         self.resumed = true;
+        // Rebuilt from the checkpoint and the record: the same resume rebuilds it again.
+        self.beyond_record = false;
         if self.req.messages.is_empty()
             && let Some(p) = &self.system_prompt
         {
@@ -319,6 +338,7 @@ impl Provider for LocalLoop {
                     self.error_counts.clear();
                 }
                 self.req.messages.push(m);
+                self.beyond_record = true;
             }
         }
         if cx.is_final_turn() {
@@ -336,18 +356,20 @@ impl Provider for LocalLoop {
         let resp = self.call_model(cx, &message_id).await?;
         self.req.messages.push(resp.message.clone());
 
+        // Each call decoded once: for the record, the duplicate check and the engine.
+        let all_uses: Vec<ToolUse> = resp.message.tool_calls.iter().map(|c| c.to_tool_use()).collect();
         let mut uses = Vec::new();
         let mut dups = Vec::new();
-        for c in &resp.message.tool_calls {
-            if self.seen.insert(call_key(&c.name, &c.arguments)) {
-                uses.push(c.to_tool_use());
+        for (c, u) in resp.message.tool_calls.iter().zip(&all_uses) {
+            if self.seen.insert(u.fingerprint()) {
+                uses.push(u.clone());
             } else {
                 dups.push(c.clone());
             }
         }
         let text = resp.message.content.clone().unwrap_or_default();
-        let all_uses: Vec<ToolUse> = resp.message.tool_calls.iter().map(|c| c.to_tool_use()).collect();
-        cx.sink
+        let recorded = cx
+            .sink
             .record(
                 &message_id,
                 raw::LOCAL_MODEL_RESPONSE,
@@ -367,6 +389,7 @@ impl Provider for LocalLoop {
                 },
             )
             .await?;
+        self.note_recorded(recorded);
         if let Some(u) = &resp.usage {
             cx.sink
                 .record(
@@ -392,7 +415,8 @@ impl Provider for LocalLoop {
                 false,
             ));
             let input = d.to_tool_use().input;
-            cx.sink
+            let recorded = cx
+                .sink
                 .record(
                     format!("dup:{}", d.id),
                     raw::LOCAL_DUPLICATE_TOOL_CALL,
@@ -403,6 +427,7 @@ impl Provider for LocalLoop {
                     },
                 )
                 .await?;
+            self.note_recorded(recorded);
         }
 
         let finish = resp.finish_reason.clone().filter(|s| !s.is_empty());
@@ -441,6 +466,13 @@ impl Provider for LocalLoop {
 
     fn checkpoint(&self) -> Option<Value> {
         serde_json::to_value(&self.req.messages).ok()
+    }
+
+    /// The history a resume rebuilds is the checkpoint's and the record's after it (see the
+    /// `rebuild` module): a turn's model response, tool results, directives and duplicate calls
+    /// are all recorded, so only what the record lacks needs a save.
+    fn state_beyond_record(&mut self) -> bool {
+        std::mem::take(&mut self.beyond_record)
     }
 }
 

@@ -237,12 +237,31 @@ pub trait Provider: Send + 'static {
         Ok(())
     }
 
-    /// The provider's resumable state, saved by the engine as the thread's checkpoint after every
-    /// turn (with the sequence number it covers) and handed back to [`Provider::resume`]: the
+    /// The provider's resumable state, saved by the engine as the thread's checkpoint after a
+    /// turn (with the sequence number it covers; see [`Provider::state_beyond_record`] for the
+    /// turns it skips) and handed back to [`Provider::resume`]: the
     /// local loop's history; a remote session's bookkeeping that its service does not keep.
     /// `None` (the default): nothing beyond the session handle and the record.
     fn checkpoint(&self) -> Option<Value> {
         None
+    }
+
+    /// Whether the provider's state gained, since the engine last asked, something its
+    /// [`resume`](Provider::resume) could not rebuild from the thread's last saved checkpoint
+    /// and the events recorded after it; asking clears the note.
+    ///
+    /// The engine asks after every turn and skips the checkpoint's save when the answer is no
+    /// and every input it handed the provider since the last save is in the record too (a user
+    /// message it recorded, a reprompt, tool results it recorded). A save is O(state) (the local
+    /// loop's whole history), a record append is O(event): a provider whose resume replays the
+    /// record after its checkpoint need not have its state saved after a turn the record
+    /// already holds. Say yes for what the record lacks: the state [`open`](Provider::open) set
+    /// up (a system prompt, an imported transcript), a raw input, an event the sink did not
+    /// record because one with its id was there already.
+    ///
+    /// The default, `true`, has the state saved after every turn.
+    fn state_beyond_record(&mut self) -> bool {
+        true
     }
 
     /// Reopens the session of a thread from its record, after a restart, a crash or an eviction:

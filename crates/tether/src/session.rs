@@ -4,7 +4,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -403,6 +403,7 @@ impl SessionBuilder {
             opened,
             thread,
             unsaved: false,
+            unrecorded: false,
             tasks: TaskTracker::new(),
             batch: Arc::new(Mutex::new(Vec::new())),
         })
@@ -642,9 +643,10 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 /// ([`SessionConfig::tool_timeout`]) or a run's timeout ([`SessionBuilder::run`]) aborts the tool
 /// tasks it stops and waits (up to 5 s) for them to end: a tool stops at its next `.await`, and
 /// what it owns is dropped (a `tokio::process::Child` spawned with `kill_on_drop` is killed). A
-/// tool blocked outside an `.await` cannot be stopped and finishes on its own. Each tool use the
-/// stop left without a result gets an error result saying so, recorded in the memo and the
-/// record and handed to the provider (its history stays well formed), so a later resume or
+/// tool blocked outside an `.await` cannot be stopped and finishes on its own (a call alone in
+/// its turn runs on the session's own task, so the session waits for it too; calls of a batch
+/// run on tasks of their own). Each tool use the stop left without a result gets an error
+/// result saying so, recorded in the memo and the record and handed to the provider (its history stays well formed), so a later resume or
 /// reconnect does not run it again; [`Session::forget_tool_result`] makes it run again when the
 /// same tool use is delivered next. What else a stop does depends on the provider's
 /// [`Provider::interrupt`]:
@@ -679,6 +681,10 @@ pub struct Session {
     unanswered: Option<String>,
     /// Whether the provider may have changed since its transcript was last saved.
     unsaved: bool,
+    /// Whether the engine handed the provider something the record lacks since the checkpoint
+    /// was last saved (an input it did not record, results it made up), or a request failed:
+    /// the next save is then not skipped (see [`Provider::state_beyond_record`]).
+    unrecorded: bool,
     /// The session's tool tasks: a cancel waits on it for the tasks it aborted to end.
     tasks: TaskTracker,
     /// The tool batch in flight (set when a turn hands tool uses over, cleared when they are
@@ -743,8 +749,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 enum Start {
     /// A provider input (a message is recorded as the user's first).
     Input(Input),
-    /// User messages already recorded (or being sent again): the provider gets their text.
-    Recorded(String),
+    /// User messages already recorded (or being sent again): the provider gets their text;
+    /// `true` when it is exactly one recorded message (as a resume would replay it).
+    Recorded(String, bool),
     /// Tool uses a paused or reattached session waits on: run them (answers the application
     /// wrote for them count), then continue with their results.
     Pending(Vec<ToolUse>),
@@ -764,10 +771,11 @@ struct Acc {
 }
 
 impl Acc {
-    fn absorb(&mut self, tr: &TurnResult) {
+    /// Takes in a turn's result; `keys` are its tool uses' memo keys, in order.
+    fn absorb(&mut self, tr: &TurnResult, keys: &[String]) {
         self.texts.push(tr.text.clone());
-        for u in &tr.tool_uses {
-            self.add_tool_use(u);
+        for (u, key) in tr.tool_uses.iter().zip(keys) {
+            self.add_tool_use(u, key);
         }
         self.server_tool_uses.extend(tr.server_tool_uses.iter().cloned());
         if let Some(u) = &tr.usage {
@@ -775,9 +783,11 @@ impl Acc {
         }
     }
 
-    /// Adds a tool use unless the same tool use (id, name, arguments) is there already.
-    fn add_tool_use(&mut self, u: &ToolUse) {
-        if self.keys.insert(u.memo_key()) {
+    /// Adds a tool use unless the same tool use (id, name, arguments: its memo key `key`) is
+    /// there already.
+    fn add_tool_use(&mut self, u: &ToolUse, key: &str) {
+        if !self.keys.contains(key) {
+            self.keys.insert(key.to_owned());
             self.tool_uses.push(u.clone());
         }
     }
@@ -906,8 +916,11 @@ impl Session {
             return Err(tools_pending());
         }
         let mut texts: Vec<String> = Vec::new();
+        // A text resent from before may be several messages joined: not as the record has it.
+        let mut exact = true;
         if let Some(t) = self.unanswered.take() {
             texts.push(t);
+            exact = false;
         }
         for m in messages {
             let recorded = self.cx.sink.emit(user_message_event(&m)).await?;
@@ -918,7 +931,9 @@ impl Session {
         if texts.is_empty() {
             return Ok(self.idle_result().await);
         }
-        self.request(Start::Recorded(texts.join("\n\n")), cancel, None)
+        // Several messages go to the provider as one, which the record does not hold.
+        let exact = exact && texts.len() == 1;
+        self.request(Start::Recorded(texts.join("\n\n"), exact), cancel, None)
             .await
     }
 
@@ -1053,7 +1068,7 @@ impl Session {
     pub async fn resume(&mut self, cancel: CancellationToken) -> Result<SessionResult> {
         if self.paused.is_empty() {
             return match self.unanswered.take() {
-                Some(text) => self.request(Start::Recorded(text), cancel, None).await,
+                Some(text) => self.request(Start::Recorded(text, false), cancel, None).await,
                 None => Ok(self.idle_result().await),
             };
         }
@@ -1104,7 +1119,7 @@ impl Session {
                 Start::Input(Input::ToolResults(..)) => "tool_results",
                 Start::Input(Input::Continue) => "continue",
                 Start::Input(Input::Raw(_)) => "raw",
-                Start::Recorded(_) => "message",
+                Start::Recorded(..) => "message",
                 Start::Pending(_) => "resume",
             };
             self.cx.sink.observe(&Event::new(
@@ -1151,6 +1166,8 @@ impl Session {
         if r.is_err() {
             // The failed request's events are in the store; the next result must not carry them.
             let _ = self.cx.sink.take_record().await;
+            // Whatever the provider holds now, the next save writes it.
+            self.unrecorded = true;
         }
         // A request that failed in a provider call is not checkpointed: the provider's state may
         // hold a half-done turn (a user message it never answered), which a resume from the last
@@ -1213,13 +1230,15 @@ impl Session {
         self.record_tool_results(&answered).await
     }
 
-    /// Notes the tool uses a turn handed over, before anything else happens to them.
-    fn hand_over(&self, uses: &[ToolUse]) {
+    /// Notes the tool uses a turn handed over, before anything else happens to them; `keys` are
+    /// their memo keys ([`memo_keys`]).
+    fn hand_over(&self, uses: &[ToolUse], keys: &[String]) {
         *lock(&self.batch) = uses
             .iter()
-            .map(|u| Slot {
+            .zip(keys)
+            .map(|(u, key)| Slot {
                 tool_use: u.clone(),
-                key: u.memo_key(),
+                key: key.clone(),
                 state: SlotState::NotStarted,
             })
             .collect();
@@ -1228,8 +1247,11 @@ impl Session {
     /// Saves the checkpoint (state key [`CHECKPOINT`]: the provider's state and the sequence
     /// number it covers) so a crash loses at most the turn in flight: called after every turn and
     /// at the end of every request. Nothing is written when the provider was not called since
-    /// the last save (a request that ends with the turn just saved), nor for a provider that
-    /// keeps no state.
+    /// the last save (a request that ends with the turn just saved), for a provider that keeps
+    /// no state, nor when the record holds everything the provider got since the last save
+    /// (neither the provider nor the engine noted anything beyond it, see
+    /// [`Provider::state_beyond_record`]): a resume rebuilds the state from the saved checkpoint
+    /// and the record after it.
     async fn checkpoint_now(&mut self) -> Result<()> {
         self.checkpoint_saver().await.await
     }
@@ -1239,7 +1261,15 @@ impl Session {
     /// work (a turn's tool calls).
     async fn checkpoint_saver(&mut self) -> impl std::future::Future<Output = Result<()>> + Send + 'static {
         let state = match std::mem::take(&mut self.unsaved) {
-            true => self.provider.checkpoint(),
+            // Skipped when the record holds everything since the last save: a resume rebuilds
+            // the same state from that checkpoint and the record after it.
+            true => {
+                let beyond = self.provider.state_beyond_record();
+                match std::mem::take(&mut self.unrecorded) || beyond {
+                    true => self.provider.checkpoint(),
+                    false => None,
+                }
+            }
             false => None,
         };
         let sink = self.cx.sink.clone();
@@ -1261,11 +1291,22 @@ impl Session {
     async fn drive(&mut self, start: Start) -> Result<SessionResult> {
         let mut acc = Acc::default();
         let first = match start {
-            Start::Input(i) => i,
-            Start::Recorded(text) => Input::Message(text),
+            Start::Input(i) => {
+                // An input given directly (`run`'s prompt, a raw input, results from outside) is
+                // in no record.
+                if !matches!(i, Input::Continue) {
+                    self.unrecorded = true;
+                }
+                i
+            }
+            Start::Recorded(text, exact) => {
+                self.unrecorded |= !exact;
+                Input::Message(text)
+            }
             Start::Pending(uses) => {
-                self.hand_over(&uses);
-                let (results, pending) = self.runner().run(&uses, true).await?;
+                let keys = memo_keys(&uses);
+                self.hand_over(&uses, &keys);
+                let (results, pending) = self.runner().run(&uses, &keys, true).await?;
                 if !pending.is_empty() {
                     lock(&self.batch).clear();
                     self.pause(uses, &pending);
@@ -1291,9 +1332,11 @@ impl Session {
             self.cx.turn = acc.turns + 1;
             let tr = self.turn_with_reconnect(input, &mut acc).await?;
             acc.turns += 1;
-            acc.absorb(&tr);
+            // Each use's memo key, computed once (a SHA-256 of its canonical arguments).
+            let keys = memo_keys(&tr.tool_uses);
+            acc.absorb(&tr, &keys);
             if tr.terminal == Terminal::RequiresAction {
-                self.hand_over(&tr.tool_uses);
+                self.hand_over(&tr.tool_uses, &keys);
             }
             // A turn that hands tool uses over saves its checkpoint while they run: the save
             // holds the provider's state as of the turn's end, taken now, and the tools' results
@@ -1337,9 +1380,9 @@ impl Session {
                     }
                     let (ran, saved) = match saving.take() {
                         Some(saving) => {
-                            futures_util::future::join(self.runner().run(&uses, false), saving).await
+                            futures_util::future::join(self.runner().run(&uses, &keys, false), saving).await
                         }
-                        None => (self.runner().run(&uses, false).await, Ok(())),
+                        None => (self.runner().run(&uses, &keys, false).await, Ok(())),
                     };
                     if let Err(e) = saved {
                         // The calls that ran are memoized and recorded: the provider gets their
@@ -1386,7 +1429,8 @@ impl Session {
                             let text = format!(
                                 "You ended your turn without calling the `{name}` tool. You MUST call `{name}` now to finish, with your final answer as its input."
                             );
-                            self.cx
+                            let recorded = self
+                                .cx
                                 .sink
                                 .record(
                                     "",
@@ -1398,6 +1442,7 @@ impl Session {
                                     },
                                 )
                                 .await?;
+                            self.unrecorded |= !recorded;
                             input = Input::Message(text);
                             continue;
                         }
@@ -1442,9 +1487,11 @@ impl Session {
             .collect();
     }
 
-    /// Hands tool results to the provider (its checkpoint then needs saving).
+    /// Hands tool results to the provider without a turn (its checkpoint then needs saving: a
+    /// rebuild from the record takes results no turn followed for a batch still pending).
     async fn record_tool_results(&mut self, answered: &[ToolUseResult]) -> Result<()> {
         self.unsaved = true;
+        self.unrecorded = true;
         self.provider.record_tool_results(answered).await
     }
 
@@ -1494,12 +1541,14 @@ impl Session {
             if pending.is_empty() {
                 input = Some(Input::Continue);
             } else {
-                for u in &pending {
-                    acc.add_tool_use(u);
+                let keys = memo_keys(&pending);
+                for (u, key) in pending.iter().zip(&keys) {
+                    acc.add_tool_use(u, key);
                 }
-                self.hand_over(&pending);
-                let (results, _pending) = self.runner().run(&pending, true).await?;
+                self.hand_over(&pending, &keys);
+                let (results, _pending) = self.runner().run(&pending, &keys, true).await?;
                 lock(&self.batch).clear();
+                self.unrecorded |= results.iter().any(Option::is_none);
                 let answered = pending
                     .into_iter()
                     .zip(results)
@@ -1545,6 +1594,14 @@ struct ToolRunner<'a> {
     approved: &'a Mutex<std::collections::HashSet<String>>,
 }
 
+/// How a tool call's future ended without an output.
+enum Stopped {
+    /// It panicked, with this message.
+    Panicked(String),
+    /// Its task failed otherwise (cancelled by the runtime shutting down).
+    Failed(String),
+}
+
 /// What running one tool use came to: its result, or what it waits for.
 type Ran = std::result::Result<ToolResult, Waiting>;
 
@@ -1568,14 +1625,19 @@ impl ToolRunner<'_> {
     async fn run(
         &self,
         uses: &[ToolUse],
+        base_keys: &[String],
         by_id: bool,
     ) -> Result<(Vec<Option<ToolResult>>, Vec<PendingToolUse>)> {
         let sid = self.cx.sink.info().session_id.clone();
         let mut keys = Vec::with_capacity(uses.len());
-        for u in uses {
-            keys.push(current_key(&self.cx.sink, u).await);
+        for base in base_keys {
+            keys.push(current_key_from(&self.cx.sink, base).await);
         }
         let plan = plan_batch(uses, &keys);
+        // A call alone in its batch runs on the session's own task: spawning it would only add
+        // a task hop there and back (a wake-up of another thread when the session runs on one
+        // outside the runtime's workers) to each call.
+        let inline = plan.iter().filter(|p| matches!(p, Plan::Run)).count() == 1;
         {
             let mut b = lock(self.batch);
             for (slot, key) in b.iter_mut().zip(&keys) {
@@ -1600,7 +1662,7 @@ impl ToolRunner<'_> {
                         }
                         Plan::Run => {
                             self.set_state(i, SlotState::Running);
-                            self.run_one(u, key, by_id, sid).await?
+                            self.run_one(u, key, by_id, sid, inline).await?
                         }
                     };
                     self.set_state(i, slot_state(&r));
@@ -1654,7 +1716,9 @@ impl ToolRunner<'_> {
         }
     }
 
-    async fn run_one(&self, u: &ToolUse, key: &str, by_id: bool, sid: &str) -> Result<Ran> {
+    /// Runs one tool use: answered from the memo when it ran before, else through the handler,
+    /// on a task of its own, or on this one when `inline` (it is alone in its batch).
+    async fn run_one(&self, u: &ToolUse, key: &str, by_id: bool, sid: &str, inline: bool) -> Result<Ran> {
         let cx = self.cx;
         let store = cx.sink.store();
         if let Some(mut r) = store.tool_result(sid, key).await? {
@@ -1704,40 +1768,59 @@ impl ToolRunner<'_> {
             // The call's clock: time the call spends waiting for the user (a source pauses it)
             // does not count against the tool timeout.
             let clock = events.clock().clone();
-            let mut task = AbortOnDrop(
-                self.tasks
-                    .spawn(events.scope(async move { handler.call_tool(&call, &info).await })),
-            );
-            let joined = match self.config.tool_timeout {
-                Some(d) => match clock.timeout(d, &mut task.0).await {
-                    Some(j) => j,
-                    None => {
+            let call = events.scope(async move { handler.call_tool(&call, &info).await });
+            let joined = match inline {
+                true => {
+                    // Dropped (so stopped at its next `.await`) on a timeout or with the request.
+                    let call = AssertUnwindSafe(call).catch_unwind();
+                    match self.config.tool_timeout {
+                        Some(d) => clock.timeout(d, call).await,
+                        None => Some(call.await),
+                    }
+                    .map(|j| j.map_err(|p| Stopped::Panicked(panic_message(p.as_ref()))))
+                }
+                false => {
+                    let mut task = AbortOnDrop(self.tasks.spawn(call));
+                    let joined = match self.config.tool_timeout {
+                        Some(d) => clock.timeout(d, &mut task.0).await,
+                        None => Some((&mut task.0).await),
+                    };
+                    if joined.is_none() {
                         task.0.abort();
                         if tokio::time::timeout(STOP_GRACE, &mut task.0).await.is_err() {
                             tracing::warn!(tool = %u.name, "a timed-out tool did not stop within {STOP_GRACE:?}");
                         }
-                        let r = ToolResult::error(
-                            &u.id,
-                            format!(
-                                "tool `{}` timed out after {d:?} and was stopped; it may have partly run",
-                                shown(&u.name)
-                            ),
-                        );
-                        store_result(cx, sid, key, &r).await?;
-                        return Ok(Ok(r));
                     }
-                },
-                None => (&mut task.0).await,
+                    joined.map(|j| {
+                        j.map_err(|e| match e.is_panic() {
+                            true => Stopped::Panicked(panic_message(e.into_panic().as_ref())),
+                            false => Stopped::Failed(e.to_string()),
+                        })
+                    })
+                }
+            };
+            let Some(joined) = joined else {
+                let d = self.config.tool_timeout.unwrap_or_default();
+                let r = ToolResult::error(
+                    &u.id,
+                    format!(
+                        "tool `{}` timed out after {d:?} and was stopped; it may have partly run",
+                        shown(&u.name)
+                    ),
+                );
+                store_result(cx, sid, key, &r).await?;
+                return Ok(Ok(r));
             };
             match joined {
                 Ok(ToolOutput::Ok(s)) => ToolResult::ok(&u.id, s),
                 Ok(ToolOutput::Error(s)) => ToolResult::error(&u.id, s),
                 Ok(ToolOutput::Pending) => return Ok(Err(Waiting::Client)),
-                Err(e) if e.is_panic() => {
-                    let msg = panic_message(e.into_panic().as_ref());
+                Err(Stopped::Panicked(msg)) => {
                     ToolResult::error(&u.id, format!("tool `{}` panicked: {msg}", shown(&u.name)))
                 }
-                Err(e) => ToolResult::error(&u.id, format!("tool `{}` failed: {e}", shown(&u.name))),
+                Err(Stopped::Failed(e)) => {
+                    ToolResult::error(&u.id, format!("tool `{}` failed: {e}", shown(&u.name)))
+                }
             }
         };
         store_result(cx, sid, key, &result).await?;
@@ -1802,11 +1885,21 @@ fn check_call(cx: &TurnContext, u: &ToolUse) -> Option<String> {
     })
 }
 
+/// The memo key ([`ToolUse::memo_key`]) of each use, in order: computed once per use and
+/// carried along (the accumulator, the batch in flight and the runner all need it).
+fn memo_keys(uses: &[ToolUse]) -> Vec<String> {
+    uses.iter().map(ToolUse::memo_key).collect()
+}
+
 /// The memo key `u` is answered under now: [`ToolUse::memo_key`], moved on by one generation
 /// each time its result was forgotten ([`Session::forget_tool_result`]).
 async fn current_key(sink: &EventSink, u: &ToolUse) -> String {
-    let base = u.memo_key();
-    let mut key = base.clone();
+    current_key_from(sink, &u.memo_key()).await
+}
+
+/// [`current_key`] from the use's [`ToolUse::memo_key`], `base`.
+async fn current_key_from(sink: &EventSink, base: &str) -> String {
+    let mut key = base.to_owned();
     let mut generation = 0u32;
     while sink.has_seen(&format!("tool_forget:{key}")).await {
         generation += 1;

@@ -118,6 +118,35 @@ async fn tool_errors_and_panics_become_error_results() {
     assert!(tool[3].content.as_deref().unwrap().contains("not valid JSON"));
 }
 
+/// A call alone in its turn runs on the session's own task, not a spawned one: its panic still
+/// becomes an error result, and the session goes on.
+#[tokio::test]
+async fn a_lone_call_that_panics_becomes_an_error_result() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("b", "boom", "{}")])),
+        Ok(ScriptedModel::tool_calls(&[(
+            "e",
+            "echo",
+            r#"{"v":"still here"}"#,
+        )])),
+        Ok(ScriptedModel::text("ok")),
+    ]));
+    let r = Session::builder(LocalLoop::with_model(model.clone()))
+        .handler(tools())
+        .run("go")
+        .await
+        .unwrap();
+    assert_eq!(r.text, "ok");
+    let msgs = &model.requests()[2].messages;
+    let tool: Vec<_> = msgs.iter().filter(|m| m.tool_call_id.is_some()).collect();
+    assert!(tool[0].is_error);
+    assert!(tool[0].content.as_deref().unwrap().contains("panicked: kaboom"));
+    assert_eq!(
+        (tool[1].is_error, tool[1].content.as_deref()),
+        (false, Some("still here"))
+    );
+}
+
 /// Arguments that parse but are not an object (`[1]`, `"x"`, `null`, `5`) never reach a tool:
 /// every tool's input schema is an object, and a handler reading `input["path"]` of an array
 /// would act on nothing. Each is answered with an error naming what it was.
@@ -593,14 +622,17 @@ impl tether::EventStore for CountingStore {
     }
 }
 
-/// The checkpoint is saved after every turn, and at the end of a request only when the provider
-/// was called since (a one-turn request saves once, not twice), and the saved one is the last.
+/// The checkpoint is saved after a turn only when the record lacks something of the provider's
+/// state (here `run`'s prompt, which is not recorded, and the system prompt `open` set up); a
+/// turn the record holds (tool results, a model response) is not saved again, and a request
+/// that ends with the turn just saved does not save twice.
 #[tokio::test]
-async fn the_checkpoint_is_saved_once_per_change() {
+async fn the_checkpoint_is_saved_only_when_the_record_lacks_the_turn() {
     use tether::EventStore;
     let store = Arc::new(CountingStore::default());
     let model = ScriptedModel::new(vec![
         Ok(ScriptedModel::tool_calls(&[("c1", "echo", r#"{"v": "x"}"#)])),
+        Ok(ScriptedModel::tool_calls(&[("c2", "echo", r#"{"v": "y"}"#)])),
         Ok(ScriptedModel::text("done")),
     ]);
     let r = Session::builder(LocalLoop::new(model).session_id("s4"))
@@ -609,20 +641,36 @@ async fn the_checkpoint_is_saved_once_per_change() {
         .run("go")
         .await
         .unwrap();
-    assert_eq!(r.turns, 2);
+    assert_eq!(r.turns, 3);
     assert_eq!(
         store.saves.load(Ordering::SeqCst),
-        2,
-        "one save per turn, none repeated"
+        1,
+        "saved after the first turn (the prompt is in no record), not after the two the record holds"
     );
     let saved = store
         .state("s4", tether::thread::CHECKPOINT)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(Some(&saved["provider"]), r.checkpoint.as_ref());
-    let last = r.events.iter().filter_map(|e| e.seq).max().unwrap();
-    assert_eq!(saved["seq"], last, "the checkpoint covers the whole record");
+    let history: Vec<tether::ChatMessage> = serde_json::from_value(saved["provider"].clone()).unwrap();
+    let last: Vec<tether::ChatMessage> = serde_json::from_value(r.checkpoint.clone().unwrap()).unwrap();
+    assert_eq!(history.len(), 2, "the prompt and the first model response");
+    assert_eq!(
+        history[..],
+        last[..2],
+        "the saved history is the live one's beginning"
+    );
+    let covered = saved["seq"].as_u64().unwrap();
+    let after: Vec<&str> = r
+        .events
+        .iter()
+        .filter(|e| e.seq.is_some_and(|s| s > covered))
+        .map(|e| e.raw_type.as_str())
+        .collect();
+    assert!(
+        after.contains(&tether::raw::TOOL_RESULT) && after.contains(&tether::raw::LOCAL_MODEL_RESPONSE),
+        "what the save left out is in the record after it: {after:?}"
+    );
 }
 
 /// A model that streams forever, for cancellation and timeouts.

@@ -1,8 +1,9 @@
 //! The local loop's history, rebuilt from a thread's record (after a restart, a crash, or when a
 //! server reopens a thread for each request).
 //!
-//! The engine checkpoints the loop's history after every turn, with the sequence number it
-//! covers. A rebuild starts from that history (or from the system prompt alone) and replays the
+//! The engine checkpoints the loop's history with the sequence number it covers, after a turn
+//! whose additions the record lacks (see `LocalLoop::state_beyond_record`: a turn the record
+//! holds is not saved, since this rebuild replays it). A rebuild starts from that history (or from the system prompt alone) and replays the
 //! events recorded after it, exactly as the loop put them in its history: user messages, model
 //! responses, tool results, directives, duplicate calls. What the replay ends on says how to go on:
 //! tool calls no later model response answers are pending (the engine answers them from the
