@@ -5,6 +5,9 @@
 //! ```text
 //! cargo build --release -p tether-serve --bin tether-serve --example fake_openai --example bench
 //! target/release/examples/bench [RUNS=1000] [DELTAS=1000]
+//! # the backends (issue 18):
+//! cargo build --release -p tether-serve --features restate --bin tether-serve --example fake_openai --example bench
+//! BENCH_BACKENDS=sqlite,restate1,restate3 target/release/examples/bench [RUNS] [DELTAS]
 //! ```
 //!
 //! Client, server and fake model are three processes (the fake in bench mode serves the testkit's
@@ -16,6 +19,16 @@
 //!
 //! `BENCH_OTEL=1` adds tracing's cost: the relayed load on open connections against two fresh
 //! servers, one traced with OTLP export to a receiver on loopback, in alternating order.
+//!
+//! `BENCH_BACKENDS=sqlite,restate1,restate3` compares thread backends instead (issue 18; build
+//! with `--features restate`): for each, a fresh `tether serve` (on a fresh Restate node or
+//! cluster from `conformance/restate`, replication 2 when several) takes the relayed load on open
+//! connections twice: plain runs, and tool-heavy runs (`BENCH_TOOLS`, default 20: that many calls
+//! of the workspace tool `read_file`, one per model step, then the text; the fake's `tools` mode).
+//! Each variant first runs alone a few times (a run's latency without load: what a durable step
+//! costs), then RUNS at once. The summary gives deltas/s and first-text p99 with their ratios to
+//! the first backend's, and the per-tool-call time (the lone tool-heavy run minus the lone plain
+//! run, over the calls).
 //!
 //! Each load runs on new connections and on connections opened beforehand; a last burst of
 //! `GET /healthz` on open connections shows the floor: what 1,000 requests at once take on this
@@ -153,6 +166,9 @@ async fn stop_wrapped(mut wrapper: Child, server: u32) {
     }
 }
 
+/// How long one run of a load may take before it counts as failed.
+const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// Alternating loads per server in the BENCH_OTEL phase (odd, so a median exists).
 const OTEL_ROUNDS: usize = 5;
 
@@ -195,6 +211,8 @@ struct Figures {
     ttft: Vec<Duration>,
     /// Time to the response head.
     ttfh: Vec<Duration>,
+    /// Time to the end of the response (the run's end).
+    done: Vec<Duration>,
     failures: usize,
     /// CPU seconds used during the load by the process serving it, and by the load client.
     cpu: (f64, f64),
@@ -541,22 +559,22 @@ async fn load(
                 let mut first = None;
                 let mut first_text = None;
                 let mut scan = Scan::default();
-                let status = conn
-                    .exchange(
-                        &req,
-                        || head = Some(t0.elapsed()),
-                        |chunk| {
-                            if first.is_none() && !chunk.is_empty() {
-                                first = Some(t0.elapsed());
-                            }
-                            scan.feed(chunk, text);
-                            if first_text.is_none() && scan.chars > 0 {
-                                first_text = Some(t0.elapsed());
-                            }
-                        },
-                    )
-                    .await
-                    .ok()?;
+                let exchange = conn.exchange(
+                    &req,
+                    || head = Some(t0.elapsed()),
+                    |chunk| {
+                        if first.is_none() && !chunk.is_empty() {
+                            first = Some(t0.elapsed());
+                        }
+                        scan.feed(chunk, text);
+                        if first_text.is_none() && scan.chars > 0 {
+                            first_text = Some(t0.elapsed());
+                        }
+                    },
+                );
+                // A run that does not end within RUN_TIMEOUT counts as a failure rather than
+                // holding the bench forever (a stuck backend).
+                let status = tokio::time::timeout(RUN_TIMEOUT, exchange).await.ok()?.ok()?;
                 if !(200..300).contains(&status) {
                     return None;
                 }
@@ -564,6 +582,7 @@ async fn load(
                     first.unwrap_or_default(),
                     first_text.unwrap_or_default(),
                     head.unwrap_or_default(),
+                    t0.elapsed(),
                     scan,
                 ))
             })
@@ -576,13 +595,15 @@ async fn load(
         ttfe: Vec::new(),
         ttft: Vec::new(),
         ttfh: Vec::new(),
+        done: Vec::new(),
         failures: 0,
         cpu: (0.0, 0.0),
     };
     for t in tasks {
         match t.await.ok().flatten() {
-            Some((ttfe, ttft, head, scan)) => {
+            Some((ttfe, ttft, head, done, scan)) => {
                 f.ttfh.push(head);
+                f.done.push(done);
                 f.ttfe.push(ttfe);
                 f.ttft.push(ttft);
                 f.deltas += scan.chars;
@@ -595,6 +616,7 @@ async fn load(
     f.ttfe.sort();
     f.ttft.sort();
     f.ttfh.sort();
+    f.done.sort();
     f
 }
 
@@ -651,6 +673,25 @@ async fn main() {
     let bin = dir.parent().expect("profile dir").to_path_buf();
     let tmp = std::env::temp_dir().join(format!("tether-bench-{}", std::process::id()));
     let _ = std::fs::create_dir_all(&tmp);
+
+    // BENCH_BACKENDS=sqlite,restate1,restate3: the backends compared instead (issue 18).
+    if let Ok(list) = std::env::var("BENCH_BACKENDS") {
+        let backends: Vec<Backend> = list
+            .split(',')
+            .map(|b| {
+                Backend::parse(b.trim()).unwrap_or_else(|| {
+                    panic!("BENCH_BACKENDS: unknown backend `{b}` (sqlite, restate1, restate3, restateN)")
+                })
+            })
+            .collect();
+        let tools = std::env::var("BENCH_TOOLS")
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .unwrap_or(20);
+        compare(&dir, &bin, &tmp, runs, deltas, tools, &backends).await;
+        let _ = std::fs::remove_dir_all(&tmp);
+        return;
+    }
 
     let (fake, fake_url) = spawn_until(
         Command::new(dir.join("fake_openai")).args(["bench", &deltas.to_string()]),
@@ -945,4 +986,240 @@ async fn agui_load(addr: std::net::SocketAddr, runs: usize, tag: String, token: 
         Text::AgUi,
     )
     .await
+}
+
+/// A thread backend of `tether serve` the comparison runs (`BENCH_BACKENDS`).
+#[derive(Clone, Copy, PartialEq)]
+enum Backend {
+    /// The default: threads in the server's SQLite file.
+    Sqlite,
+    /// `[server] backend = "restate"` on a Restate cluster of this many nodes (1: a single node;
+    /// more: replication 2, the server's ingress and admin on the first node).
+    Restate(usize),
+}
+
+impl Backend {
+    fn parse(s: &str) -> Option<Backend> {
+        match s {
+            "sqlite" => Some(Backend::Sqlite),
+            _ => s
+                .strip_prefix("restate")
+                .and_then(|n| if n.is_empty() { Some(1) } else { n.parse().ok() })
+                .filter(|n| *n >= 1)
+                .map(Backend::Restate),
+        }
+    }
+
+    fn name(self) -> String {
+        match self {
+            Backend::Sqlite => "sqlite".into(),
+            Backend::Restate(1) => "restate, 1 node".into(),
+            Backend::Restate(n) => format!("restate, {n} nodes"),
+        }
+    }
+}
+
+/// What one backend measured for one variant (plain or tool-heavy).
+struct Measured {
+    /// Run times of single runs alone on the server (no other load), sorted.
+    lone: Vec<Duration>,
+    /// The concurrent load on open connections.
+    load: Figures,
+    /// The server's peak RSS over its idle RSS during the load, KiB.
+    hwm_kib: u64,
+}
+
+/// Lone runs per variant and backend (odd, so a median exists).
+const LONE_RUNS: usize = 5;
+
+/// Runs the relayed load on each backend, twice: the plain run (one model step of `deltas`
+/// deltas) and the tool-heavy run (`tools` calls of the workspace tool `read_file`, one per model
+/// step, then the text). Each variant first runs alone `LONE_RUNS` times (latency without load:
+/// what a durable step costs), then `runs` at once on open connections. Prints the figures and
+/// their ratios to the first backend's.
+async fn compare(
+    dir: &std::path::Path,
+    bin: &std::path::Path,
+    tmp: &std::path::Path,
+    runs: usize,
+    deltas: usize,
+    tools: usize,
+    backends: &[Backend],
+) {
+    let cores = std::thread::available_parallelism().map(usize::from).unwrap_or(0);
+    println!(
+        "tether serve backends: {runs} concurrent runs x {deltas} deltas, tool-heavy variant {tools} tool calls per run, {cores} cores, loopback, load average {}",
+        load_average()
+    );
+    let (_plain_fake, plain_url) = spawn_until(
+        Command::new(dir.join("fake_openai")).args(["bench", &deltas.to_string()]),
+        "listening on ",
+    )
+    .await;
+    let (_tools_fake, tools_url) = spawn_until(
+        Command::new(dir.join("fake_openai")).args(["tools", &tools.to_string(), &deltas.to_string()]),
+        "listening on ",
+    )
+    .await;
+    let ws = tmp.join("ws");
+    std::fs::create_dir_all(&ws).expect("workspace");
+    std::fs::write(ws.join("bench.txt"), "a small file the tool-heavy run reads\n").expect("bench.txt");
+
+    let mut results: Vec<(Backend, [Measured; 2])> = Vec::new();
+    for (b, &backend) in backends.iter().enumerate() {
+        let nodes = match backend {
+            Backend::Sqlite => Vec::new(),
+            Backend::Restate(1) => vec![tether_testkit::restate::Restate::start().await],
+            Backend::Restate(n) => tether_testkit::restate::Restate::start_cluster(n).await,
+        };
+        let server_lines = nodes.first().map(|n| n.server_lines()).unwrap_or_default();
+        let mut measured = Vec::new();
+        for (v, url) in [(0, &plain_url), (1, &tools_url)] {
+            let agent = match v {
+                0 => format!("[agents.bench]\nbase_url = \"{plain_url}\"\nmodel = \"bench\"\n"),
+                _ => format!(
+                    "[agents.bench]\nbase_url = \"{url}\"\nmodel = \"bench\"\nmax_turns = {}\n[agents.bench.workspace]\nroot = \"{}\"\nreads = \"allow\"\n",
+                    tools + 2,
+                    ws.display()
+                ),
+            };
+            let cfg = tmp.join(format!("tether-{b}-{v}.toml"));
+            std::fs::write(
+                &cfg,
+                format!(
+                    "[server]\nmax_concurrent_runs = {}\n{server_lines}{agent}",
+                    runs + 16
+                ),
+            )
+            .expect("config");
+            let (server, ui_url) = spawn_until(
+                Command::new(bin.join("tether-serve"))
+                    .arg("--config")
+                    .arg(&cfg)
+                    .args(["--bind", "127.0.0.1:0", "--db"])
+                    .arg(tmp.join(format!("bench-{b}-{v}.db"))),
+                "tether serve: open ",
+            )
+            .await;
+            let (server_url, token) = ui_url
+                .split_once("/#token=")
+                .map(|(u, t)| (u.to_owned(), t.to_owned()))
+                .expect("the server prints its URL with the generated token");
+            let (addr, _) = split_url(&server_url);
+            let pid = server.id().unwrap_or(0);
+            let mut lone = Vec::new();
+            for i in 0..LONE_RUNS {
+                let f = agui_load(addr, 1, format!("lone-{b}-{v}-{i}"), token.clone()).await;
+                assert_eq!(
+                    f.failures,
+                    0,
+                    "a lone run failed on {} ({})",
+                    backend.name(),
+                    nodes.first().map(|n| n.log()).unwrap_or_default()
+                );
+                lone.extend(f.done);
+            }
+            lone.sort();
+            let idle = vm_rss_kib(pid);
+            reset_hwm(pid);
+            let conns = warm(addr, "/healthz", runs).await;
+            let cpu0 = (cpu_secs(pid), cpu_secs(0));
+            let tag = format!("load-{b}-{v}");
+            let host = addr.to_string();
+            let mut load = load(
+                addr,
+                Some(conns),
+                runs,
+                move |i| {
+                    let body = serde_json::json!({
+                        "threadId": format!("bench-{tag}-{i}-{}", std::process::id()), "runId": "r1",
+                        "messages": [{"id": "u1", "role": "user", "content": "go"}]
+                    });
+                    http_request(
+                        &host,
+                        "POST",
+                        "/v1/agents/bench/run",
+                        "text/event-stream",
+                        Some(&body),
+                        Some(&token),
+                    )
+                },
+                Text::AgUi,
+            )
+            .await;
+            load.cpu = (cpu_secs(pid) - cpu0.0, cpu_secs(0) - cpu0.1);
+            let hwm_kib = vm_hwm_kib(pid).saturating_sub(idle);
+            let name = format!("{}, {}", backend.name(), ["plain", "tool-heavy"][v]);
+            println!(
+                "{name}: lone runs {} ms (median {:.1} ms)",
+                lone.iter()
+                    .map(|d| format!("{:.1}", ms(*d)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                ms(lone[lone.len() / 2])
+            );
+            report(
+                &format!("{name}, {runs} at once, open connections"),
+                &load,
+                hwm_kib,
+                runs,
+            );
+            println!(
+                "{name}: run time p50 {:.1} ms, p99 {:.1} ms",
+                ms(pct(&load.done, 0.50)),
+                ms(pct(&load.done, 0.99))
+            );
+            drop(server);
+            measured.push(Measured { lone, load, hwm_kib });
+        }
+        drop(nodes);
+        let [plain, heavy]: [Measured; 2] = measured.try_into().ok().expect("two variants");
+        results.push((backend, [plain, heavy]));
+    }
+
+    println!(
+        "--- summary ({runs} runs x {deltas} deltas; tool-heavy: {tools} tool calls per run; ratios against {}) ---",
+        backends[0].name()
+    );
+    let med = |v: &[Duration]| v.get(v.len() / 2).copied().unwrap_or_default();
+    let rate = |f: &Figures| f.deltas as f64 / f.elapsed.as_secs_f64();
+    let steps = (2 * tools + 1) as f64;
+    let base = &results[0].1;
+    let base_call = (ms(med(&base[1].lone)) - ms(med(&base[0].lone))) / tools.max(1) as f64;
+    for (backend, [plain, heavy]) in &results {
+        let per_call = (ms(med(&heavy.lone)) - ms(med(&plain.lone))) / tools.max(1) as f64;
+        println!(
+            "{:<17} plain: {:>9.0} deltas/s ({:.2}x), first text p99 {:>7.1} ms ({:.2}x), {:.1} KiB/run, failures {} | \
+             tool-heavy: {:>9.0} deltas/s ({:.2}x), first text p99 {:>7.1} ms ({:.2}x), run p50 {:.0} ms, {:.0} durable steps/s, failures {} | \
+             lone: plain run {:.1} ms, tool-heavy {:.1} ms, per tool call {:.2} ms ({:+.2} ms vs {}), per step {:.2} ms",
+            backend.name(),
+            rate(&plain.load),
+            rate(&plain.load) / rate(&base[0].load),
+            ms(pct(&plain.load.ttft, 0.99)),
+            ms(pct(&plain.load.ttft, 0.99)) / ms(pct(&base[0].load.ttft, 0.99)),
+            plain.hwm_kib as f64 / runs as f64,
+            plain.load.failures,
+            rate(&heavy.load),
+            rate(&heavy.load) / rate(&base[1].load),
+            ms(pct(&heavy.load.ttft, 0.99)),
+            ms(pct(&heavy.load.ttft, 0.99)) / ms(pct(&base[1].load.ttft, 0.99)),
+            ms(pct(&heavy.load.done, 0.50)),
+            runs as f64 * steps / heavy.load.elapsed.as_secs_f64(),
+            heavy.load.failures,
+            ms(med(&plain.lone)),
+            ms(med(&heavy.lone)),
+            per_call,
+            per_call - base_call,
+            backends[0].name(),
+            ms(med(&heavy.lone)) / steps,
+        );
+    }
+    println!("load average after: {}", load_average());
+}
+
+/// The machine's load averages (1, 5, 15 minutes), as /proc/loadavg gives them.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_default()
 }

@@ -13,6 +13,10 @@
 //!   `FakeOpenAi` itself (no front, no lock: every reply is the same, so a task only keeps its
 //!   script topped up) and prints that server's URL, so a benchmark measures the fake, not a
 //!   proxy that serialises request starts.
+//! - `tools K N`: a tool-heavy turn for the benchmark: while the conversation holds fewer than K
+//!   tool results, the reply is one call of the workspace tool `read_file` (of `bench.txt`, id
+//!   `call_<k>`); then N one-character content deltas. Chosen per request from the conversation
+//!   (no queue, no lock), so any number of runs at once each get the same script.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -130,13 +134,111 @@ async fn bench(reply: Reply) {
     }
 }
 
+/// One OpenAI stream chunk (`data: ...` and its blank line) with this `delta` and finish reason.
+fn sse_chunk(out: &mut Vec<u8>, delta: Value, finish: Option<&str>) {
+    let chunk = serde_json::json!({
+        "id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": "bench",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]
+    });
+    out.extend_from_slice(b"data: ");
+    out.extend_from_slice(chunk.to_string().as_bytes());
+    out.extend_from_slice(b"\n\n");
+}
+
+/// The `tools K N` mode's script: the stream bodies, encoded once.
+struct Tools {
+    calls: usize,
+    /// The closing text: N one-character deltas.
+    text: Bytes,
+}
+
+impl Tools {
+    fn new(calls: usize, n: usize) -> Tools {
+        let mut out = Vec::with_capacity(n * 130 + 512);
+        sse_chunk(
+            &mut out,
+            serde_json::json!({"role": "assistant", "content": ""}),
+            None,
+        );
+        for _ in 0..n {
+            sse_chunk(&mut out, serde_json::json!({"content": "x"}), None);
+        }
+        sse_chunk(&mut out, serde_json::json!({}), Some("stop"));
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        Tools {
+            calls,
+            text: Bytes::from(out),
+        }
+    }
+
+    /// The stream answering a conversation holding `done` tool results.
+    fn body(&self, done: usize) -> Bytes {
+        if done >= self.calls {
+            return self.text.clone();
+        }
+        let mut out = Vec::with_capacity(768);
+        let call = serde_json::json!({"tool_calls": [{
+            "index": 0, "id": format!("call_{done}"), "type": "function",
+            "function": {"name": "read_file", "arguments": r#"{"path":"bench.txt"}"#}
+        }]});
+        sse_chunk(&mut out, call, None);
+        sse_chunk(&mut out, serde_json::json!({}), Some("tool_calls"));
+        out.extend_from_slice(b"data: [DONE]\n\n");
+        Bytes::from(out)
+    }
+}
+
+async fn tools_handle(State(tools): State<Arc<Tools>>, body: Bytes) -> Response {
+    let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let done = parsed
+        .get("messages")
+        .and_then(Value::as_array)
+        .map(|m| {
+            m.iter()
+                .filter(|m| m.get("role").and_then(Value::as_str) == Some("tool"))
+                .count()
+        })
+        .unwrap_or(0);
+    let mut out = Response::new(Body::from(tools.body(done)));
+    out.headers_mut().insert(
+        "content-type",
+        axum::http::HeaderValue::from_static("text/event-stream"),
+    );
+    out
+}
+
+async fn listen() -> tokio::net::TcpListener {
+    match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("fake_openai: cannot bind 127.0.0.1:0: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().cloned().unwrap_or_else(|| "ui".into());
+    let arg = |i: usize| args.get(i).and_then(|s| s.parse().ok());
     if mode == "bench" {
-        let n = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(1000);
+        let n = arg(1).unwrap_or(1000);
         return bench(Reply::long_text(n, "x")).await;
+    }
+    if mode == "tools" {
+        let tools = Arc::new(Tools::new(arg(1).unwrap_or(20), arg(2).unwrap_or(1000)));
+        let listener = listen().await;
+        let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        println!("listening on http://{addr}/v1");
+        let router = axum::Router::new()
+            .route("/v1/chat/completions", axum::routing::post(tools_handle))
+            .route("/v1/models", axum::routing::get(|| async { "{}" }))
+            .with_state(tools);
+        if let Err(e) = axum::serve(listener, router).await {
+            eprintln!("fake_openai: {e}");
+        }
+        return;
     }
     let app = Arc::new(App {
         fake: FakeOpenAi::start().await,
@@ -144,13 +246,7 @@ async fn main() {
         lock: tokio::sync::Mutex::new(()),
         client: reqwest::Client::new(),
     });
-    let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("fake_openai: cannot bind 127.0.0.1:0: {e}");
-            std::process::exit(1);
-        }
-    };
+    let listener = listen().await;
     let addr = listener.local_addr().map(|a| a.to_string()).unwrap_or_default();
     println!("listening on http://{addr}/v1");
     let router = axum::Router::new()
