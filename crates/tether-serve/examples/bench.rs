@@ -213,7 +213,11 @@ struct Figures {
     ttfh: Vec<Duration>,
     /// Time to the end of the response (the run's end).
     done: Vec<Duration>,
+    /// Runs that failed: no 2xx answer, the connection broke, or a `RUN_ERROR` in the stream.
     failures: usize,
+    /// Of the failures, the runs that ended with a `RUN_ERROR` event; the first one's line.
+    errors: usize,
+    error: Option<String>,
     /// CPU seconds used during the load by the process serving it, and by the load client.
     cpu: (f64, f64),
 }
@@ -253,6 +257,9 @@ fn report(name: &str, f: &Figures, hwm_kib: u64, runs: usize) {
         f.cpu.1,
         f.failures,
     );
+    if let Some(e) = &f.error {
+        println!("{name}: {} runs ended with RUN_ERROR, the first: {e}", f.errors);
+    }
 }
 
 /// What an SSE body delivered: events, and the characters of the text fields the scanner looks
@@ -262,6 +269,9 @@ struct Scan {
     line: Vec<u8>,
     events: u64,
     chars: u64,
+    /// The first `RUN_ERROR` event's line, if the run ended with one (an AG-UI run fails in
+    /// the stream, after its 200 head).
+    error: Option<String>,
 }
 
 impl Scan {
@@ -275,6 +285,9 @@ impl Scan {
                 &self.line
             };
             if let Some(data) = line.strip_prefix(b"data:") {
+                if self.error.is_none() && find(data, b"\"RUN_ERROR\"").is_some() {
+                    self.error = Some(String::from_utf8_lossy(&data[..data.len().min(300)]).into_owned());
+                }
                 let (events, chars) = scan_line(data, text);
                 self.events += events;
                 self.chars += chars;
@@ -578,13 +591,16 @@ async fn load(
                 if !(200..300).contains(&status) {
                     return None;
                 }
-                Some((
+                if let Some(e) = scan.error {
+                    return Some(Err(e));
+                }
+                Some(Ok((
                     first.unwrap_or_default(),
                     first_text.unwrap_or_default(),
                     head.unwrap_or_default(),
                     t0.elapsed(),
                     scan,
-                ))
+                )))
             })
         })
         .collect();
@@ -597,11 +613,18 @@ async fn load(
         ttfh: Vec::new(),
         done: Vec::new(),
         failures: 0,
+        errors: 0,
+        error: None,
         cpu: (0.0, 0.0),
     };
     for t in tasks {
         match t.await.ok().flatten() {
-            Some((ttfe, ttft, head, done, scan)) => {
+            Some(Err(e)) => {
+                f.failures += 1;
+                f.errors += 1;
+                f.error.get_or_insert(e);
+            }
+            Some(Ok((ttfe, ttft, head, done, scan))) => {
                 f.ttfh.push(head);
                 f.done.push(done);
                 f.ttfe.push(ttfe);
@@ -1063,7 +1086,15 @@ async fn compare(
     .await;
     let ws = tmp.join("ws");
     std::fs::create_dir_all(&ws).expect("workspace");
-    std::fs::write(ws.join("bench.txt"), "a small file the tool-heavy run reads\n").expect("bench.txt");
+    // The files the tool-heavy runs read, one per call (the fake's `tools` mode asks for
+    // bench-<k>.txt in call k).
+    for k in 0..tools {
+        std::fs::write(
+            ws.join(format!("bench-{k}.txt")),
+            format!("file {k} of the tool-heavy run\n"),
+        )
+        .expect("a file for the tool-heavy runs");
+    }
 
     let mut results: Vec<(Backend, [Measured; 2])> = Vec::new();
     for (b, &backend) in backends.iter().enumerate() {
@@ -1113,8 +1144,9 @@ async fn compare(
                 assert_eq!(
                     f.failures,
                     0,
-                    "a lone run failed on {} ({})",
+                    "a lone run failed on {}: {:?} ({})",
                     backend.name(),
+                    f.error,
                     nodes.first().map(|n| n.log()).unwrap_or_default()
                 );
                 lone.extend(f.done);

@@ -14,8 +14,8 @@
 //!   script topped up) and prints that server's URL, so a benchmark measures the fake, not a
 //!   proxy that serialises request starts.
 //! - `tools K N`: a tool-heavy turn for the benchmark: while the conversation holds fewer than K
-//!   tool results, the reply is one call of the workspace tool `read_file` (of `bench.txt`, id
-//!   `call_<k>`); then N one-character content deltas. Chosen per request from the conversation
+//!   tool results, the reply is one call of the workspace tool `read_file` (of `bench-<k>.txt`,
+//!   id `call_<k>`); then N one-character content deltas. Chosen per request from the conversation
 //!   (no queue, no lock), so any number of runs at once each get the same script.
 
 use std::sync::Arc;
@@ -179,7 +179,7 @@ impl Tools {
         let mut out = Vec::with_capacity(768);
         let call = serde_json::json!({"tool_calls": [{
             "index": 0, "id": format!("call_{done}"), "type": "function",
-            "function": {"name": "read_file", "arguments": r#"{"path":"bench.txt"}"#}
+            "function": {"name": "read_file", "arguments": format!(r#"{{"path":"bench-{done}.txt"}}"#)}
         }]});
         sse_chunk(&mut out, call, None);
         sse_chunk(&mut out, serde_json::json!({}), Some("tool_calls"));
