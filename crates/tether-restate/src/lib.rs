@@ -51,6 +51,7 @@
 #![deny(missing_docs)]
 
 // The object macro generates undocumented items (its service trait and `serve`).
+pub mod hub;
 #[allow(missing_docs)]
 pub mod index;
 #[allow(missing_docs)]
@@ -66,6 +67,7 @@ use std::time::Duration;
 use restate_sdk::prelude::Endpoint;
 use tokio::net::TcpListener;
 
+pub use hub::ThreadHub;
 pub use index::TetherThreads;
 pub use notes::TetherThreadNotes;
 pub use object::{LiveEvent, TetherThread, TurnOutcome, TurnRequest, TurnSignal, WaitingToolUse};

@@ -21,6 +21,7 @@ use tether::{
     StopReason, Thread, ThreadId, ThreadStore, ToolResult, UserMessage, Waiting,
 };
 
+use crate::hub::ThreadHub;
 use crate::index::TetherThreadsClient;
 use crate::record::{self, Page, Snapshot, Written};
 use crate::steps::{Decision, JournaledOutput, Step, StepClient, StepHandler, StepModel};
@@ -126,8 +127,28 @@ pub struct TetherThread {
     agent: String,
     system_prompt: Option<String>,
     model_name: Option<String>,
-    live: Option<tokio::sync::broadcast::Sender<LiveEvent>>,
-    signals: Option<tokio::sync::broadcast::Sender<TurnSignal>>,
+    live: Option<Fanout<LiveEvent>>,
+    signals: Option<Fanout<TurnSignal>>,
+}
+
+/// Where a turn's out-of-band messages go: one channel for every thread, or one per thread.
+#[derive(Clone)]
+enum Fanout<T> {
+    All(tokio::sync::broadcast::Sender<T>),
+    PerThread(ThreadHub<T>),
+}
+
+impl<T: Clone> Fanout<T> {
+    fn send(&self, thread: &ThreadId, msg: T) {
+        match self {
+            // No subscriber is not an error: the record holds every durable event anyway, and a
+            // signal only wakes a relay.
+            Fanout::All(tx) => {
+                let _ = tx.send(msg);
+            }
+            Fanout::PerThread(hub) => hub.send(thread, msg),
+        }
+    }
 }
 
 /// An event of a running turn, as the service process sees it (out of band: not journaled).
@@ -146,16 +167,18 @@ pub struct LiveEvent {
 /// Forwards a turn's events to the live channel.
 struct LiveObserver {
     thread: ThreadId,
-    tx: tokio::sync::broadcast::Sender<LiveEvent>,
+    tx: Fanout<LiveEvent>,
 }
 
 impl tether::EventObserver for LiveObserver {
     fn on_event(&self, event: &tether::Event, _sink: &tether::EventSink) {
-        // No subscriber is not an error: the record holds every durable event anyway.
-        let _ = self.tx.send(LiveEvent {
-            thread: self.thread.clone(),
-            event: event.clone(),
-        });
+        self.tx.send(
+            &self.thread,
+            LiveEvent {
+                thread: self.thread.clone(),
+                event: event.clone(),
+            },
+        );
     }
 }
 
@@ -184,21 +207,38 @@ impl TetherThread {
 
     /// Sends every turn's state changes to `tx` (see [`TurnSignal`]).
     pub fn signals(mut self, tx: tokio::sync::broadcast::Sender<TurnSignal>) -> Self {
-        self.signals = Some(tx);
+        self.signals = Some(Fanout::All(tx));
+        self
+    }
+
+    /// Sends every turn's state changes to its thread's subscribers of `hub` (see
+    /// [`TurnSignal`]): for many concurrent relays, each of one thread.
+    pub fn signal_hub(mut self, hub: ThreadHub<TurnSignal>) -> Self {
+        self.signals = Some(Fanout::PerThread(hub));
         self
     }
 
     fn signal(&self, s: TurnSignal) {
         if let Some(tx) = &self.signals {
-            // No subscriber is not an error: the signal only wakes a relay.
-            let _ = tx.send(s);
+            let thread = match &s {
+                TurnSignal::Waiting { thread, .. } | TurnSignal::Ended { thread, .. } => thread.clone(),
+            };
+            tx.send(&thread, s);
         }
     }
 
     /// Sends every turn's events to `tx` as they happen (token deltas included): the out-of-band
     /// stream a front-end relays (see [`LiveEvent`]).
     pub fn live(mut self, tx: tokio::sync::broadcast::Sender<LiveEvent>) -> Self {
-        self.live = Some(tx);
+        self.live = Some(Fanout::All(tx));
+        self
+    }
+
+    /// Sends every turn's events to its thread's subscribers of `hub` as they happen: as
+    /// [`TetherThread::live`], but a relay reads its own thread's events only (one channel for
+    /// all threads costs N² receives for N concurrent relays, and makes them lag).
+    pub fn live_hub(mut self, hub: ThreadHub<LiveEvent>) -> Self {
+        self.live = Some(Fanout::PerThread(hub));
         self
     }
 

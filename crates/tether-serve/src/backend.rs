@@ -42,7 +42,7 @@ use tether::{ThreadId, ThreadStore, ToolUse};
 use tether_agui::approval::{self, Outstanding};
 use tether_agui::thread::Update;
 use tether_agui::{Agent, CheckError, EventMapper, Message, RunAgentInput, RunContext, RunOutcome};
-use tether_restate::{LiveEvent, TetherThread, TurnRequest, TurnSignal, WaitingToolUse};
+use tether_restate::{LiveEvent, TetherThread, ThreadHub, TurnRequest, TurnSignal, WaitingToolUse};
 use tether_sqlite::SqliteStore;
 use tokio::sync::broadcast;
 
@@ -60,8 +60,12 @@ const SHOWN: &str = "restate.shown_seq";
 /// read from the record here).
 const FOLLOW_EVERY: Duration = Duration::from_millis(250);
 
-/// How many events a relay may fall behind before it fails (`STREAM_LAGGED`).
-const LIVE_CAPACITY: usize = 8192;
+/// How many events of its thread a relay may fall behind before it fails (`STREAM_LAGGED`). The
+/// channels are per thread (`ThreadHub`), allocated whole while a relay of the thread runs.
+const LIVE_CAPACITY: usize = 256;
+
+/// How many turn signals of its thread a relay may fall behind (a turn sends one or two).
+const SIGNAL_CAPACITY: usize = 16;
 
 /// The Restate service endpoint a server runs: stopped by [`Endpoint::stop`], aborted when
 /// dropped.
@@ -98,8 +102,8 @@ pub(crate) struct RestateAgent {
     http: reqwest::Client,
     store: Arc<dyn ThreadStore>,
     restate: tether_restate::RestateStore,
-    live: broadcast::Sender<LiveEvent>,
-    signals: broadcast::Sender<TurnSignal>,
+    live: ThreadHub<LiveEvent>,
+    signals: ThreadHub<TurnSignal>,
     run_timeout: Duration,
 }
 
@@ -168,12 +172,13 @@ pub(crate) async fn start(
         .clone()
         .unwrap_or_else(|| "127.0.0.1:9080".into());
     let handler = crate::handler::ServeHandler::new(cfg)?;
-    let (live, _) = broadcast::channel(LIVE_CAPACITY);
-    let (signals, _) = broadcast::channel(1024);
+    // Per thread: a relay reads its own thread's events only.
+    let live = ThreadHub::new(LIVE_CAPACITY);
+    let signals = ThreadHub::new(SIGNAL_CAPACITY);
     let mut thread = TetherThread::new(name, local.model.clone(), Arc::new(handler))
         .import(Arc::new(store.clone()))
-        .live(live.clone())
-        .signals(signals.clone());
+        .live_hub(live.clone())
+        .signal_hub(signals.clone());
     if !local.model_name.is_empty() {
         thread = thread.model_name(local.model_name.clone());
     }
@@ -434,8 +439,8 @@ impl RestateAgent {
             ));
         }
         // Subscribed before anything is sent: nothing the turn does is missed.
-        let mut events = self.live.subscribe();
-        let mut signals = self.signals.subscribe();
+        let mut events = self.live.subscribe(&thread);
+        let mut signals = self.signals.subscribe(&thread);
         let mut mapper = EventMapper::new(ctx.input()).model(self.model.clone());
         update(
             ctx,
