@@ -218,6 +218,8 @@ struct Figures {
     /// Of the failures, the runs that ended with a `RUN_ERROR` event; the first one's line.
     errors: usize,
     error: Option<String>,
+    /// Text characters each run that did not fail received.
+    chars: Vec<u64>,
     /// CPU seconds used during the load by the process serving it, and by the load client.
     cpu: (f64, f64),
 }
@@ -615,6 +617,7 @@ async fn load(
         failures: 0,
         errors: 0,
         error: None,
+        chars: Vec::new(),
         cpu: (0.0, 0.0),
     };
     for t in tasks {
@@ -630,6 +633,7 @@ async fn load(
                 f.ttfe.push(ttfe);
                 f.ttft.push(ttft);
                 f.deltas += scan.chars;
+                f.chars.push(scan.chars);
                 f.events += scan.events;
             }
             None => f.failures += 1,
@@ -1196,8 +1200,9 @@ async fn compare(
                 hwm_kib,
                 runs,
             );
+            let short = load.chars.iter().filter(|&&c| c < deltas as u64).count();
             println!(
-                "{name}: run time p50 {:.1} ms, p99 {:.1} ms",
+                "{name}: run time p50 {:.1} ms, p99 {:.1} ms; runs that showed less text than the model sent: {short}",
                 ms(pct(&load.done, 0.50)),
                 ms(pct(&load.done, 0.99))
             );
