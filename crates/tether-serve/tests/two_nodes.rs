@@ -217,3 +217,114 @@ async fn an_approval_repeated_with_its_key_is_answered_as_the_first() {
     a.shutdown();
     a.wait().await;
 }
+
+/// A client of node B waits for a turn whose invocation runs on node A's service (the
+/// deployment's first target): B follows the turn on A (`GET /v1/threads/{id}/live`, announced
+/// by A as the turn starts there) and relays its token deltas as they come, not only the
+/// recorded message; the client ends with the whole text once, and the record is gapless.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_of_one_node_gets_the_live_deltas_of_a_turn_running_on_the_other() {
+    const TEXT: &str = "The quick brown fox jumps over the lazy dog.";
+    let restate = Restate::start().await;
+    let env = Env {
+        dir: tempfile::tempdir().expect("tempdir"),
+        fake: FakeOpenAi::start().await,
+        restate: None,
+    };
+    let (pa, pb) = (free_port(), free_port());
+    let forwarder = Forwarder::start(vec![
+        format!("127.0.0.1:{pa}").parse().expect("addr"),
+        format!("127.0.0.1:{pb}").parse().expect("addr"),
+    ])
+    .await;
+    let a = node(&env, &restate, pa, &forwarder.url(), "a.db").await;
+    let b = node(&env, &restate, pb, &forwarder.url(), "b.db").await;
+    // Two characters a delta, one write every 60 ms: about 1.4 s of live text.
+    env.fake.push(
+        Reply::text(TEXT)
+            .chunk_chars(2)
+            .pace(std::time::Duration::from_millis(60)),
+    );
+    let thread = "t-live";
+    let ev = run_at(b.addr(), "main", &prompt_input(thread, "r1", "say it")).await;
+    finished_ok(&ev);
+    let contents = ev.iter().filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT").count();
+    assert!(
+        contents >= 5,
+        "B relayed the text whole ({contents} content events), not live: {ev:?}"
+    );
+    let text = text_of(&ev);
+    if ev.iter().any(|e| e["type"] == "MESSAGES_SNAPSHOT") {
+        // B began following mid-message: what it showed was withdrawn and sent whole.
+        assert!(text.ends_with(TEXT), "{text:?}: {ev:?}");
+    } else {
+        assert_eq!(text, TEXT, "{ev:?}");
+    }
+    let v = record(&b, thread).await;
+    assert_eq!(record(&a, thread).await, v);
+    assert_eq!(env.fake.requests().len(), 1, "no model call repeated");
+    a.shutdown();
+    b.shutdown();
+    a.wait().await;
+    b.wait().await;
+}
+
+/// The live route of a node with a token: refused without it, refused with another thread's or
+/// token's follow credential, open with the thread's credential (the token itself is never
+/// sent to a peer) or with the token; it starts with `"subscribed"`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_live_route_takes_the_token_or_the_threads_follow_credential() {
+    let restate = Restate::start().await;
+    let env = Env {
+        dir: tempfile::tempdir().expect("tempdir"),
+        fake: FakeOpenAi::start().await,
+        restate: None,
+    };
+    let listen = free_port();
+    let server_lines = restate::node_lines(
+        &restate.ingress,
+        &restate.admin,
+        listen,
+        &format!("http://127.0.0.1:{listen}"),
+    );
+    let config = env.config_with(&server_lines, "");
+    let node = tether_serve::start(
+        ServerOptions::new(config, "127.0.0.1:0", env.dir.path().join("a.db"))
+            .with_token(Some("s3cret".into())),
+    )
+    .await
+    .expect("a tether node");
+    let url = format!("http://{}/v1/threads/t-x/live", node.addr());
+    let get = |header: Option<(&'static str, String)>| {
+        let mut req = client().get(&url);
+        if let Some((k, v)) = header {
+            req = req.header(k, v);
+        }
+        async move { req.send().await.expect("GET live") }
+    };
+    assert_eq!(get(None).await.status(), 401);
+    let wrong_thread = tether_serve::follow_credential("s3cret", "t-y");
+    let wrong_token = tether_serve::follow_credential("other", "t-x");
+    for c in [wrong_thread, wrong_token, String::new(), "zz".into()] {
+        let r = get(Some((tether_serve::FOLLOW_HEADER, c.clone()))).await;
+        assert_eq!(r.status(), 401, "credential {c:?}");
+    }
+    for h in [
+        (
+            tether_serve::FOLLOW_HEADER,
+            tether_serve::follow_credential("s3cret", "t-x"),
+        ),
+        ("authorization", "Bearer s3cret".to_owned()),
+    ] {
+        let mut r = get(Some(h.clone())).await;
+        assert_eq!(r.status(), 200, "{h:?}");
+        let first = tokio::time::timeout(PATIENCE, r.chunk())
+            .await
+            .expect("a first line")
+            .expect("body")
+            .expect("a chunk");
+        assert_eq!(&first[..], b"\"subscribed\"\n", "{h:?}");
+    }
+    node.shutdown();
+    node.wait().await;
+}
