@@ -87,8 +87,10 @@ pub struct WaitingToolUse {
 /// Sent on the same process as the turn's [`LiveEvent`]s and after them, so a receiver that
 /// drains the event channel when it gets a signal has every event sent before it. A turn
 /// replayed after a crash or a suspension may send a signal again (e.g. `Waiting` for tool uses
-/// already answered): a receiver ignores what it knows.
-#[derive(Debug, Clone)]
+/// already answered): a receiver ignores what it knows. Serializable, so a front-end node can
+/// pass it on to another (`tether serve`'s live route).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum TurnSignal {
     /// The turn waits for a decision on these tool uses.
@@ -129,6 +131,7 @@ pub struct TetherThread {
     model_name: Option<String>,
     live: Option<Fanout<LiveEvent>>,
     signals: Option<Fanout<TurnSignal>>,
+    on_attempt: Option<OnAttempt>,
 }
 
 /// Where a turn's out-of-band messages go: one channel for every thread, or one per thread.
@@ -150,6 +153,10 @@ impl<T: Clone> Fanout<T> {
         }
     }
 }
+
+/// See [`TetherThread::on_attempt`].
+pub type OnAttempt =
+    Arc<dyn Fn(ThreadId) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
 
 /// An event of a running turn, as the service process sees it (out of band: not journaled).
 ///
@@ -194,7 +201,18 @@ impl TetherThread {
             model_name: None,
             live: None,
             signals: None,
+            on_attempt: None,
         }
+    }
+
+    /// Runs `f` in this process each time a turn of a thread starts running here, before the
+    /// engine starts: a new turn, and every replay of one (after a suspension, a crash or a
+    /// failover, on whichever process Restate sends it to). Its future is awaited, so what it
+    /// publishes (e.g. where this process serves the turn's live events) is there before the
+    /// turn's first event. Not journaled: keep it idempotent and quick, and let it fail quietly.
+    pub fn on_attempt(mut self, f: OnAttempt) -> Self {
+        self.on_attempt = Some(f);
+        self
     }
 
     /// Imports a thread that has no record on Restate yet from `store` (read only), in its first
@@ -521,6 +539,9 @@ impl TetherThread {
         let thread =
             ThreadId::new(ctx.key()).map_err(|e| TerminalError::new_with_code(400, e.to_string()))?;
         check_request(&req)?;
+        if let Some(f) = &self.on_attempt {
+            f(thread.clone()).await;
+        }
         ctx.set(STATE_TURN, ctx.invocation_id().to_owned());
 
         let (snapshot, mut written) = self.load(ctx, &thread, &req).await?;
