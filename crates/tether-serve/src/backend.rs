@@ -771,7 +771,8 @@ impl RestateAgent {
         let invocation: Option<String>;
         // Set when this run reconnects to the running turn its message started: the sequence
         // number of the last event the client holds.
-        let mut reconnect: Option<u64> = None;
+        // With whether the turn was running then.
+        let mut reconnect: Option<(u64, bool)> = None;
         let resume = ctx.input().resume.clone();
         if !resume.is_empty() {
             let Some(rec) = &existing else {
@@ -844,25 +845,33 @@ impl RestateAgent {
                     approval::save(self.store.as_ref(), &rec.record, &Outstanding::new())
                         .await
                         .map_err(store_error)?;
-                } else if existing.is_some() && self.running(&thread).await? {
+                } else if existing.is_some() {
                     // A client whose stream of this turn broke (the tether node relaying it died,
                     // or its connection did) sends its message again, on any node: it follows the
-                    // turn from where its messages end. Any other message does not queue behind a
-                    // running turn (as the default backend).
-                    let record = self.record_after(&thread, 0).await.map_err(store_error)?;
-                    let Some(at) = reconnect_point(&record, id, &ctx.input().messages) else {
-                        return Err(tether_agui::AgUiError::agent(
-                            "THREAD_BUSY",
-                            format!(
-                                "another run is in progress on thread {}; wait for it to finish",
-                                approval::printable(thread.as_str())
-                            ),
-                        ));
-                    };
-                    reconnect = Some(at);
+                    // turn from where its messages end. The turn may be running, or between
+                    // attempts (its node lost: Restate sends it to another), or over; a client
+                    // holding part of the turn is checked against the record either way. Any
+                    // other message does not queue behind a running turn (as the default backend).
+                    let running = self.running(&thread).await?;
+                    if running || holds_after_last_user(&ctx.input().messages) {
+                        let record = self.record_after(&thread, 0).await.map_err(store_error)?;
+                        match reconnect_point(&record, id, &ctx.input().messages) {
+                            Some(at) => reconnect = Some((at, running)),
+                            None if running => {
+                                return Err(tether_agui::AgUiError::agent(
+                                    "THREAD_BUSY",
+                                    format!(
+                                        "another run is in progress on thread {}; wait for it to finish",
+                                        approval::printable(thread.as_str())
+                                    ),
+                                ));
+                            }
+                            None => {}
+                        }
+                    }
                 }
             }
-            if let Some(at) = reconnect {
+            if let Some((at, true)) = reconnect {
                 shown = at;
                 invocation = self.invocation(&thread).await?;
             } else if let Some((id, text)) = user {
@@ -875,7 +884,10 @@ impl RestateAgent {
                     // A thread not on Restate yet: its turn imports the node's record first.
                     base = self.store.load(&rec.record).await.map_err(store_error)?.len() as u64;
                 }
-                shown = base;
+                // A reconnect to a turn not running now: the message is sent again (the turn goes
+                // on with what it left, or finds its message answered), and the run shows what
+                // the client lacks from where its messages end.
+                shown = reconnect.map_or(base, |(at, _)| at);
                 let run = ctx.run_id().as_str().to_owned();
                 let req = serde_json::to_value(TurnRequest {
                     message_id: id.clone(),
@@ -1081,6 +1093,15 @@ impl RestateAgent {
     }
 }
 
+/// Whether the client's messages hold anything after its last user message: part of the turn
+/// that message started (a client re-sending it after its stream broke), not a new message.
+fn holds_after_last_user(messages: &[Message]) -> bool {
+    messages
+        .iter()
+        .rposition(|m| matches!(m, Message::User(_)))
+        .is_some_and(|i| i + 1 < messages.len())
+}
+
 /// The thread a signal is about.
 fn signal_thread(sig: &TurnSignal) -> Option<&ThreadId> {
     match sig {
@@ -1253,7 +1274,7 @@ impl Agent for RestateAgent {
 
 #[cfg(test)]
 mod tests {
-    use super::{idempotency_key, reconnect_point};
+    use super::{holds_after_last_user, idempotency_key, reconnect_point};
     use serde_json::json;
     use tether::{Event, EventKind, Role, ToolResult, ToolUse};
     use tether_agui::Message;
@@ -1288,6 +1309,19 @@ mod tests {
 
     fn held(v: serde_json::Value) -> Vec<Message> {
         serde_json::from_value(v).unwrap()
+    }
+
+    /// Only messages after the client's last user message make a run a possible reconnect.
+    #[test]
+    fn a_run_holding_part_of_its_turn_is_told_from_a_new_message() {
+        let msgs = |v: serde_json::Value| -> Vec<Message> { serde_json::from_value(v).expect("messages") };
+        let user = json!({"id": "u1", "role": "user", "content": "hi"});
+        let answer = json!({"id": "a1", "role": "assistant", "content": "hello"});
+        let next = json!({"id": "u2", "role": "user", "content": "more"});
+        assert!(!holds_after_last_user(&msgs(json!([user]))));
+        assert!(holds_after_last_user(&msgs(json!([user, answer]))));
+        assert!(!holds_after_last_user(&msgs(json!([user, answer, next]))));
+        assert!(!holds_after_last_user(&[]));
     }
 
     /// A reconnecting client is followed from the last event its messages hold; a message that
