@@ -403,10 +403,30 @@ impl RestateAgent {
     /// Sends one decision to the waiting turn. The turn waits for one decision at a time (a new
     /// awakeable after each), so an answer to a tool use the turn does not wait on yet is retried
     /// until it does.
-    async fn decide(&self, thread: &ThreadId, decision: Value) -> tether_agui::AgUiResult<()> {
+    ///
+    /// Each attempt carries an idempotency key (the thread, the run, the tool use, the answer and
+    /// the attempt's number): when an attempt took effect but its answer was lost (the node
+    /// behind the ingress died) and [`RestateAgent::call`] sends it again, Restate answers the
+    /// repeat with the first attempt's result instead of running `approve` a second time, which
+    /// would find the turn no longer waiting on that tool use (409) and fail a run whose approval
+    /// happened. A 409 starts a new attempt with a new key (a key's result is kept, so repeating
+    /// a refused attempt's key would be refused again). `what` names the decision in the key
+    /// (`[tool use id, "approved"]`, `["cancel"]`).
+    async fn decide(
+        &self,
+        thread: &ThreadId,
+        run: &str,
+        what: &[&str],
+        decision: Value,
+    ) -> tether_agui::AgUiResult<()> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.call(thread, &["approve"], &decision, None).await {
+        for attempt in 0u64.. {
+            let attempt = attempt.to_string();
+            let mut parts = vec![thread.as_str(), run];
+            parts.extend_from_slice(what);
+            parts.push(&attempt);
+            let key = idempotency_key(&parts);
+            match self.call(thread, &["approve"], &decision, Some(&key)).await {
                 Ok(_) => return Ok(()),
                 Err((409, _)) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -414,6 +434,9 @@ impl RestateAgent {
                 Err((s, m)) => return Err(restate_error(format!("answering the turn failed ({s}): {m}"))),
             }
         }
+        Err(restate_error(
+            "answering the turn failed: out of attempts".to_owned(),
+        ))
     }
 
     /// Checks a request's `resume[]` before the run starts (the admission's check, as the
@@ -509,8 +532,11 @@ impl RestateAgent {
                         .find(|w| &w.id == id)
                         .map(|w| approval::digest(&w.input))
                         .unwrap_or_default();
+                    let answer = if approved { "approved" } else { "denied" };
                     self.decide(
                         &thread,
+                        ctx.run_id().as_str(),
+                        &[id, answer],
                         json!({"decision": "answer", "tool_use_id": id, "approved": approved}),
                     )
                     .await?;
@@ -528,7 +554,13 @@ impl RestateAgent {
                     // The user moved on while a turn waited for approval: that turn ends (its
                     // waiting calls answered as cancelled), and the new message is the next turn.
                     if !self.waiting(&thread).await?.is_empty() {
-                        self.decide(&thread, json!({"decision": "cancel"})).await?;
+                        self.decide(
+                            &thread,
+                            ctx.run_id().as_str(),
+                            &["cancel"],
+                            json!({"decision": "cancel"}),
+                        )
+                        .await?;
                     }
                     approval::save(self.store.as_ref(), &rec.record, &Outstanding::new())
                         .await

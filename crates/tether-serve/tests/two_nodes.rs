@@ -18,24 +18,10 @@ use tether_serve::{Server, ServerOptions};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 use tether_testkit::restate::{Forwarder, Restate, free_port};
 
-/// A command tool that needs approval and creates the file its `name` argument names.
-const TOUCH: &str = r#"
-[[agents.main.commands]]
-name = "touch_file"
-description = "Create a file"
-command = 'printf "%s\n" "$TETHER_TOOL_USE_ID" >> "$TETHER_ARG_NAME"'
-parameters = { type = "object", properties = { name = { type = "string" } }, required = ["name"] }
-approve = true
-"#;
-
 /// Starts a node: its own SQLite file `db`, its service endpoint on `listen`, advertised to
 /// Restate as `advertise` (the forwarder).
 async fn node(env: &Env, restate: &Restate, listen: u16, advertise: &str, db: &str) -> Server {
-    let server_lines = format!(
-        "backend = \"restate\"\nrestate_ingress = \"{}\"\nrestate_admin = \"{}\"\nrestate_listen = \
-         \"127.0.0.1:{listen}\"\nrestate_advertise = \"{advertise}\"\n",
-        restate.ingress, restate.admin
-    );
+    let server_lines = restate::node_lines(&restate.ingress, &restate.admin, listen, advertise);
     let config = env.config_with(&server_lines, TOUCH);
     tether_serve::start(ServerOptions::new(config, "127.0.0.1:0", env.dir.path().join(db)))
         .await
@@ -46,14 +32,7 @@ async fn node(env: &Env, restate: &Restate, listen: u16, advertise: &str, db: &s
 async fn record(server: &Server, thread: &str) -> Value {
     let (s, v) = get(server, &format!("/v1/threads/{thread}/events")).await;
     assert_eq!(s, 200, "{v}");
-    let events = v["events"].as_array().expect("events");
-    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap_or(0)).collect();
-    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gapless: {v}");
-    let mut ids: Vec<&str> = events.iter().map(|e| e["id"].as_str().unwrap_or("")).collect();
-    ids.sort_unstable();
-    let n = ids.len();
-    ids.dedup();
-    assert_eq!(ids.len(), n, "an event id twice: {v}");
+    assert_gapless(&v);
     v
 }
 
@@ -161,4 +140,80 @@ async fn a_turn_started_on_one_node_is_approved_and_read_on_the_other() {
     b.shutdown();
     a.wait().await;
     b.wait().await;
+}
+
+/// What a node's approval relies on when the Restate node behind the ingress dies while it is
+/// answered: the `approve` call sent again with the same idempotency key is answered with the
+/// first call's result (200), not run a second time (which would answer 409: the turn no longer
+/// waits on that tool use); without a key the repeat is refused. The tool runs once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_repeated_with_its_key_is_answered_as_the_first() {
+    let restate = Restate::start().await;
+    let env = Env {
+        dir: tempfile::tempdir().expect("tempdir"),
+        fake: FakeOpenAi::start().await,
+        restate: None,
+    };
+    let listen = free_port();
+    let a = node(
+        &env,
+        &restate,
+        listen,
+        &format!("http://127.0.0.1:{listen}"),
+        "a.db",
+    )
+    .await;
+    env.fake
+        .push(Reply::tool_calls(&[(
+            "call_1",
+            "touch_file",
+            r#"{"name":"touched.txt"}"#,
+        )]))
+        .push(Reply::text("Done."));
+    let thread = "t-approve-twice";
+    let ev = run_at(a.addr(), "main", &prompt_input(thread, "r1", "touch")).await;
+    assert_eq!(interrupt_of(&ev)["toolCallId"], "call_1", "{ev:?}");
+
+    let approve = |key: Option<&'static str>| {
+        let mut req = client()
+            .post(format!("{}/TetherThread/{thread}/approve", restate.ingress))
+            .json(&json!({"decision": "answer", "tool_use_id": "call_1", "approved": true}));
+        if let Some(k) = key {
+            req = req.header("idempotency-key", k);
+        }
+        async move {
+            let r = req.send().await.expect("POST approve");
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        }
+    };
+    let first = approve(Some("t-approve-twice/call_1/approved/0")).await;
+    assert_eq!(first.0, 200, "{first:?}");
+    let repeat = approve(Some("t-approve-twice/call_1/approved/0")).await;
+    assert_eq!(repeat.0, 200, "the repeat with the key: {repeat:?}");
+
+    // The turn goes on once and ends; then an approval without a key finds nothing to answer.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let v = messages(&a, thread).await;
+        if v.to_string().contains("Done.") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the turn never ended: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let unkeyed = approve(None).await;
+    assert_eq!(unkeyed.0, 409, "a repeat without a key: {unkeyed:?}");
+    let touched = std::fs::read_to_string(env.ws().join("touched.txt")).unwrap_or_default();
+    assert_eq!(
+        touched.lines().collect::<Vec<_>>(),
+        ["call_1"],
+        "touch_file ran once"
+    );
+    assert_eq!(env.fake.requests().len(), 2, "no model call repeated");
+    record(&a, thread).await;
+    a.shutdown();
+    a.wait().await;
 }
