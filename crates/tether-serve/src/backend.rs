@@ -115,6 +115,11 @@ pub(crate) struct RestateAgent {
 /// turns here are not announced, see `[server] node_url`).
 pub(crate) type NodeUrl = Arc<std::sync::OnceLock<String>>;
 
+/// State key (in the thread's notes) of the id of the user message the thread's last turn was
+/// sent with (written before the turn is sent): a run sending that message again is a client
+/// reconnecting to the turn, whether it still runs or not.
+const TURN_MESSAGE: &str = "restate.turn_message";
+
 /// State key (in the thread's notes) of the URL of the node whose service runs the thread's
 /// turn now (written at each start and replay of a turn there): a relay on another node
 /// streams the turn's live events from it.
@@ -845,15 +850,25 @@ impl RestateAgent {
                     approval::save(self.store.as_ref(), &rec.record, &Outstanding::new())
                         .await
                         .map_err(store_error)?;
-                } else if existing.is_some() {
+                } else {
                     // A client whose stream of this turn broke (the tether node relaying it died,
                     // or its connection did) sends its message again, on any node: it follows the
                     // turn from where its messages end. The turn may be running, or between
-                    // attempts (its node lost: Restate sends it to another), or over; a client
-                    // holding part of the turn is checked against the record either way. Any
-                    // other message does not queue behind a running turn (as the default backend).
-                    let running = self.running(&thread).await?;
-                    if running || holds_after_last_user(&ctx.input().messages) {
+                    // attempts (its node lost: Restate sends it to another), or over: a message
+                    // is checked against the record when a turn runs, when the client holds part
+                    // of a turn, or when it is the message the thread's last turn was sent with.
+                    // Any other message does not queue behind a running turn (as the default
+                    // backend).
+                    let running = existing.is_some() && self.running(&thread).await?;
+                    let resent = running
+                        || holds_after_last_user(&ctx.input().messages)
+                        || self
+                            .store
+                            .state(thread.as_str(), TURN_MESSAGE)
+                            .await
+                            .map_err(store_error)?
+                            .is_some_and(|m| m.as_str() == Some(id.as_str()));
+                    if resent {
                         let record = self.record_after(&thread, 0).await.map_err(store_error)?;
                         match reconnect_point(&record, id, &ctx.input().messages) {
                             Some(at) => reconnect = Some((at, running)),
@@ -899,6 +914,13 @@ impl RestateAgent {
                 // same message sent again by a new run (after a failed turn) is a new turn, which
                 // goes on with what the failed one left.
                 let key = idempotency_key(&[thread.as_str(), &id, &run]);
+                if reconnect.is_none() {
+                    // Before the turn exists: a client sending this message again finds it.
+                    self.store
+                        .put_state(thread.as_str(), TURN_MESSAGE, &json!(id))
+                        .await
+                        .map_err(store_error)?;
+                }
                 let sent = self
                     .call(&thread, &["turn", "send"], &req, Some(&key))
                     .await
