@@ -18,7 +18,8 @@ use crate::semconv as sc;
 /// The key of the session state (see [`tether::EventStore::put_state`]) where a traced session
 /// keeps its last request's trace context, so the next request — after a restart too — links to
 /// it: `{"traceparent", "open", "pending": {tool_use_id: traceparent}}`. `open` stays `true`
-/// when the process died during the request.
+/// when the process died during the request. In the local loop it is written in the store step
+/// of each model response ([`tether::EventObserver::state_with`]), not by a write of its own.
 pub const STATE_KEY: &str = "tether.otel";
 
 /// The `tracing` target of every span tether-otel makes (filter on it to route them).
@@ -382,6 +383,10 @@ struct Run {
     /// What the store holds for this request: `Some(open)` once a state naming it was written
     /// (`open`: saved as still running). `None`: nothing yet.
     written: Option<bool>,
+    /// Whether the request wrote its state itself (through the session's writer task, which
+    /// runs behind the session): then its end writes too, through the same queue, so no earlier
+    /// write of its own can land after the last state.
+    wrote: bool,
     /// The `open` of the state handed over with a model response being recorded
     /// ([`EventObserver::state_with`]): written once that response is delivered (recorded).
     staged: Option<bool>,
@@ -809,6 +814,7 @@ impl SessionTracer {
             cache_read: 0,
             specs: None,
             written: None,
+            wrote: false,
             staged: None,
         };
         if let Some(prev) = &st.prev {
@@ -834,6 +840,7 @@ impl SessionTracer {
         run.children += 1;
         if run.children >= 2 && run.written != Some(true) {
             run.written = Some(true);
+            run.wrote = true;
             let value = saved_state(run.traceparent.as_deref(), true, None);
             let prev = Prev {
                 cx: run.cx.clone(),
@@ -956,7 +963,7 @@ impl SessionTracer {
         }
         // What the store holds already says all when the request's last model response saved
         // it as ended and no tool waits: nothing to write (the usual request of a chat server).
-        let saved = run.written == Some(false) && waiting.is_empty();
+        let saved = run.written == Some(false) && waiting.is_empty() && !run.wrote;
         run.g.end(fail);
         sink.set_traceparent("", None);
         let info = sink.info();
