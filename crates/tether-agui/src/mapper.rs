@@ -353,6 +353,21 @@ impl EventMapper {
         Ok(())
     }
 
+    /// Bytes of `message_id`'s text the client holds (the text messages it went out as).
+    fn shown_text_len(&self, message_id: &str) -> usize {
+        let Some(ids) = self.texts_of.get(message_id) else {
+            return 0;
+        };
+        self.mirror
+            .messages
+            .iter()
+            .filter_map(|m| match m {
+                Message::Assistant(a) if ids.contains(&a.id) => a.content.as_ref().map(String::len),
+                _ => None,
+            })
+            .sum()
+    }
+
     /// The sink restarted `message_id`: end its open parts, withdraw what the client holds of it
     /// with a snapshot, and forget it, so it streams again under its own id.
     fn restart<S: crate::AgentState>(&mut self, ctx: &mut RunContext<S>, message_id: &str) -> AgUiResult<()> {
@@ -490,6 +505,12 @@ impl EventMapper {
                 reasoning,
                 tool_uses,
             } => {
+                if self.streamed_text.contains(message_id) && self.shown_text_len(message_id) < text.len() {
+                    // The client got only part of this message's live text (a relay that began
+                    // following the turn mid-message, on another node): withdraw what it holds of
+                    // the message and send the message whole.
+                    self.restart(ctx, message_id)?;
+                }
                 if let Some(r) = reasoning
                     && !self.streamed_reasoning.contains(message_id)
                 {

@@ -432,6 +432,40 @@ async fn text_sent_after_its_record_is_not_shown_twice() {
 }
 
 #[tokio::test]
+async fn a_message_whose_live_text_was_seen_in_part_ends_whole() {
+    // A relay that began following the turn mid-message (on another node) saw only the text's
+    // end; the record's message holds it all, and the client must end with all of it.
+    let msg = ev(EventKind::Message {
+        message_id: "a1".into(),
+        role: Role::Assistant,
+        text: "Hello, world".into(),
+        reasoning: None,
+        tool_uses: vec![ToolUse::new("c1", "look", json!({"q": 1}))],
+    });
+    let input = user_input();
+    let events = run(vec![text("a1", ", wor"), text("a1", "ld"), msg], input.clone()).await;
+    let v = json_of(&events);
+    let client = client_messages(&input, &v);
+    let assistant: Vec<&Value> = client.iter().filter(|m| m["role"] == "assistant").collect();
+    assert_eq!(assistant.len(), 1, "{client:#?}");
+    assert_eq!(assistant[0]["content"], "Hello, world", "{client:#?}");
+    assert_eq!(assistant[0]["toolCalls"][0]["id"], "c1", "{client:#?}");
+
+    // Seen whole: nothing withdrawn, nothing sent twice.
+    let msg = ev(EventKind::Message {
+        message_id: "a1".into(),
+        role: Role::Assistant,
+        text: "Hello, world".into(),
+        reasoning: None,
+        tool_uses: Vec::new(),
+    });
+    let events = run(vec![text("a1", "Hello"), text("a1", ", world"), msg], input).await;
+    let v = json_of(&events);
+    assert_eq!(texts(&v), [("a1", "Hello"), ("a1", ", world")]);
+    assert!(!v.iter().any(|e| e["type"] == "MESSAGES_SNAPSHOT"), "{v:#?}");
+}
+
+#[tokio::test]
 async fn results_are_shown_for_calls_of_this_run_or_unanswered_in_the_input_once() {
     let input: RunAgentInput = serde_json::from_value(json!({
         "threadId": "t1", "runId": "r2",

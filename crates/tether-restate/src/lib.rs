@@ -68,7 +68,7 @@ use tokio::net::TcpListener;
 
 pub use index::TetherThreads;
 pub use notes::TetherThreadNotes;
-pub use object::{LiveEvent, TetherThread, TurnOutcome, TurnRequest, TurnSignal, WaitingToolUse};
+pub use object::{LiveEvent, OnAttempt, TetherThread, TurnOutcome, TurnRequest, TurnSignal, WaitingToolUse};
 pub use steps::Decision;
 pub use store::RestateStore;
 

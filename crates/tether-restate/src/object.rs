@@ -86,8 +86,10 @@ pub struct WaitingToolUse {
 /// Sent on the same process as the turn's [`LiveEvent`]s and after them, so a receiver that
 /// drains the event channel when it gets a signal has every event sent before it. A turn
 /// replayed after a crash or a suspension may send a signal again (e.g. `Waiting` for tool uses
-/// already answered): a receiver ignores what it knows.
-#[derive(Debug, Clone)]
+/// already answered): a receiver ignores what it knows. Serializable, so a front-end node can
+/// pass it on to another (`tether serve`'s live route).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum TurnSignal {
     /// The turn waits for a decision on these tool uses.
@@ -128,7 +130,12 @@ pub struct TetherThread {
     model_name: Option<String>,
     live: Option<tokio::sync::broadcast::Sender<LiveEvent>>,
     signals: Option<tokio::sync::broadcast::Sender<TurnSignal>>,
+    on_attempt: Option<OnAttempt>,
 }
+
+/// See [`TetherThread::on_attempt`].
+pub type OnAttempt =
+    Arc<dyn Fn(ThreadId) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
 
 /// An event of a running turn, as the service process sees it (out of band: not journaled).
 ///
@@ -171,7 +178,18 @@ impl TetherThread {
             model_name: None,
             live: None,
             signals: None,
+            on_attempt: None,
         }
+    }
+
+    /// Runs `f` in this process each time a turn of a thread starts running here, before the
+    /// engine starts: a new turn, and every replay of one (after a suspension, a crash or a
+    /// failover, on whichever process Restate sends it to). Its future is awaited, so what it
+    /// publishes (e.g. where this process serves the turn's live events) is there before the
+    /// turn's first event. Not journaled: keep it idempotent and quick, and let it fail quietly.
+    pub fn on_attempt(mut self, f: OnAttempt) -> Self {
+        self.on_attempt = Some(f);
+        self
     }
 
     /// Imports a thread that has no record on Restate yet from `store` (read only), in its first
@@ -481,6 +499,9 @@ impl TetherThread {
         let thread =
             ThreadId::new(ctx.key()).map_err(|e| TerminalError::new_with_code(400, e.to_string()))?;
         check_request(&req)?;
+        if let Some(f) = &self.on_attempt {
+            f(thread.clone()).await;
+        }
         ctx.set(STATE_TURN, ctx.invocation_id().to_owned());
 
         let (snapshot, mut written) = self.load(ctx, &thread, &req).await?;

@@ -28,10 +28,14 @@
 //! is only read: a thread recorded there before (by the default backend, or by this backend
 //! before its record moved to Restate) is read from it and imported by its first turn.
 //!
+//! A turn whose invocation runs on another node's service is followed live: each start and
+//! replay of a turn announces this node's URL in the thread's notes ([`LIVE_AT`]), and a relay
+//! elsewhere streams the turn's events from `GET {node}/v1/threads/{id}/live`
+//! ([`RestateAgent::live_lines`]), authenticated by [`follow_credential`]; without it (no node
+//! URL, a dead peer) the relay reads the record.
+//!
 //! Not yet: only one agent per server (one `TetherThread` service per deployment), only the
-//! local loop (an OpenAI-compatible or embedded model), no front-end tools, and no relay of a
-//! turn's live token deltas to another tether node (a client of another node gets the turn's
-//! durable events from the record).
+//! local loop (an OpenAI-compatible or embedded model), no front-end tools.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -54,10 +58,9 @@ use crate::providers::ProviderSpec;
 /// again, and the run that resumes it skips those.
 const SHOWN: &str = "restate.shown_seq";
 
-/// How often a relay with no news from this process reads what the turn waits for and the
-/// record through the ingress: a turn whose invocation runs on another tether node's service
-/// sends this process nothing (its live token deltas stay on that node; its durable events are
-/// read from the record here).
+/// How often a relay with no news reads what the turn waits for, the record, and where the turn
+/// runs through the ingress: a turn whose invocation runs on another tether node's service sends
+/// this process nothing (it is followed on that node, or read from the record here).
 const FOLLOW_EVERY: Duration = Duration::from_millis(250);
 
 /// How many events a relay may fall behind before it fails (`STREAM_LAGGED`).
@@ -101,6 +104,89 @@ pub(crate) struct RestateAgent {
     live: broadcast::Sender<LiveEvent>,
     signals: broadcast::Sender<TurnSignal>,
     run_timeout: Duration,
+    /// This node's URL as its peers reach it (`[server] node_url`; set once the server is
+    /// bound): a turn running on this node's service is announced under it.
+    node: NodeUrl,
+    /// The server's token, sent when following a turn on a peer (the nodes share it).
+    token: Option<String>,
+}
+
+/// This node's URL as the other tether nodes reach it: set once the server is bound (unset:
+/// turns here are not announced, see `[server] node_url`).
+pub(crate) type NodeUrl = Arc<std::sync::OnceLock<String>>;
+
+/// State key (in the thread's notes) of the URL of the node whose service runs the thread's
+/// turn now (written at each start and replay of a turn there): a relay on another node
+/// streams the turn's live events from it.
+const LIVE_AT: &str = "restate.live_at";
+
+/// How long a turn's start waits for its announcement to be written before it goes on
+/// without (a peer then relays it from the record).
+const ANNOUNCE_WAIT: Duration = Duration::from_secs(1);
+
+/// How often a relay that follows no peer yet looks where the turn runs, in its first
+/// seconds (then at [`FOLLOW_EVERY`]).
+const LOOK_EVERY: Duration = Duration::from_millis(40);
+
+/// How long a relay looks for the peer running its turn every [`LOOK_EVERY`].
+const LOOK_FOR: Duration = Duration::from_secs(3);
+
+/// How long a relay waits before following again a peer whose stream ended.
+const REFOLLOW_AFTER: Duration = Duration::from_secs(2);
+
+/// The longest line a followed peer may send (an event with a large tool result).
+const MAX_FOLLOW_LINE: usize = 16 << 20;
+
+/// The header a node following a turn on a peer authenticates with instead of the token: see
+/// [`follow_credential`].
+pub const FOLLOW_HEADER: &str = "x-tether-follow";
+
+/// The credential for following `thread`'s turn on a peer (`GET /v1/threads/{id}/live` with
+/// header [`FOLLOW_HEADER`]): HMAC-SHA256 of the thread id under the nodes' shared token, in
+/// lower-case hex. The token never leaves the node: the peer URL a follower
+/// calls comes from the thread's notes, which whoever reaches the Restate ingress can write,
+/// and a credential sent there opens only that thread's live route.
+pub fn follow_credential(token: &str, thread: &str) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = match hmac::Hmac::<sha2::Sha256>::new_from_slice(token.as_bytes()) {
+        Ok(m) => m,
+        Err(_) => return String::new(), // HMAC takes keys of any length
+    };
+    mac.update(b"tether live\0");
+    mac.update(thread.as_bytes());
+    let mut out = String::with_capacity(64);
+    for b in mac.finalize().into_bytes() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    out
+}
+
+/// One line of `GET /v1/threads/{id}/live` (newline-delimited JSON): what this node's service
+/// sends of a turn running here, for a relay on another node.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum FollowLine {
+    /// Sent first: the events from here on are all sent (what came before is in the record).
+    Subscribed,
+    /// An event of the turn (token deltas included).
+    Event(tether::Event),
+    /// A change of the turn's state; `waiting` and `ended` end the stream.
+    Signal(TurnSignal),
+    /// The follower fell too far behind: the stream ends (the record has the durable events).
+    Lagged,
+}
+
+/// A peer followed by a relay: its lines, read by a task aborted when this is dropped.
+struct Follow {
+    url: String,
+    lines: tokio::sync::mpsc::Receiver<FollowLine>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Follow {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 fn bad_url(what: &str, url: &str, e: impl std::fmt::Display) -> String {
@@ -134,6 +220,7 @@ pub(crate) async fn start(
     store: &SqliteStore,
     server: &ServerSection,
     run_timeout: Duration,
+    (node, token): (NodeUrl, Option<String>),
 ) -> Result<(Arc<RestateAgent>, Endpoint), String> {
     let ProviderSpec::Local(local) = spec else {
         return Err(format!(
@@ -170,10 +257,12 @@ pub(crate) async fn start(
     let handler = crate::handler::ServeHandler::new(cfg)?;
     let (live, _) = broadcast::channel(LIVE_CAPACITY);
     let (signals, _) = broadcast::channel(1024);
+    let threads = thread_store(server, [&name.to_owned()], store)?;
     let mut thread = TetherThread::new(name, local.model.clone(), Arc::new(handler))
         .import(Arc::new(store.clone()))
         .live(live.clone())
-        .signals(signals.clone());
+        .signals(signals.clone())
+        .on_attempt(announcer(node.clone(), threads.clone()));
     if !local.model_name.is_empty() {
         thread = thread.model_name(local.model_name.clone());
     }
@@ -211,13 +300,35 @@ pub(crate) async fn start(
         model: local.model_name.clone(),
         ingress,
         http: reqwest::Client::new(),
-        store: thread_store(server, [&name.to_owned()], store)?,
+        store: threads,
         restate: tether_restate::RestateStore::new(&ingress_text, [name]).map_err(|e| e.to_string())?,
         live,
         signals,
         run_timeout,
+        node,
+        token,
     };
     Ok((Arc::new(agent), endpoint))
+}
+
+/// Writes, at each start or replay of a turn on this node's service, that the thread's turn
+/// runs here ([`LIVE_AT`] = this node's URL), for at most [`ANNOUNCE_WAIT`]: a relay on another
+/// node then follows it live. Without a node URL nothing is written.
+fn announcer(node: NodeUrl, store: Arc<dyn ThreadStore>) -> tether_restate::OnAttempt {
+    Arc::new(move |thread: ThreadId| {
+        let node = node.clone();
+        let store = store.clone();
+        Box::pin(async move {
+            let Some(url) = node.get() else { return };
+            let url = json!(url);
+            let put = store.put_state(thread.as_str(), LIVE_AT, &url);
+            match tokio::time::timeout(ANNOUNCE_WAIT, put).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!("announcing where {} runs failed: {e}", thread.as_str()),
+                Err(_) => tracing::debug!("announcing where {} runs took too long", thread.as_str()),
+            }
+        })
+    })
 }
 
 fn store_error(e: tether::Error) -> tether_agui::AgUiError {
@@ -403,10 +514,30 @@ impl RestateAgent {
     /// Sends one decision to the waiting turn. The turn waits for one decision at a time (a new
     /// awakeable after each), so an answer to a tool use the turn does not wait on yet is retried
     /// until it does.
-    async fn decide(&self, thread: &ThreadId, decision: Value) -> tether_agui::AgUiResult<()> {
+    ///
+    /// Each attempt carries an idempotency key (the thread, the run, the tool use, the answer and
+    /// the attempt's number): when an attempt took effect but its answer was lost (the node
+    /// behind the ingress died) and [`RestateAgent::call`] sends it again, Restate answers the
+    /// repeat with the first attempt's result instead of running `approve` a second time, which
+    /// would find the turn no longer waiting on that tool use (409) and fail a run whose approval
+    /// happened. A 409 starts a new attempt with a new key (a key's result is kept, so repeating
+    /// a refused attempt's key would be refused again). `what` names the decision in the key
+    /// (`[tool use id, "approved"]`, `["cancel"]`).
+    async fn decide(
+        &self,
+        thread: &ThreadId,
+        run: &str,
+        what: &[&str],
+        decision: Value,
+    ) -> tether_agui::AgUiResult<()> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        loop {
-            match self.call(thread, &["approve"], &decision, None).await {
+        for attempt in 0u64.. {
+            let attempt = attempt.to_string();
+            let mut parts = vec![thread.as_str(), run];
+            parts.extend_from_slice(what);
+            parts.push(&attempt);
+            let key = idempotency_key(&parts);
+            match self.call(thread, &["approve"], &decision, Some(&key)).await {
                 Ok(_) => return Ok(()),
                 Err((409, _)) if tokio::time::Instant::now() < deadline => {
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -414,6 +545,177 @@ impl RestateAgent {
                 Err((s, m)) => return Err(restate_error(format!("answering the turn failed ({s}): {m}"))),
             }
         }
+        Err(restate_error(
+            "answering the turn failed: out of attempts".to_owned(),
+        ))
+    }
+
+    /// The body of `GET /v1/threads/{id}/live` on this node (see [`RestateAgent::may_follow`]): newline-delimited [`FollowLine`]s,
+    /// `subscribed` first, then every event and signal of the thread's turn that runs on this
+    /// node's service, until the turn waits or ends here (that signal is the last line), the
+    /// reader falls behind (`lagged`) or goes away. A turn not running here sends nothing; the
+    /// reader stops following it when the turn is announced elsewhere.
+    /// Whether a request may follow `thread` here: no token is configured, or `given` is the
+    /// thread's [`follow_credential`] (compared in constant time).
+    pub(crate) fn may_follow(&self, thread: &ThreadId, given: Option<&str>) -> bool {
+        let Some(token) = &self.token else { return true };
+        let Some(given) = given else { return false };
+        let want = follow_credential(token, thread.as_str());
+        want.len() == given.len()
+            && want
+                .bytes()
+                .zip(given.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+
+    pub(crate) fn live_lines(&self, thread: ThreadId) -> tokio::sync::mpsc::Receiver<bytes::Bytes> {
+        let mut events = self.live.subscribe();
+        let mut signals = self.signals.subscribe();
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        tokio::spawn(async move {
+            let send = |l: FollowLine| {
+                let tx = tx.clone();
+                async move {
+                    let Ok(mut v) = serde_json::to_vec(&l) else {
+                        return false;
+                    };
+                    v.push(b'\n');
+                    tx.send(bytes::Bytes::from(v)).await.is_ok()
+                }
+            };
+            if !send(FollowLine::Subscribed).await {
+                return;
+            }
+            loop {
+                let line = tokio::select! {
+                    biased;
+                    () = tx.closed() => return,
+                    ev = events.recv() => match ev {
+                        Ok(ev) if ev.thread == thread => FollowLine::Event(ev.event),
+                        Ok(_) => continue,
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            send(FollowLine::Lagged).await;
+                            return;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                    sig = signals.recv() => match sig {
+                        Ok(sig) if signal_thread(&sig) == Some(&thread) => {
+                            // Every event sent before the signal is in the channel already.
+                            loop {
+                                match events.try_recv() {
+                                    Ok(ev) if ev.thread == thread => {
+                                        if !send(FollowLine::Event(ev.event)).await {
+                                            return;
+                                        }
+                                    }
+                                    Ok(_) => {}
+                                    Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                                        send(FollowLine::Lagged).await;
+                                        return;
+                                    }
+                                    Err(_) => break,
+                                }
+                            }
+                            send(FollowLine::Signal(sig)).await;
+                            return;
+                        }
+                        Ok(_) => continue,
+                        Err(broadcast::error::RecvError::Lagged(_)) => {
+                            send(FollowLine::Lagged).await;
+                            return;
+                        }
+                        Err(broadcast::error::RecvError::Closed) => return,
+                    },
+                };
+                if !send(line).await {
+                    return;
+                }
+            }
+        });
+        rx
+    }
+
+    /// Follows the thread's turn where it was last announced ([`LIVE_AT`]), unless that is this
+    /// node, the peer followed now, or the peer whose stream ended (`left`) less than
+    /// [`REFOLLOW_AFTER`] ago.
+    async fn look(
+        &self,
+        thread: &ThreadId,
+        peer: &mut Option<Follow>,
+        left: &Option<(String, tokio::time::Instant)>,
+    ) {
+        let Ok(Some(at)) = self.store.state(thread.as_str(), LIVE_AT).await else {
+            return;
+        };
+        let Some(url) = at.as_str() else { return };
+        if self.node.get().is_some_and(|own| own == url)
+            || peer.as_ref().is_some_and(|p| p.url == url)
+            || left
+                .as_ref()
+                .is_some_and(|(u, at)| u == url && at.elapsed() < REFOLLOW_AFTER)
+        {
+            return;
+        }
+        *peer = self.follow(thread, url);
+    }
+
+    /// Streams `GET {url}/v1/threads/{thread}/live` (with the credential [`follow_credential`]
+    /// derives from this server's token) into a channel;
+    /// `None` when `url` is not an http(s) URL. The stream ends at the first line that is not a
+    /// [`FollowLine`] or is longer than [`MAX_FOLLOW_LINE`].
+    fn follow(&self, thread: &ThreadId, url: &str) -> Option<Follow> {
+        let mut target = reqwest::Url::parse(url).ok()?;
+        if !matches!(target.scheme(), "http" | "https") || target.cannot_be_a_base() {
+            return None;
+        }
+        target
+            .path_segments_mut()
+            .ok()?
+            .pop_if_empty()
+            .extend(["v1", "threads", thread.as_str(), "live"]);
+        let mut req = self.http.get(target);
+        if let Some(t) = &self.token {
+            req = req.header(FOLLOW_HEADER, follow_credential(t, thread.as_str()));
+        }
+        let (tx, lines) = tokio::sync::mpsc::channel(1024);
+        let task = tokio::spawn(async move {
+            let Ok(Ok(mut resp)) = tokio::time::timeout(Duration::from_secs(5), req.send()).await else {
+                return;
+            };
+            if resp.status() != reqwest::StatusCode::OK {
+                tracing::debug!("following a turn: {} answered {}", resp.url(), resp.status());
+                return;
+            }
+            let mut buf: Vec<u8> = Vec::new();
+            while let Ok(Some(chunk)) = resp.chunk().await {
+                let scanned = buf.len();
+                buf.extend_from_slice(&chunk);
+                let mut start = 0;
+                let mut from = scanned;
+                while let Some(i) = buf[from..].iter().position(|b| *b == b'\n') {
+                    let end = from + i;
+                    let Ok(line) = serde_json::from_slice::<FollowLine>(&buf[start..end]) else {
+                        return;
+                    };
+                    if tx.send(line).await.is_err() {
+                        return;
+                    }
+                    start = end + 1;
+                    from = start;
+                }
+                buf.drain(..start);
+                if buf.len() > MAX_FOLLOW_LINE {
+                    return;
+                }
+            }
+        });
+        Some(Follow {
+            url: url.to_owned(),
+            lines,
+            task,
+        })
     }
 
     /// Checks a request's `resume[]` before the run starts (the admission's check, as the
@@ -469,7 +771,8 @@ impl RestateAgent {
         let invocation: Option<String>;
         // Set when this run reconnects to the running turn its message started: the sequence
         // number of the last event the client holds.
-        let mut reconnect: Option<u64> = None;
+        // With whether the turn was running then.
+        let mut reconnect: Option<(u64, bool)> = None;
         let resume = ctx.input().resume.clone();
         if !resume.is_empty() {
             let Some(rec) = &existing else {
@@ -509,8 +812,11 @@ impl RestateAgent {
                         .find(|w| &w.id == id)
                         .map(|w| approval::digest(&w.input))
                         .unwrap_or_default();
+                    let answer = if approved { "approved" } else { "denied" };
                     self.decide(
                         &thread,
+                        ctx.run_id().as_str(),
+                        &[id, answer],
                         json!({"decision": "answer", "tool_use_id": id, "approved": approved}),
                     )
                     .await?;
@@ -528,30 +834,44 @@ impl RestateAgent {
                     // The user moved on while a turn waited for approval: that turn ends (its
                     // waiting calls answered as cancelled), and the new message is the next turn.
                     if !self.waiting(&thread).await?.is_empty() {
-                        self.decide(&thread, json!({"decision": "cancel"})).await?;
+                        self.decide(
+                            &thread,
+                            ctx.run_id().as_str(),
+                            &["cancel"],
+                            json!({"decision": "cancel"}),
+                        )
+                        .await?;
                     }
                     approval::save(self.store.as_ref(), &rec.record, &Outstanding::new())
                         .await
                         .map_err(store_error)?;
-                } else if existing.is_some() && self.running(&thread).await? {
+                } else if existing.is_some() {
                     // A client whose stream of this turn broke (the tether node relaying it died,
                     // or its connection did) sends its message again, on any node: it follows the
-                    // turn from where its messages end. Any other message does not queue behind a
-                    // running turn (as the default backend).
-                    let record = self.record_after(&thread, 0).await.map_err(store_error)?;
-                    let Some(at) = reconnect_point(&record, id, &ctx.input().messages) else {
-                        return Err(tether_agui::AgUiError::agent(
-                            "THREAD_BUSY",
-                            format!(
-                                "another run is in progress on thread {}; wait for it to finish",
-                                approval::printable(thread.as_str())
-                            ),
-                        ));
-                    };
-                    reconnect = Some(at);
+                    // turn from where its messages end. The turn may be running, or between
+                    // attempts (its node lost: Restate sends it to another), or over; a client
+                    // holding part of the turn is checked against the record either way. Any
+                    // other message does not queue behind a running turn (as the default backend).
+                    let running = self.running(&thread).await?;
+                    if running || holds_after_last_user(&ctx.input().messages) {
+                        let record = self.record_after(&thread, 0).await.map_err(store_error)?;
+                        match reconnect_point(&record, id, &ctx.input().messages) {
+                            Some(at) => reconnect = Some((at, running)),
+                            None if running => {
+                                return Err(tether_agui::AgUiError::agent(
+                                    "THREAD_BUSY",
+                                    format!(
+                                        "another run is in progress on thread {}; wait for it to finish",
+                                        approval::printable(thread.as_str())
+                                    ),
+                                ));
+                            }
+                            None => {}
+                        }
+                    }
                 }
             }
-            if let Some(at) = reconnect {
+            if let Some((at, true)) = reconnect {
                 shown = at;
                 invocation = self.invocation(&thread).await?;
             } else if let Some((id, text)) = user {
@@ -564,7 +884,10 @@ impl RestateAgent {
                     // A thread not on Restate yet: its turn imports the node's record first.
                     base = self.store.load(&rec.record).await.map_err(store_error)?.len() as u64;
                 }
-                shown = base;
+                // A reconnect to a turn not running now: the message is sent again (the turn goes
+                // on with what it left, or finds its message answered), and the run shows what
+                // the client lacks from where its messages end.
+                shown = reconnect.map_or(base, |(at, _)| at);
                 let run = ctx.run_id().as_str().to_owned();
                 let req = serde_json::to_value(TurnRequest {
                     message_id: id.clone(),
@@ -604,6 +927,14 @@ impl RestateAgent {
         follow.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Whether this process sent nothing of the turn since the last tick.
         let mut quiet = true;
+        // The peer node whose service runs the turn, followed live (its token deltas too); and
+        // how soon this relay looks for it at first.
+        let mut peer: Option<Follow> = None;
+        // The peer whose stream ended last, and when: not followed again at once.
+        let mut left: Option<(String, tokio::time::Instant)> = None;
+        let looking = tokio::time::Instant::now();
+        let mut look = tokio::time::interval(LOOK_EVERY);
+        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let relayed = loop {
             tokio::select! {
                 biased;
@@ -623,19 +954,10 @@ impl RestateAgent {
                     ));
                 }
                 sig = signals.recv() => match sig {
-                    Ok(TurnSignal::Waiting { thread: t, tool_uses }) if t == thread => {
+                    Ok(sig) if signal_thread(&sig) == Some(&thread) => {
                         quiet = false;
-                        if tool_uses
-                            .iter()
-                            .any(|u| !answered.contains(&(u.id.clone(), approval::digest(&u.input))))
-                        {
-                            break Relayed::Waiting(tool_uses);
-                        }
-                    }
-                    Ok(TurnSignal::Ended { thread: t, run, outcome, .. }) if t == thread => {
-                        quiet = false;
-                        if ours.as_ref().is_none_or(|m| *m == run) {
-                            break Relayed::Ended(outcome);
+                        if let Some(r) = judge(sig, &thread, &answered, ours.as_ref()) {
+                            break r;
                         }
                     }
                     Ok(_) => {}
@@ -651,6 +973,33 @@ impl RestateAgent {
                     Err(broadcast::error::RecvError::Lagged(_)) => return Err(lagged()),
                     Err(broadcast::error::RecvError::Closed) => return Err(restate_error("the service stopped")),
                 },
+                line = next_line(&mut peer) => match line {
+                    // The peer sends everything from here on: what came before is in the record.
+                    Some(FollowLine::Subscribed) => {
+                        quiet = false;
+                        for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
+                            relay(ctx, &mut mapper, &ev, &mut max_seq).await?;
+                        }
+                    }
+                    Some(FollowLine::Event(ev)) => {
+                        quiet = false;
+                        relay(ctx, &mut mapper, &ev, &mut max_seq).await?;
+                    }
+                    Some(FollowLine::Signal(sig)) => {
+                        quiet = false;
+                        if let Some(r) = judge(sig, &thread, &answered, ours.as_ref()) {
+                            break r;
+                        }
+                    }
+                    // The peer's stream ended (its turn moved, the peer died, this relay lagged):
+                    // the ticks below read the record, and look where the turn runs now.
+                    Some(FollowLine::Lagged) | None => {
+                        left = peer.take().map(|p| (p.url.clone(), tokio::time::Instant::now()));
+                    }
+                },
+                _ = look.tick(), if peer.is_none() && looking.elapsed() < LOOK_FOR => {
+                    self.look(&thread, &mut peer, &left).await;
+                }
                 out = &mut attached => {
                     // The turn ended (seen from Restate): its record is complete.
                     for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
@@ -662,6 +1011,8 @@ impl RestateAgent {
                     if !std::mem::replace(&mut quiet, true) {
                         continue;
                     }
+                    // Where the turn runs may have changed (a replay on another node).
+                    self.look(&thread, &mut peer, &left).await;
                     // Nothing from this process: the turn may run on another node's service.
                     // What it waits for first, then the record (written before it waits).
                     let Ok(waiting) = self.waiting(&thread).await else { continue };
@@ -739,6 +1090,54 @@ impl RestateAgent {
                 message,
             )),
         }
+    }
+}
+
+/// Whether the client's messages hold anything after its last user message: part of the turn
+/// that message started (a client re-sending it after its stream broke), not a new message.
+fn holds_after_last_user(messages: &[Message]) -> bool {
+    messages
+        .iter()
+        .rposition(|m| matches!(m, Message::User(_)))
+        .is_some_and(|i| i + 1 < messages.len())
+}
+
+/// The thread a signal is about.
+fn signal_thread(sig: &TurnSignal) -> Option<&ThreadId> {
+    match sig {
+        TurnSignal::Waiting { thread, .. } | TurnSignal::Ended { thread, .. } => Some(thread),
+        _ => None,
+    }
+}
+
+/// What a signal about `thread` means for a relay: the turn waits for a decision this run has
+/// not given, or the turn this run reports (`ours`; any, when `None`) ended.
+fn judge(
+    sig: TurnSignal,
+    thread: &ThreadId,
+    answered: &HashSet<(String, String)>,
+    ours: Option<&String>,
+) -> Option<Relayed> {
+    match sig {
+        TurnSignal::Waiting { thread: t, tool_uses } if &t == thread => tool_uses
+            .iter()
+            .any(|u| !answered.contains(&(u.id.clone(), approval::digest(&u.input))))
+            .then_some(Relayed::Waiting(tool_uses)),
+        TurnSignal::Ended {
+            thread: t,
+            run,
+            outcome,
+            ..
+        } if &t == thread => ours.is_none_or(|m| *m == run).then_some(Relayed::Ended(outcome)),
+        _ => None,
+    }
+}
+
+/// The next line of the followed peer (pending forever when none is followed).
+async fn next_line(peer: &mut Option<Follow>) -> Option<FollowLine> {
+    match peer {
+        Some(p) => p.lines.recv().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -875,7 +1274,7 @@ impl Agent for RestateAgent {
 
 #[cfg(test)]
 mod tests {
-    use super::{idempotency_key, reconnect_point};
+    use super::{holds_after_last_user, idempotency_key, reconnect_point};
     use serde_json::json;
     use tether::{Event, EventKind, Role, ToolResult, ToolUse};
     use tether_agui::Message;
@@ -910,6 +1309,19 @@ mod tests {
 
     fn held(v: serde_json::Value) -> Vec<Message> {
         serde_json::from_value(v).unwrap()
+    }
+
+    /// Only messages after the client's last user message make a run a possible reconnect.
+    #[test]
+    fn a_run_holding_part_of_its_turn_is_told_from_a_new_message() {
+        let msgs = |v: serde_json::Value| -> Vec<Message> { serde_json::from_value(v).expect("messages") };
+        let user = json!({"id": "u1", "role": "user", "content": "hi"});
+        let answer = json!({"id": "a1", "role": "assistant", "content": "hello"});
+        let next = json!({"id": "u2", "role": "user", "content": "more"});
+        assert!(!holds_after_last_user(&msgs(json!([user]))));
+        assert!(holds_after_last_user(&msgs(json!([user, answer]))));
+        assert!(!holds_after_last_user(&msgs(json!([user, answer, next]))));
+        assert!(!holds_after_last_user(&[]));
     }
 
     /// A reconnecting client is followed from the last event its messages hold; a message that

@@ -14,6 +14,8 @@
 //! # restate_admin = "http://127.0.0.1:9070"     # the admin API the service registers with
 //! # restate_listen = "127.0.0.1:9080"           # where the service endpoint Restate calls listens
 //! # restate_advertise = "http://127.0.0.1:9080" # the endpoint's URI as Restate reaches it
+//! # node_url = "http://10.0.0.5:7878"           # this server as the other tether nodes reach it
+//!                                               # (they follow a turn running here live)
 //!
 //! [agents.local]
 //! provider = "gguf"            # a GGUF model run in-process: no server, no key
@@ -166,6 +168,15 @@ pub struct ServerSection {
     /// address it listens on).
     #[serde(default)]
     pub restate_advertise: Option<String>,
+    /// This server's own base URL as the other tether nodes of a cluster reach it (backend
+    /// `restate`): a turn that runs on this node's service is announced under it, and a node
+    /// whose client waits for that turn streams its live events (token deltas included) from
+    /// `GET {node_url}/v1/threads/{id}/live`, with the server's token (the nodes share one).
+    /// Default: `http://` + the address the server is bound to, unless that is a wildcard
+    /// (`0.0.0.0`, `::`): then turns here are not announced and other nodes relay them from the
+    /// record (whole messages).
+    #[serde(default)]
+    pub node_url: Option<String>,
 }
 
 /// Where `tether serve` runs a thread's turns.
@@ -221,6 +232,7 @@ impl Default for ServerSection {
             restate_admin: None,
             restate_listen: None,
             restate_advertise: None,
+            node_url: None,
         }
     }
 }

@@ -51,6 +51,9 @@ use std::process::ExitCode;
 pub use config::{Config, ConfigError};
 pub use server::{ServeError, Server, ServerOptions, start};
 
+#[cfg(feature = "restate")]
+pub use backend::{FOLLOW_HEADER, follow_credential};
+
 /// The arguments of `tether serve`.
 #[derive(Debug, Clone, clap::Args)]
 // The field docs are `tether serve --help` text too: "[server]" there names the TOML section,

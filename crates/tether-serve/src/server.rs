@@ -233,6 +233,23 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     let mut opts = opts;
     opts.config.check("the server's configuration")?;
     let token = opts.token.clone().filter(|t| !t.trim().is_empty());
+    let configured_node = match &opts.config.server.node_url {
+        Some(u) => {
+            let ok = (u.starts_with("http://") || u.starts_with("https://"))
+                && u.parse::<axum::http::Uri>().is_ok_and(|p| p.host().is_some());
+            if !ok {
+                return Err(ServeError::Config(crate::config::ConfigError::Invalid {
+                    path: "[server] node_url".into(),
+                    message: format!(
+                        "{} is not an http(s) URL of this server (e.g. \"http://10.0.0.5:7878\")",
+                        printable(u)
+                    ),
+                }));
+            }
+            Some(u.trim_end_matches('/').to_owned())
+        }
+        None => None,
+    };
     let loopback = is_loopback(&opts.bind)?;
     if token.is_none() && !loopback {
         return Err(ServeError::TokenRequired { bind: opts.bind });
@@ -269,6 +286,8 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
         .with_body_timeout(Some(Duration::from_secs(limits.body_timeout_secs)))
         .with_run(tether_agui::RunOptions::default().with_runtime(tokio::runtime::Handle::current()));
     let mut app: Router<AppState> = Router::new();
+    // This server's URL as the other nodes of a cluster reach it: known once it is bound.
+    let node: Arc<std::sync::OnceLock<String>> = Arc::default();
     let mut infos = Vec::new();
     let mut services: Vec<Service> = Vec::new();
     let backend = opts.config.server.backend;
@@ -298,6 +317,7 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
                 &endpoint,
                 &runs,
                 &shutdown,
+                (&node, token.as_deref()),
             )
             .await
             .map_err(agent_err)?;
@@ -364,6 +384,12 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
         bind: opts.bind.clone(),
         message: e.to_string(),
     })?;
+    // Announced to the other nodes: the configured URL, else the bound address unless it is a
+    // wildcard (no peer could use it).
+    let own = configured_node.or_else(|| (!addr.ip().is_unspecified()).then(|| format!("http://{addr}")));
+    if let Some(u) = own {
+        let _ = node.set(u);
+    }
     let grace = Duration::from_secs(limits.shutdown_grace_secs);
     let sd = shutdown.clone();
     let stopped_accepting = CancellationToken::new();
@@ -445,6 +471,7 @@ async fn restate_route(
     endpoint: &EndpointOptions,
     runs: &Arc<Semaphore>,
     shutdown: &CancellationToken,
+    (node, token): (&Arc<std::sync::OnceLock<String>>, Option<&str>),
 ) -> Result<Routed, String> {
     let info = AgentInfo {
         name: name.to_owned(),
@@ -458,16 +485,66 @@ async fn restate_route(
             .map(|t| t.name)
             .collect(),
     };
-    let (agent, service) = crate::backend::start(name, cfg, spec, store, server, run_timeout).await?;
+    let (agent, service) = crate::backend::start(
+        name,
+        cfg,
+        spec,
+        store,
+        server,
+        run_timeout,
+        (node.clone(), token.map(str::to_owned)),
+    )
+    .await?;
     let check: Arc<dyn ResumeCheck> = agent.clone();
     let options = endpoint
         .clone()
         .with_admit(admission(check, runs.clone(), shutdown.clone()));
+    let follow = agent.clone();
+    let live = move |Path(thread): Path<String>, headers: HeaderMap| {
+        let agent = follow.clone();
+        async move { live_route(&agent, &thread, &headers) }
+    };
     Ok((
-        app.route_agui_with(path, agent, options),
+        app.route_agui_with(path, agent, options)
+            .route("/v1/threads/{thread}/live", get(live)),
         info,
         Box::pin(service.stop()),
     ))
+}
+
+/// `GET /v1/threads/{id}/live` (Restate backend): the live events of the thread's turn running
+/// on this node's service, for a relay on another node (see `backend::RestateAgent::live_lines`).
+#[cfg(feature = "restate")]
+fn live_route(agent: &crate::backend::RestateAgent, thread: &str, headers: &HeaderMap) -> Response {
+    let Ok(id) = tether::ThreadId::new(thread) else {
+        return json_error(
+            StatusCode::NOT_FOUND,
+            "THREAD_NOT_FOUND",
+            format!("no thread {} (see GET /v1/threads)", printable(thread)),
+        );
+    };
+    // The guard let a request with the follow header through without the token: its credential
+    // is checked here, where the thread is known. A request with the token got here by it.
+    if let Some(given) = headers.get(crate::backend::FOLLOW_HEADER)
+        && !agent.may_follow(&id, given.to_str().ok())
+    {
+        return json_error(
+            StatusCode::UNAUTHORIZED,
+            "UNAUTHORIZED",
+            "the follow credential is wrong (the nodes of a cluster must share one token)",
+        );
+    }
+    let lines = agent.live_lines(id);
+    let body = futures_util::stream::unfold(lines, |mut rx| async move {
+        rx.recv()
+            .await
+            .map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
+    });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
 }
 
 /// Without the `restate` feature the backend is a configuration error a person can act on.
@@ -485,6 +562,7 @@ async fn restate_route(
     _endpoint: &EndpointOptions,
     _runs: &Arc<Semaphore>,
     _shutdown: &CancellationToken,
+    _node: (&Arc<std::sync::OnceLock<String>>, Option<&str>),
 ) -> Result<Routed, String> {
     Err(
         "[server] backend = \"restate\" needs tether serve built with the `restate` cargo feature \
@@ -951,6 +1029,25 @@ fn request_host(req: &Request) -> Option<&str> {
 }
 
 /// Paths served without a token: the UI (which then asks for the token) and the health check.
+/// A peer node following a turn: `GET /v1/threads/{id}/live` with the follow credential, which
+/// the route checks against the thread (the token itself is not sent to peers).
+fn follows_with_credential(req: &Request) -> bool {
+    #[cfg(feature = "restate")]
+    {
+        let path = req.uri().path();
+        req.method() == Method::GET
+            && req.headers().contains_key(crate::backend::FOLLOW_HEADER)
+            && path.starts_with("/v1/threads/")
+            && path.ends_with("/live")
+            && path.matches('/').count() == 4
+    }
+    #[cfg(not(feature = "restate"))]
+    {
+        let _ = req;
+        false
+    }
+}
+
 fn is_public(path: &str) -> bool {
     path == "/" || path == "/healthz" || path.starts_with("/assets/")
 }
@@ -1031,6 +1128,7 @@ async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response
     }
     if let Some(token) = &b.token
         && !is_public(req.uri().path())
+        && !follows_with_credential(&req)
     {
         let given = headers
             .get(header::AUTHORIZATION)

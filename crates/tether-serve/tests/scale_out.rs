@@ -18,8 +18,14 @@
 //! messages it holds, and reads the rest of the turn there. The turn completes; the client's
 //! streams together show every tool call, tool result and text of the record B serves, each
 //! once and in order (nothing missed, nothing twice); the record is gapless; each tool's effect
-//! happened once (lines in a file, one per invocation); the model was called as often as the
-//! script says (the call in flight when A died is made again: its step never completed).
+//! is its own call's (lines in a file, one per invocation); every scripted model answer is used
+//! once (the call in flight when A died is made again: its step never completed).
+//!
+//! What node loss may repeat: a step (model or tool call) whose result Restate had not yet made
+//! durable when node 1 died is run again by the new leader: Restate's at-least-once for a step
+//! in flight, seen here about once in 16 runs a few seconds after the kill. The fake model
+//! answers a repeated question alike; a tool sees the same `$TETHER_TOOL_USE_ID` both times
+//! (its idempotency key), so the checks allow a tool's line twice but never another call's.
 
 #![cfg(feature = "restate")]
 
@@ -40,17 +46,6 @@ use tokio::io::AsyncBufReadExt;
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 const PROMPT: &str = "append, then touch";
-
-/// A command tool that needs approval and appends its tool-use id to the file its `name`
-/// argument names: one line per invocation.
-const TOUCH: &str = r#"
-[[agents.main.commands]]
-name = "touch_file"
-description = "Create a file"
-command = 'printf "%s\n" "$TETHER_TOOL_USE_ID" >> "$TETHER_ARG_NAME"'
-parameters = { type = "object", properties = { name = { type = "string" } }, required = ["name"] }
-approve = true
-"#;
 
 /// A `tether-serve` process; SIGKILLed when dropped.
 struct Node {
@@ -101,6 +96,8 @@ impl Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(dir.path().join("ws")).expect("workspace");
         let fake = FakeOpenAi::start().await;
+        // A step in flight while Restate fails over may run again (see the module docs).
+        fake.answer_repeats_alike();
         let ingress = Forwarder::start(restate.iter().map(|r| addr_of(&r.ingress)).collect()).await;
         let (pa, pb) = (free_port(), free_port());
         let endpoints = Forwarder::start(vec![
@@ -182,29 +179,20 @@ fn tail(s: &str, n: usize) -> &str {
 /// (approval), its turns on Restate.
 fn config_text(ingress: &str, admin: &str, listen: u16, advertise: &str, model: &str, ws: &Path) -> String {
     format!(
-        r#"
-[server]
-backend = "restate"
-restate_ingress = "{ingress}"
-restate_admin = "{admin}"
-restate_listen = "127.0.0.1:{listen}"
-restate_advertise = "{advertise}"
-
-[agents.main]
-base_url = "{model}"
-model = "fake"
-system_prompt = "be brief"
-[agents.main.workspace]
-root = "{ws}"
-[[agents.main.commands]]
-name = "append_line"
-description = "Append a line to log.txt"
-command = 'printf "%s %s\n" "$TETHER_TOOL_USE_ID" "$TETHER_ARG_LINE" >> log.txt'
-{TOUCH}
-"#,
-        ws = ws.display()
+        "[server]\n{}\n{}{TOUCH}{WAIT}",
+        restate::node_lines(ingress, admin, listen, advertise),
+        agent_main(model, ws)
     )
 }
+
+/// A command tool (no approval) that marks it started, waits until the file `go` exists, then
+/// appends its tool-use id to `waited.txt`: a tool step the test can hold while it kills nodes.
+const WAIT: &str = r#"
+[[agents.main.commands]]
+name = "wait_for_go"
+description = "Wait for the go file"
+command = 'printf "%s\n" "$TETHER_TOOL_USE_ID" >> started.txt; while [ ! -e go ]; do sleep 0.05; done; printf "%s\n" "$TETHER_TOOL_USE_ID" >> waited.txt'
+"#;
 
 /// Starts `tether-serve` with `config` and its own SQLite file; returns once it listens (its
 /// service registered with the admin API).
@@ -471,15 +459,9 @@ async fn record(addr: SocketAddr, thread: &str) -> Vec<tether::Event> {
         .expect("GET events");
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.expect("events JSON");
+    assert_gapless(&v);
     let events: Vec<tether::Event> =
         serde_json::from_value(v["events"].clone()).unwrap_or_else(|e| panic!("events: {e}: {v}"));
-    let seqs: Vec<u64> = events.iter().map(|e| e.seq.unwrap_or(0)).collect();
-    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gapless: {v}");
-    let mut ids: Vec<&str> = events.iter().map(|e| e.id.as_str()).collect();
-    ids.sort_unstable();
-    let n = ids.len();
-    ids.dedup();
-    assert_eq!(ids.len(), n, "an event id twice: {v}");
     events
 }
 
@@ -497,8 +479,17 @@ async fn until(mut f: impl FnMut() -> bool) -> bool {
 
 /// The checks both tests end with: the turn completed with the scripted text, the client's
 /// streams together show the record B serves (each fact once, in order), the record is
-/// gapless, each tool ran once, and the model was called `model_calls` times.
-async fn assert_complete(c: &Cluster, thread: &str, streams: &[&[Value]], model_calls: usize) {
+/// gapless, each tool's result is recorded once, and the model was asked `steps` different
+/// questions (every scripted answer used once).
+///
+/// Repeats are allowed where Restate's failover allows them: a step whose result had not been
+/// made durable when Restate node 1 died is run again by the surviving leader (at-least-once
+/// for a step in flight; the fake answers a repeated question alike, as a deterministic model
+/// would). So a tool invoked in that window may have run twice: its effect is checked to be
+/// that call's (the same tool-use id, `$TETHER_TOOL_USE_ID`, the key a tool that must act once
+/// deduplicates by), never a second call's. A crash of the tether service alone repeats nothing
+/// (the Restate crash tests count that).
+async fn assert_complete(c: &Cluster, thread: &str, streams: &[&[Value]], steps: usize) {
     let events = record(c.b.addr, thread).await;
     let shown: Vec<Fact> = streams.iter().flat_map(|s| stream_facts(s)).collect();
     assert_eq!(
@@ -516,9 +507,25 @@ async fn assert_complete(c: &Cluster, thread: &str, streams: &[&[Value]], model_
             Fact::Text("Both done.".into()),
         ]
     );
-    assert_eq!(c.lines("log.txt"), ["call_1 first"], "append_line ran once");
-    assert_eq!(c.lines("touched.txt"), ["call_2"], "touch_file ran once");
-    assert_eq!(c.fake.requests().len(), model_calls, "model calls");
+    let appended = c.lines("log.txt");
+    assert!(
+        !appended.is_empty() && appended.len() <= 2 && appended.iter().all(|l| l == "call_1 first"),
+        "append_line ran for call_1 only: {appended:?}"
+    );
+    let touched = c.lines("touched.txt");
+    assert!(
+        !touched.is_empty() && touched.len() <= 2 && touched.iter().all(|l| l == "call_2"),
+        "touch_file ran for call_2 only: {touched:?}"
+    );
+    let requests = c.fake.requests();
+    let mut distinct = Vec::new();
+    for q in requests.iter().map(|r| &r.body) {
+        if !distinct.contains(&q) {
+            distinct.push(q);
+        }
+    }
+    assert_eq!(distinct.len(), steps, "different model questions");
+    assert_eq!(c.fake.remaining(), 0, "every scripted answer used");
     let (s, v) = {
         let r = client()
             .get(format!("http://{}/v1/threads?agent=main", c.b.addr))
@@ -580,7 +587,7 @@ async fn a_waiting_turn_survives_losing_its_tether_node_and_a_restate_node() {
 /// flight on A (the fake model holds it open); the client's stream from A breaks; the client
 /// reconnects to B by sending its message again with what it holds, gets the approval's
 /// interrupt from B, approves through B, and reads the rest there. The model call in flight
-/// when A died is made again (its step never completed): four calls for three answers.
+/// when A died is made again (its step never completed): three questions, four calls.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_turn_mid_model_step_survives_losing_its_tether_node_and_a_restate_node() {
     let _one = SERIAL.lock().await;
@@ -652,5 +659,72 @@ async fn a_turn_mid_model_step_survives_losing_its_tether_node_and_a_restate_nod
     );
     let third = run_on(&c, &c.b, "the approval through B", &body).await;
     finished_ok(&third);
-    assert_complete(&c, thread, &[&first, &second, &third], 4).await;
+    assert_complete(&c, thread, &[&first, &second, &third], 3).await;
+}
+
+/// Tether node A and Restate node 1 are SIGKILLed while the turn's tool step runs on A (the tool
+/// waits for a file); the tool's process dies with A (it never made its effect), the client's
+/// stream from A breaks, and the client reconnects to B by sending its message again. The step
+/// runs again on B's service (it never completed); the turn completes there, and the client's
+/// streams together show the record once. The tool's effect is the call's own (once, or twice
+/// if the failover repeated B's step too: see the module docs).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_mid_tool_step_survives_losing_its_tether_node_and_a_restate_node() {
+    let _one = SERIAL.lock().await;
+    let mut c = Cluster::start().await;
+    c.fake
+        .push(Reply::tool_calls(&[("call_1", "wait_for_go", "{}")]))
+        .push(Reply::text("Waited."));
+    let thread = "t-scale-tool";
+    let stream = Stream::open(c.a.addr, &prompt_input(thread, "r1", PROMPT)).await;
+    if !until(|| !c.lines("started.txt").is_empty()).await {
+        panic!(
+            "the tool never started; the client saw {:?}\n{}",
+            stream.seen(),
+            c.logs()
+        );
+    }
+    c.kill_a_and_restate_1().await;
+    let (first, ended) = stream.end().await;
+    assert!(
+        !first.iter().any(|e| e["type"] == "RUN_FINISHED"),
+        "the run on A finished: {first:?}"
+    );
+    assert!(
+        ended.is_err() || first.last().is_some_and(|e| e["type"] == "RUN_ERROR"),
+        "{ended:?}"
+    );
+    std::fs::write(c.ws().join("go"), b"").expect("write go");
+
+    let body = input(thread, "r2", json!(held_messages(thread, &first)));
+    let second = run_on(&c, &c.b, "the reconnect through B", &body).await;
+    finished_ok(&second);
+
+    let events = record(c.b.addr, thread).await;
+    let shown: Vec<Fact> = [&first, &second].iter().flat_map(|s| stream_facts(s)).collect();
+    assert_eq!(
+        shown,
+        record_facts(&events),
+        "the client's streams differ from the record (missed or shown twice): {first:?}\n{second:?}\n{}",
+        c.logs()
+    );
+    assert_eq!(
+        shown,
+        [
+            Fact::Call("call_1".into()),
+            Fact::Result("call_1".into()),
+            Fact::Text("Waited.".into()),
+        ]
+    );
+    let waited = c.lines("waited.txt");
+    assert!(
+        !waited.is_empty() && waited.len() <= 2 && waited.iter().all(|l| l == "call_1"),
+        "the tool's effect is call_1's own: {waited:?}"
+    );
+    assert!(
+        c.lines("started.txt").len() >= 2,
+        "the step ran again on B: {:?}",
+        c.lines("started.txt")
+    );
+    assert_eq!(c.fake.remaining(), 0, "every scripted answer used");
 }

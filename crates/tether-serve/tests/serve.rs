@@ -542,3 +542,30 @@ async fn the_thread_routes_need_the_token() {
     assert_eq!(get(&server, "/").await.0, 200);
     assert_eq!(get(&server, "/healthz").await.0, 200);
 }
+
+/// `[server] node_url` (what the other nodes of a cluster call this one) must be an http(s)
+/// URL with a host: anything else is refused at start, naming the key.
+#[tokio::test]
+async fn a_node_url_that_is_no_http_url_is_refused_at_start() {
+    let env = Env::new().await;
+    for bad in [
+        "ftp://10.0.0.5:7878",
+        "10.0.0.5:7878",
+        "http://",
+        "http://exa mple",
+    ] {
+        let config = env.config_with(&format!("node_url = \"{bad}\"\n"), "");
+        let err = tether_serve::start(ServerOptions::new(
+            config,
+            "127.0.0.1:0",
+            env.dir.path().join("n.db"),
+        ))
+        .await
+        .err()
+        .unwrap_or_else(|| panic!("{bad} was taken"));
+        assert!(
+            matches!(&err, tether_serve::ServeError::Config(tether_serve::ConfigError::Invalid { path, .. }) if path == "[server] node_url"),
+            "{bad}: {err}"
+        );
+    }
+}

@@ -18,24 +18,10 @@ use tether_serve::{Server, ServerOptions};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 use tether_testkit::restate::{Forwarder, Restate, free_port};
 
-/// A command tool that needs approval and creates the file its `name` argument names.
-const TOUCH: &str = r#"
-[[agents.main.commands]]
-name = "touch_file"
-description = "Create a file"
-command = 'printf "%s\n" "$TETHER_TOOL_USE_ID" >> "$TETHER_ARG_NAME"'
-parameters = { type = "object", properties = { name = { type = "string" } }, required = ["name"] }
-approve = true
-"#;
-
 /// Starts a node: its own SQLite file `db`, its service endpoint on `listen`, advertised to
 /// Restate as `advertise` (the forwarder).
 async fn node(env: &Env, restate: &Restate, listen: u16, advertise: &str, db: &str) -> Server {
-    let server_lines = format!(
-        "backend = \"restate\"\nrestate_ingress = \"{}\"\nrestate_admin = \"{}\"\nrestate_listen = \
-         \"127.0.0.1:{listen}\"\nrestate_advertise = \"{advertise}\"\n",
-        restate.ingress, restate.admin
-    );
+    let server_lines = restate::node_lines(&restate.ingress, &restate.admin, listen, advertise);
     let config = env.config_with(&server_lines, TOUCH);
     tether_serve::start(ServerOptions::new(config, "127.0.0.1:0", env.dir.path().join(db)))
         .await
@@ -46,14 +32,7 @@ async fn node(env: &Env, restate: &Restate, listen: u16, advertise: &str, db: &s
 async fn record(server: &Server, thread: &str) -> Value {
     let (s, v) = get(server, &format!("/v1/threads/{thread}/events")).await;
     assert_eq!(s, 200, "{v}");
-    let events = v["events"].as_array().expect("events");
-    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap_or(0)).collect();
-    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gapless: {v}");
-    let mut ids: Vec<&str> = events.iter().map(|e| e["id"].as_str().unwrap_or("")).collect();
-    ids.sort_unstable();
-    let n = ids.len();
-    ids.dedup();
-    assert_eq!(ids.len(), n, "an event id twice: {v}");
+    assert_gapless(&v);
     v
 }
 
@@ -161,4 +140,191 @@ async fn a_turn_started_on_one_node_is_approved_and_read_on_the_other() {
     b.shutdown();
     a.wait().await;
     b.wait().await;
+}
+
+/// What a node's approval relies on when the Restate node behind the ingress dies while it is
+/// answered: the `approve` call sent again with the same idempotency key is answered with the
+/// first call's result (200), not run a second time (which would answer 409: the turn no longer
+/// waits on that tool use); without a key the repeat is refused. The tool runs once.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_approval_repeated_with_its_key_is_answered_as_the_first() {
+    let restate = Restate::start().await;
+    let env = Env {
+        dir: tempfile::tempdir().expect("tempdir"),
+        fake: FakeOpenAi::start().await,
+        restate: None,
+    };
+    let listen = free_port();
+    let a = node(
+        &env,
+        &restate,
+        listen,
+        &format!("http://127.0.0.1:{listen}"),
+        "a.db",
+    )
+    .await;
+    env.fake
+        .push(Reply::tool_calls(&[(
+            "call_1",
+            "touch_file",
+            r#"{"name":"touched.txt"}"#,
+        )]))
+        .push(Reply::text("Done."));
+    let thread = "t-approve-twice";
+    let ev = run_at(a.addr(), "main", &prompt_input(thread, "r1", "touch")).await;
+    assert_eq!(interrupt_of(&ev)["toolCallId"], "call_1", "{ev:?}");
+
+    let approve = |key: Option<&'static str>| {
+        let mut req = client()
+            .post(format!("{}/TetherThread/{thread}/approve", restate.ingress))
+            .json(&json!({"decision": "answer", "tool_use_id": "call_1", "approved": true}));
+        if let Some(k) = key {
+            req = req.header("idempotency-key", k);
+        }
+        async move {
+            let r = req.send().await.expect("POST approve");
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        }
+    };
+    let first = approve(Some("t-approve-twice/call_1/approved/0")).await;
+    assert_eq!(first.0, 200, "{first:?}");
+    let repeat = approve(Some("t-approve-twice/call_1/approved/0")).await;
+    assert_eq!(repeat.0, 200, "the repeat with the key: {repeat:?}");
+
+    // The turn goes on once and ends; then an approval without a key finds nothing to answer.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let v = messages(&a, thread).await;
+        if v.to_string().contains("Done.") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the turn never ended: {v}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let unkeyed = approve(None).await;
+    assert_eq!(unkeyed.0, 409, "a repeat without a key: {unkeyed:?}");
+    let touched = std::fs::read_to_string(env.ws().join("touched.txt")).unwrap_or_default();
+    assert_eq!(
+        touched.lines().collect::<Vec<_>>(),
+        ["call_1"],
+        "touch_file ran once"
+    );
+    assert_eq!(env.fake.requests().len(), 2, "no model call repeated");
+    record(&a, thread).await;
+    a.shutdown();
+    a.wait().await;
+}
+
+/// A client of node B waits for a turn whose invocation runs on node A's service (the
+/// deployment's first target): B follows the turn on A (`GET /v1/threads/{id}/live`, announced
+/// by A as the turn starts there) and relays its token deltas as they come, not only the
+/// recorded message; the client ends with the whole text once, and the record is gapless.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_client_of_one_node_gets_the_live_deltas_of_a_turn_running_on_the_other() {
+    const TEXT: &str = "The quick brown fox jumps over the lazy dog.";
+    let restate = Restate::start().await;
+    let env = Env {
+        dir: tempfile::tempdir().expect("tempdir"),
+        fake: FakeOpenAi::start().await,
+        restate: None,
+    };
+    let (pa, pb) = (free_port(), free_port());
+    let forwarder = Forwarder::start(vec![
+        format!("127.0.0.1:{pa}").parse().expect("addr"),
+        format!("127.0.0.1:{pb}").parse().expect("addr"),
+    ])
+    .await;
+    let a = node(&env, &restate, pa, &forwarder.url(), "a.db").await;
+    let b = node(&env, &restate, pb, &forwarder.url(), "b.db").await;
+    // Two characters a delta, one write every 60 ms: about 1.4 s of live text.
+    env.fake.push(
+        Reply::text(TEXT)
+            .chunk_chars(2)
+            .pace(std::time::Duration::from_millis(60)),
+    );
+    let thread = "t-live";
+    let ev = run_at(b.addr(), "main", &prompt_input(thread, "r1", "say it")).await;
+    finished_ok(&ev);
+    let contents = ev.iter().filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT").count();
+    assert!(
+        contents >= 5,
+        "B relayed the text whole ({contents} content events), not live: {ev:?}"
+    );
+    let text = text_of(&ev);
+    if ev.iter().any(|e| e["type"] == "MESSAGES_SNAPSHOT") {
+        // B began following mid-message: what it showed was withdrawn and sent whole.
+        assert!(text.ends_with(TEXT), "{text:?}: {ev:?}");
+    } else {
+        assert_eq!(text, TEXT, "{ev:?}");
+    }
+    let v = record(&b, thread).await;
+    assert_eq!(record(&a, thread).await, v);
+    assert_eq!(env.fake.requests().len(), 1, "no model call repeated");
+    a.shutdown();
+    b.shutdown();
+    a.wait().await;
+    b.wait().await;
+}
+
+/// The live route of a node with a token: refused without it, refused with another thread's or
+/// token's follow credential, open with the thread's credential (the token itself is never
+/// sent to a peer) or with the token; it starts with `"subscribed"`.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_live_route_takes_the_token_or_the_threads_follow_credential() {
+    let restate = Restate::start().await;
+    let env = Env {
+        dir: tempfile::tempdir().expect("tempdir"),
+        fake: FakeOpenAi::start().await,
+        restate: None,
+    };
+    let listen = free_port();
+    let server_lines = restate::node_lines(
+        &restate.ingress,
+        &restate.admin,
+        listen,
+        &format!("http://127.0.0.1:{listen}"),
+    );
+    let config = env.config_with(&server_lines, "");
+    let node = tether_serve::start(
+        ServerOptions::new(config, "127.0.0.1:0", env.dir.path().join("a.db"))
+            .with_token(Some("s3cret".into())),
+    )
+    .await
+    .expect("a tether node");
+    let url = format!("http://{}/v1/threads/t-x/live", node.addr());
+    let get = |header: Option<(&'static str, String)>| {
+        let mut req = client().get(&url);
+        if let Some((k, v)) = header {
+            req = req.header(k, v);
+        }
+        async move { req.send().await.expect("GET live") }
+    };
+    assert_eq!(get(None).await.status(), 401);
+    let wrong_thread = tether_serve::follow_credential("s3cret", "t-y");
+    let wrong_token = tether_serve::follow_credential("other", "t-x");
+    for c in [wrong_thread, wrong_token, String::new(), "zz".into()] {
+        let r = get(Some((tether_serve::FOLLOW_HEADER, c.clone()))).await;
+        assert_eq!(r.status(), 401, "credential {c:?}");
+    }
+    for h in [
+        (
+            tether_serve::FOLLOW_HEADER,
+            tether_serve::follow_credential("s3cret", "t-x"),
+        ),
+        ("authorization", "Bearer s3cret".to_owned()),
+    ] {
+        let mut r = get(Some(h.clone())).await;
+        assert_eq!(r.status(), 200, "{h:?}");
+        let first = tokio::time::timeout(PATIENCE, r.chunk())
+            .await
+            .expect("a first line")
+            .expect("body")
+            .expect("a chunk");
+        assert_eq!(&first[..], b"\"subscribed\"\n", "{h:?}");
+    }
+    node.shutdown();
+    node.wait().await;
 }

@@ -60,6 +60,9 @@ struct Shared {
     script: Mutex<VecDeque<Reply>>,
     requests: Mutex<Vec<RecordedRequest>>,
     counter: AtomicU64,
+    /// Set by [`FakeOpenAi::answer_repeats_alike`]: the bodies answered by a clean completion,
+    /// with the reply they got.
+    answered: Mutex<Option<Vec<(Value, Reply)>>>,
 }
 
 /// One request the fake received, as tether sent it.
@@ -171,6 +174,19 @@ impl FakeOpenAi {
         self
     }
 
+    /// From now on, a request whose body equals that of an earlier request answered by a clean
+    /// completion (no fault, not an HTTP error) gets the same reply again, without taking one
+    /// from the script: what a deterministic model does with the same input. For tests where a
+    /// durable-execution engine may repeat a model step whose result it had not yet made durable
+    /// (a node lost mid-step), so the script need not guess how often that happens;
+    /// [`FakeOpenAi::requests`] still shows every request.
+    pub fn answer_repeats_alike(&self) -> &Self {
+        if let Ok(mut a) = self.state.answered.lock() {
+            a.get_or_insert_with(Vec::new);
+        }
+        self
+    }
+
     /// Replies not yet used.
     pub fn remaining(&self) -> usize {
         self.state.script.lock().map(|s| s.len()).unwrap_or(0)
@@ -207,6 +223,13 @@ async fn handle(State(state): State<Arc<Shared>>, req: Request) -> Response {
         body,
     };
     let stream = rec.is_stream();
+    let repeat_of = state.answered.lock().ok().and_then(|a| {
+        a.as_ref()?
+            .iter()
+            .find(|(body, _)| *body == rec.body)
+            .map(|(_, reply)| reply.clone())
+    });
+    let body_seen = rec.body.clone();
     let model = rec
         .body
         .get("model")
@@ -224,7 +247,19 @@ async fn handle(State(state): State<Arc<Shared>>, req: Request) -> Response {
             &[],
         );
     }
-    let next = state.script.lock().ok().and_then(|mut s| s.pop_front());
+    let next = match repeat_of {
+        Some(reply) => Some(reply),
+        None => {
+            let next = state.script.lock().ok().and_then(|mut s| s.pop_front());
+            if let (Some(reply), Ok(mut answered)) = (&next, state.answered.lock())
+                && let Some(answered) = answered.as_mut()
+                && reply.is_clean_completion()
+            {
+                answered.push((body_seen, reply.clone()));
+            }
+            next
+        }
+    };
     let Some(reply) = next else {
         return error_response(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -314,6 +349,11 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// A completion with no fault: one that reaches the client whole.
+    fn is_clean_completion(&self) -> bool {
+        matches!(&self.kind, Kind::Completion(c) if c.fault.is_none())
+    }
+
     fn new(kind: Kind) -> Self {
         Reply {
             kind,

@@ -32,11 +32,32 @@ pub fn server_bin() -> PathBuf {
     bin
 }
 
-/// A free port on 127.0.0.1 (bound, then released for the process that will listen on it).
+/// A free port on 127.0.0.1 for a process that will listen on it later (a Restate node, a
+/// tether node's service endpoint).
+///
+/// Chosen below Linux's ephemeral range (32768–60999 by default), and checked free by binding
+/// it: a port the kernel hands out for `:0` is also one it hands to outgoing connections, and a
+/// busy test (nodes of a cluster connecting to each other) took such a port between its release
+/// and the node's bind ("Address in use"). Ports step from a start derived from the process id,
+/// so test processes running at once rarely try the same ones; `:0` is the fallback.
 ///
 /// # Panics
 /// When no port can be bound.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 12_000;
+    const SPAN: u32 = 20_000; // 12000..32000, below the ephemeral range
+    let start = std::process::id().wrapping_mul(7_919) % SPAN;
+    for _ in 0..256 {
+        let step = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = LOW + (start + step.wrapping_mul(17)) % SPAN;
+        if let Ok(port) = u16::try_from(port)
+            && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok()
+        {
+            return port;
+        }
+    }
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     l.local_addr().expect("local addr").port()
 }

@@ -749,9 +749,14 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 enum Start {
     /// A provider input (a message is recorded as the user's first).
     Input(Input),
-    /// User messages already recorded (or being sent again): the provider gets their text;
-    /// `true` when it is exactly one recorded message (as a resume would replay it).
-    Recorded(String, bool),
+    /// User messages already recorded (or being sent again): the provider gets their text.
+    Recorded {
+        /// The messages' text, joined.
+        text: String,
+        /// Exactly one recorded message, as a resume would replay it (so the provider's state
+        /// after it is rebuilt from the record and needs no checkpoint).
+        exact: bool,
+    },
     /// Tool uses a paused or reattached session waits on: run them (answers the application
     /// wrote for them count), then continue with their results.
     Pending(Vec<ToolUse>),
@@ -933,8 +938,8 @@ impl Session {
         }
         // Several messages go to the provider as one, which the record does not hold.
         let exact = exact && texts.len() == 1;
-        self.request(Start::Recorded(texts.join("\n\n"), exact), cancel, None)
-            .await
+        let text = texts.join("\n\n");
+        self.request(Start::Recorded { text, exact }, cancel, None).await
     }
 
     /// Runs one request from any [`Input`]: a provider-specific raw input such as a Managed
@@ -1068,7 +1073,10 @@ impl Session {
     pub async fn resume(&mut self, cancel: CancellationToken) -> Result<SessionResult> {
         if self.paused.is_empty() {
             return match self.unanswered.take() {
-                Some(text) => self.request(Start::Recorded(text, false), cancel, None).await,
+                Some(text) => {
+                    self.request(Start::Recorded { text, exact: false }, cancel, None)
+                        .await
+                }
                 None => Ok(self.idle_result().await),
             };
         }
@@ -1119,7 +1127,7 @@ impl Session {
                 Start::Input(Input::ToolResults(..)) => "tool_results",
                 Start::Input(Input::Continue) => "continue",
                 Start::Input(Input::Raw(_)) => "raw",
-                Start::Recorded(..) => "message",
+                Start::Recorded { .. } => "message",
                 Start::Pending(_) => "resume",
             };
             self.cx.sink.observe(&Event::new(
@@ -1299,7 +1307,7 @@ impl Session {
                 }
                 i
             }
-            Start::Recorded(text, exact) => {
+            Start::Recorded { text, exact } => {
                 self.unrecorded |= !exact;
                 Input::Message(text)
             }

@@ -54,23 +54,8 @@ impl Env {
             .map(|r| r.server_lines())
             .unwrap_or_default();
         let text = format!(
-            r#"
-[server]
-{backend}{server}
-[agents.main]
-base_url = "{url}"
-model = "fake"
-system_prompt = "be brief"
-[agents.main.workspace]
-root = "{ws}"
-[[agents.main.commands]]
-name = "append_line"
-description = "Append a line to log.txt"
-command = 'printf "%s %s\n" "$TETHER_TOOL_USE_ID" "$TETHER_ARG_LINE" >> log.txt'
-{extra}
-"#,
-            url = self.fake.url(),
-            ws = ws.display(),
+            "\n[server]\n{backend}{server}\n{}{extra}\n",
+            agent_main(&self.fake.url(), &ws)
         );
         Config::parse(&text, "test.toml", self.dir.path()).unwrap()
     }
@@ -87,6 +72,50 @@ command = 'printf "%s %s\n" "$TETHER_TOOL_USE_ID" "$TETHER_ARG_LINE" >> log.txt'
     pub fn ws(&self) -> std::path::PathBuf {
         self.dir.path().join("ws")
     }
+}
+
+/// The agent every test configures: `main`, on the model at `model_url` (the fake), with the
+/// workspace tools over `ws` and an `append_line` command tool (no approval) that appends
+/// `<tool-use id> <line>` to `log.txt`: one line per invocation.
+pub fn agent_main(model_url: &str, ws: &std::path::Path) -> String {
+    format!(
+        r#"[agents.main]
+base_url = "{model_url}"
+model = "fake"
+system_prompt = "be brief"
+[agents.main.workspace]
+root = "{ws}"
+[[agents.main.commands]]
+name = "append_line"
+description = "Append a line to log.txt"
+command = 'printf "%s %s\n" "$TETHER_TOOL_USE_ID" "$TETHER_ARG_LINE" >> log.txt'
+"#,
+        ws = ws.display()
+    )
+}
+
+/// A command tool that needs approval and appends its tool-use id to the file its `name`
+/// argument names: one line per invocation.
+pub const TOUCH: &str = r#"
+[[agents.main.commands]]
+name = "touch_file"
+description = "Create a file"
+command = 'printf "%s\n" "$TETHER_TOOL_USE_ID" >> "$TETHER_ARG_NAME"'
+parameters = { type = "object", properties = { name = { type = "string" } }, required = ["name"] }
+approve = true
+"#;
+
+/// Asserts that a `GET /v1/threads/{id}/events` answer's events are numbered 1, 2, 3… without a
+/// gap and that no event id occurs twice.
+pub fn assert_gapless(v: &Value) {
+    let events = v["events"].as_array().expect("events");
+    let seqs: Vec<u64> = events.iter().map(|e| e["seq"].as_u64().unwrap_or(0)).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>(), "gapless: {v}");
+    let mut ids: Vec<&str> = events.iter().map(|e| e["id"].as_str().unwrap_or("")).collect();
+    ids.sort_unstable();
+    let n = ids.len();
+    ids.dedup();
+    assert_eq!(ids.len(), n, "an event id twice: {v}");
 }
 
 pub fn client() -> reqwest::Client {

@@ -10,3 +10,13 @@ pub use tether_testkit::restate::Restate;
 pub fn enabled() -> bool {
     std::env::var("TETHER_SERVE_BACKEND").is_ok_and(|b| b == "restate")
 }
+
+/// The `[server]` lines of a node whose turns run on the Restate cluster at `ingress`/`admin`,
+/// its service endpoint listening on `127.0.0.1:{listen}` and advertised to Restate as
+/// `advertise` (a forwarder in front of several nodes' endpoints).
+pub fn node_lines(ingress: &str, admin: &str, listen: u16, advertise: &str) -> String {
+    format!(
+        "backend = \"restate\"\nrestate_ingress = \"{ingress}\"\nrestate_admin = \"{admin}\"\n\
+         restate_listen = \"127.0.0.1:{listen}\"\nrestate_advertise = \"{advertise}\"\n"
+    )
+}
