@@ -933,7 +933,12 @@ impl RestateAgent {
         // The peer whose stream ended last, and when: not followed again at once.
         let mut left: Option<(String, tokio::time::Instant)> = None;
         let looking = tokio::time::Instant::now();
-        let mut look = tokio::time::interval(LOOK_EVERY);
+        // The first look after one period: a turn running here has sent its first event by then
+        // (its user message), and this node need not ask where the turn runs.
+        let mut look = tokio::time::interval_at(tokio::time::Instant::now() + LOOK_EVERY, LOOK_EVERY);
+        // Whether the turn showed itself here (its events came from this process): then no peer
+        // is looked for until this process goes quiet.
+        let mut here = false;
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let relayed = loop {
             tokio::select! {
@@ -967,6 +972,7 @@ impl RestateAgent {
                 ev = events.recv() => match ev {
                     Ok(ev) if ev.thread == thread => {
                         quiet = false;
+                        here = true;
                         relay(ctx, &mut mapper, &ev.event, &mut max_seq).await?
                     }
                     Ok(_) => {}
@@ -997,7 +1003,7 @@ impl RestateAgent {
                         left = peer.take().map(|p| (p.url.clone(), tokio::time::Instant::now()));
                     }
                 },
-                _ = look.tick(), if peer.is_none() && looking.elapsed() < LOOK_FOR => {
+                _ = look.tick(), if peer.is_none() && !here && looking.elapsed() < LOOK_FOR => {
                     self.look(&thread, &mut peer, &left).await;
                 }
                 out = &mut attached => {
