@@ -50,8 +50,8 @@ use rmcp::model::{
     CallToolRequest, CallToolRequestParams, CancelledNotification, CancelledNotificationParam,
     ClientCapabilities, ClientConfig, ClientNotification, ClientRequest, CreateMessageRequestParams,
     CreateMessageResult, ElicitRequestParams, ElicitResult, ErrorCode, ErrorData, Implementation,
-    ListRootsResult, LoggingMessageNotificationParam, ProgressNotificationParam, ProtocolVersion, RequestId,
-    ServerResult,
+    ListRootsResult, LoggingMessageNotificationParam, ProgressNotificationParam, ProgressToken,
+    ProtocolVersion, RequestId, ServerResult,
 };
 use rmcp::service::RunningServiceCancellationToken;
 use rmcp::service::{
@@ -61,12 +61,13 @@ use rmcp::{ClientHandler, ServiceExt};
 use serde_json::{Value, json};
 use tether::chat::{ChatMessage, ChatModel, ChatRequest};
 use tether::sink::DeltaSink;
-use tether::source::{CallClock, CallContext, ToolSource};
+use tether::source::{CallContext, ToolSource};
 use tether::{
     ElicitationMode, ElicitationRequest, ElicitationResponse, Event, EventKind, ToolOutput, ToolSpec, ToolUse,
 };
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 pub use result::to_output;
 
@@ -282,11 +283,63 @@ impl Drop for Conn {
 /// A call in flight, for routing the server's requests and notifications to its session.
 struct InFlight {
     cx: CallContext,
-    /// The call's own clock for `call_timeout`, paused while its elicitation waits for the user.
-    clock: CallClock,
     tool_use_id: String,
-    progress: Option<String>,
+    progress: Option<ProgressToken>,
     generation: u64,
+    /// The pauses of this call's `call_timeout` in force (its elicitation waits for the user).
+    paused: usize,
+    /// When the pause in force began.
+    paused_since: Option<Instant>,
+    /// The time spent paused before it.
+    paused_total: Duration,
+}
+
+impl InFlight {
+    /// The time the call's clock ran since `started` (pauses left out).
+    fn running(&self, started: Instant, now: Instant) -> Duration {
+        let paused = self.paused_total
+            + self
+                .paused_since
+                .map(|t| now.saturating_duration_since(t))
+                .unwrap_or_default();
+        now.saturating_duration_since(started).saturating_sub(paused)
+    }
+}
+
+/// A pause of one call's `call_timeout` (see [`Client::create_elicitation`]): the clock runs
+/// again when the last pause of the call is dropped.
+struct CallPause {
+    inner: Weak<Inner>,
+    key: u64,
+}
+
+impl CallPause {
+    fn new(inner: &Arc<Inner>, key: u64) -> CallPause {
+        if let Some(c) = lock(&inner.calls).get_mut(&key) {
+            if c.paused == 0 {
+                c.paused_since = Some(Instant::now());
+            }
+            c.paused += 1;
+        }
+        CallPause {
+            inner: Arc::downgrade(inner),
+            key,
+        }
+    }
+}
+
+impl Drop for CallPause {
+    fn drop(&mut self) {
+        let Some(inner) = self.inner.upgrade() else { return };
+        if let Some(c) = lock(&inner.calls).get_mut(&self.key) {
+            c.paused = c.paused.saturating_sub(1);
+            if c.paused == 0
+                && let Some(t) = c.paused_since.take()
+            {
+                c.paused_total += Instant::now().saturating_duration_since(t);
+            }
+        }
+    }
 }
 
 #[derive(Default)]
@@ -797,23 +850,7 @@ impl McpServer {
                 ));
             }
         };
-        let key = inner.next_call.fetch_add(1, Ordering::SeqCst);
-        let clock = CallClock::new();
-        lock(&inner.calls).insert(
-            key,
-            InFlight {
-                cx: cx.clone(),
-                clock: clock.clone(),
-                tool_use_id: call.id.clone(),
-                progress: None,
-                generation: conn.generation,
-            },
-        );
-        let mut guard = CallGuard {
-            inner: inner.clone(),
-            key,
-            cancel: None,
-        };
+        let key = inner.next_call.fetch_add(1, Ordering::Relaxed);
         let mut params = CallToolRequestParams::new(call.name.clone()).with_arguments(arguments);
         // A traced session hands the call's `execute_tool` span: the server's spans join the
         // trace (the MCP conventions' `params._meta.traceparent`).
@@ -822,6 +859,24 @@ impl McpServer {
             meta.set_traceparent(tp.clone());
             params.meta = Some(meta);
         }
+        let started = Instant::now();
+        lock(&inner.calls).insert(
+            key,
+            InFlight {
+                cx,
+                tool_use_id: call.id.clone(),
+                progress: None,
+                generation: conn.generation,
+                paused: 0,
+                paused_since: None,
+                paused_total: Duration::ZERO,
+            },
+        );
+        let mut guard = CallGuard {
+            inner: inner.clone(),
+            key,
+            cancel: None,
+        };
         let req = ClientRequest::CallToolRequest(CallToolRequest::new(params));
         let handle = match conn
             .peer
@@ -836,12 +891,12 @@ impl McpServer {
             }
         };
         if let Some(c) = lock(&inner.calls).get_mut(&key) {
-            c.progress = Some(token_key(&handle.progress_token.0));
+            c.progress = Some(handle.progress_token.clone());
         }
         guard.cancel = Some((conn.peer.clone(), handle.id.clone(), "the call was cancelled"));
         let timeout = inner.cfg.call_timeout;
         // The wait for the user (an elicitation of this call) does not count: see `elicit`.
-        let outcome = clock.timeout(timeout, handle.await_response()).await;
+        let outcome = paused_timeout(inner, key, started, timeout, handle.await_response()).await;
         if outcome.is_some() {
             settle(inner).await;
         }
@@ -882,8 +937,8 @@ impl McpServer {
             }
             Some(Ok(ServerResult::CallToolResult(r))) => {
                 guard.cancel = None;
-                match serde_json::to_value(&r) {
-                    Ok(v) => to_output(&v),
+                match result::result_output(r) {
+                    Ok(out) => out,
                     Err(e) => {
                         ToolOutput::Error(format!("MCP server `{name}`: the result could not be read: {e}"))
                     }
@@ -944,8 +999,39 @@ async fn settle(inner: &Inner) {
 /// How long a call's result waits for a tool-list refresh the server asked for during it.
 const SETTLE_GRACE: Duration = Duration::from_secs(10);
 
-fn token_key(v: &rmcp::model::NumberOrString) -> String {
-    serde_json::to_string(v).unwrap_or_default()
+/// Runs `fut` until it ends (`Some`) or call `key`'s clock, started at `started`, has run for
+/// `limit` (`None`; `fut` is dropped). The clock stops while the call is paused ([`CallPause`]).
+///
+/// One timer, read only when it fires: a wait of `limit` less the running time so far never
+/// ends early (the clock runs no faster than time), and when it ends with time left (a pause
+/// happened) it waits again for what is left.
+async fn paused_timeout<F: std::future::Future>(
+    inner: &Inner,
+    key: u64,
+    started: Instant,
+    limit: Duration,
+    fut: F,
+) -> Option<F::Output> {
+    let sleep = tokio::time::sleep_until(started + limit);
+    tokio::pin!(fut, sleep);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut fut => return Some(out),
+            _ = &mut sleep => {
+                let now = Instant::now();
+                let ran = lock(&inner.calls)
+                    .get(&key)
+                    .map(|c| c.running(started, now))
+                    .unwrap_or_else(|| now.saturating_duration_since(started));
+                let left = limit.saturating_sub(ran);
+                if left.is_zero() {
+                    return None;
+                }
+                sleep.as_mut().reset(now + left);
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -974,14 +1060,15 @@ struct Client {
 impl Client {
     /// The context of the newest call in flight on this connection (the server's requests carry
     /// no call id over stdio; the newest call is the one waiting on them in the common case).
-    fn newest_call(&self) -> Option<(CallContext, String, CallClock)> {
+    /// Also the call's key, to pause its clock ([`CallPause`]).
+    fn newest_call(&self) -> Option<(CallContext, String, u64)> {
         let inner = self.inner.upgrade()?;
         let calls = lock(&inner.calls);
         calls
             .iter()
             .filter(|(_, c)| c.generation == self.generation)
             .max_by_key(|(k, _)| **k)
-            .map(|(_, c)| (c.cx.clone(), c.tool_use_id.clone(), c.clock.clone()))
+            .map(|(k, c)| (c.cx.clone(), c.tool_use_id.clone(), *k))
     }
 
     fn elicitation_timeout(&self) -> Duration {
@@ -1060,7 +1147,7 @@ impl ClientHandler for Client {
             },
         };
         let answer = match self.newest_call() {
-            Some((cx, _, clock)) => {
+            Some((cx, _, key)) => {
                 let mut req = ElicitationRequest::new(message, mode)
                     .with_raw(json!({"server": self.server_name(), "params": raw}));
                 req.id = raw
@@ -1070,7 +1157,7 @@ impl ClientHandler for Client {
                 // The user's time is not the call's: both the call's `call_timeout` and the
                 // session's tool timeout stop while the question waits, which is bounded by its
                 // own `elicitation_timeout` instead (then cancelled: nobody answered).
-                let _call_paused = clock.pause();
+                let _call_paused = self.inner.upgrade().map(|i| CallPause::new(&i, key));
                 let _tool_paused = cx.events.as_ref().map(|e| e.clock().pause());
                 let limit = self.elicitation_timeout();
                 match tokio::time::timeout(limit, cx.handler.elicit(&req, &cx.info)).await {
@@ -1147,12 +1234,11 @@ impl ClientHandler for Client {
         _context: NotificationContext<RoleClient>,
     ) {
         let Some(inner) = self.inner.upgrade() else { return };
-        let token = token_key(&params.progress_token.0);
         let target = {
             let calls = lock(&inner.calls);
             calls
                 .values()
-                .find(|c| c.progress.as_deref() == Some(token.as_str()))
+                .find(|c| c.progress.as_ref() == Some(&params.progress_token))
                 .map(|c| (c.cx.events.clone(), c.tool_use_id.clone()))
         };
         let raw =

@@ -1,5 +1,6 @@
 //! A `tools/call` result as the text the model sees: nothing silently dropped.
 
+use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::Value;
 use tether::ToolOutput;
 
@@ -105,10 +106,70 @@ pub fn to_output(result: &Value) -> ToolOutput {
     }
 }
 
+/// A typed `tools/call` result as the text the model sees, exactly as [`to_output`] reads its
+/// JSON. A result of text blocks alone (the common case) is joined as it is, without a detour
+/// through a `Value` and copies of its text; any other goes through [`to_output`].
+pub(crate) fn result_output(r: CallToolResult) -> Result<ToolOutput, serde_json::Error> {
+    if r.structured_content.is_some() || !r.content.iter().all(|b| matches!(b, ContentBlock::Text(_))) {
+        return serde_json::to_value(&r).map(|v| to_output(&v));
+    }
+    let is_error = r.is_error == Some(true);
+    let mut text: Option<String> = None;
+    for b in r.content {
+        if let ContentBlock::Text(t) = b {
+            match &mut text {
+                None => text = Some(t.text),
+                Some(s) => {
+                    s.push('\n');
+                    s.push_str(&t.text);
+                }
+            }
+        }
+    }
+    let text = match text {
+        None => "(no content)".to_owned(),
+        Some(t) if t.len() > RESULT_CAP => clip(&t, RESULT_CAP),
+        Some(t) => t,
+    };
+    Ok(if is_error {
+        ToolOutput::Error(text)
+    } else {
+        ToolOutput::Ok(text)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// The typed path and the JSON path give the same output, on results of text alone (the
+    /// typed path's own) and on the others (which it hands to the JSON path).
+    #[test]
+    fn typed_results_read_as_their_json() {
+        let big = "y".repeat(RESULT_CAP + 5);
+        for v in [
+            json!({"content": [{"type": "text", "text": "ok"}]}),
+            json!({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}),
+            json!({"content": [{"type": "text", "text": "bad"}], "isError": true}),
+            json!({"content": [{"type": "text", "text": "fine"}], "isError": false}),
+            json!({"content": []}),
+            json!({"content": [], "isError": true}),
+            json!({"content": [{"type": "text", "text": big}]}),
+            json!({"content": [{"type": "text", "text": "{\"a\":1}"}], "structuredContent": {"a": 1}}),
+            json!({"content": [], "structuredContent": {"a": 1}}),
+            json!({"content": [{"type": "text", "text": "t"}, {"type": "image", "data": "AAAA", "mimeType": "image/png"}]}),
+        ] {
+            let typed: CallToolResult = serde_json::from_value(v.clone()).unwrap();
+            // What the client hands over: the typed result, as read from the wire.
+            let reread = serde_json::to_value(&typed).unwrap();
+            assert_eq!(
+                result_output(typed).unwrap(),
+                to_output(&reread),
+                "the two paths differ on {v}"
+            );
+        }
+    }
 
     #[test]
     fn text_structured_images_and_errors() {

@@ -18,7 +18,8 @@ use crate::semconv as sc;
 /// The key of the session state (see [`tether::EventStore::put_state`]) where a traced session
 /// keeps its last request's trace context, so the next request — after a restart too — links to
 /// it: `{"traceparent", "open", "pending": {tool_use_id: traceparent}}`. `open` stays `true`
-/// when the process died during the request.
+/// when the process died during the request. In the local loop it is written in the store step
+/// of each model response ([`tether::EventObserver::state_with`]), not by a write of its own.
 pub const STATE_KEY: &str = "tether.otel";
 
 /// The `tracing` target of every span tether-otel makes (filter on it to route them).
@@ -58,20 +59,33 @@ pub struct Tracer {
     dispatch: Option<Dispatch>,
     metrics: Option<Arc<Metrics>>,
     capture_content: bool,
-    agent: AgentMeta,
+    agent: Arc<AgentMeta>,
     /// The trace state this process last saved, by session: a session's next request (a server
     /// reopens a thread's session for each run) finds it here instead of reading the store.
-    recent: Arc<Mutex<HashMap<String, Value>>>,
+    recent: Arc<Mutex<HashMap<String, Prev>>>,
 }
 
 /// The most sessions whose last trace state is remembered in memory.
 const RECENT: usize = 4096;
 
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct AgentMeta {
     name: Option<String>,
     id: Option<String>,
     description: Option<String>,
+    /// The request span's name, `invoke_agent {name}`: built once, not per request.
+    span_name: String,
+}
+
+impl Default for AgentMeta {
+    fn default() -> Self {
+        AgentMeta {
+            name: None,
+            id: None,
+            description: None,
+            span_name: "invoke_agent".into(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Tracer {
@@ -123,7 +137,7 @@ impl Tracer {
             dispatch: None,
             metrics: None,
             capture_content: false,
-            agent: AgentMeta::default(),
+            agent: Arc::default(),
             recent: Default::default(),
         }
     }
@@ -156,19 +170,24 @@ impl Tracer {
 
     /// The agent's name (`gen_ai.agent.name`, and the request span's name `invoke_agent {name}`).
     pub fn agent_name(mut self, name: impl Into<String>) -> Self {
-        self.agent.name = Some(name.into()).filter(|s: &String| !s.is_empty());
+        let a = Arc::make_mut(&mut self.agent);
+        a.name = Some(name.into()).filter(|s: &String| !s.is_empty());
+        a.span_name = match &a.name {
+            Some(n) => format!("invoke_agent {n}"),
+            None => "invoke_agent".into(),
+        };
         self
     }
 
     /// The agent's id (`gen_ai.agent.id`), e.g. a Managed Agents agent id.
     pub fn agent_id(mut self, id: impl Into<String>) -> Self {
-        self.agent.id = Some(id.into()).filter(|s: &String| !s.is_empty());
+        Arc::make_mut(&mut self.agent).id = Some(id.into()).filter(|s: &String| !s.is_empty());
         self
     }
 
     /// The agent's description (`gen_ai.agent.description`).
     pub fn agent_description(mut self, d: impl Into<String>) -> Self {
-        self.agent.description = Some(d.into()).filter(|s: &String| !s.is_empty());
+        Arc::make_mut(&mut self.agent).description = Some(d.into()).filter(|s: &String| !s.is_empty());
         self
     }
 
@@ -201,7 +220,7 @@ impl Tracer {
         let sid = sink.info().session_id.clone();
         let cached = self.recent.lock().ok().and_then(|m| m.get(&sid).cloned());
         let prev = match cached {
-            Some(v) => Some(Prev::parse(Some(&v))),
+            Some(p) => Some(p),
             // No event recorded yet (events are numbered from 1): a new session, or one whose
             // events are not seeded into this sink; left to `load_prev`, which tells the two
             // apart by its first recorded event's number.
@@ -256,7 +275,7 @@ struct Write {
 }
 
 /// What the previous request left in the store.
-#[derive(Default)]
+#[derive(Default, Clone)]
 struct Prev {
     cx: Option<SpanContext>,
     open: bool,
@@ -348,6 +367,8 @@ struct Run {
     g: Guarded,
     started: Instant,
     provider: Option<String>,
+    /// The request span's context, and as a `traceparent`: built once.
+    cx: Option<SpanContext>,
     traceparent: Option<String>,
     linked: bool,
     /// Child spans (model calls, tool calls) started so far.
@@ -359,6 +380,16 @@ struct Run {
     /// first tool call (a handler's tools change between requests, not during one): a request
     /// without tool calls, the common case in a chat server, never builds them.
     specs: Option<Specs>,
+    /// What the store holds for this request: `Some(open)` once a state naming it was written
+    /// (`open`: saved as still running). `None`: nothing yet.
+    written: Option<bool>,
+    /// Whether the request wrote its state itself (through the session's writer task, which
+    /// runs behind the session): then its end writes too, through the same queue, so no earlier
+    /// write of its own can land after the last state.
+    wrote: bool,
+    /// The `open` of the state handed over with a model response being recorded
+    /// ([`EventObserver::state_with`]): written once that response is delivered (recorded).
+    staged: Option<bool>,
 }
 
 struct Chat {
@@ -393,6 +424,47 @@ impl EventObserver for SessionTracer {
     fn wants_deltas(&self) -> bool {
         false
     }
+
+    /// The request's trace state rides on the local loop's model responses, which the session
+    /// records anyway (one store step, no write of tether-otel's own): a response with tool
+    /// calls saves the request as `open` (its tools run next: a crash during them leaves a
+    /// request to link to as `interrupted_run`), one without saves it as ended (the local loop's
+    /// request ends with it: the next request links to it as `previous_run`). The request's end
+    /// then writes nothing unless it leaves something else to say (tools waiting for an answer;
+    /// a model call after a final response). Remote loops' messages do not tell whether their
+    /// request goes on, so theirs is written by the request as before.
+    fn state_with(&self, e: &Event) -> Option<(&'static str, Value)> {
+        if e.raw_type != tether::raw::LOCAL_MODEL_RESPONSE {
+            return None;
+        }
+        let EventKind::Message {
+            role: Role::Assistant,
+            tool_uses,
+            ..
+        } = &e.kind
+        else {
+            return None;
+        };
+        let mut st = self.shared.lock();
+        let run = st.run.as_mut()?;
+        let open = !tool_uses.is_empty();
+        run.staged = Some(open);
+        Some((STATE_KEY, saved_state(run.traceparent.as_deref(), open, None)))
+    }
+}
+
+/// The trace state saved for a session (see [`STATE_KEY`]).
+fn saved_state(traceparent: Option<&str>, open: bool, pending: Option<Map<String, Value>>) -> Value {
+    let mut m = Map::new();
+    m.insert(
+        "traceparent".into(),
+        traceparent.map_or(Value::Null, |t| Value::String(t.to_owned())),
+    );
+    m.insert("open".into(), Value::Bool(open));
+    if let Some(p) = pending {
+        m.insert("pending".into(), Value::Object(p));
+    }
+    Value::Object(m)
 }
 
 impl Drop for SessionTracer {
@@ -405,18 +477,30 @@ impl Drop for SessionTracer {
     }
 }
 
-fn traceparent_of(span: &tracing::Span) -> Option<String> {
+/// The OpenTelemetry context of `span`, when it has one (it is sampled into a trace).
+fn context_of(span: &tracing::Span) -> Option<SpanContext> {
     let cx = span.context();
     let s = cx.span();
     let sc = s.span_context();
-    sc.is_valid().then(|| {
-        format!(
-            "00-{}-{}-{:02x}",
-            sc.trace_id(),
-            sc.span_id(),
-            sc.trace_flags().to_u8()
-        )
-    })
+    sc.is_valid().then(|| sc.clone())
+}
+
+/// `cx` as a W3C `traceparent`, in one allocation of its exact size.
+fn traceparent(cx: &SpanContext) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(55);
+    let _ = write!(
+        out,
+        "00-{}-{}-{:02x}",
+        cx.trace_id(),
+        cx.span_id(),
+        cx.trace_flags().to_u8()
+    );
+    out
+}
+
+fn traceparent_of(span: &tracing::Span) -> Option<String> {
+    context_of(span).map(|cx| traceparent(&cx))
 }
 
 /// A W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`) as a remote span context.
@@ -546,6 +630,22 @@ impl SessionTracer {
                 ..
             } if e.is_durable() => {
                 if e.raw_type == "local.model_response" {
+                    // Recorded: so is the state handed over with it.
+                    if let Some(run) = st.run.as_mut()
+                        && let Some(open) = run.staged.take()
+                    {
+                        run.written = Some(open);
+                        if open {
+                            // What a next request of this process links to if this one never
+                            // ends (its session dropped).
+                            let prev = Prev {
+                                cx: run.cx.clone(),
+                                open: true,
+                                pending: HashMap::new(),
+                            };
+                            self.remember(&sink.info().session_id, prev);
+                        }
+                    }
                     self.model_response(&mut st, e, sink);
                 } else {
                     if st.chat.is_none() {
@@ -679,11 +779,11 @@ impl SessionTracer {
         let tp = str_of(&e.raw, "provider").unwrap_or("local");
         let local = tp == "local";
         let provider = sc::provider_of(tp).map(str::to_owned);
-        let name = match &tracer.agent.name {
-            Some(a) => format!("invoke_agent {a}"),
-            None => "invoke_agent".to_owned(),
-        };
-        let g = self.span(None, &name, if local { "internal" } else { "client" });
+        let g = self.span(
+            None,
+            &tracer.agent.span_name,
+            if local { "internal" } else { "client" },
+        );
         g.set(sc::OPERATION_NAME, "invoke_agent");
         if let Some(p) = &provider {
             g.set(sc::PROVIDER_NAME, p.clone());
@@ -705,6 +805,7 @@ impl SessionTracer {
             g,
             started: Instant::now(),
             provider,
+            cx: None,
             traceparent: None,
             linked: false,
             children: 0,
@@ -712,11 +813,15 @@ impl SessionTracer {
             output: 0,
             cache_read: 0,
             specs: None,
+            written: None,
+            wrote: false,
+            staged: None,
         };
         if let Some(prev) = &st.prev {
             link_prev(&mut run, prev);
         }
-        run.traceparent = traceparent_of(&run.g.span);
+        run.cx = context_of(&run.g.span);
+        run.traceparent = run.cx.as_ref().map(traceparent);
         sink.set_traceparent("", run.traceparent.clone());
         // The request is saved as `open` (what a resumed thread links to as `interrupted_run`)
         // only once it outlives its first model or tool call (see `child_started`): until one of
@@ -725,15 +830,25 @@ impl SessionTracer {
         st.run = Some(run);
     }
 
-    /// Counts a child span of the request; at the second, saves the request as `open`.
+    /// Counts a child span of the request; from the second on, makes sure the store holds the
+    /// request as `open` (usually it does already: the model response that called the tools
+    /// carried it, see [`SessionTracer::state_with`]).
     fn child_started(&self, st: &mut State, sink: &EventSink) {
         let Some(run) = st.run.as_mut() else {
             return;
         };
         run.children += 1;
-        if run.children == 2 {
-            let value = json!({"traceparent": run.traceparent, "open": true});
+        if run.children >= 2 && run.written != Some(true) {
+            run.written = Some(true);
+            run.wrote = true;
+            let value = saved_state(run.traceparent.as_deref(), true, None);
+            let prev = Prev {
+                cx: run.cx.clone(),
+                open: true,
+                pending: HashMap::new(),
+            };
             let sid = sink.info().session_id.clone();
+            self.remember(&sid, prev);
             self.persist(sink, sid, Some(value));
         }
     }
@@ -755,8 +870,8 @@ impl SessionTracer {
             .lock()
             .ok()
             .and_then(|m| m.get(sid).cloned());
-        if let Some(v) = cached {
-            st.prev = Some(Prev::parse(Some(&v)));
+        if let Some(p) = cached {
+            st.prev = Some(p);
         } else if e.seq == Some(1) {
             st.prev = Some(Prev::default());
         } else {
@@ -788,12 +903,14 @@ impl SessionTracer {
         // Spans of tools waiting for an answer from outside (an approval, a front-end tool):
         // their contexts are kept so the request that runs them links back.
         let mut waiting = Map::new();
+        let mut waiting_cx = HashMap::new();
         for id in &pending {
             if let Some(t) = st.tools.remove(id) {
                 t.g.set("tether.tool.pending", true);
                 t.g.span.add_event("tether.awaiting_result", Vec::new());
-                if let Some(tp) = traceparent_of(&t.g.span) {
-                    waiting.insert(id.clone(), Value::String(tp));
+                if let Some(cx) = context_of(&t.g.span) {
+                    waiting.insert(id.clone(), Value::String(traceparent(&cx)));
+                    waiting_cx.insert(id.clone(), cx);
                 }
                 t.g.end(None);
             }
@@ -844,11 +961,22 @@ impl SessionTracer {
             }
             m.duration.record(run.started.elapsed().as_secs_f64(), &attrs);
         }
-        let value = Some(json!({"traceparent": run.traceparent, "open": false, "pending": waiting}));
+        // What the store holds already says all when the request's last model response saved
+        // it as ended and no tool waits: nothing to write (the usual request of a chat server).
+        let saved = run.written == Some(false) && waiting.is_empty() && !run.wrote;
         run.g.end(fail);
         sink.set_traceparent("", None);
-        let sid = sink.info().session_id.clone();
-        self.persist(sink, sid, value);
+        let info = sink.info();
+        let prev = Prev {
+            cx: run.cx.take(),
+            open: false,
+            pending: waiting_cx,
+        };
+        self.remember(&info.session_id, prev);
+        if !saved {
+            let value = saved_state(run.traceparent.as_deref(), false, Some(waiting));
+            self.persist(sink, info.session_id.clone(), Some(value));
+        }
     }
 
     /// Ends the open chat and tool spans (not those in `skip`), with `fail` when the request
@@ -967,14 +1095,14 @@ impl SessionTracer {
             return;
         };
         let raw = &e.raw;
-        let resp = raw.get("response").cloned().unwrap_or(Value::Null);
-        let u = raw.get("usage").cloned().unwrap_or(Value::Null);
+        let resp = raw.get("response").unwrap_or(&Value::Null);
+        let u = raw.get("usage").unwrap_or(&Value::Null);
         let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
         let mut end = ChatEnd::usage(
             n("input_tokens"),
             n("output_tokens"),
             n("cache_read_tokens"),
-            &resp,
+            resp,
         );
         end.has_usage = u.is_object();
         end.finish = str_of(raw, "finish_reason").map(str::to_owned);
@@ -1199,19 +1327,29 @@ impl SessionTracer {
         t.g.end(is_error.then_some(("tool_error", msg.as_str())));
     }
 
+    /// Keeps `value` as the session's last trace state in this process's memory (what its next
+    /// request links to without reading the store).
+    fn remember(&self, session_id: &str, prev: Prev) {
+        if session_id.is_empty() {
+            return;
+        }
+        if let Ok(mut m) = self.shared.tracer.recent.lock() {
+            if let Some(p) = m.get_mut(session_id) {
+                *p = prev;
+                return;
+            }
+            if m.len() >= RECENT {
+                m.clear();
+            }
+            m.insert(session_id.to_owned(), prev);
+        }
+    }
+
     /// Saves the session's trace state, or with `None` reads the saved one (in order, off the
     /// session's task).
     fn persist(&self, sink: &EventSink, session_id: String, value: Option<Value>) {
         if session_id.is_empty() {
             return;
-        }
-        if let Some(value) = &value
-            && let Ok(mut m) = self.shared.tracer.recent.lock()
-        {
-            if m.len() >= RECENT && !m.contains_key(&session_id) {
-                m.clear();
-            }
-            m.insert(session_id.clone(), value.clone());
         }
         let mut w = self.shared.writer.lock().unwrap_or_else(|p| p.into_inner());
         if w.is_none() {

@@ -119,6 +119,11 @@ pub(crate) struct RestateAgent {
 /// turns here are not announced, see `[server] node_url`).
 pub(crate) type NodeUrl = Arc<std::sync::OnceLock<String>>;
 
+/// State key (in the thread's notes) of the id of the user message the thread's last turn was
+/// sent with (written before the turn is sent): a run sending that message again is a client
+/// reconnecting to the turn, whether it still runs or not.
+const TURN_MESSAGE: &str = "restate.turn_message";
+
 /// State key (in the thread's notes) of the URL of the node whose service runs the thread's
 /// turn now (written at each start and replay of a turn there): a relay on another node
 /// streams the turn's live events from it.
@@ -776,7 +781,8 @@ impl RestateAgent {
         let invocation: Option<String>;
         // Set when this run reconnects to the running turn its message started: the sequence
         // number of the last event the client holds.
-        let mut reconnect: Option<u64> = None;
+        // With whether the turn was running then.
+        let mut reconnect: Option<(u64, bool)> = None;
         let resume = ctx.input().resume.clone();
         if !resume.is_empty() {
             let Some(rec) = &existing else {
@@ -849,25 +855,43 @@ impl RestateAgent {
                     approval::save(self.store.as_ref(), &rec.record, &Outstanding::new())
                         .await
                         .map_err(store_error)?;
-                } else if existing.is_some() && self.running(&thread).await? {
+                } else {
                     // A client whose stream of this turn broke (the tether node relaying it died,
                     // or its connection did) sends its message again, on any node: it follows the
-                    // turn from where its messages end. Any other message does not queue behind a
-                    // running turn (as the default backend).
-                    let record = self.record_after(&thread, 0).await.map_err(store_error)?;
-                    let Some(at) = reconnect_point(&record, id, &ctx.input().messages) else {
-                        return Err(tether_agui::AgUiError::agent(
-                            "THREAD_BUSY",
-                            format!(
-                                "another run is in progress on thread {}; wait for it to finish",
-                                approval::printable(thread.as_str())
-                            ),
-                        ));
-                    };
-                    reconnect = Some(at);
+                    // turn from where its messages end. The turn may be running, or between
+                    // attempts (its node lost: Restate sends it to another), or over: a message
+                    // is checked against the record when a turn runs, when the client holds part
+                    // of a turn, or when it is the message the thread's last turn was sent with.
+                    // Any other message does not queue behind a running turn (as the default
+                    // backend).
+                    let running = existing.is_some() && self.running(&thread).await?;
+                    let resent = running
+                        || holds_after_last_user(&ctx.input().messages)
+                        || self
+                            .store
+                            .state(thread.as_str(), TURN_MESSAGE)
+                            .await
+                            .map_err(store_error)?
+                            .is_some_and(|m| m.as_str() == Some(id.as_str()));
+                    if resent {
+                        let record = self.record_after(&thread, 0).await.map_err(store_error)?;
+                        match reconnect_point(&record, id, &ctx.input().messages) {
+                            Some(at) => reconnect = Some((at, running)),
+                            None if running => {
+                                return Err(tether_agui::AgUiError::agent(
+                                    "THREAD_BUSY",
+                                    format!(
+                                        "another run is in progress on thread {}; wait for it to finish",
+                                        approval::printable(thread.as_str())
+                                    ),
+                                ));
+                            }
+                            None => {}
+                        }
+                    }
                 }
             }
-            if let Some(at) = reconnect {
+            if let Some((at, true)) = reconnect {
                 shown = at;
                 invocation = self.invocation(&thread).await?;
             } else if let Some((id, text)) = user {
@@ -880,7 +904,10 @@ impl RestateAgent {
                     // A thread not on Restate yet: its turn imports the node's record first.
                     base = self.store.load(&rec.record).await.map_err(store_error)?.len() as u64;
                 }
-                shown = base;
+                // A reconnect to a turn not running now: the message is sent again (the turn goes
+                // on with what it left, or finds its message answered), and the run shows what
+                // the client lacks from where its messages end.
+                shown = reconnect.map_or(base, |(at, _)| at);
                 let run = ctx.run_id().as_str().to_owned();
                 let req = serde_json::to_value(TurnRequest {
                     message_id: id.clone(),
@@ -892,6 +919,13 @@ impl RestateAgent {
                 // same message sent again by a new run (after a failed turn) is a new turn, which
                 // goes on with what the failed one left.
                 let key = idempotency_key(&[thread.as_str(), &id, &run]);
+                if reconnect.is_none() {
+                    // Before the turn exists: a client sending this message again finds it.
+                    self.store
+                        .put_state(thread.as_str(), TURN_MESSAGE, &json!(id))
+                        .await
+                        .map_err(store_error)?;
+                }
                 let sent = self
                     .call(&thread, &["turn", "send"], &req, Some(&key))
                     .await
@@ -926,7 +960,12 @@ impl RestateAgent {
         // The peer whose stream ended last, and when: not followed again at once.
         let mut left: Option<(String, tokio::time::Instant)> = None;
         let looking = tokio::time::Instant::now();
-        let mut look = tokio::time::interval(LOOK_EVERY);
+        // The first look after one period: a turn running here has sent its first event by then
+        // (its user message), and this node need not ask where the turn runs.
+        let mut look = tokio::time::interval_at(tokio::time::Instant::now() + LOOK_EVERY, LOOK_EVERY);
+        // Whether the turn showed itself here (its events came from this process): then no peer
+        // is looked for until this process goes quiet.
+        let mut here = false;
         look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let relayed = loop {
             tokio::select! {
@@ -960,6 +999,7 @@ impl RestateAgent {
                 ev = events.recv() => match ev {
                     Ok(ev) if ev.thread == thread => {
                         quiet = false;
+                        here = true;
                         relay(ctx, &mut mapper, &ev.event, &mut max_seq).await?
                     }
                     Ok(_) => {}
@@ -990,7 +1030,7 @@ impl RestateAgent {
                         left = peer.take().map(|p| (p.url.clone(), tokio::time::Instant::now()));
                     }
                 },
-                _ = look.tick(), if peer.is_none() && looking.elapsed() < LOOK_FOR => {
+                _ = look.tick(), if peer.is_none() && !here && looking.elapsed() < LOOK_FOR => {
                     self.look(&thread, &mut peer, &left).await;
                 }
                 out = &mut attached => {
@@ -1084,6 +1124,15 @@ impl RestateAgent {
             )),
         }
     }
+}
+
+/// Whether the client's messages hold anything after its last user message: part of the turn
+/// that message started (a client re-sending it after its stream broke), not a new message.
+fn holds_after_last_user(messages: &[Message]) -> bool {
+    messages
+        .iter()
+        .rposition(|m| matches!(m, Message::User(_)))
+        .is_some_and(|i| i + 1 < messages.len())
 }
 
 /// The thread a signal is about.
@@ -1258,7 +1307,7 @@ impl Agent for RestateAgent {
 
 #[cfg(test)]
 mod tests {
-    use super::{idempotency_key, reconnect_point};
+    use super::{holds_after_last_user, idempotency_key, reconnect_point};
     use serde_json::json;
     use tether::{Event, EventKind, Role, ToolResult, ToolUse};
     use tether_agui::Message;
@@ -1293,6 +1342,19 @@ mod tests {
 
     fn held(v: serde_json::Value) -> Vec<Message> {
         serde_json::from_value(v).unwrap()
+    }
+
+    /// Only messages after the client's last user message make a run a possible reconnect.
+    #[test]
+    fn a_run_holding_part_of_its_turn_is_told_from_a_new_message() {
+        let msgs = |v: serde_json::Value| -> Vec<Message> { serde_json::from_value(v).expect("messages") };
+        let user = json!({"id": "u1", "role": "user", "content": "hi"});
+        let answer = json!({"id": "a1", "role": "assistant", "content": "hello"});
+        let next = json!({"id": "u2", "role": "user", "content": "more"});
+        assert!(!holds_after_last_user(&msgs(json!([user]))));
+        assert!(holds_after_last_user(&msgs(json!([user, answer]))));
+        assert!(!holds_after_last_user(&msgs(json!([user, answer, next]))));
+        assert!(!holds_after_last_user(&[]));
     }
 
     /// A reconnecting client is followed from the last event its messages hold; a message that

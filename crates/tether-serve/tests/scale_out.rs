@@ -179,11 +179,20 @@ fn tail(s: &str, n: usize) -> &str {
 /// (approval), its turns on Restate.
 fn config_text(ingress: &str, admin: &str, listen: u16, advertise: &str, model: &str, ws: &Path) -> String {
     format!(
-        "[server]\n{}\n{}{TOUCH}",
+        "[server]\n{}\n{}{TOUCH}{WAIT}",
         restate::node_lines(ingress, admin, listen, advertise),
         agent_main(model, ws)
     )
 }
+
+/// A command tool (no approval) that marks it started, waits until the file `go` exists, then
+/// appends its tool-use id to `waited.txt`: a tool step the test can hold while it kills nodes.
+const WAIT: &str = r#"
+[[agents.main.commands]]
+name = "wait_for_go"
+description = "Wait for the go file"
+command = 'printf "%s\n" "$TETHER_TOOL_USE_ID" >> started.txt; while [ ! -e go ]; do sleep 0.05; done; printf "%s\n" "$TETHER_TOOL_USE_ID" >> waited.txt'
+"#;
 
 /// Starts `tether-serve` with `config` and its own SQLite file; returns once it listens (its
 /// service registered with the admin API).
@@ -651,4 +660,71 @@ async fn a_turn_mid_model_step_survives_losing_its_tether_node_and_a_restate_nod
     let third = run_on(&c, &c.b, "the approval through B", &body).await;
     finished_ok(&third);
     assert_complete(&c, thread, &[&first, &second, &third], 3).await;
+}
+
+/// Tether node A and Restate node 1 are SIGKILLed while the turn's tool step runs on A (the tool
+/// waits for a file); the tool's process dies with A (it never made its effect), the client's
+/// stream from A breaks, and the client reconnects to B by sending its message again. The step
+/// runs again on B's service (it never completed); the turn completes there, and the client's
+/// streams together show the record once. The tool's effect is the call's own (once, or twice
+/// if the failover repeated B's step too: see the module docs).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_mid_tool_step_survives_losing_its_tether_node_and_a_restate_node() {
+    let _one = SERIAL.lock().await;
+    let mut c = Cluster::start().await;
+    c.fake
+        .push(Reply::tool_calls(&[("call_1", "wait_for_go", "{}")]))
+        .push(Reply::text("Waited."));
+    let thread = "t-scale-tool";
+    let stream = Stream::open(c.a.addr, &prompt_input(thread, "r1", PROMPT)).await;
+    if !until(|| !c.lines("started.txt").is_empty()).await {
+        panic!(
+            "the tool never started; the client saw {:?}\n{}",
+            stream.seen(),
+            c.logs()
+        );
+    }
+    c.kill_a_and_restate_1().await;
+    let (first, ended) = stream.end().await;
+    assert!(
+        !first.iter().any(|e| e["type"] == "RUN_FINISHED"),
+        "the run on A finished: {first:?}"
+    );
+    assert!(
+        ended.is_err() || first.last().is_some_and(|e| e["type"] == "RUN_ERROR"),
+        "{ended:?}"
+    );
+    std::fs::write(c.ws().join("go"), b"").expect("write go");
+
+    let body = input(thread, "r2", json!(held_messages(thread, &first)));
+    let second = run_on(&c, &c.b, "the reconnect through B", &body).await;
+    finished_ok(&second);
+
+    let events = record(c.b.addr, thread).await;
+    let shown: Vec<Fact> = [&first, &second].iter().flat_map(|s| stream_facts(s)).collect();
+    assert_eq!(
+        shown,
+        record_facts(&events),
+        "the client's streams differ from the record (missed or shown twice): {first:?}\n{second:?}\n{}",
+        c.logs()
+    );
+    assert_eq!(
+        shown,
+        [
+            Fact::Call("call_1".into()),
+            Fact::Result("call_1".into()),
+            Fact::Text("Waited.".into()),
+        ]
+    );
+    let waited = c.lines("waited.txt");
+    assert!(
+        !waited.is_empty() && waited.len() <= 2 && waited.iter().all(|l| l == "call_1"),
+        "the tool's effect is call_1's own: {waited:?}"
+    );
+    assert!(
+        c.lines("started.txt").len() >= 2,
+        "the step ran again on B: {:?}",
+        c.lines("started.txt")
+    );
+    assert_eq!(c.fake.remaining(), 0, "every scripted answer used");
 }

@@ -328,3 +328,60 @@ async fn the_live_route_takes_the_token_or_the_threads_follow_credential() {
     node.shutdown();
     node.wait().await;
 }
+
+/// A client whose stream broke before it saw anything of its turn sends its message again, to
+/// another node, after the turn ended there: it gets the whole turn (the message is the one the
+/// thread's last turn was sent with), and the turn is not run again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_sent_again_after_its_turn_ended_gets_the_turn() {
+    let restate = Restate::start().await;
+    let env = Env {
+        dir: tempfile::tempdir().expect("tempdir"),
+        fake: FakeOpenAi::start().await,
+        restate: None,
+    };
+    let (pa, pb) = (free_port(), free_port());
+    let forwarder = Forwarder::start(vec![
+        format!("127.0.0.1:{pa}").parse().expect("addr"),
+        format!("127.0.0.1:{pb}").parse().expect("addr"),
+    ])
+    .await;
+    let a = node(&env, &restate, pa, &forwarder.url(), "a.db").await;
+    let b = node(&env, &restate, pb, &forwarder.url(), "b.db").await;
+    env.fake
+        .push(Reply::tool_calls(&[(
+            "call_1",
+            "append_line",
+            r#"{"line":"once"}"#,
+        )]))
+        .push(Reply::text("Appended."));
+    let thread = "t-again";
+    let first = run_at(a.addr(), "main", &prompt_input(thread, "r1", "append")).await;
+    finished_ok(&first);
+    // The same message, holding nothing of its turn, through the other node.
+    let again = run_at(b.addr(), "main", &prompt_input(thread, "r2", "append")).await;
+    finished_ok(&again);
+    let facts = |ev: &[Value]| -> Vec<String> {
+        ev.iter()
+            .filter_map(|e| match e["type"].as_str()? {
+                "TOOL_CALL_START" => Some(format!("call {}", e["toolCallId"].as_str()?)),
+                "TOOL_CALL_RESULT" => Some(format!("result {}", e["toolCallId"].as_str()?)),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(facts(&again), facts(&first), "{again:?}");
+    assert_eq!(text_of(&again), "Appended.", "{again:?}");
+    let log = std::fs::read_to_string(env.ws().join("log.txt")).unwrap_or_default();
+    assert_eq!(
+        log.lines().collect::<Vec<_>>(),
+        ["call_1 once"],
+        "the tool ran once"
+    );
+    assert_eq!(env.fake.requests().len(), 2, "no model call repeated");
+    record(&b, thread).await;
+    a.shutdown();
+    b.shutdown();
+    a.wait().await;
+    b.wait().await;
+}

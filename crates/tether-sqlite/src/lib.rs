@@ -969,6 +969,17 @@ fn touch_session(c: &Connection, p: &str, session_id: &str) -> Result<(), StoreE
     Ok(())
 }
 
+/// Stores state `k` of session `sid` (the value encoded), in the caller's savepoint.
+fn put_state_in(c: &Connection, p: &str, sid: &str, k: &str, v: &str) -> Result<(), StoreError> {
+    c.prepare_cached(
+        "INSERT INTO state (session_id, key, value) VALUES (?1, ?2, ?3)
+         ON CONFLICT (session_id, key) DO UPDATE SET value = ?3",
+    )
+    .and_then(|mut st| st.execute(params![sid, k, v]))
+    .map_err(|e| sql(p, e))?;
+    Ok(())
+}
+
 fn corrupt(p: &str, what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt {
         path: p.into(),
@@ -980,6 +991,31 @@ fn corrupt(p: &str, what: impl std::fmt::Display) -> StoreError {
 impl EventStore for SqliteStore {
     async fn append(&self, session_id: &str, event: &Event) -> tether::Result<bool> {
         Ok(self.append_event(session_id, event).await?)
+    }
+
+    /// One step (one savepoint on the store's thread, one commit): the event and, when it is
+    /// new, the state value.
+    async fn append_with_state(
+        &self,
+        session_id: &str,
+        event: &Event,
+        key: &str,
+        value: &Value,
+    ) -> tether::Result<bool> {
+        let e = Encoded::new(&self.inner.path, event)?;
+        let (sid, k) = (session_id.to_owned(), key.to_owned());
+        let v = serde_json::to_string(value)
+            .map_err(|e| tether::Error::store_with("a state value does not encode", e))?;
+        Ok(self
+            .blocking(move |c, p| {
+                let inserted = insert_event(c, p, &sid, &e)?;
+                if inserted {
+                    put_state_in(c, p, &sid, &k, &v)?;
+                    touch_session(c, p, &sid)?;
+                }
+                Ok(inserted)
+            })
+            .await?)
     }
 
     async fn load(&self, session_id: &str) -> tether::Result<Vec<Event>> {
@@ -1051,12 +1087,7 @@ impl EventStore for SqliteStore {
             .map_err(|e| tether::Error::store_with("a state value does not encode", e))?;
         Ok(self
             .blocking(move |c, p| {
-                c.prepare_cached(
-                    "INSERT INTO state (session_id, key, value) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (session_id, key) DO UPDATE SET value = ?3",
-                )
-                .and_then(|mut st| st.execute(params![sid, k, v]))
-                .map_err(|e| sql(p, e))?;
+                put_state_in(c, p, &sid, &k, &v)?;
                 touch_session(c, p, &sid)?;
                 Ok(())
             })

@@ -134,6 +134,42 @@ async fn state_overwrites_and_survives_a_restart() {
     );
 }
 
+/// An event and the state an observer hands over with it are stored in one step: both survive a
+/// reopen; a repeated event stores neither (the state rides on the event's write, never alone).
+#[tokio::test]
+async fn state_carried_by_an_append_is_written_with_it_and_only_with_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    {
+        let s = SqliteStore::open(&path).unwrap();
+        assert!(
+            s.append_with_state("s", &ev("a", 1), "obs", &json!({"open": true}))
+                .await
+                .unwrap()
+        );
+        assert!(
+            !s.append_with_state("s", &ev("a", 1), "obs", &json!({"open": false}))
+                .await
+                .unwrap(),
+            "the event is stored already"
+        );
+    }
+    let s = SqliteStore::open(&path).unwrap();
+    assert_eq!(s.load("s").await.unwrap().len(), 1);
+    assert_eq!(
+        s.state("s", "obs").await.unwrap(),
+        Some(json!({"open": true})),
+        "a repeated event does not write the state it carries"
+    );
+    // A sequence number taken by another event fails the step: the state is not written either.
+    assert!(
+        s.append_with_state("s", &ev("b", 1), "obs", &json!({"open": false}))
+            .await
+            .is_err()
+    );
+    assert_eq!(s.state("s", "obs").await.unwrap(), Some(json!({"open": true})));
+}
+
 fn tid(s: &str) -> ThreadId {
     ThreadId::new(s).unwrap()
 }

@@ -54,6 +54,16 @@ impl EventStore for Counting {
         self.count("append");
         self.inner.append(session_id, event).await
     }
+    async fn append_with_state(
+        &self,
+        session_id: &str,
+        event: &Event,
+        key: &str,
+        value: &Value,
+    ) -> tether::Result<bool> {
+        self.count("append_with_state");
+        self.inner.append_with_state(session_id, event, key, value).await
+    }
     async fn load(&self, session_id: &str) -> tether::Result<Vec<Event>> {
         self.count("load");
         self.inner.load(session_id).await
@@ -67,7 +77,11 @@ impl EventStore for Counting {
         self.inner.put_tool_result(session_id, result).await
     }
     async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> tether::Result<()> {
-        self.count("put_state");
+        self.count(if key == "observer" {
+            "put_state observer"
+        } else {
+            "put_state"
+        });
         self.inner.put_state(session_id, key, value).await
     }
     async fn state(&self, session_id: &str, key: &str) -> tether::Result<Option<Value>> {
@@ -474,4 +488,52 @@ async fn a_new_threads_first_run_makes_three_store_calls_where_it_made_five() {
             "first={first} locally={locally}"
         );
     }
+}
+
+/// An observer that keeps a state value with each model response the session records.
+struct KeepsState;
+
+impl tether::EventObserver for KeepsState {
+    fn on_event(&self, _event: &Event, _sink: &tether::EventSink) {}
+
+    fn state_with(&self, event: &Event) -> Option<(&'static str, Value)> {
+        (event.raw_type == tether::raw::LOCAL_MODEL_RESPONSE)
+            .then(|| ("observer", serde_json::json!({"seq": event.seq})))
+    }
+}
+
+/// An observer's state rides on the model response's append (one store call), never a
+/// `put_state` of its own, and is there after a reopen of the file.
+#[tokio::test]
+async fn an_observers_state_is_written_in_the_store_call_of_the_event_it_comes_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("calls.db");
+    let store = Arc::new(Counting {
+        inner: SqliteStore::open(&path).unwrap(),
+        calls: Mutex::new(HashMap::new()),
+    });
+    let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("hi"))]);
+    let mut session = Session::builder(LocalLoop::new(model))
+        .store(store.clone() as Arc<dyn EventStore>)
+        .observer(Arc::new(KeepsState))
+        .open()
+        .await
+        .unwrap();
+    let sid = session.info().session_id.clone();
+    let r = session.send("hello").await.unwrap();
+    assert_eq!(r.text, "hi");
+    drop(session);
+    assert_eq!(store.calls("append_with_state"), 1, "{:?}", store.snapshot());
+    assert_eq!(store.calls("put_state observer"), 0, "{:?}", store.snapshot());
+    drop(store);
+    let reopened = SqliteStore::open(&path).unwrap();
+    let events = reopened.load(&sid).await.unwrap();
+    let response = events
+        .iter()
+        .find(|e| e.raw_type == tether::raw::LOCAL_MODEL_RESPONSE)
+        .expect("the response is recorded");
+    assert_eq!(
+        reopened.state(&sid, "observer").await.unwrap(),
+        Some(serde_json::json!({"seq": response.seq}))
+    );
 }

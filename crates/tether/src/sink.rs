@@ -73,6 +73,17 @@ pub trait EventObserver: Send + Sync + 'static {
     fn wants_deltas(&self) -> bool {
         true
     }
+
+    /// A small named state value to store in the same store step as `event`, a durable event
+    /// about to be recorded ([`EventStore::append_with_state`]): how an observer keeps state
+    /// across a restart without a store write of its own (a tracer's link to the request in
+    /// progress). Called before the append, under the record's lock, so it must be quick and
+    /// must not use the sink; the event is then delivered to [`on_event`](Self::on_event) only
+    /// if it was recorded, and with it the state. `None` (the default) stores nothing.
+    fn state_with(&self, event: &Event) -> Option<(&'static str, Value)> {
+        let _ = event;
+        None
+    }
 }
 
 #[derive(Default)]
@@ -265,7 +276,17 @@ impl EventSink {
             // number are taken only once the store has the event, so a failed append leaves no
             // gap and the event can be emitted again.
             let session_id = self.info().session_id.clone();
-            if !self.inner.store.append(&session_id, &event).await? {
+            let state = self.inner.observer.get().and_then(|o| o.state_with(&event));
+            let appended = match &state {
+                Some((key, value)) => {
+                    self.inner
+                        .store
+                        .append_with_state(&session_id, &event, key, value)
+                        .await?
+                }
+                None => self.inner.store.append(&session_id, &event).await?,
+            };
+            if !appended {
                 rec.seen.insert(event.id.clone());
                 return Ok(false);
             }

@@ -39,6 +39,25 @@ pub trait EventStore: Send + Sync + 'static {
     async fn put_state_owned(&self, session_id: &str, key: &str, value: Value) -> Result<()> {
         self.put_state(session_id, key, &value).await
     }
+    /// [`append`](Self::append) and, when the event is appended, [`put_state`](Self::put_state)
+    /// of `key` in the same store step: what an [`crate::EventObserver`] hands over with a
+    /// durable event ([`crate::EventObserver::state_with`]) rides on the write the session makes
+    /// anyway instead of costing a write of its own. A store that commits in transactions does
+    /// both in one; the default calls the two in turn. Returns what `append` returns; when the
+    /// event was already stored, the state is not written.
+    async fn append_with_state(
+        &self,
+        session_id: &str,
+        event: &Event,
+        key: &str,
+        value: &Value,
+    ) -> Result<bool> {
+        if !self.append(session_id, event).await? {
+            return Ok(false);
+        }
+        self.put_state(session_id, key, value).await?;
+        Ok(true)
+    }
     /// Reads a named value of the session.
     async fn state(&self, session_id: &str, key: &str) -> Result<Option<Value>>;
     /// Ids of all sessions with stored events or state.
