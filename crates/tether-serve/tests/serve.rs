@@ -569,3 +569,39 @@ async fn a_node_url_that_is_no_http_url_is_refused_at_start() {
         );
     }
 }
+
+/// The model asks for the same call (tool and arguments) in two steps, under two ids: the
+/// second is not run again (the local loop's duplicate guard) but answered under its own id, so
+/// the client sees a result for each call and the run finishes (it ended in
+/// `UNANSWERED_TOOL_CALL` while the guard's answer was recorded as a directive).
+#[tokio::test]
+async fn the_same_call_in_two_steps_gets_a_result_for_each() {
+    let env = Env::new().await;
+    let config = env.config("");
+    std::fs::write(env.ws().join("a.txt"), "alpha").unwrap();
+    env.fake
+        .push(Reply::tool_calls(&[("c1", "read_file", r#"{"path":"a.txt"}"#)]))
+        .push(Reply::tool_calls(&[("c2", "read_file", r#"{"path":"a.txt"}"#)]))
+        .push(Reply::text("Read twice."));
+    let server = env.start(config, None).await;
+    let ev = run(
+        &server,
+        "main",
+        &prompt_input("t-same", "r1", "read it twice"),
+        None,
+    )
+    .await;
+    finished_ok(&ev);
+    let first = result_of(&ev, "c1").unwrap_or_else(|| panic!("no result for c1: {ev:?}"));
+    assert_eq!(first["content"], "alpha", "{first}");
+    let second = result_of(&ev, "c2").unwrap_or_else(|| panic!("no result for c2: {ev:?}"));
+    assert!(
+        second["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("\"duplicate\":true")),
+        "{second}"
+    );
+    assert_eq!(text_of(&ev), "Read twice.");
+    server.shutdown();
+    server.wait().await;
+}

@@ -2,10 +2,11 @@
 //!
 //! The guards exist for models that follow instructions weakly:
 //! - **duplicate call**: a call with the same tool name and arguments as an earlier call in the
-//!   same request is not run again; it is answered in history with a "duplicate" tool message and
-//!   a `local.duplicate_tool_call` event. Arguments that are not valid JSON are keyed by their raw
-//!   text, so two different malformed calls never collide. A turn whose calls were all
-//!   duplicates continues by itself (the next model call sees the answers).
+//!   same request is not run again; it is answered in history with a "duplicate" tool message,
+//!   recorded as that call's result (a `local.duplicate_tool_call` event of kind `ToolResult`).
+//!   Arguments that are not valid JSON are keyed by their raw text, so two different malformed
+//!   calls never collide. A turn whose calls were all duplicates continues by itself (the next
+//!   model call sees the answers).
 //! - **corrective**: after two consecutive errors from the same tool, a user message tells the
 //!   model to change its input (`local.directive`, role `corrective`).
 //! - **final turn**: on the last turn the request may take, a user message tells the model to
@@ -409,21 +410,21 @@ impl Provider for LocalLoop {
                     None => String::new(),
                 }
             );
-            self.req.messages.push(ChatMessage::tool(
-                &d.id,
-                json!({"duplicate": true, "message": directive}).to_string(),
-                false,
-            ));
+            let answer = json!({"duplicate": true, "message": directive}).to_string();
+            self.req
+                .messages
+                .push(ChatMessage::tool(&d.id, answer.clone(), false));
             let input = d.to_tool_use().input;
+            // Recorded as the call's result (what the model was answered), so every reader of
+            // the record (a front-end's projection, a resume) sees the call answered.
             let recorded = cx
                 .sink
                 .record(
                     format!("dup:{}", d.id),
                     raw::LOCAL_DUPLICATE_TOOL_CALL,
                     json!({"type": raw::LOCAL_DUPLICATE_TOOL_CALL, "id": d.id, "name": d.name, "input": input}),
-                    EventKind::Directive {
-                        role: "duplicate".into(),
-                        text: directive,
+                    EventKind::ToolResult {
+                        result: crate::types::ToolResult::new(&d.id, answer, false),
                     },
                 )
                 .await?;

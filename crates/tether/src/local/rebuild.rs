@@ -151,6 +151,15 @@ pub(crate) async fn rebuild(
                 history.push(msg);
                 trailing = None;
             }
+            (raw::LOCAL_DUPLICATE_TOOL_CALL, EventKind::ToolResult { result }) => {
+                history.push(ChatMessage::tool(
+                    &result.tool_use_id,
+                    result.content.clone(),
+                    false,
+                ));
+                batch.retain(|c| c.id != result.tool_use_id);
+            }
+            // Records written before the answer was recorded as the call's result.
             (raw::LOCAL_DUPLICATE_TOOL_CALL, EventKind::Directive { text, .. }) => {
                 let id = e
                     .raw
