@@ -734,6 +734,36 @@ mod tests {
     use proptest::prelude::*;
     use serde_json::json;
 
+    /// Memo keys already recorded must keep answering: these values were computed by the code
+    /// that wrote the first records (canonical JSON, SHA-256, 32 hex digits), and resume looks
+    /// results up by them.
+    #[test]
+    fn memo_keys_keep_their_recorded_values() {
+        let long = "x".repeat(200);
+        let cases = [
+            ToolUse::new("c1", "noop", json!({"i": 7})),
+            ToolUse::new("c2", "read", json!({"b": [1, 2.5, -3e40, null, true], "a": {"z": "\u{e9}\"\\\n\u{1}", "y": {}}})),
+            ToolUse::new("id\u{7}", "t", json!({"k\u{2028}": "v"})),
+            ToolUse::new(long.as_str(), "t", json!({})),
+            ToolUse::from_arguments("c3", "t", "{not json"),
+            ToolUse::from_arguments("c4", "t", "[1]"),
+            ToolUse::from_arguments("c5", "t", ""),
+        ];
+        let got: Vec<String> = cases.iter().map(ToolUse::memo_key).collect();
+        assert_eq!(
+            got,
+            [
+                "c1#5eecdc9c743957eae513743dd6c11e27",
+                "c2#37595be05dbe4bb9ed951fbf164c0a89",
+                "~9cd232bf30295df5066434a0e30d1871#0d0df995465f0ada6cbb914a6c13a52e",
+                "~aa20c23e3201834050679e1d88941b9a#78dbe32b348aa804904a7492be74cac2",
+                "c3#0c12dba157e43ca8f9c30bb77dd769e0",
+                "c4#0634e4e386c6fcab09e87ed9173d3044",
+                "c5#78dbe32b348aa804904a7492be74cac2",
+            ]
+        );
+    }
+
     /// Results serialized by the code before `StopReason` existed (when the field was a raw
     /// `serde_json::Value`) still load, and each stop reason parses to the variant it meant.
     #[test]
