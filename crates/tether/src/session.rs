@@ -1770,16 +1770,16 @@ impl ToolRunner<'_> {
             let mut info = (*cx.sink.info()).clone();
             // The tool call's trace context, for a handler that passes it on (MCP `_meta`).
             info.traceparent = cx.sink.traceparent(&u.id);
-            let call = u.clone();
             // The call can report progress into the session (`ToolEvents::current`).
             let events = crate::source::ToolEvents::new(cx.sink.clone(), &u.id);
             // The call's clock: time the call spends waiting for the user (a source pauses it)
             // does not count against the tool timeout.
             let clock = events.clock().clone();
-            let call = events.scope(async move { handler.call_tool(&call, &info).await });
             let joined = match inline {
                 true => {
-                    // Dropped (so stopped at its next `.await`) on a timeout or with the request.
+                    // On this task: the call borrows the use instead of a copy of it. Dropped (so
+                    // stopped at its next `.await`) on a timeout or with the request.
+                    let call = events.scope(async { handler.call_tool(u, &info).await });
                     let call = AssertUnwindSafe(call).catch_unwind();
                     match self.config.tool_timeout {
                         Some(d) => clock.timeout(d, call).await,
@@ -1788,6 +1788,8 @@ impl ToolRunner<'_> {
                     .map(|j| j.map_err(|p| Stopped::Panicked(panic_message(p.as_ref()))))
                 }
                 false => {
+                    let call = u.clone();
+                    let call = events.scope(async move { handler.call_tool(&call, &info).await });
                     let mut task = AbortOnDrop(self.tasks.spawn(call));
                     let joined = match self.config.tool_timeout {
                         Some(d) => clock.timeout(d, &mut task.0).await,
@@ -1943,7 +1945,7 @@ async fn store_result(cx: &TurnContext, sid: &str, key: &str, r: &ToolResult) ->
         tool_use_id: key.to_owned(),
         ..r.clone()
     };
-    cx.sink.store().put_tool_result(sid, &memo).await?;
+    cx.sink.store().put_tool_result_owned(sid, memo).await?;
     record_result(&cx.sink, key, r).await?;
     Ok(())
 }

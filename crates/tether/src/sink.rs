@@ -267,8 +267,9 @@ impl EventSink {
         let event = {
             let mut rec = self.inner.record.lock().await;
             let seq = rec.next_seq;
+            let info = self.info();
             if event.id.is_empty() {
-                event.id = format!("{}:{seq}", self.info().session_id);
+                event.id = format!("{}:{seq}", info.session_id);
             }
             if rec.seen.contains(&event.id) {
                 return Ok(false);
@@ -277,17 +278,17 @@ impl EventSink {
             // Appending under the record lock keeps the store in sequence order; the id and the
             // number are taken only once the store has the event, so a failed append leaves no
             // gap and the event can be emitted again.
-            let session_id = self.info().session_id.clone();
+            let session_id = info.session_id.as_str();
             let state = self.inner.observer.get().and_then(|o| o.state_with(&event));
             let event = Arc::new(event);
             let appended = match &state {
                 Some((key, value)) => {
                     self.inner
                         .store
-                        .append_with_state(&session_id, &event, key, value)
+                        .append_with_state(session_id, &event, key, value)
                         .await?
                 }
-                None => self.inner.store.append_shared(&session_id, &event).await?,
+                None => self.inner.store.append_shared(session_id, &event).await?,
             };
             if !appended {
                 rec.seen.insert(event.id.clone());

@@ -37,6 +37,13 @@ pub trait EventStore: Send + Sync + 'static {
     async fn tool_result(&self, session_id: &str, tool_use_id: &str) -> Result<Option<ToolResult>>;
     /// Records a result under its `tool_use_id` (a memo key; the first record wins).
     async fn put_tool_result(&self, session_id: &str, result: &ToolResult) -> Result<()>;
+    /// [`put_tool_result`](Self::put_tool_result) with the result handed over, for a caller
+    /// that has no further use for it (the engine's memo of each call): a store that keeps
+    /// results as they are ([`MemoryStore`]) takes it without copying it. The default calls
+    /// `put_tool_result`.
+    async fn put_tool_result_owned(&self, session_id: &str, result: ToolResult) -> Result<()> {
+        self.put_tool_result(session_id, &result).await
+    }
     /// Stores a named value for the session (overwriting).
     async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> Result<()>;
     /// [`put_state`](Self::put_state) with the value handed over, for a caller that has no
@@ -107,11 +114,9 @@ impl MemoryStore {
     /// Appends the event `make` gives, unless its id is stored already.
     fn append_arc(&self, session_id: &str, id: &str, make: impl FnOnce() -> Arc<Event>) -> Result<bool> {
         self.with(|m| {
-            if !m.contains_key(session_id) {
-                m.insert(session_id.to_owned(), SessionData::default());
-            }
-            let Some(s) = m.get_mut(session_id) else {
-                return false;
+            let s = match m.get_mut(session_id) {
+                Some(s) => s,
+                None => m.entry(session_id.to_owned()).or_default(),
             };
             if !s.ids.insert(id.to_owned()) {
                 return false;
@@ -229,6 +234,25 @@ impl EventStore for MemoryStore {
                 .entry(result.tool_use_id.clone())
                 .or_insert_with(|| result.clone());
         })
+    }
+
+    async fn put_tool_result_owned(&self, session_id: &str, result: ToolResult) -> Result<()> {
+        // Dropped outside the lock when a result is recorded under its key already.
+        let unused = self.with(|m| {
+            let s = match m.get_mut(session_id) {
+                Some(s) => s,
+                None => m.entry(session_id.to_owned()).or_default(),
+            };
+            match s.tools.entry(result.tool_use_id.clone()) {
+                std::collections::hash_map::Entry::Occupied(_) => Some(result),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(result);
+                    None
+                }
+            }
+        })?;
+        drop(unused);
+        Ok(())
     }
 
     async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> Result<()> {
