@@ -460,6 +460,8 @@ impl EventSink {
 
 /// An event on its way to the observer, the handler and the subscribers: a live event owned, a
 /// durable one shared with the record.
+// Moved, as the `Event` was before: boxing the live variant would cost an allocation per delta.
+#[allow(clippy::large_enum_variant)]
 enum Delivered {
     Owned(Event),
     Shared(Arc<Event>),
