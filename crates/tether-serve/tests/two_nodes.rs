@@ -28,6 +28,51 @@ async fn node(env: &Env, restate: &Restate, listen: u16, advertise: &str, db: &s
         .expect("a tether node")
 }
 
+/// A fresh Restate server and the test's environment (workspace, fake model), no node yet.
+async fn setup() -> (Restate, Env) {
+    let (restate, env) = setup().await;
+    (restate, env)
+}
+
+/// Two nodes (`a.db`, `b.db`) whose service endpoints sit behind one forwarder, registered with
+/// Restate as the deployment: Restate reaches node A while it is alive.
+struct TwoNodes {
+    env: Env,
+    // Held for the test's length: dropping them stops the Restate server and the forwarder.
+    _restate: Restate,
+    _forwarder: Forwarder,
+    a: Server,
+    b: Server,
+}
+
+impl TwoNodes {
+    async fn start() -> Self {
+        let (restate, env) = setup().await;
+        let (pa, pb) = (free_port(), free_port());
+        let forwarder = Forwarder::start(vec![
+            format!("127.0.0.1:{pa}").parse().expect("addr"),
+            format!("127.0.0.1:{pb}").parse().expect("addr"),
+        ])
+        .await;
+        let a = node(&env, &restate, pa, &forwarder.url(), "a.db").await;
+        let b = node(&env, &restate, pb, &forwarder.url(), "b.db").await;
+        TwoNodes {
+            env,
+            _restate: restate,
+            _forwarder: forwarder,
+            a,
+            b,
+        }
+    }
+
+    async fn shutdown(self) {
+        self.a.shutdown();
+        self.b.shutdown();
+        self.a.wait().await;
+        self.b.wait().await;
+    }
+}
+
 /// The thread's events as node `server` serves them: asserted gapless, ids unique.
 async fn record(server: &Server, thread: &str) -> Value {
     let (s, v) = get(server, &format!("/v1/threads/{thread}/events")).await;
@@ -48,20 +93,8 @@ async fn messages(server: &Server, thread: &str) -> Value {
 /// the thread.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_turn_started_on_one_node_is_approved_and_read_on_the_other() {
-    let restate = Restate::start().await;
-    let env = Env {
-        dir: tempfile::tempdir().expect("tempdir"),
-        fake: FakeOpenAi::start().await,
-        restate: None,
-    };
-    let (pa, pb) = (free_port(), free_port());
-    let forwarder = Forwarder::start(vec![
-        format!("127.0.0.1:{pa}").parse().expect("addr"),
-        format!("127.0.0.1:{pb}").parse().expect("addr"),
-    ])
-    .await;
-    let a = node(&env, &restate, pa, &forwarder.url(), "a.db").await;
-    let b = node(&env, &restate, pb, &forwarder.url(), "b.db").await;
+    let nodes = TwoNodes::start().await;
+    let (env, a, b) = (&nodes.env, &nodes.a, &nodes.b);
 
     env.fake
         .push(Reply::tool_calls(&[(
@@ -87,7 +120,7 @@ async fn a_turn_started_on_one_node_is_approved_and_read_on_the_other() {
     assert!(!env.ws().join("touched.txt").exists(), "ran before its approval");
 
     // While the turn waits, both nodes read the same record.
-    let (ra, rb) = (record(&a, thread).await, record(&b, thread).await);
+    let (ra, rb) = (record(a, thread).await, record(b, thread).await);
     assert_eq!(ra, rb, "the waiting turn's record differs between the nodes");
     assert!(ra["events"].as_array().is_some_and(|e| e.len() >= 3), "{ra}");
 
@@ -100,10 +133,10 @@ async fn a_turn_started_on_one_node_is_approved_and_read_on_the_other() {
     finished_ok(&ev);
     assert_eq!(text_of(&ev), "Both done.", "{ev:?}");
 
-    let (ra, rb) = (record(&a, thread).await, record(&b, thread).await);
+    let (ra, rb) = (record(a, thread).await, record(b, thread).await);
     assert_eq!(ra, rb, "the record differs between the nodes");
-    assert_eq!(messages(&a, thread).await, messages(&b, thread).await);
-    let texts: Vec<String> = messages(&b, thread).await["messages"]
+    assert_eq!(messages(a, thread).await, messages(b, thread).await);
+    let texts: Vec<String> = messages(b, thread).await["messages"]
         .as_array()
         .expect("messages")
         .iter()
@@ -125,7 +158,7 @@ async fn a_turn_started_on_one_node_is_approved_and_read_on_the_other() {
     );
     assert_eq!(env.fake.requests().len(), 3, "no model call repeated");
 
-    for server in [&a, &b] {
+    for server in [a, b] {
         let (s, v) = get(server, "/v1/threads?agent=main").await;
         assert_eq!(s, 200, "{v}");
         let ids: Vec<&str> = v["threads"]
@@ -136,10 +169,7 @@ async fn a_turn_started_on_one_node_is_approved_and_read_on_the_other() {
             .collect();
         assert_eq!(ids, [thread], "{v}");
     }
-    a.shutdown();
-    b.shutdown();
-    a.wait().await;
-    b.wait().await;
+    nodes.shutdown().await;
 }
 
 /// What a node's approval relies on when the Restate node behind the ingress dies while it is
@@ -148,12 +178,7 @@ async fn a_turn_started_on_one_node_is_approved_and_read_on_the_other() {
 /// waits on that tool use); without a key the repeat is refused. The tool runs once.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_approval_repeated_with_its_key_is_answered_as_the_first() {
-    let restate = Restate::start().await;
-    let env = Env {
-        dir: tempfile::tempdir().expect("tempdir"),
-        fake: FakeOpenAi::start().await,
-        restate: None,
-    };
+    let (restate, env) = setup().await;
     let listen = free_port();
     let a = node(
         &env,
@@ -225,20 +250,8 @@ async fn an_approval_repeated_with_its_key_is_answered_as_the_first() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_client_of_one_node_gets_the_live_deltas_of_a_turn_running_on_the_other() {
     const TEXT: &str = "The quick brown fox jumps over the lazy dog.";
-    let restate = Restate::start().await;
-    let env = Env {
-        dir: tempfile::tempdir().expect("tempdir"),
-        fake: FakeOpenAi::start().await,
-        restate: None,
-    };
-    let (pa, pb) = (free_port(), free_port());
-    let forwarder = Forwarder::start(vec![
-        format!("127.0.0.1:{pa}").parse().expect("addr"),
-        format!("127.0.0.1:{pb}").parse().expect("addr"),
-    ])
-    .await;
-    let a = node(&env, &restate, pa, &forwarder.url(), "a.db").await;
-    let b = node(&env, &restate, pb, &forwarder.url(), "b.db").await;
+    let nodes = TwoNodes::start().await;
+    let (env, a, b) = (&nodes.env, &nodes.a, &nodes.b);
     // Two characters a delta, one write every 60 ms: about 1.4 s of live text.
     env.fake.push(
         Reply::text(TEXT)
@@ -260,13 +273,10 @@ async fn a_client_of_one_node_gets_the_live_deltas_of_a_turn_running_on_the_othe
     } else {
         assert_eq!(text, TEXT, "{ev:?}");
     }
-    let v = record(&b, thread).await;
-    assert_eq!(record(&a, thread).await, v);
+    let v = record(b, thread).await;
+    assert_eq!(record(a, thread).await, v);
     assert_eq!(env.fake.requests().len(), 1, "no model call repeated");
-    a.shutdown();
-    b.shutdown();
-    a.wait().await;
-    b.wait().await;
+    nodes.shutdown().await;
 }
 
 /// The live route of a node with a token: refused without it, refused with another thread's or
@@ -274,12 +284,7 @@ async fn a_client_of_one_node_gets_the_live_deltas_of_a_turn_running_on_the_othe
 /// sent to a peer) or with the token; it starts with `"subscribed"`.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_live_route_takes_the_token_or_the_threads_follow_credential() {
-    let restate = Restate::start().await;
-    let env = Env {
-        dir: tempfile::tempdir().expect("tempdir"),
-        fake: FakeOpenAi::start().await,
-        restate: None,
-    };
+    let (restate, env) = setup().await;
     let listen = free_port();
     let server_lines = restate::node_lines(
         &restate.ingress,
@@ -334,20 +339,8 @@ async fn the_live_route_takes_the_token_or_the_threads_follow_credential() {
 /// thread's last turn was sent with), and the turn is not run again.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_message_sent_again_after_its_turn_ended_gets_the_turn() {
-    let restate = Restate::start().await;
-    let env = Env {
-        dir: tempfile::tempdir().expect("tempdir"),
-        fake: FakeOpenAi::start().await,
-        restate: None,
-    };
-    let (pa, pb) = (free_port(), free_port());
-    let forwarder = Forwarder::start(vec![
-        format!("127.0.0.1:{pa}").parse().expect("addr"),
-        format!("127.0.0.1:{pb}").parse().expect("addr"),
-    ])
-    .await;
-    let a = node(&env, &restate, pa, &forwarder.url(), "a.db").await;
-    let b = node(&env, &restate, pb, &forwarder.url(), "b.db").await;
+    let nodes = TwoNodes::start().await;
+    let (env, a, b) = (&nodes.env, &nodes.a, &nodes.b);
     env.fake
         .push(Reply::tool_calls(&[(
             "call_1",
@@ -379,9 +372,6 @@ async fn a_message_sent_again_after_its_turn_ended_gets_the_turn() {
         "the tool ran once"
     );
     assert_eq!(env.fake.requests().len(), 2, "no model call repeated");
-    record(&b, thread).await;
-    a.shutdown();
-    b.shutdown();
-    a.wait().await;
-    b.wait().await;
+    record(b, thread).await;
+    nodes.shutdown().await;
 }
