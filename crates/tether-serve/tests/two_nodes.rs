@@ -30,7 +30,12 @@ async fn node(env: &Env, restate: &Restate, listen: u16, advertise: &str, db: &s
 
 /// A fresh Restate server and the test's environment (workspace, fake model), no node yet.
 async fn setup() -> (Restate, Env) {
-    let (restate, env) = setup().await;
+    let restate = Restate::start().await;
+    let env = Env {
+        dir: tempfile::tempdir().expect("tempdir"),
+        fake: FakeOpenAi::start().await,
+        restate: None,
+    };
     (restate, env)
 }
 
