@@ -791,8 +791,7 @@ impl Acc {
     /// Adds a tool use unless the same tool use (id, name, arguments: its memo key `key`) is
     /// there already.
     fn add_tool_use(&mut self, u: &ToolUse, key: &str) {
-        if !self.keys.contains(key) {
-            self.keys.insert(key.to_owned());
+        if self.keys.insert(key.to_owned()) {
             self.tool_uses.push(u.clone());
         }
     }
@@ -1767,19 +1766,27 @@ impl ToolRunner<'_> {
                 cx.sink
                     .observe(&Event::new("", "tether.tool_start", raw, EventKind::Other));
             }
-            let mut info = (*cx.sink.info()).clone();
-            // The tool call's trace context, for a handler that passes it on (MCP `_meta`).
-            info.traceparent = cx.sink.traceparent(&u.id);
-            let call = u.clone();
+            // The tool call's trace context, for a handler that passes it on (MCP `_meta`): the
+            // session's info as it is when that is what it holds already (untraced), else a copy.
+            let info = cx.sink.info();
+            let traceparent = cx.sink.traceparent(&u.id);
+            let info = if info.traceparent == traceparent {
+                info
+            } else {
+                let mut copy = (*info).clone();
+                copy.traceparent = traceparent;
+                Arc::new(copy)
+            };
             // The call can report progress into the session (`ToolEvents::current`).
             let events = crate::source::ToolEvents::new(cx.sink.clone(), &u.id);
             // The call's clock: time the call spends waiting for the user (a source pauses it)
             // does not count against the tool timeout.
             let clock = events.clock().clone();
-            let call = events.scope(async move { handler.call_tool(&call, &info).await });
             let joined = match inline {
                 true => {
-                    // Dropped (so stopped at its next `.await`) on a timeout or with the request.
+                    // On this task: the call borrows the use instead of a copy of it. Dropped (so
+                    // stopped at its next `.await`) on a timeout or with the request.
+                    let call = events.scope(async { handler.call_tool(u, &info).await });
                     let call = AssertUnwindSafe(call).catch_unwind();
                     match self.config.tool_timeout {
                         Some(d) => clock.timeout(d, call).await,
@@ -1788,6 +1795,8 @@ impl ToolRunner<'_> {
                     .map(|j| j.map_err(|p| Stopped::Panicked(panic_message(p.as_ref()))))
                 }
                 false => {
+                    let call = u.clone();
+                    let call = events.scope(async move { handler.call_tool(&call, &info).await });
                     let mut task = AbortOnDrop(self.tasks.spawn(call));
                     let joined = match self.config.tool_timeout {
                         Some(d) => clock.timeout(d, &mut task.0).await,
@@ -1943,7 +1952,7 @@ async fn store_result(cx: &TurnContext, sid: &str, key: &str, r: &ToolResult) ->
         tool_use_id: key.to_owned(),
         ..r.clone()
     };
-    cx.sink.store().put_tool_result(sid, &memo).await?;
+    cx.sink.store().put_tool_result_owned(sid, memo).await?;
     record_result(&cx.sink, key, r).await?;
     Ok(())
 }
@@ -2108,8 +2117,11 @@ fn run_end(r: &Result<SessionResult>) -> Event {
 
 /// Records a tool result, once: its event id is `tool_result:` and the use's memo key.
 async fn record_result(sink: &EventSink, key: &str, r: &ToolResult) -> Result<bool> {
+    let mut id = String::with_capacity("tool_result:".len() + key.len());
+    id.push_str("tool_result:");
+    id.push_str(key);
     sink.emit(Event::new(
-        format!("tool_result:{key}"),
+        id,
         raw::TOOL_RESULT,
         serde_json::to_value(r).unwrap_or(Value::Null),
         EventKind::ToolResult { result: r.clone() },

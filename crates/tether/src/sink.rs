@@ -90,7 +90,9 @@ pub trait EventObserver: Send + Sync + 'static {
 struct Record {
     seen: HashSet<String>,
     next_seq: u64,
-    events: Vec<Event>,
+    /// Shared with the store ([`EventStore::append_shared`]) and the delivery: one copy of each
+    /// event until [`EventSink::take_record`] hands the record out.
+    events: Vec<Arc<Event>>,
 }
 
 impl std::fmt::Debug for EventSink {
@@ -262,11 +264,12 @@ impl EventSink {
     /// An empty id is replaced by one tether assigns (`<session>:<seq>`). Returns `false`, doing
     /// nothing, when the id is already recorded: that is how redelivered events are deduplicated.
     pub async fn emit(&self, mut event: Event) -> Result<bool> {
-        {
+        let event = {
             let mut rec = self.inner.record.lock().await;
             let seq = rec.next_seq;
+            let info = self.info();
             if event.id.is_empty() {
-                event.id = format!("{}:{seq}", self.info().session_id);
+                event.id = format!("{}:{seq}", info.session_id);
             }
             if rec.seen.contains(&event.id) {
                 return Ok(false);
@@ -275,16 +278,17 @@ impl EventSink {
             // Appending under the record lock keeps the store in sequence order; the id and the
             // number are taken only once the store has the event, so a failed append leaves no
             // gap and the event can be emitted again.
-            let session_id = self.info().session_id.clone();
+            let session_id = info.session_id.as_str();
             let state = self.inner.observer.get().and_then(|o| o.state_with(&event));
+            let event = Arc::new(event);
             let appended = match &state {
                 Some((key, value)) => {
                     self.inner
                         .store
-                        .append_with_state(&session_id, &event, key, value)
+                        .append_with_state(session_id, &event, key, value)
                         .await?
                 }
-                None => self.inner.store.append(&session_id, &event).await?,
+                None => self.inner.store.append_shared(session_id, &event).await?,
             };
             if !appended {
                 rec.seen.insert(event.id.clone());
@@ -293,8 +297,9 @@ impl EventSink {
             rec.seen.insert(event.id.clone());
             rec.next_seq += 1;
             rec.events.push(event.clone());
-        }
-        self.deliver(event).await;
+            event
+        };
+        self.deliver(Delivered::Shared(event)).await;
         Ok(true)
     }
 
@@ -314,7 +319,7 @@ impl EventSink {
     /// nothing is adopted and the result is [`crate::Error::Store`] naming the event that does
     /// not fit: the store and the sink would disagree on what the record holds.
     pub async fn adopt(&self, events: Vec<Event>) -> Result<()> {
-        {
+        let events = {
             let mut rec = self.inner.record.lock().await;
             let mut ids = HashSet::with_capacity(events.len());
             for (i, e) in events.iter().enumerate() {
@@ -332,30 +337,32 @@ impl EventSink {
                     )));
                 }
             }
+            let events: Vec<Arc<Event>> = events.into_iter().map(Arc::new).collect();
             for e in &events {
                 rec.seen.insert(e.id.clone());
                 rec.events.push(e.clone());
             }
             rec.next_seq += events.len() as u64;
-        }
+            events
+        };
         for e in events {
-            self.deliver(e).await;
+            self.deliver(Delivered::Shared(e)).await;
         }
         Ok(())
     }
 
     /// Delivers a live-only event (not recorded): token and argument deltas.
     pub async fn emit_live(&self, event: Event) {
-        self.deliver(event).await;
+        self.deliver(Delivered::Owned(event)).await;
     }
 
     /// A model's delta (from a [`DeltaSink`]): delivered like [`emit_live`](Self::emit_live),
     /// but shown to the observer only when it wants deltas ([`EventObserver::wants_deltas`]).
     async fn emit_delta(&self, event: Event) {
         if self.inner.observer_deltas.load(Ordering::Relaxed) {
-            self.deliver(event).await;
+            self.deliver(Delivered::Owned(event)).await;
         } else {
-            self.deliver_unobserved(event).await;
+            self.deliver_unobserved(Delivered::Owned(event)).await;
         }
     }
 
@@ -370,7 +377,7 @@ impl EventSink {
         self.emit(Event::new(id, raw_type, raw, kind)).await
     }
 
-    async fn deliver(&self, event: Event) {
+    async fn deliver(&self, event: Delivered) {
         if let Some(o) = self.inner.observer.get() {
             o.on_event(&event, self);
         }
@@ -378,7 +385,7 @@ impl EventSink {
     }
 
     /// Delivers to the handler and the subscribers (through the retry guard), not the observer.
-    async fn deliver_unobserved(&self, event: Event) {
+    async fn deliver_unobserved(&self, event: Delivered) {
         let rewritten = match self.inner.live.lock() {
             Ok(mut g) => g.on_event(&event),
             Err(p) => p.into_inner().on_event(&event),
@@ -387,13 +394,13 @@ impl EventSink {
             None => self.deliver_one(event).await,
             Some(events) => {
                 for e in events {
-                    self.deliver_one(e).await;
+                    self.deliver_one(Delivered::Owned(e)).await;
                 }
             }
         }
     }
 
-    async fn deliver_one(&self, event: Event) {
+    async fn deliver_one(&self, event: Delivered) {
         let info = self.info();
         self.inner.handler.on_event(&event, &info).await;
         // Fast path: a subscriber with room takes the event without waiting and without an async
@@ -405,10 +412,15 @@ impl EventSink {
             };
             subs.retain(|s| !s.is_closed());
             let n = subs.len();
-            let mut event = Some(Box::new(event));
+            let mut event = Some(event);
             for (i, s) in subs.iter().enumerate() {
-                // The last subscriber gets the event itself; the others get clones.
-                let ev = if i + 1 == n { event.take() } else { event.clone() };
+                // The last subscriber gets the event itself (unless the record shares it); the
+                // others get clones.
+                let ev = if i + 1 == n {
+                    event.take().map(Delivered::into_box)
+                } else {
+                    event.as_deref().map(|e| Box::new(e.clone()))
+                };
                 let Some(ev) = ev else { break };
                 match s.try_send(ev) {
                     Ok(()) => {}
@@ -441,8 +453,43 @@ impl EventSink {
 
     /// Takes the record accumulated since the last call (one request's events).
     pub async fn take_record(&self) -> Vec<Event> {
-        std::mem::take(&mut self.inner.record.lock().await.events)
+        let events = std::mem::take(&mut self.inner.record.lock().await.events);
+        events.into_iter().map(unshare).collect()
     }
+}
+
+/// An event on its way to the observer, the handler and the subscribers: a live event owned, a
+/// durable one shared with the record.
+// Moved, as the `Event` was before: boxing the live variant would cost an allocation per delta.
+#[allow(clippy::large_enum_variant)]
+enum Delivered {
+    Owned(Event),
+    Shared(Arc<Event>),
+}
+
+impl std::ops::Deref for Delivered {
+    type Target = Event;
+
+    fn deref(&self) -> &Event {
+        match self {
+            Delivered::Owned(e) => e,
+            Delivered::Shared(e) => e,
+        }
+    }
+}
+
+impl Delivered {
+    fn into_box(self) -> Box<Event> {
+        match self {
+            Delivered::Owned(e) => Box::new(e),
+            Delivered::Shared(e) => Box::new(unshare(e)),
+        }
+    }
+}
+
+/// The event itself when nothing else holds it, else a copy.
+fn unshare(e: Arc<Event>) -> Event {
+    Arc::try_unwrap(e).unwrap_or_else(|e| Event::clone(&e))
 }
 
 /// One part of a message's live content: a run of text, a run of reasoning, a reasoning

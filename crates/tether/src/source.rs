@@ -667,6 +667,15 @@ impl ToolSources {
         self.current(taken).0.routes.get(name).cloned()
     }
 
+    /// The mapping [`route`](Self::route) reads, to borrow a route from instead of copying it;
+    /// `None` when `name` is one of `taken`.
+    fn routes_for(&self, name: &str, taken: &[String]) -> Option<Arc<Mapping>> {
+        if taken.iter().any(|t| t == name) {
+            return None;
+        }
+        Some(self.current(taken).0)
+    }
+
     /// Runs a call routed by [`route`](Self::route) (no approval asked here: the caller's gate
     /// has decided). The call reaches the source under the tool's own name.
     pub async fn call_routed(&self, route: &Route, call: &ToolUse, cx: CallContext) -> ToolOutput {
@@ -678,6 +687,10 @@ impl ToolSources {
                 "tool `{}` is not allowed by the configuration of `{}`; it was not run",
                 route.tool, e.opts.name
             ));
+        }
+        if route.tool == call.name {
+            // Exposed under its own name: the call as it is.
+            return e.source.call(call, cx).await;
         }
         let mut own = call.clone();
         own.name = route.tool.clone();
@@ -778,11 +791,12 @@ impl<H: Handler + ?Sized> Handler for WithTools<H> {
 
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
         let taken = own_names(&*self.inner);
-        let Some(route) = self.sources.route(&call.name, &taken) else {
+        let mapping = self.sources.routes_for(&call.name, &taken);
+        let Some(route) = mapping.as_ref().and_then(|m| m.routes.get(&call.name)) else {
             return self.inner.call_tool(call, info).await;
         };
         if route.asks
-            && let Some(refusal) = self.approve(&route, call, info).await
+            && let Some(refusal) = self.approve(route, call, info).await
         {
             return ToolOutput::Error(refusal);
         }
@@ -791,7 +805,7 @@ impl<H: Handler + ?Sized> Handler for WithTools<H> {
             handler: Arc::new(self.inner.clone()) as Arc<dyn Handler>,
             events: ToolEvents::current(),
         };
-        self.sources.call_routed(&route, call, cx).await
+        self.sources.call_routed(route, call, cx).await
     }
 
     async fn on_event(&self, event: &Event, info: &SessionInfo) {

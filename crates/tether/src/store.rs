@@ -1,7 +1,7 @@
 //! [`EventStore`]: the exactly-once record, the tool-result memo and session state, per session.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -25,12 +25,25 @@ use crate::types::ToolResult;
 pub trait EventStore: Send + Sync + 'static {
     /// Appends an event; returns `false` (and stores nothing) when its id is already stored.
     async fn append(&self, session_id: &str, event: &Event) -> Result<bool>;
+    /// [`append`](Self::append) of an event the caller shares (the session's sink, which keeps
+    /// the same event for its record): a store that keeps events as they are ([`MemoryStore`])
+    /// keeps this one without copying it. The default calls `append`.
+    async fn append_shared(&self, session_id: &str, event: &Arc<Event>) -> Result<bool> {
+        self.append(session_id, event).await
+    }
     /// Every stored event of a session, in sequence order.
     async fn load(&self, session_id: &str) -> Result<Vec<Event>>;
     /// The result recorded under `tool_use_id` (a memo key), if any.
     async fn tool_result(&self, session_id: &str, tool_use_id: &str) -> Result<Option<ToolResult>>;
     /// Records a result under its `tool_use_id` (a memo key; the first record wins).
     async fn put_tool_result(&self, session_id: &str, result: &ToolResult) -> Result<()>;
+    /// [`put_tool_result`](Self::put_tool_result) with the result handed over, for a caller
+    /// that has no further use for it (the engine's memo of each call): a store that keeps
+    /// results as they are ([`MemoryStore`]) takes it without copying it. The default calls
+    /// `put_tool_result`.
+    async fn put_tool_result_owned(&self, session_id: &str, result: ToolResult) -> Result<()> {
+        self.put_tool_result(session_id, &result).await
+    }
     /// Stores a named value for the session (overwriting).
     async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> Result<()>;
     /// [`put_state`](Self::put_state) with the value handed over, for a caller that has no
@@ -73,7 +86,7 @@ pub struct MemoryStore {
 
 #[derive(Debug, Default)]
 struct SessionData {
-    events: Vec<Event>,
+    events: Vec<Arc<Event>>,
     ids: std::collections::HashSet<String>,
     tools: HashMap<String, ToolResult>,
     state: HashMap<String, Value>,
@@ -94,6 +107,23 @@ impl MemoryStore {
             .lock()
             .map_err(|_| Error::store("memory store lock poisoned"))?;
         Ok(f(&mut g))
+    }
+}
+
+impl MemoryStore {
+    /// Appends the event `make` gives, unless its id is stored already.
+    fn append_arc(&self, session_id: &str, id: &str, make: impl FnOnce() -> Arc<Event>) -> Result<bool> {
+        self.with(|m| {
+            let s = match m.get_mut(session_id) {
+                Some(s) => s,
+                None => m.entry(session_id.to_owned()).or_default(),
+            };
+            if !s.ids.insert(id.to_owned()) {
+                return false;
+            }
+            s.events.push(make());
+            true
+        })
     }
 }
 
@@ -177,18 +207,19 @@ impl ThreadStore for MemoryStore {
 #[async_trait]
 impl EventStore for MemoryStore {
     async fn append(&self, session_id: &str, event: &Event) -> Result<bool> {
-        self.with(|m| {
-            let s = m.entry(session_id.to_owned()).or_default();
-            if !s.ids.insert(event.id.clone()) {
-                return false;
-            }
-            s.events.push(event.clone());
-            true
-        })
+        self.append_arc(session_id, &event.id, || Arc::new(event.clone()))
+    }
+
+    async fn append_shared(&self, session_id: &str, event: &Arc<Event>) -> Result<bool> {
+        self.append_arc(session_id, &event.id, || event.clone())
     }
 
     async fn load(&self, session_id: &str) -> Result<Vec<Event>> {
-        self.with(|m| m.get(session_id).map(|s| s.events.clone()).unwrap_or_default())
+        self.with(|m| {
+            m.get(session_id)
+                .map(|s| s.events.iter().map(|e| Event::clone(e)).collect())
+                .unwrap_or_default()
+        })
     }
 
     async fn tool_result(&self, session_id: &str, tool_use_id: &str) -> Result<Option<ToolResult>> {
@@ -203,6 +234,25 @@ impl EventStore for MemoryStore {
                 .entry(result.tool_use_id.clone())
                 .or_insert_with(|| result.clone());
         })
+    }
+
+    async fn put_tool_result_owned(&self, session_id: &str, result: ToolResult) -> Result<()> {
+        // Dropped outside the lock when a result is recorded under its key already.
+        let unused = self.with(|m| {
+            let s = match m.get_mut(session_id) {
+                Some(s) => s,
+                None => m.entry(session_id.to_owned()).or_default(),
+            };
+            match s.tools.entry(result.tool_use_id.clone()) {
+                std::collections::hash_map::Entry::Occupied(_) => Some(result),
+                std::collections::hash_map::Entry::Vacant(v) => {
+                    v.insert(result);
+                    None
+                }
+            }
+        })?;
+        drop(unused);
+        Ok(())
     }
 
     async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> Result<()> {

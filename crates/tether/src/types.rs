@@ -122,16 +122,23 @@ impl ToolUse {
     /// Two tool uses are *the same tool use* when their ids and fingerprints are equal: only then
     /// does the engine answer one from the other's recorded result.
     pub fn fingerprint(&self) -> String {
-        let mut out = String::with_capacity(self.name.len() + 16);
-        out.push_str(&self.name);
-        out.push('\u{0}');
+        let bytes = self.fingerprint_bytes();
+        // Built from `&str`s and serde_json's output only, so always UTF-8.
+        String::from_utf8(bytes).unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+    }
+
+    /// [`fingerprint`](Self::fingerprint) as bytes: what [`memo_key`](Self::memo_key) hashes.
+    fn fingerprint_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.name.len() + 64);
+        out.extend_from_slice(self.name.as_bytes());
+        out.push(0);
         match (&self.input_error, &self.raw_input) {
             (Some(_), Some(raw)) => {
-                out.push_str("raw:");
-                out.push_str(raw);
+                out.extend_from_slice(b"raw:");
+                out.extend_from_slice(raw.as_bytes());
             }
             _ => {
-                out.push_str("json:");
+                out.extend_from_slice(b"json:");
                 canonical_json(&self.input, &mut out);
             }
         }
@@ -151,7 +158,11 @@ impl ToolUse {
         } else {
             format!("~{}", hex32(self.id.as_bytes()))
         };
-        format!("{id}#{}", hex32(self.fingerprint().as_bytes()))
+        let mut key = String::with_capacity(id.len() + 33);
+        key.push_str(&id);
+        key.push('#');
+        push_hex32(&mut key, &self.fingerprint_bytes());
+        key
     }
 }
 
@@ -162,48 +173,60 @@ pub(crate) fn digest_hex(data: &[u8]) -> String {
 
 /// The first 16 bytes of the SHA-256 of `data`, as 32 lowercase hex digits.
 fn hex32(data: &[u8]) -> String {
-    use sha2::Digest;
-    use std::fmt::Write;
-    let d = sha2::Sha256::digest(data);
     let mut out = String::with_capacity(32);
-    for b in d.iter().take(16) {
-        let _ = write!(out, "{b:02x}");
-    }
+    push_hex32(&mut out, data);
     out
 }
 
+/// Appends the first 16 bytes of the SHA-256 of `data` to `out`, as 32 lowercase hex digits.
+fn push_hex32(out: &mut String, data: &[u8]) {
+    use sha2::Digest;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let d = sha2::Sha256::digest(data);
+    for b in d.iter().take(16) {
+        out.push(HEX[usize::from(b >> 4)] as char);
+        out.push(HEX[usize::from(b & 0xf)] as char);
+    }
+}
+
 /// Writes `v` as JSON with object keys sorted, whatever the map's own order: serde_json keeps
-/// insertion order when any crate in the build enables its `preserve_order` feature.
-pub(crate) fn canonical_json(v: &Value, out: &mut String) {
+/// insertion order when any crate in the build enables its `preserve_order` feature. Strings,
+/// numbers and literals are written by serde_json itself, so the text is what
+/// `Value::to_string` writes for each of them.
+pub(crate) fn canonical_json(v: &Value, out: &mut Vec<u8>) {
     match v {
         Value::Object(m) => {
-            let mut keys: Vec<&String> = m.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.into_iter().enumerate() {
+            let mut entries: Vec<(&String, &Value)> = m.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (k, x)) in entries.into_iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                if let Some(x) = m.get(k) {
-                    canonical_json(x, out);
-                }
+                write_json(out, k.as_str());
+                out.push(b':');
+                canonical_json(x, out);
             }
-            out.push('}');
+            out.push(b'}');
         }
         Value::Array(a) => {
-            out.push('[');
+            out.push(b'[');
             for (i, x) in a.iter().enumerate() {
                 if i > 0 {
-                    out.push(',');
+                    out.push(b',');
                 }
                 canonical_json(x, out);
             }
-            out.push(']');
+            out.push(b']');
         }
-        other => out.push_str(&other.to_string()),
+        other => write_json(out, other),
     }
+}
+
+/// Appends `v`'s compact JSON (a `Vec`'s writer cannot fail; a value that cannot be written,
+/// which no `str` or scalar `Value` is, writes nothing).
+fn write_json<T: Serialize + ?Sized>(out: &mut Vec<u8>, v: &T) {
+    let _ = serde_json::to_writer(&mut *out, v);
 }
 
 /// The answer to one [`ToolUse`].
@@ -733,6 +756,101 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+
+    /// The canonical JSON as first written (through `Value::to_string` for keys and scalars).
+    fn canonical_json_first(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push(':');
+                    canonical_json_first(&m[k.as_str()], out);
+                }
+                out.push('}');
+            }
+            Value::Array(a) => {
+                out.push('[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    canonical_json_first(x, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<u64>().prop_map(|n| json!(n)),
+            any::<f64>().prop_map(|f| json!(f)),
+            "\\PC{0,8}|[\\x00-\\x1f\"\\\\\u{2028}\u{e9}]{0,4}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                proptest::collection::vec(("\\PC{0,6}|[\\x00-\\x1f\"a-c]{0,3}", inner), 0..6)
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        /// The canonical JSON is byte for byte what it was when the first keys were recorded.
+        #[test]
+        fn canonical_json_is_what_it_was(v in json_value()) {
+            let mut first = String::new();
+            canonical_json_first(&v, &mut first);
+            let mut now = Vec::new();
+            canonical_json(&v, &mut now);
+            prop_assert_eq!(String::from_utf8(now).unwrap(), first);
+        }
+    }
+
+    /// Memo keys already recorded must keep answering: these values were computed by the code
+    /// that wrote the first records (canonical JSON, SHA-256, 32 hex digits), and resume looks
+    /// results up by them.
+    #[test]
+    fn memo_keys_keep_their_recorded_values() {
+        let long = "x".repeat(200);
+        let cases = [
+            ToolUse::new("c1", "noop", json!({"i": 7})),
+            ToolUse::new(
+                "c2",
+                "read",
+                json!({"b": [1, 2.5, -3e40, null, true], "a": {"z": "\u{e9}\"\\\n\u{1}", "y": {}}}),
+            ),
+            ToolUse::new("id\u{7}", "t", json!({"k\u{2028}": "v"})),
+            ToolUse::new(long.as_str(), "t", json!({})),
+            ToolUse::from_arguments("c3", "t", "{not json"),
+            ToolUse::from_arguments("c4", "t", "[1]"),
+            ToolUse::from_arguments("c5", "t", ""),
+        ];
+        let got: Vec<String> = cases.iter().map(ToolUse::memo_key).collect();
+        assert_eq!(
+            got,
+            [
+                "c1#5eecdc9c743957eae513743dd6c11e27",
+                "c2#37595be05dbe4bb9ed951fbf164c0a89",
+                "~9cd232bf30295df5066434a0e30d1871#0d0df995465f0ada6cbb914a6c13a52e",
+                "~aa20c23e3201834050679e1d88941b9a#78dbe32b348aa804904a7492be74cac2",
+                "c3#0c12dba157e43ca8f9c30bb77dd769e0",
+                "c4#0634e4e386c6fcab09e87ed9173d3044",
+                "c5#78dbe32b348aa804904a7492be74cac2",
+            ]
+        );
+    }
 
     /// Results serialized by the code before `StopReason` existed (when the field was a raw
     /// `serde_json::Value`) still load, and each stop reason parses to the variant it meant.
