@@ -108,16 +108,24 @@ impl MemoryStore {
             .map_err(|_| Error::store("memory store lock poisoned"))?;
         Ok(f(&mut g))
     }
-}
 
-impl MemoryStore {
-    /// Appends the event `make` gives, unless its id is stored already.
-    fn append_arc(&self, session_id: &str, id: &str, make: impl FnOnce() -> Arc<Event>) -> Result<bool> {
+    /// Runs `f` on the session's data, created empty if the session has none yet. The key is
+    /// copied only when the session is new: every write goes through here.
+    fn with_session<T>(&self, session_id: &str, f: impl FnOnce(&mut SessionData) -> T) -> Result<T> {
         self.with(|m| {
             let s = match m.get_mut(session_id) {
                 Some(s) => s,
                 None => m.entry(session_id.to_owned()).or_default(),
             };
+            f(s)
+        })
+    }
+}
+
+impl MemoryStore {
+    /// Appends the event `make` gives, unless its id is stored already.
+    fn append_arc(&self, session_id: &str, id: &str, make: impl FnOnce() -> Arc<Event>) -> Result<bool> {
+        self.with_session(session_id, |s| {
             if !s.ids.insert(id.to_owned()) {
                 return false;
             }
@@ -227,10 +235,8 @@ impl EventStore for MemoryStore {
     }
 
     async fn put_tool_result(&self, session_id: &str, result: &ToolResult) -> Result<()> {
-        self.with(|m| {
-            m.entry(session_id.to_owned())
-                .or_default()
-                .tools
+        self.with_session(session_id, |s| {
+            s.tools
                 .entry(result.tool_use_id.clone())
                 .or_insert_with(|| result.clone());
         })
@@ -238,17 +244,11 @@ impl EventStore for MemoryStore {
 
     async fn put_tool_result_owned(&self, session_id: &str, result: ToolResult) -> Result<()> {
         // Dropped outside the lock when a result is recorded under its key already.
-        let unused = self.with(|m| {
-            let s = match m.get_mut(session_id) {
-                Some(s) => s,
-                None => m.entry(session_id.to_owned()).or_default(),
-            };
-            match s.tools.entry(result.tool_use_id.clone()) {
-                std::collections::hash_map::Entry::Occupied(_) => Some(result),
-                std::collections::hash_map::Entry::Vacant(v) => {
-                    v.insert(result);
-                    None
-                }
+        let unused = self.with_session(session_id, |s| match s.tools.entry(result.tool_use_id.clone()) {
+            std::collections::hash_map::Entry::Occupied(_) => Some(result),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(result);
+                None
             }
         })?;
         drop(unused);
@@ -256,22 +256,14 @@ impl EventStore for MemoryStore {
     }
 
     async fn put_state(&self, session_id: &str, key: &str, value: &Value) -> Result<()> {
-        self.with(|m| {
-            m.entry(session_id.to_owned())
-                .or_default()
-                .state
-                .insert(key.to_owned(), value.clone());
+        self.with_session(session_id, |s| {
+            s.state.insert(key.to_owned(), value.clone());
         })
     }
 
     async fn put_state_owned(&self, session_id: &str, key: &str, value: Value) -> Result<()> {
         // Dropped outside the lock: the value it replaces can be a whole transcript.
-        let old = self.with(|m| {
-            m.entry(session_id.to_owned())
-                .or_default()
-                .state
-                .insert(key.to_owned(), value)
-        })?;
+        let old = self.with_session(session_id, |s| s.state.insert(key.to_owned(), value))?;
         drop(old);
         Ok(())
     }
