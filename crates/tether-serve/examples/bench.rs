@@ -19,6 +19,8 @@
 //!
 //! `BENCH_OTEL=1` adds tracing's cost: the relayed load on open connections against two fresh
 //! servers, one traced with OTLP export to a receiver on loopback, in alternating order.
+//! `BENCH_OTEL_WRAP="valgrind --tool=callgrind"` runs those two servers under a profiler, for
+//! their instruction counts over the same loads.
 //!
 //! `BENCH_BACKENDS=sqlite,restate1,restate3` compares thread backends instead (issue 18; build
 //! with `--features restate`): for each, a fresh `tether serve` (on a fresh Restate node or
@@ -864,8 +866,23 @@ async fn main() {
     let mut otel = None;
     if std::env::var_os("BENCH_OTEL").is_some() {
         let sink = tether_testkit::otlp::OtlpSink::start().await;
+        // BENCH_OTEL_WRAP, e.g. "valgrind --tool=callgrind": runs both servers of this phase
+        // under it. Their instruction counts for the same loads tell tracing's CPU cost apart
+        // from the machine's noise, which moves these short loads' rates by +-15 %.
+        let otel_wrap: Vec<String> = std::env::var("BENCH_OTEL_WRAP")
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect();
         let spawn = |traced: bool| {
-            let mut c = Command::new(bin.join("tether-serve"));
+            let mut c = match otel_wrap.split_first() {
+                Some((tool, args)) => {
+                    let mut c = Command::new(tool);
+                    c.args(args).arg(bin.join("tether-serve"));
+                    c
+                }
+                None => Command::new(bin.join("tether-serve")),
+            };
             c.arg("--config")
                 .arg(&cfg)
                 .args(["--bind", "127.0.0.1:0", "--db"])
@@ -892,6 +909,10 @@ async fn main() {
             plain.id().expect("the untraced server runs"),
             traced.id().expect("the traced server runs"),
         );
+        let (plain_pid, traced_pid) = match otel_wrap.is_empty() {
+            true => (plain_pid, traced_pid),
+            false => (wrapped_server(plain_pid), wrapped_server(traced_pid)),
+        };
         let (mut off, mut on) = (Vec::new(), Vec::new());
         // CPU seconds each server spent per million deltas: unlike deltas/s, this does not move
         // with what else the machine runs, so it shows tracing's cost on a busy machine too.
@@ -918,7 +939,13 @@ async fn main() {
                 }
             }
         }
-        drop((plain, traced));
+        if otel_wrap.is_empty() {
+            drop((plain, traced));
+        } else {
+            println!("BENCH_OTEL_WRAP: untraced server pid {plain_pid}, traced server pid {traced_pid}");
+            stop_wrapped(plain, plain_pid).await;
+            stop_wrapped(traced, traced_pid).await;
+        }
         otel = Some((off, on, off_cpu, on_cpu, sink));
     }
 
