@@ -1022,9 +1022,11 @@ impl<S: crate::AgentState> Mapping<'_, S> {
         Ok(())
     }
 
-    fn drain(&mut self, ctx: &mut RunContext<S>, events: &mut Subscription) -> AgUiResult<()> {
+    /// Maps the events the session delivered and the run has not shown yet, each when the
+    /// client has room for it.
+    async fn drain(&mut self, ctx: &mut RunContext<S>, events: &mut Subscription) -> AgUiResult<()> {
         while let Ok(ev) = events.try_recv() {
-            self.map_now(ctx, &ev)?;
+            self.map(ctx, &ev).await?;
         }
         Ok(())
     }
@@ -1273,7 +1275,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                 ask = asks.recv(), if !stopping => {
                     let Some(ask) = ask else { continue };
                     let ask = *ask;
-                    mapping.drain(ctx, &mut events)?;
+                    mapping.drain(ctx, &mut events).await?;
                     mapping.mapper.close(ctx)?;
                     let mut outstanding = approval::load(store.as_ref(), &ask.record)
                         .await
@@ -1308,7 +1310,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
             }
         };
         // 3. Keep the session (or close it), then end the run.
-        mapping.drain(ctx, &mut events)?;
+        mapping.drain(ctx, &mut events).await?;
         if let Some(session) = session {
             if self.keep_alive > 0 {
                 *live = Live::Idle(Box::new(Held {

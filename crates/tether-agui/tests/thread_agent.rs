@@ -608,3 +608,52 @@ async fn an_elicitation_held_by_a_process_that_ended_is_recorded_as_lost() {
     let ev = serve(&b, answer).await;
     assert_eq!(ev.last().unwrap()["code"], "INTERRUPT_NOT_ISSUED", "{ev:?}");
 }
+
+/// A client slower than the run: the run waits for it (backpressure), however many AG-UI events
+/// one of the session's events becomes, and ends as it would for a fast client.
+#[tokio::test]
+async fn a_slow_client_slows_the_run_and_loses_nothing() {
+    let model = Arc::new(ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[
+            ("c1", "add", r#"{"a":1,"b":2}"#),
+            ("c2", "add", r#"{"a":3,"b":4}"#),
+            ("c3", "add", r#"{"a":5,"b":6}"#),
+        ])),
+        Ok(ScriptedModel::text("3, 7 and 11.")),
+    ]));
+    let a = Arc::new(agent_with(model, tools()));
+    let mut stream = run_agent(a, input(), RunOptions::default().with_buffer(2));
+    let mut events = Vec::new();
+    loop {
+        // The client reads an event only now and then: the run's buffer of two is always full.
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        match std::future::poll_fn(|cx| stream.poll_next_event(cx)).await {
+            Some(e) => events.push(e),
+            None => break,
+        }
+    }
+    let ev = to_json(&events);
+    assert_eq!(
+        kinds(&ev),
+        [
+            "RUN_STARTED",
+            "TOOL_CALL_START",
+            "TOOL_CALL_ARGS",
+            "TOOL_CALL_END",
+            "TOOL_CALL_START",
+            "TOOL_CALL_ARGS",
+            "TOOL_CALL_END",
+            "TOOL_CALL_START",
+            "TOOL_CALL_ARGS",
+            "TOOL_CALL_END",
+            "TOOL_CALL_RESULT",
+            "TOOL_CALL_RESULT",
+            "TOOL_CALL_RESULT",
+            "TEXT_MESSAGE_START",
+            "TEXT_MESSAGE_CONTENT",
+            "TEXT_MESSAGE_END",
+            "RUN_FINISHED"
+        ],
+        "{ev:#?}"
+    );
+}

@@ -22,12 +22,13 @@ impl<S: AgentState> RunContext<S> {
         self.sink.cancel.is_cancelled() || self.sink.tx.is_closed()
     }
 
-    /// Waits until the transport has room for at least one more event (backpressure for
-    /// agents that produce events faster than the client reads them).
-    pub async fn ready(&self) -> AgUiResult<()> {
-        match self.sink.tx.reserve().await {
-            Ok(_permit) => Ok(()),
-            Err(_) => Err(AgUiError::Cancelled),
-        }
+    /// Waits until the transport took every event emitted so far and has room for at least one
+    /// more (backpressure for agents that produce events faster than the client reads them).
+    ///
+    /// Await it once per event of the agent's own source: what one source event becomes may be
+    /// several AG-UI events, and those the buffer has no room for wait in the context (up to
+    /// the buffer's size again, at least 64) until this is awaited next. Cancel safe.
+    pub async fn ready(&mut self) -> AgUiResult<()> {
+        self.sink.ready().await
     }
 }

@@ -245,6 +245,7 @@ impl<S: AgentState> RunContext<S> {
                 dead: None,
                 timestamps: options.timestamps,
                 turn_message: None,
+                overflow: Default::default(),
             },
             state: StateManager {
                 value,
