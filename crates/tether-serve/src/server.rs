@@ -284,7 +284,11 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     let endpoint = EndpointOptions::default()
         .with_body_limit(limits.max_body_bytes)
         .with_body_timeout(Some(Duration::from_secs(limits.body_timeout_secs)))
-        .with_run(tether_agui::RunOptions::default().with_runtime(tokio::runtime::Handle::current()));
+        .with_run(
+            tether_agui::RunOptions::default()
+                .with_runtime(tokio::runtime::Handle::current())
+                .with_buffer(RUN_EVENT_BUFFER),
+        );
     let mut app: Router<AppState> = Router::new();
     // This server's URL as the other nodes of a cluster reach it: known once it is bound.
     let node: Arc<std::sync::OnceLock<String>> = Arc::default();
@@ -903,6 +907,12 @@ fn front_threads() -> usize {
 
 /// The accept backlog asked of the kernel (Linux caps it at `net.core.somaxconn`, 4096 by default).
 const BACKLOG: u32 = 4096;
+
+/// The AG-UI events a run keeps for a client that reads slower than the model writes (the
+/// library's default is 16,384). A run past it waits for the client, and the model's stream
+/// with it; so a stalled client holds at most about twice this many events (~0.5 MB) for up to
+/// the run's timeout, not megabytes, on each of `max_concurrent_runs`.
+const RUN_EVENT_BUFFER: usize = 1024;
 
 /// Binds `bind` with a backlog for many simultaneous connects. `TcpListener::bind` (mio) asks for
 /// 128: when 1,000 clients connect at once, the kernel drops the SYNs past the first 128 queued
