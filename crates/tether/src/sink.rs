@@ -5,6 +5,7 @@ use std::hash::{BuildHasher, DefaultHasher, Hasher, RandomState};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, OnceLock};
 
+use futures_util::future::Either;
 use serde_json::Value;
 use tokio::sync::{Mutex, mpsc};
 
@@ -377,26 +378,36 @@ impl EventSink {
         self.emit(Event::new(id, raw_type, raw, kind)).await
     }
 
-    async fn deliver(&self, event: Delivered) {
+    // `deliver` and `deliver_unobserved` are plain functions doing their synchronous part at
+    // once and returning the rest: as `async fn`s each level kept its own 248-byte `event` in
+    // the future beside the next level's, and every `emit`, `record` and delta carried the
+    // nesting (about 500 bytes per level, in each session's turn and model-call futures). Every
+    // caller awaits the returned future at once, so the observer and the retry guard see the
+    // events in the same order as before.
+    fn deliver(&self, event: Delivered) -> impl Future<Output = ()> + Send + '_ {
         if let Some(o) = self.inner.observer.get() {
             o.on_event(&event, self);
         }
-        self.deliver_unobserved(event).await;
+        self.deliver_unobserved(event)
     }
 
     /// Delivers to the handler and the subscribers (through the retry guard), not the observer.
-    async fn deliver_unobserved(&self, event: Delivered) {
+    fn deliver_unobserved(&self, event: Delivered) -> impl Future<Output = ()> + Send + '_ {
         let rewritten = match self.inner.live.lock() {
             Ok(mut g) => g.on_event(&event),
             Err(p) => p.into_inner().on_event(&event),
         };
         match rewritten {
-            None => self.deliver_one(event).await,
-            Some(events) => {
-                for e in events {
-                    self.deliver_one(Delivered::Owned(e)).await;
-                }
-            }
+            None => Either::Left(self.deliver_one(event)),
+            // A stream replayed after a retry (rare): boxed, so the common path's future stays
+            // the size of one delivery.
+            Some(events) => Either::Right(Box::pin(self.deliver_all(events))),
+        }
+    }
+
+    async fn deliver_all(&self, events: Vec<Event>) {
+        for e in events {
+            self.deliver_one(Delivered::Owned(e)).await;
         }
     }
 
