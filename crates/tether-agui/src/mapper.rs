@@ -346,6 +346,25 @@ impl EventMapper {
             if !args.is_empty() {
                 self.send(ctx, AgUiEvent::tool_call_args(call.id.as_str(), args))?;
             }
+        } else if self.calls_open.contains(&call.id) {
+            // Started and still open: the arguments go on from what the client holds (a relay
+            // that got the call's record before the rest of its live arguments).
+            let args = call.raw_input.clone().unwrap_or_else(|| call.input.to_string());
+            let shown = self
+                .mirror
+                .call(&call.id)
+                .map(|c| c.function.arguments.len())
+                .unwrap_or(0);
+            if let Some(rest) = args.get(shown..)
+                && !rest.is_empty()
+                && self
+                    .mirror
+                    .call(&call.id)
+                    .is_some_and(|c| args.starts_with(c.function.arguments.as_str()))
+            {
+                let rest = rest.to_owned();
+                self.send(ctx, AgUiEvent::tool_call_args(call.id.as_str(), rest))?;
+            }
         }
         if self.calls_open.remove(&call.id) {
             self.send(ctx, AgUiEvent::tool_call_end(call.id.as_str()))?;
@@ -353,19 +372,20 @@ impl EventMapper {
         Ok(())
     }
 
-    /// Bytes of `message_id`'s text the client holds (the text messages it went out as).
-    fn shown_text_len(&self, message_id: &str) -> usize {
+    /// `message_id`'s text as the client holds it (the text messages it went out as, in order).
+    fn shown_text(&self, message_id: &str) -> String {
         let Some(ids) = self.texts_of.get(message_id) else {
-            return 0;
+            return String::new();
         };
-        self.mirror
-            .messages
-            .iter()
-            .filter_map(|m| match m {
-                Message::Assistant(a) if ids.contains(&a.id) => a.content.as_ref().map(String::len),
-                _ => None,
-            })
-            .sum()
+        let mut out = String::new();
+        for id in ids {
+            if let Some(Message::Assistant(a)) = self.mirror.messages.iter().find(|m| m.id() == id)
+                && let Some(c) = &a.content
+            {
+                out.push_str(c);
+            }
+        }
+        out
     }
 
     /// The sink restarted `message_id`: end its open parts, withdraw what the client holds of it
@@ -505,11 +525,21 @@ impl EventMapper {
                 reasoning,
                 tool_uses,
             } => {
-                if self.streamed_text.contains(message_id) && self.shown_text_len(message_id) < text.len() {
-                    // The client got only part of this message's live text (a relay that began
-                    // following the turn mid-message, on another node): withdraw what it holds of
-                    // the message and send the message whole.
-                    self.restart(ctx, message_id)?;
+                // The rest of a message whose live text the client got the beginning of (the
+                // record's message reached a relay before the rest of the live text did): sent on
+                // from where the client is, so every character arrives once.
+                let mut rest = None;
+                if self.streamed_text.contains(message_id) {
+                    let shown = self.shown_text(message_id);
+                    if shown.len() < text.len() {
+                        match text.strip_prefix(shown.as_str()) {
+                            Some(r) => rest = Some(r),
+                            // What the client holds is not the beginning of the message (a
+                            // relay that began following the turn mid-message): withdraw it and
+                            // send the message whole.
+                            None => self.restart(ctx, message_id)?,
+                        }
+                    }
                 }
                 if let Some(r) = reasoning
                     && !self.streamed_reasoning.contains(message_id)
@@ -517,7 +547,9 @@ impl EventMapper {
                     self.reasoning_delta(ctx, message_id, r)?;
                 }
                 self.close_reasoning(ctx)?;
-                if !self.streamed_text.contains(message_id) {
+                if let Some(r) = rest {
+                    self.text_delta(ctx, message_id, r)?;
+                } else if !self.streamed_text.contains(message_id) {
                     self.text_delta(ctx, message_id, text)?;
                 }
                 for u in tool_uses {

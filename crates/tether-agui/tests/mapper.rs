@@ -466,6 +466,28 @@ async fn a_message_whose_live_text_was_seen_in_part_ends_whole() {
 }
 
 #[tokio::test]
+async fn a_message_whose_live_text_was_seen_from_its_beginning_goes_on_from_there() {
+    // A relay got the record's message before the rest of its live text: the client holds the
+    // beginning, and gets the rest once, in the same message (no snapshot, nothing sent twice).
+    let msg = ev(EventKind::Message {
+        message_id: "a1".into(),
+        role: Role::Assistant,
+        text: "Hello, world".into(),
+        reasoning: None,
+        tool_uses: Vec::new(),
+    });
+    let input = user_input();
+    let events = run(
+        vec![text("a1", "Hel"), text("a1", "lo"), msg, text("a1", ", world")],
+        input,
+    )
+    .await;
+    let v = json_of(&events);
+    assert_eq!(texts(&v), [("a1", "Hel"), ("a1", "lo"), ("a1", ", world")]);
+    assert!(!v.iter().any(|e| e["type"] == "MESSAGES_SNAPSHOT"), "{v:#?}");
+}
+
+#[tokio::test]
 async fn results_are_shown_for_calls_of_this_run_or_unanswered_in_the_input_once() {
     let input: RunAgentInput = serde_json::from_value(json!({
         "threadId": "t1", "runId": "r2",

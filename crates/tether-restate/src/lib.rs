@@ -70,7 +70,10 @@ use tokio::net::TcpListener;
 pub use hub::ThreadHub;
 pub use index::TetherThreads;
 pub use notes::TetherThreadNotes;
-pub use object::{LiveEvent, OnAttempt, TetherThread, TurnOutcome, TurnRequest, TurnSignal, WaitingToolUse};
+pub use object::{
+    LiveDrafts, LiveEvent, LivePart, OnAttempt, TetherThread, TurnOutcome, TurnRequest, TurnSignal,
+    WaitingToolUse, live_part,
+};
 pub use steps::Decision;
 pub use store::RestateStore;
 

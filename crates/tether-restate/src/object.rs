@@ -10,6 +10,7 @@
 //! - `thread`, `events` and `checkpoint` (shared): the thread's record, kept in the object's
 //!   state (see [`crate::record`]), readable while a turn runs or waits.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use restate_sdk::prelude::*;
@@ -130,6 +131,7 @@ pub struct TetherThread {
     system_prompt: Option<String>,
     model_name: Option<String>,
     live: Option<Fanout<LiveEvent>>,
+    drafts: LiveDrafts,
     signals: Option<Fanout<TurnSignal>>,
     on_attempt: Option<OnAttempt>,
 }
@@ -160,30 +162,195 @@ pub type OnAttempt =
 
 /// An event of a running turn, as the service process sees it (out of band: not journaled).
 ///
-/// Live events (`seq == None`: token deltas) are sent while the model step runs; they are never
-/// sent again. Durable events are sent as the engine records them; a turn replayed after a crash
+/// Live events (`seq == None`: token deltas) are sent while the model step runs (and again, from
+/// the part's start, if a replayed turn runs the step again). Durable events are sent as the engine records them; a turn replayed after a crash
 /// sends them again with the same id and `seq`, so a consumer keeps what it has not seen by id.
+///
+/// A live delta carries its `offset`: where its text starts in the part it continues, so that a
+/// relay that saw a part from another place (the record, a peer, an earlier attempt of the
+/// model step) shows each character of it once: it continues from what it showed, drops what
+/// it showed already, and never shows a part whose beginning it missed as if it were whole.
 #[derive(Debug, Clone)]
 pub struct LiveEvent {
     /// The thread.
     pub thread: ThreadId,
     /// The event.
     pub event: tether::Event,
+    /// For a live delta of text, reasoning or tool-call arguments: the bytes of that part (the
+    /// message's text, its reasoning, the call's arguments) this attempt of the turn streamed
+    /// before it. A model step that runs again (a replayed turn) streams from 0 again. `None`
+    /// for every other event.
+    pub offset: Option<u64>,
 }
 
-/// Forwards a turn's events to the live channel.
+/// The part of a message a live delta continues, as [`LiveEvent::offset`] counts it: `Some`
+/// for text, reasoning and tool-call argument deltas.
+pub fn live_part(kind: &tether::EventKind) -> Option<(LivePart, &str, &str)> {
+    match kind {
+        tether::EventKind::TextDelta { message_id, delta } => Some((LivePart::Text, message_id, delta)),
+        tether::EventKind::ReasoningDelta { message_id, delta } => {
+            Some((LivePart::Reasoning, message_id, delta))
+        }
+        tether::EventKind::ToolCallArgs { tool_use_id, delta } => {
+            Some((LivePart::Arguments, tool_use_id, delta))
+        }
+        _ => None,
+    }
+}
+
+/// Which part of a message a live delta belongs to (see [`live_part`]).
+///
+/// In the order a message streams them (reasoning, text, then its calls' arguments).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LivePart {
+    /// The message's reasoning (keyed by the message id).
+    Reasoning,
+    /// The message's text (keyed by the message id).
+    Text,
+    /// A tool call's arguments (keyed by the tool use id).
+    Arguments,
+}
+
+impl LivePart {
+    /// A live delta of this part of `id` (a message id, or a tool use id for arguments).
+    pub fn delta(self, id: String, delta: String) -> tether::Event {
+        let kind = match self {
+            LivePart::Text => tether::EventKind::TextDelta {
+                message_id: id,
+                delta,
+            },
+            LivePart::Reasoning => tether::EventKind::ReasoningDelta {
+                message_id: id,
+                delta,
+            },
+            LivePart::Arguments => tether::EventKind::ToolCallArgs {
+                tool_use_id: id,
+                delta,
+            },
+        };
+        tether::Event::new("", "restate.live_draft", Value::Null, kind)
+    }
+}
+
+type Parts = HashMap<(LivePart, String), String>;
+
+/// What each thread's turn running in this process streamed so far of the parts in progress (a
+/// message's text and reasoning, a call's arguments; dropped once the record holds them whole):
+/// the offsets of [`LiveEvent`], and what a relay that begins following a turn mid-message is
+/// shown first ([`LiveDrafts::of`], from offset 0), so that it shows that message live too.
+#[derive(Clone, Default)]
+pub struct LiveDrafts {
+    inner: Arc<std::sync::Mutex<HashMap<ThreadId, Parts>>>,
+}
+
+impl LiveDrafts {
+    /// No drafts.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ThreadId, Parts>> {
+        // Every operation on the map is a single insert, append or remove: a poisoned lock
+        // leaves it consistent.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The parts of `thread`'s turn streaming now, each with what was streamed of it:
+    /// (part, message or tool use id, text from offset 0), reasoning before text.
+    pub fn of(&self, thread: &ThreadId) -> Vec<(LivePart, String, String)> {
+        let mut out: Vec<(LivePart, String, String)> = self
+            .lock()
+            .get(thread)
+            .map(|parts| {
+                parts
+                    .iter()
+                    .map(|((p, id), text)| (*p, id.clone(), text.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        out
+    }
+
+    /// How many threads have drafts (for tests).
+    pub fn threads(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// A new attempt of `thread`'s turn streams every part from its start.
+    fn forget_thread(&self, thread: &ThreadId) {
+        self.lock().remove(thread);
+    }
+
+    /// The offset of `event` if it is a delta, adding it to its part's draft; forgets the parts
+    /// the record now holds whole.
+    fn offset(&self, thread: &ThreadId, event: &tether::Event) -> Option<u64> {
+        let mut all = self.lock();
+        if let Some((part, id, delta)) = live_part(&event.kind) {
+            let draft = all
+                .entry(thread.clone())
+                .or_default()
+                .entry((part, id.to_owned()))
+                .or_default();
+            let offset = draft.len() as u64;
+            draft.push_str(delta);
+            return Some(offset);
+        }
+        let Some(parts) = all.get_mut(thread) else {
+            return None;
+        };
+        match &event.kind {
+            // A call starting (again) streams its arguments from their start.
+            tether::EventKind::ToolCallStart { tool_use_id, .. } => {
+                parts.remove(&(LivePart::Arguments, tool_use_id.clone()));
+            }
+            tether::EventKind::ToolCall { tool_use, .. } if event.is_durable() => {
+                parts.remove(&(LivePart::Arguments, tool_use.id.clone()));
+            }
+            tether::EventKind::Message {
+                message_id,
+                tool_uses,
+                ..
+            } if event.is_durable() => {
+                parts.remove(&(LivePart::Text, message_id.clone()));
+                parts.remove(&(LivePart::Reasoning, message_id.clone()));
+                for u in tool_uses {
+                    parts.remove(&(LivePart::Arguments, u.id.clone()));
+                }
+            }
+            _ => {}
+        }
+        if parts.is_empty() {
+            all.remove(thread);
+        }
+        None
+    }
+}
+
+/// Forwards a turn's events to the live channel, each delta with its offset.
 struct LiveObserver {
     thread: ThreadId,
     tx: Fanout<LiveEvent>,
+    drafts: LiveDrafts,
+}
+
+impl Drop for LiveObserver {
+    fn drop(&mut self) {
+        self.drafts.forget_thread(&self.thread);
+    }
 }
 
 impl tether::EventObserver for LiveObserver {
     fn on_event(&self, event: &tether::Event, _sink: &tether::EventSink) {
+        let offset = self.drafts.offset(&self.thread, event);
         self.tx.send(
             &self.thread,
             LiveEvent {
                 thread: self.thread.clone(),
                 event: event.clone(),
+                offset,
             },
         );
     }
@@ -200,6 +367,7 @@ impl TetherThread {
             system_prompt: None,
             model_name: None,
             live: None,
+            drafts: LiveDrafts::new(),
             signals: None,
             on_attempt: None,
         }
@@ -257,6 +425,13 @@ impl TetherThread {
     /// all threads costs N² receives for N concurrent relays, and makes them lag).
     pub fn live_hub(mut self, hub: ThreadHub<LiveEvent>) -> Self {
         self.live = Some(Fanout::PerThread(hub));
+        self
+    }
+
+    /// Keeps what the turns running here streamed so far of the parts in progress in `drafts`
+    /// (see [`LiveDrafts`]), where a relay that begins following a turn mid-message reads it.
+    pub fn live_drafts(mut self, drafts: LiveDrafts) -> Self {
+        self.drafts = drafts;
         self
     }
 
@@ -765,9 +940,11 @@ impl TetherThread {
             .thread(mem.clone(), thread.clone(), self.agent.clone())
             .title(req.text.chars().take(80).collect::<String>());
         if let Some(tx) = &self.live {
+            self.drafts.forget_thread(thread);
             builder = builder.observer(Arc::new(LiveObserver {
                 thread: thread.clone(),
                 tx: tx.clone(),
+                drafts: self.drafts.clone(),
             }));
         }
         let mut session = builder.open().await?;

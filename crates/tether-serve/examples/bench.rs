@@ -222,8 +222,50 @@ struct Figures {
     error: Option<String>,
     /// Text characters each run that did not fail received.
     chars: Vec<u64>,
+    /// With `BENCH_TRACE`: each run's AG-UI text events in short (see [`Trace`]), in the order
+    /// of `chars`.
+    traces: Vec<Trace>,
     /// CPU seconds used during the load by the process serving it, and by the load client.
     cpu: (f64, f64),
+}
+
+impl Figures {
+    fn empty() -> Figures {
+        Figures {
+            deltas: 0,
+            events: 0,
+            elapsed: Duration::from_secs(1),
+            ttfe: Vec::new(),
+            ttft: Vec::new(),
+            ttfh: Vec::new(),
+            done: Vec::new(),
+            failures: 0,
+            errors: 0,
+            error: None,
+            chars: Vec::new(),
+            traces: Vec::new(),
+            cpu: (0.0, 0.0),
+        }
+    }
+}
+
+/// Prints the total of text characters against what the model sent, and (with `BENCH_TRACE`)
+/// each run whose count is not the model's, with what its stream showed (at most 10).
+fn mismatches(name: &str, f: &Figures, deltas: usize) {
+    let want = deltas as u64 * f.chars.len() as u64;
+    let got: u64 = f.chars.iter().sum();
+    println!(
+        "{name}: text characters {got} of {want} ({:+}) in {} runs that did not fail",
+        got as i64 - want as i64,
+        f.chars.len()
+    );
+    let bad: Vec<usize> = (0..f.chars.len())
+        .filter(|&i| f.chars[i] != deltas as u64)
+        .collect();
+    for &i in bad.iter().take(10) {
+        let t = f.traces.get(i).map(Trace::summary).unwrap_or_default();
+        println!("{name}: a run showed {} characters: {t}", f.chars[i]);
+    }
 }
 
 fn pct(v: &[Duration], p: f64) -> Duration {
@@ -276,6 +318,78 @@ struct Scan {
     /// The first `RUN_ERROR` event's line, if the run ended with one (an AG-UI run fails in
     /// the stream, after its 200 head).
     error: Option<String>,
+    /// With `BENCH_TRACE`: what the run's text events were.
+    trace: Trace,
+}
+
+/// What a run's AG-UI stream showed of its text (`BENCH_TRACE=1`; off by default, it parses
+/// every event): the text message events in order, runs of `TEXT_MESSAGE_CONTENT` of one message
+/// folded into one entry with their character count, and the snapshots. A run whose count of
+/// characters is wrong is printed with it, so that a gap or a repeat shows where it happened.
+#[derive(Default)]
+struct Trace {
+    on: bool,
+    /// (event type, message id, characters) in order.
+    steps: Vec<(String, String, u64)>,
+    /// Characters per message id (`TEXT_MESSAGE_CONTENT`).
+    per_message: std::collections::BTreeMap<String, u64>,
+    /// Message ids that had more than one `TEXT_MESSAGE_START`.
+    restarted: Vec<String>,
+}
+
+impl Trace {
+    fn feed(&mut self, data: &[u8], chars: u64) {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(data) else {
+            self.steps.push(("UNPARSED".into(), String::new(), 0));
+            return;
+        };
+        let ty = v["type"].as_str().unwrap_or("").to_owned();
+        let id = v["messageId"].as_str().unwrap_or("").to_owned();
+        match ty.as_str() {
+            "TEXT_MESSAGE_CONTENT" => {
+                *self.per_message.entry(id.clone()).or_default() += chars;
+                if let Some(last) = self.steps.last_mut()
+                    && last.0 == ty
+                    && last.1 == id
+                {
+                    last.2 += chars;
+                    return;
+                }
+                self.steps.push((ty, id, chars));
+            }
+            "TEXT_MESSAGE_START" => {
+                if self.steps.iter().any(|(t, i, _)| t == &ty && i == &id) {
+                    self.restarted.push(id.clone());
+                }
+                self.steps.push((ty, id, 0));
+            }
+            "TEXT_MESSAGE_END" | "RUN_ERROR" | "RUN_FINISHED" => self.steps.push((ty, id, 0)),
+            "MESSAGES_SNAPSHOT" => {
+                let n = v["messages"].as_array().map_or(0, Vec::len) as u64;
+                self.steps.push((ty, String::new(), n));
+            }
+            _ => {}
+        }
+    }
+
+    fn summary(&self) -> String {
+        let steps: Vec<String> = self
+            .steps
+            .iter()
+            .map(|(t, id, n)| match t.as_str() {
+                "TEXT_MESSAGE_CONTENT" => format!("CONTENT({id}, {n} chars)"),
+                "MESSAGES_SNAPSHOT" => format!("MESSAGES_SNAPSHOT({n} messages)"),
+                _ if id.is_empty() => t.clone(),
+                _ => format!("{t}({id})"),
+            })
+            .collect();
+        format!(
+            "per message {:?}; started twice {:?}; events: {}",
+            self.per_message,
+            self.restarted,
+            steps.join(" ")
+        )
+    }
 }
 
 impl Scan {
@@ -295,6 +409,9 @@ impl Scan {
                 let (events, chars) = scan_line(data, text);
                 self.events += events;
                 self.chars += chars;
+                if self.trace.on {
+                    self.trace.feed(data, chars);
+                }
             }
             self.line.clear();
             rest = &rest[nl + 1..];
@@ -562,6 +679,7 @@ async fn load(
 ) -> Figures {
     let start = Instant::now();
     let mut conns = conns.map(|c| c.into_iter());
+    let trace = std::env::var_os("BENCH_TRACE").is_some();
     let tasks: Vec<_> = (0..runs)
         .map(|i| {
             let req = make(i);
@@ -576,6 +694,7 @@ async fn load(
                 let mut first = None;
                 let mut first_text = None;
                 let mut scan = Scan::default();
+                scan.trace.on = trace;
                 let exchange = conn.exchange(
                     &req,
                     || head = Some(t0.elapsed()),
@@ -620,6 +739,7 @@ async fn load(
         errors: 0,
         error: None,
         chars: Vec::new(),
+        traces: Vec::new(),
         cpu: (0.0, 0.0),
     };
     for t in tasks {
@@ -636,6 +756,7 @@ async fn load(
                 f.ttft.push(ttft);
                 f.deltas += scan.chars;
                 f.chars.push(scan.chars);
+                f.traces.push(scan.trace);
                 f.events += scan.events;
             }
             None => f.failures += 1,
@@ -1136,7 +1257,18 @@ async fn compare(
         };
         let server_lines = nodes.first().map(|n| n.server_lines()).unwrap_or_default();
         let mut measured = Vec::new();
+        // BENCH_VARIANTS=plain or tools: that variant only (the other is then not measured and
+        // its figures in the summary are zero).
+        let only = std::env::var("BENCH_VARIANTS").ok();
         for (v, url) in [(0, &plain_url), (1, &tools_url)] {
+            if only.as_deref().is_some_and(|o| o != ["plain", "tools"][v]) {
+                measured.push(Measured {
+                    lone: vec![Duration::ZERO],
+                    load: Figures::empty(),
+                    hwm_kib: 0,
+                });
+                continue;
+            }
             let agent = match v {
                 0 => format!("[agents.bench]\nbase_url = \"{plain_url}\"\nmodel = \"bench\"\n"),
                 _ => format!(
@@ -1228,11 +1360,13 @@ async fn compare(
                 runs,
             );
             let short = load.chars.iter().filter(|&&c| c < deltas as u64).count();
+            let long = load.chars.iter().filter(|&&c| c > deltas as u64).count();
             println!(
-                "{name}: run time p50 {:.1} ms, p99 {:.1} ms; runs that showed less text than the model sent: {short}",
+                "{name}: run time p50 {:.1} ms, p99 {:.1} ms; runs that showed less text than the model sent: {short}, more: {long}",
                 ms(pct(&load.done, 0.50)),
                 ms(pct(&load.done, 0.99))
             );
+            mismatches(&name, &load, deltas);
             drop(server);
             measured.push(Measured { lone, load, hwm_kib });
         }

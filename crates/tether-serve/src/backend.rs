@@ -46,7 +46,10 @@ use tether::{ThreadId, ThreadStore, ToolUse};
 use tether_agui::approval::{self, Outstanding};
 use tether_agui::thread::Update;
 use tether_agui::{Agent, CheckError, EventMapper, Message, RunAgentInput, RunContext, RunOutcome};
-use tether_restate::{LiveEvent, TetherThread, ThreadHub, TurnRequest, TurnSignal, WaitingToolUse};
+use tether_restate::{
+    LiveDrafts, LiveEvent, LivePart, TetherThread, ThreadHub, TurnRequest, TurnSignal, WaitingToolUse,
+    live_part,
+};
 use tether_sqlite::SqliteStore;
 use tokio::sync::broadcast;
 
@@ -106,6 +109,9 @@ pub(crate) struct RestateAgent {
     store: Arc<dyn ThreadStore>,
     restate: tether_restate::RestateStore,
     live: ThreadHub<LiveEvent>,
+    /// What the turns running here streamed so far of the messages in progress: shown first
+    /// to a relay that begins following one mid-message.
+    drafts: LiveDrafts,
     signals: ThreadHub<TurnSignal>,
     run_timeout: Duration,
     /// This node's URL as its peers reach it (`[server] node_url`; set once the server is
@@ -177,8 +183,15 @@ pub fn follow_credential(token: &str, thread: &str) -> String {
 enum FollowLine {
     /// Sent first: the events from here on are all sent (what came before is in the record).
     Subscribed,
-    /// An event of the turn (token deltas included).
+    /// An event of the turn: a durable one, or a live one without an offset.
     Event(tether::Event),
+    /// A live delta of the turn and its offset in its part (see `tether_restate::LiveEvent`).
+    Live {
+        /// Where the delta starts in its part.
+        offset: u64,
+        /// The delta.
+        event: tether::Event,
+    },
     /// A change of the turn's state; `waiting` and `ended` end the stream.
     Signal(TurnSignal),
     /// The follower fell too far behind: the stream ends (the record has the durable events).
@@ -266,11 +279,13 @@ pub(crate) async fn start(
     let handler = crate::handler::ServeHandler::new(cfg)?;
     // Per thread: a relay reads its own thread's events only.
     let live = ThreadHub::new(LIVE_CAPACITY);
+    let drafts = LiveDrafts::new();
     let signals = ThreadHub::new(SIGNAL_CAPACITY);
     let threads = thread_store(server, [&name.to_owned()], store)?;
     let mut thread = TetherThread::new(name, local.model.clone(), Arc::new(handler))
         .import(Arc::new(store.clone()))
         .live_hub(live.clone())
+        .live_drafts(drafts.clone())
         .signal_hub(signals.clone())
         .on_attempt(announcer(node.clone(), threads.clone()));
     if !local.model_name.is_empty() {
@@ -313,6 +328,7 @@ pub(crate) async fn start(
         store: threads,
         restate: tether_restate::RestateStore::new(&ingress_text, [name]).map_err(|e| e.to_string())?,
         live,
+        drafts,
         signals,
         run_timeout,
         node,
@@ -582,6 +598,8 @@ impl RestateAgent {
     pub(crate) fn live_lines(&self, thread: ThreadId) -> tokio::sync::mpsc::Receiver<bytes::Bytes> {
         let mut events = self.live.subscribe(&thread);
         let mut signals = self.signals.subscribe(&thread);
+        // Read after subscribing: what the channel brings again the follower drops by offset.
+        let drafts = self.drafts.of(&thread);
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         tokio::spawn(async move {
             let send = |l: FollowLine| {
@@ -597,12 +615,24 @@ impl RestateAgent {
             if !send(FollowLine::Subscribed).await {
                 return;
             }
+            // The messages in progress so far, from their start: the follower shows them live
+            // from the beginning rather than only once recorded.
+            for (part, id, text) in drafts {
+                if !send(FollowLine::Live {
+                    offset: 0,
+                    event: part.delta(id, text),
+                })
+                .await
+                {
+                    return;
+                }
+            }
             loop {
                 let line = tokio::select! {
                     biased;
                     () = tx.closed() => return,
                     ev = events.recv() => match ev {
-                        Ok(ev) if ev.thread == thread => FollowLine::Event(ev.event),
+                        Ok(ev) if ev.thread == thread => follow_line(ev),
                         Ok(_) => continue,
                         Err(broadcast::error::RecvError::Lagged(_)) => {
                             send(FollowLine::Lagged).await;
@@ -616,7 +646,7 @@ impl RestateAgent {
                             loop {
                                 match events.try_recv() {
                                     Ok(ev) if ev.thread == thread => {
-                                        if !send(FollowLine::Event(ev.event)).await {
+                                        if !send(follow_line(ev)).await {
                                             return;
                                         }
                                     }
@@ -749,6 +779,7 @@ impl RestateAgent {
         let mut events = self.live.subscribe(&thread);
         let mut signals = self.signals.subscribe(&thread);
         let mut mapper = EventMapper::new(ctx.input()).model(self.model.clone());
+        let mut parts = LiveParts::default();
         update(
             ctx,
             Update::Started {
@@ -943,6 +974,24 @@ impl RestateAgent {
         let timeout = tokio::time::sleep(self.run_timeout);
         tokio::pin!(timeout);
         let mut max_seq = shown;
+        if matches!(reconnect, Some((_, true))) {
+            // Reconnected to a running turn: what the client lacks of the record, then the
+            // messages in progress here from their start (the live channel goes on from there).
+            for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
+                relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
+            }
+            for (part, id, text) in self.drafts.of(&thread) {
+                relay(
+                    ctx,
+                    &mut mapper,
+                    &mut parts,
+                    &part.delta(id, text),
+                    Some(0),
+                    &mut max_seq,
+                )
+                .await?;
+            }
+        }
         let attached = async {
             match &invocation {
                 Some(id) => self.attach(id).await,
@@ -1000,7 +1049,7 @@ impl RestateAgent {
                     Ok(ev) if ev.thread == thread => {
                         quiet = false;
                         here = true;
-                        relay(ctx, &mut mapper, &ev.event, &mut max_seq).await?
+                        relay(ctx, &mut mapper, &mut parts, &ev.event, ev.offset, &mut max_seq).await?
                     }
                     Ok(_) => {}
                     Err(broadcast::error::RecvError::Lagged(_)) => return Err(lagged()),
@@ -1011,12 +1060,16 @@ impl RestateAgent {
                     Some(FollowLine::Subscribed) => {
                         quiet = false;
                         for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
-                            relay(ctx, &mut mapper, &ev, &mut max_seq).await?;
+                            relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
                         }
                     }
                     Some(FollowLine::Event(ev)) => {
                         quiet = false;
-                        relay(ctx, &mut mapper, &ev, &mut max_seq).await?;
+                        relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
+                    }
+                    Some(FollowLine::Live { event, offset }) => {
+                        quiet = false;
+                        relay(ctx, &mut mapper, &mut parts, &event, Some(offset), &mut max_seq).await?;
                     }
                     Some(FollowLine::Signal(sig)) => {
                         quiet = false;
@@ -1036,7 +1089,7 @@ impl RestateAgent {
                 out = &mut attached => {
                     // The turn ended (seen from Restate): its record is complete.
                     for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
-                        relay(ctx, &mut mapper, &ev, &mut max_seq).await?;
+                        relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
                     }
                     break Relayed::Ended(out);
                 }
@@ -1051,7 +1104,7 @@ impl RestateAgent {
                     let Ok(waiting) = self.waiting(&thread).await else { continue };
                     let Ok(more) = self.record_after(&thread, max_seq).await else { continue };
                     for ev in more {
-                        relay(ctx, &mut mapper, &ev, &mut max_seq).await?;
+                        relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
                     }
                     if waiting
                         .iter()
@@ -1065,7 +1118,9 @@ impl RestateAgent {
         // Every event sent before the signal is in the channel already.
         loop {
             match events.try_recv() {
-                Ok(ev) if ev.thread == thread => relay(ctx, &mut mapper, &ev.event, &mut max_seq).await?,
+                Ok(ev) if ev.thread == thread => {
+                    relay(ctx, &mut mapper, &mut parts, &ev.event, ev.offset, &mut max_seq).await?
+                }
                 Ok(_) => {}
                 Err(broadcast::error::TryRecvError::Lagged(_)) => return Err(lagged()),
                 Err(_) => break,
@@ -1270,21 +1325,158 @@ fn refused(thread: &ThreadId, resume: &[tether_agui::ResumeEntry]) -> tether_agu
     tether_agui::AgUiError::agent(r.code(), r.to_string())
 }
 
+/// The line of `GET /v1/threads/{id}/live` for one of the turn's events.
+fn follow_line(ev: LiveEvent) -> FollowLine {
+    match ev.offset {
+        Some(offset) => FollowLine::Live {
+            offset,
+            event: ev.event,
+        },
+        None => FollowLine::Event(ev.event),
+    }
+}
+
+/// What a run showed of each part the turn streams live (a message's text or reasoning, a
+/// call's arguments), by the parts' offsets ([`LiveEvent::offset`]): so that each character
+/// reaches the client once, whatever mix of sources brings it.
+///
+/// A relay gets the same part from several places: this process's live channel, a peer's live
+/// stream, the record (the whole message, read when the relay goes quiet, when it starts
+/// following a peer, or when the turn ends: it may arrive before the rest of the live text), and
+/// a model step that runs again in a replayed turn (the same part from its start). A delta is
+/// shown only where it continues what the client holds: a repeat is dropped, an overlap cut,
+/// and a part whose beginning this run missed (it began following mid-message, or a delta had
+/// no offset) is not shown live at all: the record's message shows it whole (or, when the client
+/// holds its beginning, goes on from there: `EventMapper`).
+#[derive(Default)]
+struct LiveParts {
+    parts: std::collections::HashMap<(LivePart, String), LivePartShown>,
+}
+
+#[derive(Default)]
+struct LivePartShown {
+    /// What the client was shown of the part, from its start.
+    text: String,
+    /// No more of the part is shown live (its beginning was missed, or a delta disagreed with
+    /// what was shown).
+    muted: bool,
+}
+
+/// What of a live delta the client is shown.
+#[derive(Debug, PartialEq)]
+enum Admit {
+    /// Not a delta: shown as it is.
+    Event,
+    /// Nothing.
+    Nothing,
+    /// The delta, from this byte on (0: all of it).
+    From(usize),
+}
+
+impl LiveParts {
+    /// What the client is shown of `ev` at `offset` (see the type's documentation), counting it as
+    /// shown; a durable message or call ends the tracking of its parts.
+    fn admit(&mut self, ev: &tether::Event, offset: Option<u64>) -> Admit {
+        let Some((part, id, delta)) = live_part(&ev.kind) else {
+            self.forget(ev);
+            return Admit::Event;
+        };
+        let p = self.parts.entry((part, id.to_owned())).or_default();
+        if p.muted {
+            return Admit::Nothing;
+        }
+        let held = p.text.len();
+        let start = match offset.and_then(|o| usize::try_from(o).ok()) {
+            Some(o) if o <= held => o,
+            // Missed the part's beginning, or no offset to tell.
+            _ => {
+                p.muted = true;
+                return Admit::Nothing;
+            }
+        };
+        let repeated = (held - start).min(delta.len());
+        if !delta.is_char_boundary(repeated)
+            || p.text.as_bytes().get(start..start + repeated) != delta.as_bytes().get(..repeated)
+        {
+            // Not what the client holds (a step that ran again said something else): the record
+            // decides.
+            p.muted = true;
+            return Admit::Nothing;
+        }
+        if repeated == delta.len() {
+            return Admit::Nothing;
+        }
+        p.text.push_str(&delta[repeated..]);
+        Admit::From(repeated)
+    }
+
+    fn forget(&mut self, ev: &tether::Event) {
+        if !ev.is_durable() {
+            return;
+        }
+        match &ev.kind {
+            tether::EventKind::Message {
+                message_id,
+                tool_uses,
+                ..
+            } => {
+                self.parts.remove(&(LivePart::Text, message_id.clone()));
+                self.parts.remove(&(LivePart::Reasoning, message_id.clone()));
+                for u in tool_uses {
+                    self.parts.remove(&(LivePart::Arguments, u.id.clone()));
+                }
+            }
+            tether::EventKind::ToolCall { tool_use, .. } => {
+                self.parts.remove(&(LivePart::Arguments, tool_use.id.clone()));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// `ev`, a live delta, with its text from byte `from` on.
+fn delta_from(ev: &tether::Event, from: usize) -> tether::Event {
+    let mut out = ev.clone();
+    match &mut out.kind {
+        tether::EventKind::TextDelta { delta, .. }
+        | tether::EventKind::ReasoningDelta { delta, .. }
+        | tether::EventKind::ToolCallArgs { delta, .. } => {
+            delta.drain(..from.min(delta.len()));
+        }
+        _ => {}
+    }
+    out
+}
+
 /// Maps one of the turn's events to the client's stream, skipping durable events already shown
 /// (`max_seq`: before the turn waited, or by this run; a replayed turn sends them again, and the
-/// record read through the ingress holds those this process sent too).
+/// record read through the ingress holds those this process sent too) and live text the client
+/// holds or cannot be shown in order (`parts`, by the delta's `offset`). Every event a relay
+/// shows goes through here.
 async fn relay(
     ctx: &mut RunContext<Value>,
     mapper: &mut EventMapper,
+    parts: &mut LiveParts,
     ev: &tether::Event,
+    offset: Option<u64>,
     max_seq: &mut u64,
 ) -> tether_agui::AgUiResult<()> {
     if let Some(seq) = ev.seq {
         if seq <= *max_seq {
+            parts.forget(ev);
             return Ok(());
         }
         *max_seq = seq;
     }
+    let cut;
+    let ev = match parts.admit(ev, offset) {
+        Admit::Nothing => return Ok(()),
+        Admit::Event | Admit::From(0) => ev,
+        Admit::From(n) => {
+            cut = delta_from(ev, n);
+            &cut
+        }
+    };
     ctx.ready().await?;
     mapper.map(ctx, ev)?;
     update(ctx, Update::Event(ev))
@@ -1307,10 +1499,181 @@ impl Agent for RestateAgent {
 
 #[cfg(test)]
 mod tests {
-    use super::{holds_after_last_user, idempotency_key, reconnect_point};
-    use serde_json::json;
+    use super::{LiveParts, holds_after_last_user, idempotency_key, reconnect_point, relay};
+    use serde_json::{Value, json};
+    use std::sync::Arc;
     use tether::{Event, EventKind, Role, ToolResult, ToolUse};
-    use tether_agui::Message;
+    use tether_agui::{
+        AgUiResult, Agent, EventMapper, Message, RunAgentInput, RunContext, RunOptions, RunOutcome, Verifier,
+    };
+
+    /// A relay fed a fixed list of (event, offset), as the sources of `run_inner` bring them.
+    struct Relay(Vec<(Event, Option<u64>)>);
+
+    impl Agent for Relay {
+        type State = Value;
+        async fn run(&self, ctx: &mut RunContext<Value>) -> AgUiResult<RunOutcome> {
+            let mut mapper = EventMapper::new(ctx.input());
+            let mut parts = LiveParts::default();
+            let mut max_seq = 0;
+            for (ev, offset) in &self.0 {
+                relay(ctx, &mut mapper, &mut parts, ev, *offset, &mut max_seq).await?;
+            }
+            mapper.close(ctx)?;
+            Ok(RunOutcome::Success)
+        }
+    }
+
+    /// The AG-UI events a relay sends for `feed` (checked by the verifier).
+    async fn relayed(feed: Vec<(Event, Option<u64>)>) -> Vec<Value> {
+        let input = RunAgentInput::new("t1", "r1");
+        let mut v = Verifier::for_input(&input);
+        let out = tether_agui::run_agent(Arc::new(Relay(feed)), input, RunOptions::default())
+            .collect_all()
+            .await;
+        for e in &out {
+            if let Err(err) = v.observe(e) {
+                panic!("{e:?} rejected: {err} in {out:#?}");
+            }
+        }
+        out.iter()
+            .map(|e| serde_json::to_value(e).unwrap_or_default())
+            .collect()
+    }
+
+    fn delta(id: &str, text: &str, offset: u64) -> (Event, Option<u64>) {
+        let kind = EventKind::TextDelta {
+            message_id: id.into(),
+            delta: text.into(),
+        };
+        (Event::new("", "test", json!(null), kind), Some(offset))
+    }
+
+    fn recorded(seq: u64, id: &str, text: &str, calls: Vec<ToolUse>) -> (Event, Option<u64>) {
+        let kind = EventKind::Message {
+            message_id: id.into(),
+            role: Role::Assistant,
+            text: text.into(),
+            reasoning: None,
+            tool_uses: calls,
+        };
+        (
+            Event::new(format!("e{seq}"), "test", json!(null), kind).with_seq(seq),
+            None,
+        )
+    }
+
+    /// The text the client got (every `TEXT_MESSAGE_CONTENT`, in order), and how many
+    /// `TEXT_MESSAGE_START` and `MESSAGES_SNAPSHOT` it got.
+    fn shown(events: &[Value]) -> (String, usize, usize) {
+        let count = |t: &str| events.iter().filter(|e| e["type"] == t).count();
+        let text = events
+            .iter()
+            .filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT")
+            .filter_map(|e| e["delta"].as_str())
+            .collect();
+        (text, count("TEXT_MESSAGE_START"), count("MESSAGES_SNAPSHOT"))
+    }
+
+    /// The serve bench's tool-heavy load on Restate (issue 18): a relay that went quiet reads the
+    /// record, and the record's message arrives while the rest of its live text still waits in
+    /// the channel. The client gets every character once: the beginning live, the rest from the
+    /// record, nothing withdrawn, nothing sent again (before: the message was withdrawn and sent
+    /// whole, its beginning counted twice).
+    #[tokio::test]
+    async fn the_record_arriving_before_the_rest_of_the_live_text_shows_each_character_once() {
+        let ev = relayed(vec![
+            delta("a1", "Hel", 0),
+            delta("a1", "lo", 3),
+            recorded(2, "a1", "Hello, world", vec![]),
+            delta("a1", ", wor", 5),
+            delta("a1", "ld", 10),
+            // The live channel's copy of the record's message.
+            recorded(2, "a1", "Hello, world", vec![]),
+        ])
+        .await;
+        assert_eq!(shown(&ev), ("Hello, world".into(), 1, 0), "{ev:#?}");
+    }
+
+    /// A relay that begins following a turn mid-message (a peer's stream, a reconnect) never
+    /// shows the part it got as if it were the message: the message is shown whole, once.
+    #[tokio::test]
+    async fn a_message_whose_beginning_was_missed_is_shown_whole_once() {
+        let ev = relayed(vec![
+            delta("a1", ", wor", 5),
+            delta("a1", "ld", 10),
+            recorded(2, "a1", "Hello, world", vec![]),
+        ])
+        .await;
+        assert_eq!(shown(&ev), ("Hello, world".into(), 1, 0), "{ev:#?}");
+        // A delta without an offset (an older peer) counts as a missed beginning.
+        let (e, _) = delta("a1", "Hello", 0);
+        let ev = relayed(vec![(e, None), recorded(2, "a1", "Hello, world", vec![])]).await;
+        assert_eq!(shown(&ev), ("Hello, world".into(), 1, 0), "{ev:#?}");
+    }
+
+    /// A model step that runs again (a replayed turn) streams its message from the start: what
+    /// the client holds is not sent again, and the rest follows once.
+    #[tokio::test]
+    async fn a_step_streamed_again_continues_where_the_client_is() {
+        let ev = relayed(vec![
+            delta("a1", "Hello", 0),
+            delta("a1", ", wo", 5),
+            delta("a1", "Hel", 0),
+            delta("a1", "lo, world", 3),
+            recorded(2, "a1", "Hello, world", vec![]),
+        ])
+        .await;
+        assert_eq!(shown(&ev), ("Hello, world".into(), 1, 0), "{ev:#?}");
+        // The step said something else the second time: no more of it is shown live, and the
+        // record's message replaces what the client holds.
+        let ev = relayed(vec![
+            delta("a1", "Hello", 0),
+            delta("a1", "Hi there", 0),
+            recorded(2, "a1", "Hi there", vec![]),
+        ])
+        .await;
+        let (text, _, snapshots) = shown(&ev);
+        assert_eq!((text.as_str(), snapshots), ("HelloHi there", 1), "{ev:#?}");
+    }
+
+    /// A call's arguments, like text: the record's call arriving before the rest of the live
+    /// arguments goes on from what the client holds.
+    #[tokio::test]
+    async fn arguments_cut_by_the_record_arrive_once() {
+        let start = EventKind::ToolCallStart {
+            tool_use_id: "c1".into(),
+            name: "read_file".into(),
+            message_id: Some("a1".into()),
+        };
+        let args = |d: &str, at: u64| {
+            let kind = EventKind::ToolCallArgs {
+                tool_use_id: "c1".into(),
+                delta: d.into(),
+            };
+            (Event::new("", "test", json!(null), kind), Some(at))
+        };
+        let call = ToolUse::new("c1", "read_file", json!({"path": "x"}));
+        let whole = call.input.to_string();
+        let ev = relayed(vec![
+            (Event::new("", "test", json!(null), start), None),
+            args(&whole[..4], 0),
+            recorded(2, "a1", "", vec![call]),
+            args(&whole[4..], 4),
+        ])
+        .await;
+        let sent: String = ev
+            .iter()
+            .filter(|e| e["type"] == "TOOL_CALL_ARGS")
+            .filter_map(|e| e["delta"].as_str())
+            .collect();
+        assert_eq!(sent, whole, "{ev:#?}");
+        assert_eq!(
+            ev.iter().filter(|e| e["type"] == "TOOL_CALL_START").count(),
+            1,
+            "{ev:#?}"
+        );
+    }
 
     fn message(seq: u64, id: &str, role: Role, calls: &[&str]) -> Event {
         Event::new(
