@@ -298,9 +298,7 @@ impl LiveDrafts {
             draft.push_str(delta);
             return Some(offset);
         }
-        let Some(parts) = all.get_mut(thread) else {
-            return None;
-        };
+        let parts = all.get_mut(thread)?;
         match &event.kind {
             // A call starting (again) streams its arguments from their start.
             tether::EventKind::ToolCallStart { tool_use_id, .. } => {
