@@ -728,19 +728,8 @@ async fn load(
         })
         .collect();
     let mut f = Figures {
-        deltas: 0,
-        events: 0,
         elapsed: Duration::ZERO,
-        ttfe: Vec::new(),
-        ttft: Vec::new(),
-        ttfh: Vec::new(),
-        done: Vec::new(),
-        failures: 0,
-        errors: 0,
-        error: None,
-        chars: Vec::new(),
-        traces: Vec::new(),
-        cpu: (0.0, 0.0),
+        ..Figures::empty()
     };
     for t in tasks {
         match t.await.ok().flatten() {
