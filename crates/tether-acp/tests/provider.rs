@@ -25,9 +25,10 @@ impl Approver for Counting {
     }
 }
 
-fn texts_of(events: &[tether::Event]) -> Vec<String> {
+fn texts_of(events: &[impl std::borrow::Borrow<tether::Event>]) -> Vec<String> {
     events
         .iter()
+        .map(std::borrow::Borrow::borrow)
         .filter_map(|e| match &e.kind {
             EventKind::Message {
                 role: Role::Assistant,

@@ -1100,7 +1100,6 @@ impl Session {
             usage: Usage::default(),
             turns: 0,
             events: self.cx.sink.take_record().await,
-            checkpoint: self.provider.checkpoint(),
         }
     }
 
@@ -1973,7 +1972,6 @@ impl Session {
             usage: Usage::default(),
             turns: 0,
             events: self.cx.sink.take_record().await,
-            checkpoint: self.provider.checkpoint(),
         }
     }
 
@@ -1997,7 +1995,6 @@ impl Session {
             usage: acc.usage,
             turns: acc.turns,
             events: self.cx.sink.take_record().await,
-            checkpoint: self.provider.checkpoint(),
         }
     }
 

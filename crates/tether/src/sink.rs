@@ -462,10 +462,10 @@ impl EventSink {
         }
     }
 
-    /// Takes the record accumulated since the last call (one request's events).
-    pub async fn take_record(&self) -> Vec<Event> {
-        let events = std::mem::take(&mut self.inner.record.lock().await.events);
-        events.into_iter().map(unshare).collect()
+    /// Takes the record accumulated since the last call (one request's events), shared with
+    /// the store rather than copied.
+    pub async fn take_record(&self) -> Vec<Arc<Event>> {
+        std::mem::take(&mut self.inner.record.lock().await.events)
     }
 }
 
@@ -1753,7 +1753,12 @@ mod tests {
         let written = store.load("s1").await.unwrap();
         assert_eq!(written.len(), 1);
         assert_eq!((written[0].id.as_str(), written[0].seq), ("c", Some(3)));
-        let record: Vec<String> = sink.take_record().await.into_iter().map(|e| e.id).collect();
+        let record: Vec<String> = sink
+            .take_record()
+            .await
+            .into_iter()
+            .map(|e| e.id.clone())
+            .collect();
         assert_eq!(record, ["a", "b", "c"]);
     }
 

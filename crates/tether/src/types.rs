@@ -1,6 +1,8 @@
 //! The session vocabulary shared by every provider: tools, tool uses and results, usage,
 //! session identity, turn terminals and results.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -682,10 +684,10 @@ pub struct SessionResult {
     /// Turns taken in this request.
     pub turns: u32,
     /// The exactly-once record of this request's events (deduplicated by event id).
-    pub events: Vec<Event>,
-    /// The provider's resumable state ([`crate::Provider::checkpoint`]: the local loop's history),
-    /// when it keeps one.
-    pub checkpoint: Option<Value>,
+    ///
+    /// Each event is shared with the session's record and store, not copied: a request's result
+    /// costs no copy of its events, and dropping it frees none that the store still holds.
+    pub events: Vec<Arc<Event>>,
 }
 
 /// Why a tool use waits instead of running.

@@ -16,10 +16,10 @@ fn spec(name: &str) -> ToolSpec {
     ToolSpec::new(name, name, json!({"type": "object"}))
 }
 
-fn assert_record_is_exactly_once(events: &[tether::Event]) {
+fn assert_record_is_exactly_once(events: &[impl std::borrow::Borrow<tether::Event>]) {
     let mut ids = std::collections::HashSet::new();
     let mut last = 0;
-    for e in events {
+    for e in events.iter().map(std::borrow::Borrow::borrow) {
         assert!(ids.insert(e.id.clone()), "duplicate event id {}", e.id);
         let s = e.seq.expect("recorded events carry a sequence number");
         assert!(s > last, "sequence numbers must increase: {s} after {last}");
@@ -563,12 +563,14 @@ async fn recorded_tool_results_are_not_run_again() {
 async fn a_session_reopened_on_the_same_store_continues_numbering_and_its_transcript() {
     let store = Arc::new(MemoryStore::default());
     let model = ScriptedModel::new(vec![Ok(ScriptedModel::text("first"))]);
-    let r1 = Session::builder(LocalLoop::new(model).session_id("s2"))
+    let mut s1 = Session::builder(LocalLoop::new(model).session_id("s2"))
         .store(store.clone())
-        .run("one")
+        .open()
         .await
         .unwrap();
-    let transcript = r1.checkpoint.clone().unwrap();
+    let r1 = s1.send("one").await.unwrap();
+    let transcript = s1.checkpoint().unwrap();
+    drop(s1);
     let model = Arc::new(ScriptedModel::new(vec![Ok(ScriptedModel::text("second"))]));
     let lp = LocalLoop::with_model(model.clone())
         .session_id("s2")
@@ -587,6 +589,40 @@ async fn a_session_reopened_on_the_same_store_continues_numbering_and_its_transc
     use tether::EventStore;
     let all = store.load("s2").await.unwrap();
     assert_record_is_exactly_once(&all);
+}
+
+/// A request's result shares its events with the session's store instead of copying them (a
+/// copy per event per request, and its drop, was the largest cost of a short request), and the
+/// provider's resumable state is read from the session on demand, not built into every result.
+#[tokio::test]
+async fn a_result_shares_its_events_with_the_store() {
+    let store = Arc::new(MemoryStore::default());
+    let model = ScriptedModel::new(vec![
+        Ok(ScriptedModel::tool_calls(&[("c1", "echo", r#"{"v": "x"}"#)])),
+        Ok(ScriptedModel::text("done")),
+    ]);
+    let mut session = Session::builder(LocalLoop::new(model).session_id("s9"))
+        .handler(tools())
+        .store(store.clone())
+        .open()
+        .await
+        .unwrap();
+    let r = session.send("go").await.unwrap();
+    assert_eq!(r.text, "done");
+    assert!(r.events.len() >= 3, "{:?}", r.events);
+    for e in &r.events {
+        assert!(
+            Arc::strong_count(e) >= 2,
+            "event {} is a copy: the store does not hold it",
+            e.id
+        );
+    }
+    let transcript: Vec<tether::ChatMessage> = serde_json::from_value(session.checkpoint().unwrap()).unwrap();
+    assert_eq!(
+        transcript.len(),
+        4,
+        "prompt, call, result, answer: {transcript:?}"
+    );
 }
 
 /// A store that counts checkpoint saves.
@@ -635,12 +671,13 @@ async fn the_checkpoint_is_saved_only_when_the_record_lacks_the_turn() {
         Ok(ScriptedModel::tool_calls(&[("c2", "echo", r#"{"v": "y"}"#)])),
         Ok(ScriptedModel::text("done")),
     ]);
-    let r = Session::builder(LocalLoop::new(model).session_id("s4"))
+    let mut session = Session::builder(LocalLoop::new(model).session_id("s4"))
         .handler(tools())
         .store(store.clone())
-        .run("go")
+        .open()
         .await
         .unwrap();
+    let r = session.send("go").await.unwrap();
     assert_eq!(r.turns, 3);
     assert_eq!(
         store.saves.load(Ordering::SeqCst),
@@ -653,7 +690,7 @@ async fn the_checkpoint_is_saved_only_when_the_record_lacks_the_turn() {
         .unwrap()
         .unwrap();
     let history: Vec<tether::ChatMessage> = serde_json::from_value(saved["provider"].clone()).unwrap();
-    let last: Vec<tether::ChatMessage> = serde_json::from_value(r.checkpoint.clone().unwrap()).unwrap();
+    let last: Vec<tether::ChatMessage> = serde_json::from_value(session.checkpoint().unwrap()).unwrap();
     assert_eq!(history.len(), 2, "the prompt and the first model response");
     assert_eq!(
         history[..],
@@ -968,18 +1005,19 @@ async fn the_terminal_tool_beside_other_tools_runs_them_and_ends_the_run() {
         ("f", "finish", r#"{"answer":42}"#),
         ("w2", "write", r#"{"v":2}"#),
     ]))]));
-    let r = Session::builder(LocalLoop::with_model(model.clone()))
+    let mut session = Session::builder(LocalLoop::with_model(model.clone()))
         .handler(h)
         .terminal_tool(ToolSpec::new("finish", "Finish", json!({"type":"object"})))
-        .run("go")
+        .open()
         .await
         .unwrap();
+    let r = session.send("go").await.unwrap();
     assert_eq!(r.terminal, Terminal::EndTurn);
     assert_eq!(r.stop_reason, StopReason::TerminalTool);
     assert_eq!(r.final_output, Some(json!({"answer": 42})));
     assert_eq!(calls.load(Ordering::SeqCst), 2);
     assert_eq!(r.turns, 1);
-    let transcript: Vec<tether::ChatMessage> = serde_json::from_value(r.checkpoint.unwrap()).unwrap();
+    let transcript: Vec<tether::ChatMessage> = serde_json::from_value(session.checkpoint().unwrap()).unwrap();
     let answered: Vec<_> = transcript.iter().filter_map(|m| m.tool_call_id.clone()).collect();
     assert_eq!(answered, ["w1", "f", "w2"], "every call answered, in order");
     // Recorded as they finish (the tools run concurrently), each once.

@@ -16,9 +16,10 @@ fn spec(name: &str) -> ToolSpec {
     ToolSpec::new(name, name, json!({"type": "object"}))
 }
 
-fn results_of(events: &[tether::Event]) -> Vec<ToolResult> {
+fn results_of(events: &[impl std::borrow::Borrow<tether::Event>]) -> Vec<ToolResult> {
     events
         .iter()
+        .map(std::borrow::Borrow::borrow)
         .filter_map(|e| match &e.kind {
             EventKind::ToolResult { result } => Some(result.clone()),
             _ => None,

@@ -75,8 +75,8 @@ pub fn check_record(r: &SessionResult, first: u64) {
     assert_eq!(ids.len(), r.events.len(), "event ids unique");
 }
 
-pub fn count(events: &[Event], f: impl Fn(&EventKind) -> bool) -> usize {
-    events.iter().filter(|e| f(&e.kind)).count()
+pub fn count(events: &[impl std::borrow::Borrow<Event>], f: impl Fn(&EventKind) -> bool) -> usize {
+    events.iter().filter(|e| f(&e.borrow().kind)).count()
 }
 
 pub fn retries(r: &SessionResult) -> usize {
