@@ -24,7 +24,7 @@
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -113,6 +113,10 @@ enum Question {
 
 /// The capacity of a run's subscription to its session's events (see where it subscribes).
 const SUBSCRIPTION: usize = 32;
+
+/// The fewest thread entries at which [`ThreadAgent`]'s table is swept of entries that keep
+/// nothing (see `ThreadAgent::slot`).
+const MIN_SWEEP: usize = 64;
 
 /// A question asked mid-turn, waiting for the user.
 struct Ask {
@@ -640,6 +644,8 @@ pub struct ThreadAgent<S = ()> {
     on_open: Option<Arc<OnOpen>>,
     clock: AtomicU64,
     threads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Live>>>>,
+    /// The table's size at which [`Self::slot`] next sweeps out entries that keep nothing.
+    sweep_at: AtomicUsize,
 }
 
 impl<S> std::fmt::Debug for ThreadAgent<S> {
@@ -675,6 +681,7 @@ impl ThreadAgent<()> {
             on_open: None,
             clock: AtomicU64::new(0),
             threads: Mutex::new(HashMap::new()),
+            sweep_at: AtomicUsize::new(MIN_SWEEP),
         }
     }
 
@@ -699,6 +706,7 @@ impl ThreadAgent<()> {
             on_open: self.on_open,
             clock: self.clock,
             threads: self.threads,
+            sweep_at: self.sweep_at,
         }
     }
 }
@@ -801,10 +809,19 @@ impl<S> ThreadAgent<S> {
             .threads
             .lock()
             .map_err(|_| AgUiError::agent("INTERNAL", "the thread table is poisoned"))?;
-        // Entries nobody holds and that keep nothing go.
-        g.retain(|_, v| {
-            Arc::strong_count(v) > 1 || v.try_lock().map(|l| !matches!(*l, Live::Empty)).unwrap_or(true)
-        });
+        if let Some(v) = g.get(thread) {
+            return Ok(v.clone());
+        }
+        // Entries nobody holds and that keep nothing go, swept when the table has doubled since
+        // the last sweep: sweeping at every run's start touched every thread's entry, O(threads)
+        // per run under the table's lock, while a burst of runs started.
+        if g.len() >= self.sweep_at.load(Ordering::Relaxed) {
+            g.retain(|_, v| {
+                Arc::strong_count(v) > 1 || v.try_lock().map(|l| !matches!(*l, Live::Empty)).unwrap_or(true)
+            });
+            self.sweep_at
+                .store(g.len().saturating_mul(2).max(MIN_SWEEP), Ordering::Relaxed);
+        }
         Ok(g.entry(thread.to_owned()).or_default().clone())
     }
 
@@ -1398,5 +1415,32 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
             ));
         }
         Ok(RunOutcome::Success)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent() -> ThreadAgent {
+        ThreadAgent::new("a", Arc::new(tether::MemoryStore::default()), |_| {
+            Err(tether::Error::config(tether::ConfigKind::Unsupported, "not used"))
+        })
+    }
+
+    #[test]
+    fn the_thread_table_is_swept_in_bursts_and_stays_bounded() {
+        let a = agent();
+        let held = a.slot("held").unwrap();
+        for i in 0..1_000 {
+            drop(a.slot(&format!("t{i}")).unwrap());
+            let n = a.threads.lock().unwrap().len();
+            assert!(
+                n <= 2 * MIN_SWEEP,
+                "{n} entries after {i} threads that keep nothing"
+            );
+        }
+        // An entry someone holds survives every sweep, and is found again.
+        assert!(Arc::ptr_eq(&held, &a.slot("held").unwrap()));
     }
 }
