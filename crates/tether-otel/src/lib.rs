@@ -18,8 +18,10 @@
 //!
 //! [`Telemetry::from_env`] sets up OTLP/HTTP export from the standard `OTEL_*` variables (none
 //! set: nothing, at no cost); [`Tracer`] makes each session's observer
-//! ([`tether::SessionBuilder::observer`], [`Tracer::attach`]). The spans are `tracing` spans
-//! bridged by `tracing-opentelemetry`, so a `tracing` setup sees the same tree.
+//! ([`tether::SessionBuilder::observer`], [`Tracer::attach`]). [`Telemetry::tracer`] builds the
+//! spans directly on the OpenTelemetry SDK; a tracer given a `tracing` dispatcher
+//! ([`Tracer::with_dispatch`]), or made by [`Tracer::new`], makes `tracing` spans bridged by
+//! `tracing-opentelemetry` instead, so a `tracing` setup sees the same tree.
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -386,8 +388,11 @@ impl Telemetry {
         })
     }
 
-    /// The `tracing` layer that turns tether's spans (target [`TARGET`]) into OpenTelemetry
-    /// spans exported by this telemetry. Add it to the application's subscriber.
+    /// The `tracing` layer that turns `tracing` spans of target [`TARGET`] into OpenTelemetry
+    /// spans exported by this telemetry: those of a [`Tracer`] given a dispatcher
+    /// ([`Tracer::with_dispatch`]) or made by [`Tracer::new`]. A tracer from
+    /// [`Telemetry::tracer`] does not need it (it builds its spans on the SDK directly). Add it
+    /// to the application's subscriber.
     pub fn layer<S>(&self) -> impl Layer<S> + Send + Sync + 'static
     where
         S: tracing::Subscriber + for<'a> LookupSpan<'a> + Send + Sync,
@@ -409,11 +414,19 @@ impl Telemetry {
         tracing::Dispatch::new(tracing_subscriber::registry().with(self.layer()))
     }
 
-    /// A [`Tracer`] recording this telemetry's metrics, with content as configured; its spans go
-    /// to the current `tracing` dispatcher (install [`Telemetry::layer`] there), or to
-    /// [`Telemetry::dispatch`] with [`Tracer::with_dispatch`].
+    /// A [`Tracer`] recording this telemetry's metrics, with content as configured, that builds
+    /// its spans directly on this telemetry's OpenTelemetry SDK tracer: no `tracing` span, no
+    /// `tracing` subscriber needed. A request span with no other parent is a child of the
+    /// OpenTelemetry span of the current `tracing` span, when it has one (with
+    /// [`Telemetry::layer`] or another `tracing-opentelemetry` layer installed).
+    ///
+    /// For `tracing` spans bridged through a dispatcher instead (so that other `tracing` layers
+    /// see them), give it one with [`Tracer::with_dispatch`] ([`Telemetry::dispatch`], or a
+    /// subscriber holding [`Telemetry::layer`]).
     pub fn tracer(&self) -> Tracer {
-        let mut t = Tracer::new().capture_content(self.capture_content);
+        let mut t = Tracer::new()
+            .with_sdk_tracer(self.traces.tracer("tether"))
+            .capture_content(self.capture_content);
         if let Some(m) = &self.metrics {
             use opentelemetry::metrics::MeterProvider as _;
             t = t.with_meter(&m.meter("tether"));

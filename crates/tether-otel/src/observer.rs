@@ -6,7 +6,11 @@ use std::time::Instant;
 
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::{Histogram, Meter};
-use opentelemetry::trace::{SpanContext, SpanId, Status, TraceContextExt, TraceFlags, TraceId, TraceState};
+use opentelemetry::trace::{
+    SpanBuilder, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
+    Tracer as _,
+};
+use opentelemetry_sdk::trace::SdkTracer;
 use serde_json::{Map, Value, json};
 use tether::{Event, EventKind, EventObserver, EventSink, Role, ToolUse};
 use tokio::sync::mpsc;
@@ -50,13 +54,21 @@ fn clip(s: &str, max: usize) -> String {
 /// give each session an observer from it ([`Tracer::observer`] for
 /// [`tether::SessionBuilder::observer`], or [`Tracer::attach`] for an open session).
 ///
-/// Spans are `tracing` spans (target [`TARGET`]) carrying the OpenTelemetry fields
-/// `tracing-opentelemetry` reads, so they reach OpenTelemetry through that bridge and any other
-/// `tracing` layer sees the same tree. A session's first request span is a child of the current
-/// `tracing` span, if any.
+/// A tracer from [`crate::Telemetry::tracer`] builds its spans directly on the telemetry's
+/// OpenTelemetry SDK tracer: no `tracing` span is made. A request span with no other parent is
+/// then a child of the OpenTelemetry span of the current `tracing` span, if it has one (an
+/// application's own operation traced through a `tracing-opentelemetry` layer).
+///
+/// A tracer without an SDK tracer ([`Tracer::new`]), or given a dispatcher
+/// ([`Tracer::with_dispatch`]), makes `tracing` spans (target [`TARGET`]) carrying the
+/// OpenTelemetry fields `tracing-opentelemetry` reads, so they reach OpenTelemetry through that
+/// bridge and any other `tracing` layer sees the same tree. A session's first request span is a
+/// child of the current `tracing` span, if any.
 #[derive(Clone)]
 pub struct Tracer {
     dispatch: Option<Dispatch>,
+    /// The SDK tracer spans are built on directly, when no dispatcher was given.
+    otel: Option<SdkTracer>,
     metrics: Option<Arc<Metrics>>,
     capture_content: bool,
     agent: Arc<AgentMeta>,
@@ -91,6 +103,7 @@ impl Default for AgentMeta {
 impl std::fmt::Debug for Tracer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Tracer")
+            .field("direct", &(self.otel.is_some() && self.dispatch.is_none()))
             .field("metrics", &self.metrics.is_some())
             .field("capture_content", &self.capture_content)
             .field("agent", &self.agent.name)
@@ -130,11 +143,12 @@ impl Metrics {
 }
 
 impl Tracer {
-    /// A tracer whose spans go to the `tracing` dispatcher current when an observer is made,
-    /// with no metrics and no content.
+    /// A tracer whose spans are `tracing` spans, sent to the `tracing` dispatcher current when an
+    /// observer is made, with no metrics and no content.
     pub fn new() -> Self {
         Tracer {
             dispatch: None,
+            otel: None,
             metrics: None,
             capture_content: false,
             agent: Arc::default(),
@@ -149,7 +163,18 @@ impl Tracer {
         self
     }
 
-    /// Sends the spans to `dispatch` instead of the current dispatcher.
+    /// Builds the spans directly on `tracer` (an SDK tracer): no `tracing` span is made, unless a
+    /// dispatcher is given ([`Tracer::with_dispatch`]), which takes precedence.
+    /// [`crate::Telemetry::tracer`] sets its own.
+    pub(crate) fn with_sdk_tracer(mut self, tracer: SdkTracer) -> Self {
+        self.otel = Some(tracer);
+        self
+    }
+
+    /// Makes the spans `tracing` spans sent to `dispatch` (bridged to OpenTelemetry by the
+    /// dispatcher's `tracing-opentelemetry` layer, [`crate::Telemetry::layer`]), instead of the
+    /// current dispatcher's; for a tracer from [`crate::Telemetry::tracer`], instead of
+    /// building them directly on the telemetry's SDK tracer.
     pub fn with_dispatch(mut self, dispatch: Dispatch) -> Self {
         self.dispatch = Some(dispatch);
         self
@@ -195,14 +220,15 @@ impl Tracer {
     /// to the session's previous request is read from the store in the background at its first
     /// request; [`Tracer::attach`] reads it first.
     pub fn observer(&self) -> Arc<SessionTracer> {
-        let dispatch = self
-            .dispatch
-            .clone()
-            .unwrap_or_else(|| tracing::dispatcher::get_default(|d| d.clone()));
+        let backend = match (&self.dispatch, &self.otel) {
+            (Some(d), _) => Backend::Bridged(d.clone()),
+            (None, Some(t)) => Backend::Direct(t.clone()),
+            (None, None) => Backend::Bridged(tracing::dispatcher::get_default(|d| d.clone())),
+        };
         Arc::new(SessionTracer {
             shared: Arc::new(Shared {
                 tracer: self.clone(),
-                dispatch,
+                backend,
                 state: Mutex::new(State::default()),
                 writer: Mutex::new(None),
             }),
@@ -257,9 +283,17 @@ impl std::fmt::Debug for SessionTracer {
 
 struct Shared {
     tracer: Tracer,
-    dispatch: Dispatch,
+    backend: Backend,
     state: Mutex<State>,
     writer: Mutex<Option<mpsc::UnboundedSender<Write>>>,
+}
+
+/// Where a session's spans are made.
+enum Backend {
+    /// Directly on the SDK tracer.
+    Direct(SdkTracer),
+    /// As `tracing` spans under this dispatcher, bridged by its `tracing-opentelemetry` layer.
+    Bridged(Dispatch),
 }
 
 impl Shared {
@@ -321,16 +355,67 @@ struct State {
 
 /// A span that ends when dropped: with `error.type` `interrupted` unless it was ended first.
 struct Guarded {
-    span: tracing::Span,
-    /// The dispatcher the span belongs to: it is closed under it, because the registry closes a
-    /// parent whose last child closes through the *current* dispatcher.
-    dispatch: Dispatch,
+    span: Spanned,
     open: bool,
+}
+
+/// A span of either backend.
+enum Spanned {
+    /// Built on the SDK tracer: the context holding it (what a child span is built under).
+    Direct(opentelemetry::Context),
+    /// A `tracing` span, with the dispatcher it belongs to: it is closed under it, because the
+    /// registry closes a parent whose last child closes through the *current* dispatcher.
+    Bridged { span: tracing::Span, dispatch: Dispatch },
 }
 
 impl Guarded {
     fn set(&self, key: &'static str, value: impl Into<opentelemetry::Value>) {
-        self.span.set_attribute(key, value);
+        match &self.span {
+            Spanned::Direct(cx) => cx.span().set_attribute(KeyValue::new(key, value)),
+            Spanned::Bridged { span, .. } => span.set_attribute(key, value),
+        }
+    }
+
+    fn event(&self, name: &'static str, attrs: Vec<KeyValue>) {
+        match &self.span {
+            Spanned::Direct(cx) => cx.span().add_event(name, attrs),
+            Spanned::Bridged { span, .. } => span.add_event(name, attrs),
+        }
+    }
+
+    fn link(&self, to: SpanContext, attrs: Vec<KeyValue>) {
+        match &self.span {
+            Spanned::Direct(cx) => {
+                if to.is_valid() {
+                    cx.span().add_link(to, attrs);
+                }
+            }
+            Spanned::Bridged { span, .. } => span.add_link_with_attributes(to, attrs),
+        }
+    }
+
+    /// The span's OpenTelemetry context, when it has one (it is sampled into a trace).
+    fn context(&self) -> Option<SpanContext> {
+        match &self.span {
+            Spanned::Direct(cx) => {
+                let sc = cx.span().span_context().clone();
+                sc.is_valid().then_some(sc)
+            }
+            Spanned::Bridged { span, .. } => context_of(span),
+        }
+    }
+
+    /// The span's context as a `traceparent`.
+    fn traceparent(&self) -> Option<String> {
+        self.context().map(|cx| traceparent(&cx))
+    }
+
+    /// What a child of this span is built under.
+    fn parent_cx(&self) -> opentelemetry::Context {
+        match &self.span {
+            Spanned::Direct(cx) => cx.clone(),
+            Spanned::Bridged { span, .. } => span.context(),
+        }
     }
 
     fn end(mut self, error: Option<(&str, &str)>) {
@@ -341,9 +426,12 @@ impl Guarded {
     }
 
     fn fail(&self, ty: &str, msg: &str) {
-        self.span.set_attribute(sc::ERROR_TYPE, ty.to_owned());
+        self.set(sc::ERROR_TYPE, ty.to_owned());
         let msg: String = msg.chars().take(MAX_STATUS).collect();
-        self.span.set_status(Status::error(msg));
+        match &self.span {
+            Spanned::Direct(cx) => cx.span().set_status(Status::error(msg)),
+            Spanned::Bridged { span, .. } => span.set_status(Status::error(msg)),
+        }
     }
 }
 
@@ -355,8 +443,13 @@ impl Drop for Guarded {
                 "the session was dropped before this operation ended",
             );
         }
-        let span = std::mem::replace(&mut self.span, tracing::Span::none());
-        tracing::dispatcher::with_default(&self.dispatch, move || drop(span));
+        match &mut self.span {
+            Spanned::Direct(cx) => cx.span().end(),
+            Spanned::Bridged { span, dispatch } => {
+                let span = std::mem::replace(span, tracing::Span::none());
+                tracing::dispatcher::with_default(dispatch, move || drop(span));
+            }
+        }
     }
 }
 
@@ -477,7 +570,7 @@ impl Drop for SessionTracer {
     }
 }
 
-/// The OpenTelemetry context of `span`, when it has one (it is sampled into a trace).
+/// The OpenTelemetry context of a bridged `span`, when it has one (it is sampled into a trace).
 fn context_of(span: &tracing::Span) -> Option<SpanContext> {
     let cx = span.context();
     let s = cx.span();
@@ -499,10 +592,6 @@ fn traceparent(cx: &SpanContext) -> String {
     out
 }
 
-fn traceparent_of(span: &tracing::Span) -> Option<String> {
-    context_of(span).map(|cx| traceparent(&cx))
-}
-
 /// A W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`) as a remote span context.
 pub(crate) fn parse_traceparent(s: &str) -> Option<SpanContext> {
     let mut it = s.trim().split('-');
@@ -522,18 +611,44 @@ fn str_of<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
 }
 
 impl SessionTracer {
-    fn span(&self, parent: Option<&tracing::Span>, name: &str, kind: &'static str) -> Guarded {
-        let span = tracing::dispatcher::with_default(&self.shared.dispatch, || match parent {
-            Some(p) => {
-                tracing::info_span!(target: "tether_otel", parent: p, "gen_ai", otel.name = name, otel.kind = kind)
+    /// A span named `name` of `kind` (`internal` or `client`), under `parent`; without one, under
+    /// the current `tracing` span (directly: its OpenTelemetry context, if it has one).
+    fn span(&self, parent: Option<&Guarded>, name: &str, kind: &'static str) -> Guarded {
+        let span = match &self.shared.backend {
+            Backend::Direct(tracer) => {
+                let parent = match parent {
+                    Some(p) => p.parent_cx(),
+                    None => tracing::Span::current().context(),
+                };
+                let kind = if kind == "client" {
+                    SpanKind::Client
+                } else {
+                    SpanKind::Internal
+                };
+                let builder = SpanBuilder::from_name(name.to_owned()).with_kind(kind);
+                let span = tracer.build_with_context(builder, &parent);
+                Spanned::Direct(opentelemetry::Context::new().with_span(span))
             }
-            None => tracing::info_span!(target: "tether_otel", "gen_ai", otel.name = name, otel.kind = kind),
-        });
-        Guarded {
-            span,
-            dispatch: self.shared.dispatch.clone(),
-            open: true,
-        }
+            Backend::Bridged(dispatch) => {
+                let parent = parent.and_then(|p| match &p.span {
+                    Spanned::Bridged { span, .. } => Some(span),
+                    Spanned::Direct(_) => None,
+                });
+                let span = tracing::dispatcher::with_default(dispatch, || match parent {
+                    Some(p) => {
+                        tracing::info_span!(target: "tether_otel", parent: p, "gen_ai", otel.name = name, otel.kind = kind)
+                    }
+                    None => {
+                        tracing::info_span!(target: "tether_otel", "gen_ai", otel.name = name, otel.kind = kind)
+                    }
+                });
+                Spanned::Bridged {
+                    span,
+                    dispatch: dispatch.clone(),
+                }
+            }
+        };
+        Guarded { span, open: true }
     }
 
     fn handle(&self, e: &Event, sink: &EventSink) {
@@ -582,8 +697,8 @@ impl SessionTracer {
                     "tether.approval_answered"
                 };
                 match (st.tools.get(&id), &st.run) {
-                    (Some(t), _) => t.g.span.add_event(name, attrs),
-                    (None, Some(r)) => r.g.span.add_event(name, attrs),
+                    (Some(t), _) => t.g.event(name, attrs),
+                    (None, Some(r)) => r.g.event(name, attrs),
                     _ => {}
                 }
                 return;
@@ -738,14 +853,14 @@ impl SessionTracer {
                     attrs.push(KeyValue::new(sc::ERROR_TYPE, s.to_string()));
                 }
                 match (&st.chat, &st.run) {
-                    (Some(c), _) => c.g.span.add_event(name, attrs),
-                    (None, Some(r)) => r.g.span.add_event(name, attrs),
+                    (Some(c), _) => c.g.event(name, attrs),
+                    (None, Some(r)) => r.g.event(name, attrs),
                     _ => {}
                 }
             }
             EventKind::Error { code, message } => {
                 if let Some(r) = &st.run {
-                    r.g.span.add_event(
+                    r.g.event(
                         "tether.provider_error",
                         vec![
                             KeyValue::new(sc::ERROR_TYPE, code.clone()),
@@ -820,7 +935,7 @@ impl SessionTracer {
         if let Some(prev) = &st.prev {
             link_prev(&mut run, prev);
         }
-        run.cx = context_of(&run.g.span);
+        run.cx = run.g.context();
         run.traceparent = run.cx.as_ref().map(traceparent);
         sink.set_traceparent("", run.traceparent.clone());
         // The request is saved as `open` (what a resumed thread links to as `interrupted_run`)
@@ -907,8 +1022,8 @@ impl SessionTracer {
         for id in &pending {
             if let Some(t) = st.tools.remove(id) {
                 t.g.set("tether.tool.pending", true);
-                t.g.span.add_event("tether.awaiting_result", Vec::new());
-                if let Some(cx) = context_of(&t.g.span) {
+                t.g.event("tether.awaiting_result", Vec::new());
+                if let Some(cx) = t.g.context() {
                     waiting.insert(id.clone(), Value::String(traceparent(&cx)));
                     waiting_cx.insert(id.clone(), cx);
                 }
@@ -933,7 +1048,7 @@ impl SessionTracer {
             run.g.set(sc::USAGE_CACHE_READ, run.cache_read as i64);
         }
         if !pending.is_empty() {
-            run.g.span.add_event(
+            run.g.event(
                 "tether.awaiting_input",
                 vec![KeyValue::new(
                     "tether.pending_tool_call.ids",
@@ -1061,7 +1176,7 @@ impl SessionTracer {
         } else {
             format!("chat {model}")
         };
-        let g = self.span(Some(&run.g.span), &name, kind);
+        let g = self.span(Some(&run.g), &name, kind);
         g.set(sc::OPERATION_NAME, "chat");
         g.set(sc::PROVIDER_NAME, provider.clone());
         if !model.is_empty() {
@@ -1076,7 +1191,7 @@ impl SessionTracer {
             g.set(sc::SERVER_ADDRESS, h.clone());
             g.set(sc::SERVER_PORT, i64::from(*p));
         }
-        sink.set_traceparent("", traceparent_of(&g.span));
+        sink.set_traceparent("", g.traceparent());
         st.chat = Some(Chat {
             g,
             started: Instant::now(),
@@ -1254,7 +1369,7 @@ impl SessionTracer {
         } else {
             format!("execute_tool {}", clip(&u.name, MAX_NAME))
         };
-        let g = self.span(Some(&run.g.span), &name, "internal");
+        let g = self.span(Some(&run.g), &name, "internal");
         g.set(sc::OPERATION_NAME, "execute_tool");
         g.set(sc::TOOL_NAME, clip(&u.name, MAX_VALUE));
         g.set(sc::TOOL_CALL_ID, clip(&u.id, MAX_VALUE));
@@ -1302,12 +1417,12 @@ impl SessionTracer {
         }
         // A tool the previous request left waiting (an approval): this run links to its span.
         if started && let Some(cx) = st.prev.as_ref().and_then(|p| p.pending.get(&u.id)) {
-            g.span.add_link_with_attributes(
+            g.link(
                 cx.clone(),
                 vec![KeyValue::new("tether.link.type", "awaited_result")],
             );
         }
-        sink.set_traceparent(&u.id, traceparent_of(&g.span));
+        sink.set_traceparent(&u.id, g.traceparent());
         st.tools.insert(u.id.clone(), Tool { g });
         self.child_started(st, sink);
     }
@@ -1377,10 +1492,9 @@ fn link_prev(run: &mut Run, prev: &Prev) {
             "previous_run"
         };
         run.g
-            .span
-            .add_link_with_attributes(cx.clone(), vec![KeyValue::new("tether.link.type", ty)]);
+            .link(cx.clone(), vec![KeyValue::new("tether.link.type", ty)]);
         if prev.open {
-            run.g.span.add_event(
+            run.g.event(
                 "tether.resumed",
                 vec![KeyValue::new(
                     "tether.resumed.reason",
