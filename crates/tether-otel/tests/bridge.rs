@@ -4,12 +4,10 @@
 mod common;
 
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use common::{Receiver, named, one};
 use serde_json::{Value, json};
 use tether::{Session, ToolSet, ToolSpec, local::LocalLoop};
-use tether_otel::{ExportConfig, Telemetry};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 use tracing::Instrument;
 use tracing::span;
@@ -52,12 +50,7 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Seen {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_application_tracing_layer_sees_the_same_tree() {
     let rx = Receiver::start().await;
-    let t = Telemetry::new(
-        ExportConfig::new(&rx.url)
-            .batch_delay(Duration::from_millis(50))
-            .metrics_interval(Duration::from_secs(3600)),
-    )
-    .expect("telemetry");
+    let t = common::telemetry(&rx, false);
     let seen = Seen::default();
     // The application's subscriber: its own layer and the telemetry's.
     let dispatch = tracing::Dispatch::new(tracing_subscriber::registry().with(seen.clone()).with(t.layer()));

@@ -5,22 +5,15 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use common::{Receiver, Span};
 use serde_json::{Value, json};
 use tether::{EventKind, Session, ToolSet, ToolSpec, local::LocalLoop};
-use tether_otel::{ExportConfig, Telemetry, Tracer};
+use tether_otel::{Telemetry, Tracer};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 
 fn telemetry(rx: &Receiver) -> Telemetry {
-    Telemetry::new(
-        ExportConfig::new(&rx.url)
-            .batch_delay(Duration::from_millis(50))
-            .metrics_interval(Duration::from_secs(3600))
-            .capture_content(true),
-    )
-    .expect("telemetry")
+    common::telemetry(rx, true)
 }
 
 fn tools() -> ToolSet {

@@ -6,12 +6,10 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use common::{Receiver, one};
 use serde_json::{Value, json};
 use tether::{Session, ToolSet, ToolSpec, local::LocalLoop};
-use tether_otel::{ExportConfig, Telemetry};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 use tracing::Instrument;
 use tracing_subscriber::layer::{Context, Layer};
@@ -32,12 +30,7 @@ impl<S: tracing::Subscriber> Layer<S> for Count {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_started_in_an_application_span_is_its_child() {
     let rx = Receiver::start().await;
-    let t = Telemetry::new(
-        ExportConfig::new(&rx.url)
-            .batch_delay(Duration::from_millis(50))
-            .metrics_interval(Duration::from_secs(3600)),
-    )
-    .expect("telemetry");
+    let t = common::telemetry(&rx, false);
     let count = Count::default();
     tracing_subscriber::registry()
         .with(t.layer())

@@ -9,17 +9,11 @@ use common::{CLIENT, CONTENT, ERROR, INTERNAL, Receiver, Span, named, one};
 use serde_json::{Value, json};
 use tether::{CancellationToken, EventKind, Session, ToolSet, ToolSpec, local::LocalLoop};
 use tether_openai::OpenAiModel;
-use tether_otel::{ExportConfig, Telemetry, Tracer};
+use tether_otel::{Telemetry, Tracer};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 
 fn telemetry(rx: &Receiver, capture: bool) -> (Telemetry, Tracer) {
-    let t = Telemetry::new(
-        ExportConfig::new(&rx.url)
-            .batch_delay(Duration::from_millis(50))
-            .metrics_interval(Duration::from_secs(3600))
-            .capture_content(capture),
-    )
-    .expect("telemetry");
+    let t = common::telemetry(rx, capture);
     let tracer = t.tracer().agent_name("helper").with_dispatch(t.dispatch());
     (t, tracer)
 }

@@ -5,15 +5,12 @@
 mod bins;
 mod common;
 
-use std::time::Duration;
-
 use common::{Receiver, one};
 use serde_json::{Value, json};
 use tether::Session;
 use tether::local::LocalLoop;
 use tether::source::{SourceOptions, ToolSources, WithTools};
 use tether_mcp::{McpServer, ServerConfig, Transport};
-use tether_otel::{ExportConfig, Telemetry};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 
 async fn fault_server() -> McpServer {
@@ -71,12 +68,7 @@ fn meta_seen(r: &tether::SessionResult) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_mcp_server_receives_the_tool_span_as_meta_traceparent() {
     let rx = Receiver::start().await;
-    let t = Telemetry::new(
-        ExportConfig::new(&rx.url)
-            .batch_delay(Duration::from_millis(50))
-            .metrics_interval(Duration::from_secs(3600)),
-    )
-    .expect("telemetry");
+    let t = common::telemetry(&rx, false);
     let tracer = t.tracer().agent_name("helper").with_dispatch(t.dispatch());
     let server = fault_server().await;
     let fake = FakeOpenAi::start().await;

@@ -6,7 +6,6 @@ mod bins;
 mod common;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use common::{CLIENT, ERROR, INTERNAL, Receiver, Span, named, one};
@@ -17,16 +16,11 @@ use tether::{
 };
 use tether_acp::{AcpAgent, AgentCommand};
 use tether_anthropic::{ClientConfig, ManagedAgents, ManagedConfig};
-use tether_otel::{ExportConfig, Telemetry, Tracer};
+use tether_otel::{Telemetry, Tracer};
 use tether_testkit::managed::{FakeManaged, ManagedFaults};
 
 fn telemetry(rx: &Receiver) -> (Telemetry, Tracer) {
-    let t = Telemetry::new(
-        ExportConfig::new(&rx.url)
-            .batch_delay(Duration::from_millis(50))
-            .metrics_interval(Duration::from_secs(3600)),
-    )
-    .expect("telemetry");
+    let t = common::telemetry(rx, false);
     let tracer = t.tracer().agent_name("helper").with_dispatch(t.dispatch());
     (t, tracer)
 }

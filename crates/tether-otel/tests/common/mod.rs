@@ -252,3 +252,15 @@ pub const CONTENT: [&str; 5] = [
     "gen_ai.tool.call.arguments",
     "gen_ai.tool.call.result",
 ];
+
+/// A telemetry exporting to `rx` quickly (spans batched for 50 ms; metrics at an interval no
+/// test reaches, read at shutdown), with content captured when `capture`.
+pub fn telemetry(rx: &Receiver, capture: bool) -> tether_otel::Telemetry {
+    tether_otel::Telemetry::new(
+        tether_otel::ExportConfig::new(&rx.url)
+            .batch_delay(Duration::from_millis(50))
+            .metrics_interval(Duration::from_secs(3600))
+            .capture_content(capture),
+    )
+    .expect("telemetry")
+}
