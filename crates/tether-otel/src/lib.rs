@@ -102,7 +102,7 @@ pub async fn attach_global(sink: &tether::EventSink, agent: &str) -> bool {
 
 /// For a binary: installs the global `tracing` subscriber — a log on stderr filtered by
 /// `log_filter`, and, when the environment configures OTLP export ([`Telemetry::from_env`]),
-/// the bridge to it — and the global tracer. Returns the telemetry, to
+/// the `tracing` bridge to it (for the application's own spans) — and the global tracer. Returns the telemetry, to
 /// [`Telemetry::shutdown`] before exiting. A bad configuration is reported as one warning on
 /// stderr, and the program runs untraced.
 pub fn init(log_filter: tracing_subscriber::EnvFilter) -> Option<Telemetry> {
@@ -194,9 +194,10 @@ impl ExportConfig {
     }
 }
 
-/// OTLP/HTTP export of traces and metrics: the SDK providers, and the `tracing` layer that
-/// bridges tether's spans into them. Dropping it without [`Telemetry::shutdown`] loses what is
-/// still batched.
+/// OTLP/HTTP export of traces and metrics: the SDK providers, the [`Tracer`] that builds
+/// tether's spans on them ([`Telemetry::tracer`]), and the `tracing` layer that bridges
+/// `tracing` spans into them ([`Telemetry::layer`]). Dropping it without
+/// [`Telemetry::shutdown`] loses what is still batched.
 pub struct Telemetry {
     traces: SdkTracerProvider,
     metrics: Option<SdkMeterProvider>,
