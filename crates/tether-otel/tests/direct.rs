@@ -8,25 +8,9 @@ use std::collections::BTreeMap;
 
 use common::{Receiver, Span};
 use serde_json::{Value, json};
-use tether::{EventKind, Session, ToolSet, ToolSpec, local::LocalLoop};
-use tether_otel::{Telemetry, Tracer};
+use tether::{Session, local::LocalLoop};
+use tether_otel::Tracer;
 use tether_testkit::openai::{FakeOpenAi, Reply};
-
-fn telemetry(rx: &Receiver) -> Telemetry {
-    common::telemetry(rx, true)
-}
-
-fn tools() -> ToolSet {
-    ToolSet::new()
-        .tool(
-            ToolSpec::new("ok_tool", "Always works", json!({"type": "object"})),
-            |_input: Value| async { Ok::<_, String>("fine".to_owned()) },
-        )
-        .tool(
-            ToolSpec::new("bad_tool", "Always fails", json!({"type": "object"})),
-            |_input: Value| async { Err::<String, _>("boom".to_owned()) },
-        )
-}
 
 /// One span as compared: ids replaced by the names of the spans they point to, and the values
 /// that differ between two runs (session id, ports, response ids) by placeholders.
@@ -86,7 +70,7 @@ fn shapes(spans: &[Span]) -> Vec<Shape> {
 /// reopened, are in `serve.rs`: `tether serve` traces with a tracer from `Telemetry::tracer()`.)
 async fn session_spans(direct: bool) -> Vec<Span> {
     let rx = Receiver::start().await;
-    let t = telemetry(&rx);
+    let t = common::telemetry(&rx, true);
     let tracer: Tracer = if direct {
         t.tracer().agent_name("helper")
     } else {
@@ -102,7 +86,7 @@ async fn session_spans(direct: bool) -> Vec<Span> {
         .build()
         .expect("model");
     let mut session = Session::builder(LocalLoop::new(model))
-        .handler(tools())
+        .handler(common::tools())
         .observer(tracer.observer())
         .open()
         .await
@@ -110,16 +94,7 @@ async fn session_spans(direct: bool) -> Vec<Span> {
     assert_eq!(session.send("use the tools").await.expect("run 1").text, "done");
     assert_eq!(session.send("once more").await.expect("run 2").text, "again");
     let mut sub = session.sink().subscribe(64).await;
-    {
-        let send = session.send("stall");
-        tokio::pin!(send);
-        loop {
-            tokio::select! {
-                _ = &mut send => panic!("the stalled request ended"),
-                e = sub.recv() => if matches!(e.map(|e| e.kind), Some(EventKind::TextDelta { .. })) { break },
-            }
-        }
-    }
+    common::until_streaming(session.send("stall"), &mut sub).await;
     drop(session);
     tokio::task::block_in_place(|| t.flush());
     let spans = rx.wait_spans("three requests' spans", |s| s.len() >= 9).await;

@@ -18,18 +18,6 @@ fn telemetry(rx: &Receiver, capture: bool) -> (Telemetry, Tracer) {
     (t, tracer)
 }
 
-fn tools() -> ToolSet {
-    ToolSet::new()
-        .tool(
-            ToolSpec::new("ok_tool", "Always works", json!({"type": "object"})),
-            |_input: Value| async { Ok::<_, String>("fine".to_owned()) },
-        )
-        .tool(
-            ToolSpec::new("bad_tool", "Always fails", json!({"type": "object"})),
-            |_input: Value| async { Err::<String, _>("boom".to_owned()) },
-        )
-}
-
 fn model(fake: &FakeOpenAi) -> OpenAiModel {
     OpenAiModel::builder(fake.url())
         .model("gpt-test")
@@ -61,7 +49,7 @@ async fn two_tool_run(capture: bool) -> (Vec<Span>, tether::SessionResult, FakeO
     fake.push(Reply::tool_calls(&[("c1", "ok_tool", "{\"x\":1}"), ("c2", "bad_tool", "{}")]).usage(10, 5));
     fake.push(Reply::text("done").usage(20, 7));
     let result = Session::builder(LocalLoop::new(model(&fake)).system_prompt("be brief"))
-        .handler(tools())
+        .handler(common::tools())
         .observer(tracer.observer())
         .run("use the tools")
         .await
@@ -397,17 +385,8 @@ async fn a_session_dropped_mid_run_ends_its_spans_with_error_type() {
         .await
         .expect("open");
     let mut sub = session.sink().subscribe(64).await;
-    {
-        let send = session.send("hi");
-        tokio::pin!(send);
-        // Drive the request until the model streams, then drop it (and the session) mid-flight.
-        loop {
-            tokio::select! {
-                _ = &mut send => panic!("the stalled request ended"),
-                e = sub.recv() => if matches!(e.map(|e| e.kind), Some(EventKind::TextDelta { .. })) { break },
-            }
-        }
-    }
+    // Drive the request until the model streams, then drop it (and the session) mid-flight.
+    common::until_streaming(session.send("hi"), &mut sub).await;
     drop(session);
     assert_failed(&rx, &t, "interrupted").await;
 }

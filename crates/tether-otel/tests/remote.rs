@@ -9,10 +9,9 @@ use std::path::PathBuf;
 
 use async_trait::async_trait;
 use common::{CLIENT, ERROR, INTERNAL, Receiver, Span, named, one};
-use serde_json::{Value, json};
+use serde_json::json;
 use tether::{
-    Handler, PermissionOutcome, PermissionRequest, Session, SessionInfo, ToolOutput, ToolSet, ToolSpec,
-    ToolUse,
+    Handler, PermissionOutcome, PermissionRequest, Session, SessionInfo, ToolOutput, ToolSpec, ToolUse,
 };
 use tether_acp::{AcpAgent, AgentCommand};
 use tether_anthropic::{ClientConfig, ManagedAgents, ManagedConfig};
@@ -61,18 +60,6 @@ fn assert_tree(spans: &[Span], kind: i32, provider: &str, chats: usize) -> (Span
     (run, chat, tools)
 }
 
-fn tools() -> ToolSet {
-    ToolSet::new()
-        .tool(
-            ToolSpec::new("ok_tool", "Always works", json!({"type": "object"})),
-            |_input: Value| async { Ok::<_, String>("fine".to_owned()) },
-        )
-        .tool(
-            ToolSpec::new("bad_tool", "Always fails", json!({"type": "object"})),
-            |_input: Value| async { Err::<String, _>("boom".to_owned()) },
-        )
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_managed_agents_run_has_the_same_tree() {
     let rx = Receiver::start().await;
@@ -101,7 +88,7 @@ async fn a_managed_agents_run_has_the_same_tree() {
     ))
     .expect("provider");
     let result = Session::builder(provider)
-        .handler(tools())
+        .handler(common::tools())
         .observer(tracer.agent_id("agent_1").observer())
         .run("use the tools")
         .await

@@ -264,3 +264,28 @@ pub fn telemetry(rx: &Receiver, capture: bool) -> tether_otel::Telemetry {
     )
     .expect("telemetry")
 }
+
+/// A tool that works (`ok_tool`) and one that fails (`bad_tool`).
+pub fn tools() -> tether::ToolSet {
+    tether::ToolSet::new()
+        .tool(
+            tether::ToolSpec::new("ok_tool", "Always works", json!({"type": "object"})),
+            |_input: Value| async { Ok::<_, String>("fine".to_owned()) },
+        )
+        .tool(
+            tether::ToolSpec::new("bad_tool", "Always fails", json!({"type": "object"})),
+            |_input: Value| async { Err::<String, _>("boom".to_owned()) },
+        )
+}
+
+/// Drives `request` until the model streams text (a text delta on `sub`), then drops it
+/// mid-flight; panics if it ends first.
+pub async fn until_streaming<F: std::future::Future>(request: F, sub: &mut tether::Subscription) {
+    tokio::pin!(request);
+    loop {
+        tokio::select! {
+            _ = &mut request => panic!("the stalled request ended"),
+            e = sub.recv() => if matches!(e.map(|e| e.kind), Some(tether::EventKind::TextDelta { .. })) { break },
+        }
+    }
+}
