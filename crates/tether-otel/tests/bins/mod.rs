@@ -8,23 +8,30 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// Builds `bin` of `package` into this test's target directory and returns its path.
-fn built(package: &str, bin: &str) -> PathBuf {
+/// `cargo build -q -p <package> <target...>` into this test's own target directory and profile
+/// (`--release` when the test was built with it), returning that profile's directory.
+fn cargo_build(package: &str, target: &[&str]) -> PathBuf {
     let exe = std::env::current_exe().expect("test exe path");
-    // target/<profile>/deps/<test> → target/<profile>/<bin>
+    // target/<profile>/deps/<test> → target/<profile>
     let dir = exe
         .parent()
         .and_then(Path::parent)
         .expect("target dir")
         .to_path_buf();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(["build", "-q", "-p", package, "--bin", bin])
-        .current_dir(repo_root())
-        .status()
-        .expect("run cargo build");
-    assert!(status.success(), "building {bin} failed");
-    let path = dir.join(bin);
+    let mut cmd = std::process::Command::new(cargo);
+    cmd.args(["build", "-q", "-p", package]).args(target);
+    if dir.file_name().is_some_and(|n| n == "release") {
+        cmd.arg("--release");
+    }
+    let status = cmd.current_dir(repo_root()).status().expect("run cargo build");
+    assert!(status.success(), "building {package} {target:?} failed");
+    dir
+}
+
+/// Builds `bin` of `package` into this test's target directory and returns its path.
+fn built(package: &str, bin: &str) -> PathBuf {
+    let path = cargo_build(package, &["--bin", bin]).join(bin);
     assert!(path.exists(), "{bin} not found at {}", path.display());
     path
 }
@@ -67,20 +74,9 @@ pub fn clean_env(cmd: &mut tokio::process::Command) {
 pub fn fault_server() -> PathBuf {
     static P: OnceLock<PathBuf> = OnceLock::new();
     P.get_or_init(|| {
-        let exe = std::env::current_exe().expect("test exe path");
-        let dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target dir")
-            .to_path_buf();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .args(["build", "-q", "-p", "tether-mcp", "--example", "fault_server"])
-            .current_dir(repo_root())
-            .status()
-            .expect("run cargo build");
-        assert!(status.success(), "building the fault server failed");
-        let path = dir.join("examples").join("fault_server");
+        let path = cargo_build("tether-mcp", &["--example", "fault_server"])
+            .join("examples")
+            .join("fault_server");
         assert!(path.exists(), "fault_server not found at {}", path.display());
         path
     })
