@@ -526,19 +526,31 @@ async fn assert_complete(c: &Cluster, thread: &str, streams: &[&[Value]], steps:
     }
     assert_eq!(distinct.len(), steps, "different model questions");
     assert_eq!(c.fake.remaining(), 0, "every scripted answer used");
-    let (s, v) = {
+    // The listing is the agent's index object, which each turn updates with one-way calls:
+    // Restate runs them after journaling them, not before the turn answers, so one queued on a
+    // partition that is failing over may land after the turn's end. Read until it lists the
+    // thread (seen once empty right after the turn; the logs tell what the nodes did).
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
         let r = client()
             .get(format!("http://{}/v1/threads?agent=main", c.b.addr))
             .send()
             .await
             .expect("GET threads");
-        (
-            r.status().as_u16(),
-            r.json::<Value>().await.unwrap_or(Value::Null),
-        )
-    };
-    assert_eq!(s, 200, "{v}");
-    assert_eq!(v["threads"][0]["threadId"], thread, "{v}");
+        let s = r.status().as_u16();
+        let v = r.json::<Value>().await.unwrap_or(Value::Null);
+        assert_eq!(s, 200, "{v}");
+        if v["threads"][0]["threadId"] == thread {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!(
+                "B does not list the thread within {PATIENCE:?}: {v}\n{}",
+                c.logs()
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 /// Tether node A and Restate node 1 are SIGKILLed while the turn, started through A, waits for
