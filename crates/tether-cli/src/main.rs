@@ -11,6 +11,10 @@ mod providers;
 mod run;
 mod term;
 
+/// mimalloc rather than glibc's malloc, as `tether-serve` (BENCHMARKS.md, "The allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Run any AI agent, wherever its loop lives, with the tools kept local.
 #[derive(Parser, Debug)]
 #[command(name = "tether", version, about)]
