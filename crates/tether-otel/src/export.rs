@@ -1,4 +1,4 @@
-//! OTLP over HTTP: the HTTP client the exporters use, and the wrapper that turns export
+//! OTLP export: the HTTP client the exporters use, the gRPC exporters' setup, and the wrapper that turns export
 //! failures into one warning.
 
 use std::sync::Arc;
@@ -69,6 +69,45 @@ impl HttpClient for ExportClient {
     }
 }
 
+/// Configures a gRPC exporter's builder as `b` says: its endpoint (when not the environment's),
+/// timeout, headers as gRPC metadata, and TLS with the webpki roots for an `https://` endpoint.
+#[cfg(feature = "grpc")]
+pub(crate) fn grpc<T>(
+    builder: T,
+    b: &crate::Build,
+    headers: &std::collections::HashMap<String, String>,
+) -> Result<T, tether::Error>
+where
+    T: opentelemetry_otlp::WithExportConfig + opentelemetry_otlp::WithTonicConfig,
+{
+    use tonic::metadata::{MetadataKey, MetadataMap, MetadataValue};
+    let mut builder = builder.with_timeout(b.timeout);
+    if let Some(base) = &b.endpoint {
+        builder = builder.with_endpoint(base.clone());
+    }
+    if b.shown.starts_with("https://") {
+        builder = builder.with_tls_config(tonic::transport::ClientTlsConfig::new().with_webpki_roots());
+    }
+    if !headers.is_empty() {
+        let mut m = MetadataMap::with_capacity(headers.len());
+        for (k, v) in headers {
+            let bad = |what: &str| {
+                tether::Error::config(
+                    tether::ConfigKind::Invalid,
+                    format!("the OTLP header {k:?} cannot be sent as gRPC metadata: {what}"),
+                )
+            };
+            let key = MetadataKey::from_bytes(k.to_ascii_lowercase().as_bytes())
+                .map_err(|_| bad("not a valid name"))?;
+            let value =
+                MetadataValue::try_from(v.as_str()).map_err(|_| bad("its value is not printable ASCII"))?;
+            m.insert(key, value);
+        }
+        builder = builder.with_metadata(m);
+    }
+    Ok(builder)
+}
+
 /// Reports an exporter's first failure as one warning (naming the endpoint) and the others not
 /// at all: a collector that is down must not flood the terminal, nor stop the run.
 #[derive(Debug)]
@@ -76,9 +115,54 @@ pub(crate) struct Quiet<E> {
     pub(crate) inner: E,
     pub(crate) endpoint: String,
     pub(crate) warned: Arc<AtomicBool>,
+    /// The export runtime, entered while an export runs (gRPC: tonic's timers and connection
+    /// need a Tokio context, and the SDK exports from a plain thread).
+    pub(crate) rt: Option<tokio::runtime::Handle>,
+}
+
+/// `fut`, polled inside `rt`'s context.
+struct Entered<'a, F> {
+    rt: Option<&'a tokio::runtime::Handle>,
+    fut: std::pin::Pin<Box<F>>,
+}
+
+impl<F: std::future::Future> std::future::Future for Entered<'_, F> {
+    type Output = F::Output;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<F::Output> {
+        let this = &mut *self;
+        let _in = this.rt.map(|rt| rt.enter());
+        this.fut.as_mut().poll(cx)
+    }
 }
 
 impl<E> Quiet<E> {
+    pub(crate) fn new(inner: E, endpoint: &str, warned: &Arc<AtomicBool>) -> Self {
+        Quiet {
+            inner,
+            endpoint: endpoint.to_owned(),
+            warned: warned.clone(),
+            rt: None,
+        }
+    }
+
+    /// Runs the exports inside `rt`'s context.
+    #[cfg(feature = "grpc")]
+    pub(crate) fn in_runtime(mut self, rt: tokio::runtime::Handle) -> Self {
+        self.rt = Some(rt);
+        self
+    }
+
+    fn entered<F: std::future::Future>(&self, fut: F) -> Entered<'_, F> {
+        Entered {
+            rt: self.rt.as_ref(),
+            fut: Box::pin(fut),
+        }
+    }
+
     fn report(&self, what: &str, e: &dyn std::fmt::Display) {
         if !self.warned.swap(true, Ordering::Relaxed) {
             tracing::warn!(
@@ -92,7 +176,7 @@ impl<E> Quiet<E> {
 
 impl<E: SpanExporter> SpanExporter for Quiet<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        let r = self.inner.export(batch).await;
+        let r = self.entered(self.inner.export(batch)).await;
         if let Err(e) = &r {
             self.report("traces", e);
         }
@@ -100,10 +184,12 @@ impl<E: SpanExporter> SpanExporter for Quiet<E> {
     }
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        let _in = self.rt.as_ref().map(|rt| rt.enter());
         self.inner.shutdown_with_timeout(timeout)
     }
 
     fn force_flush(&self) -> OTelSdkResult {
+        let _in = self.rt.as_ref().map(|rt| rt.enter());
         self.inner.force_flush()
     }
 
@@ -114,7 +200,7 @@ impl<E: SpanExporter> SpanExporter for Quiet<E> {
 
 impl<E: PushMetricExporter> PushMetricExporter for Quiet<E> {
     async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
-        let r = self.inner.export(metrics).await;
+        let r = self.entered(self.inner.export(metrics)).await;
         if let Err(e) = &r {
             self.report("metrics", e);
         }
@@ -122,10 +208,12 @@ impl<E: PushMetricExporter> PushMetricExporter for Quiet<E> {
     }
 
     fn force_flush(&self) -> OTelSdkResult {
+        let _in = self.rt.as_ref().map(|rt| rt.enter());
         self.inner.force_flush()
     }
 
     fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        let _in = self.rt.as_ref().map(|rt| rt.enter());
         self.inner.shutdown_with_timeout(timeout)
     }
 

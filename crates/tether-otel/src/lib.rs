@@ -16,8 +16,8 @@
 //!
 //! Metrics: `gen_ai.client.operation.duration` and `gen_ai.client.token.usage`.
 //!
-//! [`Telemetry::from_env`] sets up OTLP/HTTP export from the standard `OTEL_*` variables (none
-//! set: nothing, at no cost); [`Tracer`] makes each session's observer
+//! [`Telemetry::from_env`] sets up OTLP export (HTTP/protobuf, or gRPC) from the standard
+//! `OTEL_*` variables (none set: nothing, at no cost); [`Tracer`] makes each session's observer
 //! ([`tether::SessionBuilder::observer`], [`Tracer::attach`]). [`Telemetry::tracer`] builds the
 //! spans directly on the OpenTelemetry SDK; a tracer given a `tracing` dispatcher
 //! ([`Tracer::with_dispatch`]), or made by [`Tracer::new`], makes `tracing` spans bridged by
@@ -131,13 +131,71 @@ pub fn init(log_filter: tracing_subscriber::EnvFilter) -> Option<Telemetry> {
 /// and results on the spans. The name most GenAI instrumentations read.
 pub const CAPTURE_CONTENT_ENV: &str = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT";
 
+/// The OTLP transport: what `OTEL_EXPORTER_OTLP_PROTOCOL` names.
+///
+/// ```
+/// use tether_otel::OtlpProtocol;
+/// assert_eq!(OtlpProtocol::parse("grpc"), Some(OtlpProtocol::Grpc));
+/// assert_eq!(OtlpProtocol::parse("http/protobuf"), Some(OtlpProtocol::HttpProtobuf));
+/// assert_eq!(OtlpProtocol::parse("http/json"), None); // not built in
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OtlpProtocol {
+    /// OTLP/HTTP with protobuf bodies (`http/protobuf`, a collector's port 4318): the default.
+    #[default]
+    HttpProtobuf,
+    /// OTLP/gRPC (`grpc`, a collector's port 4317). Needs the `grpc` feature (on by default).
+    Grpc,
+}
+
+impl OtlpProtocol {
+    /// The protocol an `OTEL_EXPORTER_OTLP_PROTOCOL` value names, or `None` for one not built
+    /// in (`http/json`, a typo, `grpc` without the `grpc` feature).
+    pub fn parse(s: &str) -> Option<OtlpProtocol> {
+        match s.trim() {
+            "http/protobuf" => Some(OtlpProtocol::HttpProtobuf),
+            #[cfg(feature = "grpc")]
+            "grpc" => Some(OtlpProtocol::Grpc),
+            _ => None,
+        }
+    }
+}
+
+/// The protocol one signal (`TRACES`, `METRICS`) exports with: its own variable, else the
+/// general one, else `http/protobuf`.
+fn protocol_from_env(signal: &str) -> tether::Result<OtlpProtocol> {
+    let var = format!("OTEL_EXPORTER_OTLP_{signal}_PROTOCOL");
+    let (name, value) = match env(&var) {
+        Some(v) => (var, v),
+        None => match env("OTEL_EXPORTER_OTLP_PROTOCOL") {
+            Some(v) => ("OTEL_EXPORTER_OTLP_PROTOCOL".to_owned(), v),
+            None => return Ok(OtlpProtocol::HttpProtobuf),
+        },
+    };
+    OtlpProtocol::parse(&value).ok_or_else(|| {
+        let built = if cfg!(feature = "grpc") {
+            "http/protobuf (a collector's port 4318) or grpc (port 4317)"
+        } else {
+            "http/protobuf only (a collector's port 4318; this build has no `grpc` feature)"
+        };
+        Error::config(
+            tether::ConfigKind::Unsupported,
+            format!("{name}={value} is not supported: tether exports OTLP over {built}"),
+        )
+    })
+}
+
 /// How to export, when not from the environment (tests, embedding applications).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ExportConfig {
-    /// The OTLP/HTTP base URL (`http://127.0.0.1:4318`): traces go to `/v1/traces`, metrics to
-    /// `/v1/metrics`.
+    /// The collector's base URL. Over OTLP/HTTP (`http://127.0.0.1:4318`) traces go to
+    /// `/v1/traces` and metrics to `/v1/metrics`; over gRPC (`http://127.0.0.1:4317`) the URL is
+    /// the gRPC server's, used as it is (`https://` for TLS, with the webpki roots).
     pub endpoint: String,
+    /// The transport (default OTLP/HTTP with protobuf).
+    pub protocol: OtlpProtocol,
     /// Extra request headers (an API key of a hosted collector).
     pub headers: Vec<(String, String)>,
     /// `service.name` (default `tether`).
@@ -155,10 +213,12 @@ pub struct ExportConfig {
 }
 
 impl ExportConfig {
-    /// Export to the OTLP/HTTP collector at `endpoint`, with the defaults.
+    /// Export to the collector at `endpoint`, with the defaults (OTLP/HTTP; see
+    /// [`ExportConfig::protocol`]).
     pub fn new(endpoint: impl Into<String>) -> Self {
         ExportConfig {
             endpoint: endpoint.into(),
+            protocol: OtlpProtocol::HttpProtobuf,
             headers: Vec::new(),
             service_name: "tether".into(),
             batch_delay: Duration::from_secs(5),
@@ -167,6 +227,18 @@ impl ExportConfig {
             capture_content: false,
             timeout: Duration::from_secs(10),
         }
+    }
+
+    /// The transport: OTLP/HTTP (the default) or gRPC.
+    ///
+    /// ```
+    /// use tether_otel::{ExportConfig, OtlpProtocol};
+    /// let c = ExportConfig::new("http://127.0.0.1:4317").protocol(OtlpProtocol::Grpc);
+    /// assert_eq!(c.protocol, OtlpProtocol::Grpc);
+    /// ```
+    pub fn protocol(mut self, p: OtlpProtocol) -> Self {
+        self.protocol = p;
+        self
     }
 
     /// How long spans wait in the batch before export.
@@ -194,9 +266,9 @@ impl ExportConfig {
     }
 }
 
-/// OTLP/HTTP export of traces and metrics: the SDK providers, the [`Tracer`] that builds
-/// tether's spans on them ([`Telemetry::tracer`]), and the `tracing` layer that bridges
-/// `tracing` spans into them ([`Telemetry::layer`]). Dropping it without
+/// OTLP export of traces and metrics (HTTP/protobuf or gRPC): the SDK providers, the [`Tracer`]
+/// that builds tether's spans on them ([`Telemetry::tracer`]), and the `tracing` layer that
+/// bridges `tracing` spans into them ([`Telemetry::layer`]). Dropping it without
 /// [`Telemetry::shutdown`] loses what is still batched.
 pub struct Telemetry {
     traces: SdkTracerProvider,
@@ -234,8 +306,11 @@ impl Telemetry {
     /// `OTEL_BSP_*`, `OTEL_METRIC_EXPORT_INTERVAL`, `OTEL_METRICS_EXPORTER=none` (no metrics),
     /// and [`CAPTURE_CONTENT_ENV`].
     ///
-    /// Errors: [`Error::Config`] for a protocol other than `http/protobuf` (gRPC is not built in:
-    /// it would bring tonic's build) or a malformed endpoint.
+    /// `OTEL_EXPORTER_OTLP[_TRACES|_METRICS]_PROTOCOL` chooses the transport: `http/protobuf`
+    /// (the default) or `grpc` ([`OtlpProtocol`]).
+    ///
+    /// Errors: [`Error::Config`] for a protocol not built in (`http/json`; `grpc` without the
+    /// `grpc` feature) or a malformed endpoint.
     pub fn from_env() -> tether::Result<Option<Telemetry>> {
         if env_true("OTEL_SDK_DISABLED") || env("OTEL_TRACES_EXPORTER").as_deref() == Some("none") {
             return Ok(None);
@@ -245,18 +320,12 @@ impl Telemetry {
         else {
             return Ok(None);
         };
-        let protocol = env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-            .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"))
-            .unwrap_or_else(|| "http/protobuf".into());
-        if protocol != "http/protobuf" {
-            return Err(Error::config(
-                tether::ConfigKind::Unsupported,
-                format!(
-                    "OTEL_EXPORTER_OTLP_PROTOCOL={protocol} is not supported: tether exports OTLP over http/protobuf only \
-                 (a collector's port 4318); set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf"
-                ),
-            ));
-        }
+        let traces_protocol = protocol_from_env("TRACES")?;
+        let metrics = env("OTEL_METRICS_EXPORTER").as_deref() != Some("none");
+        let metrics_protocol = match metrics {
+            true => protocol_from_env("METRICS")?,
+            false => traces_protocol,
+        };
         let timeout = env("OTEL_EXPORTER_OTLP_TIMEOUT")
             .and_then(|v| v.parse::<u64>().ok())
             .map(Duration::from_millis)
@@ -266,9 +335,10 @@ impl Telemetry {
             (None, Some(a)) if a.split(',').any(|kv| kv.trim().starts_with("service.name=")) => None,
             _ => Some("tether".to_owned()),
         };
-        let metrics = env("OTEL_METRICS_EXPORTER").as_deref() != Some("none");
         Self::build(Build {
             endpoint: None,
+            traces_protocol,
+            metrics_protocol,
             shown: endpoint,
             headers: Vec::new(),
             service,
@@ -287,6 +357,8 @@ impl Telemetry {
         let base = config.endpoint.trim_end_matches('/').to_owned();
         Self::build(Build {
             endpoint: Some(base.clone()),
+            traces_protocol: config.protocol,
+            metrics_protocol: config.protocol,
             shown: base,
             headers: config.headers,
             service: Some(config.service_name),
@@ -311,6 +383,34 @@ impl Telemetry {
                     e,
                 )
             })?;
+        match Self::providers(&runtime, &b) {
+            Ok((traces, metrics)) => Ok(Telemetry {
+                traces,
+                metrics,
+                capture_content: b.capture_content,
+                runtime: Some(runtime),
+            }),
+            Err(e) => {
+                // Never block (nor panic: this may be an async context) dropping the runtime.
+                runtime.shutdown_background();
+                Err(e)
+            }
+        }
+    }
+
+    /// The tracer and meter providers exporting as `b` says, on `runtime`.
+    fn providers(
+        runtime: &tokio::runtime::Runtime,
+        b: &Build,
+    ) -> tether::Result<(SdkTracerProvider, Option<SdkMeterProvider>)> {
+        #[cfg(not(feature = "grpc"))]
+        if b.traces_protocol == OtlpProtocol::Grpc || (b.metrics && b.metrics_protocol == OtlpProtocol::Grpc)
+        {
+            return Err(Error::config(
+                tether::ConfigKind::Unsupported,
+                "OTLP over gRPC needs tether-otel's `grpc` feature, which this build leaves out",
+            ));
+        }
         let client = export::ExportClient::new(runtime.handle().clone(), b.timeout)?;
         let mut resource = Resource::builder();
         if let Some(s) = &b.service {
@@ -323,21 +423,33 @@ impl Telemetry {
             Error::config_with(tether::ConfigKind::Setup, "OTLP exporter", e)
         };
 
-        let mut spans = opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_http_client(client.clone())
-            .with_protocol(Protocol::HttpBinary)
-            .with_timeout(b.timeout);
-        if let Some(base) = &b.endpoint {
-            spans = spans.with_endpoint(format!("{base}/v1/traces"));
-        }
-        if !headers.is_empty() {
-            spans = spans.with_headers(headers.clone());
-        }
-        let spans = export::Quiet {
-            inner: spans.build().map_err(bad)?,
-            endpoint: b.shown.clone(),
-            warned: warned.clone(),
+        let spans = match b.traces_protocol {
+            #[cfg(feature = "grpc")]
+            OtlpProtocol::Grpc => {
+                // The gRPC channel's connection task lives on the export runtime.
+                let _in = runtime.enter();
+                let s = export::grpc(
+                    opentelemetry_otlp::SpanExporter::builder().with_tonic(),
+                    b,
+                    &headers,
+                )?;
+                export::Quiet::new(s.build().map_err(bad)?, &b.shown, &warned)
+                    .in_runtime(runtime.handle().clone())
+            }
+            _ => {
+                let mut spans = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_http_client(client.clone())
+                    .with_protocol(Protocol::HttpBinary)
+                    .with_timeout(b.timeout);
+                if let Some(base) = &b.endpoint {
+                    spans = spans.with_endpoint(format!("{base}/v1/traces"));
+                }
+                if !headers.is_empty() {
+                    spans = spans.with_headers(headers.clone());
+                }
+                export::Quiet::new(spans.build().map_err(bad)?, &b.shown, &warned)
+            }
         };
         let mut batch = BatchConfigBuilder::default();
         if let Some(d) = b.batch_delay {
@@ -352,21 +464,32 @@ impl Telemetry {
             .build();
 
         let metrics = if b.metrics {
-            let mut m = opentelemetry_otlp::MetricExporter::builder()
-                .with_http()
-                .with_http_client(client)
-                .with_protocol(Protocol::HttpBinary)
-                .with_timeout(b.timeout);
-            if let Some(base) = &b.endpoint {
-                m = m.with_endpoint(format!("{base}/v1/metrics"));
-            }
-            if !headers.is_empty() {
-                m = m.with_headers(headers);
-            }
-            let exporter = export::Quiet {
-                inner: m.build().map_err(bad)?,
-                endpoint: b.shown.clone(),
-                warned,
+            let exporter = match b.metrics_protocol {
+                #[cfg(feature = "grpc")]
+                OtlpProtocol::Grpc => {
+                    let _in = runtime.enter();
+                    let m = export::grpc(
+                        opentelemetry_otlp::MetricExporter::builder().with_tonic(),
+                        b,
+                        &headers,
+                    )?;
+                    export::Quiet::new(m.build().map_err(bad)?, &b.shown, &warned)
+                        .in_runtime(runtime.handle().clone())
+                }
+                _ => {
+                    let mut m = opentelemetry_otlp::MetricExporter::builder()
+                        .with_http()
+                        .with_http_client(client)
+                        .with_protocol(Protocol::HttpBinary)
+                        .with_timeout(b.timeout);
+                    if let Some(base) = &b.endpoint {
+                        m = m.with_endpoint(format!("{base}/v1/metrics"));
+                    }
+                    if !headers.is_empty() {
+                        m = m.with_headers(headers);
+                    }
+                    export::Quiet::new(m.build().map_err(bad)?, &b.shown, &warned)
+                }
             };
             let mut reader = PeriodicReader::builder(exporter);
             if let Some(d) = b.metrics_interval {
@@ -381,12 +504,7 @@ impl Telemetry {
         } else {
             None
         };
-        Ok(Telemetry {
-            traces,
-            metrics,
-            capture_content: b.capture_content,
-            runtime: Some(runtime),
-        })
+        Ok((traces, metrics))
     }
 
     /// The `tracing` layer that turns `tracing` spans of target [`TARGET`] into OpenTelemetry
@@ -478,6 +596,8 @@ impl Drop for Telemetry {
 
 struct Build {
     endpoint: Option<String>,
+    traces_protocol: OtlpProtocol,
+    metrics_protocol: OtlpProtocol,
     shown: String,
     headers: Vec<(String, String)>,
     service: Option<String>,

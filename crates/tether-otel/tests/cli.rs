@@ -1,4 +1,5 @@
-//! `tether run` as a subprocess, exporting to a real OTLP/HTTP receiver — or to a closed port.
+//! `tether run` as a subprocess, exporting to a real OTLP receiver (HTTP or gRPC) — or to a
+//! closed port.
 
 mod bins;
 mod common;
@@ -101,4 +102,73 @@ async fn a_closed_collector_port_costs_one_warning_and_nothing_else() {
         .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.to_lowercase().contains("opentelemetry"))
         .collect();
     assert!(other.is_empty(), "more than the one warning: {stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tether_run_exports_over_grpc_when_the_protocol_says_so() {
+    let rx = Receiver::start_grpc().await;
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::text("hi there").usage(3, 2));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = tether_run(
+        &fake,
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.url.clone()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".into()),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=s3cret".into()),
+        ],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let spans = rx
+        .wait_spans("the CLI run's spans over gRPC", |s| {
+            s.iter().any(|s| s.name == "invoke_agent") && s.iter().any(|s| s.name == "chat m")
+        })
+        .await;
+    let run = one(&spans, "invoke_agent");
+    let chat = one(&spans, "chat m");
+    assert_eq!(chat.parent, run.span_id);
+    assert_eq!(run.service.as_deref(), Some("tether"));
+    assert_eq!(chat.attr("gen_ai.usage.input_tokens"), Some(&json!(3)));
+    assert_eq!(
+        fake.requests()[0].header("traceparent"),
+        Some(format!("00-{}-{}-01", chat.trace_id, chat.span_id).as_str())
+    );
+    // The metrics went the same way, at exit; every export carried the header as metadata.
+    rx.wait_points("the CLI run's metrics over gRPC", |p| {
+        p.iter().any(|p| p.name == "gen_ai.client.token.usage")
+    })
+    .await;
+    let keys = rx.api_keys();
+    assert!(!keys.is_empty());
+    assert!(keys.iter().all(|k| k.as_deref() == Some("s3cret")), "{keys:?}");
+    assert!(!stderr.contains("could not export"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_protocol_not_built_in_is_named_and_the_run_goes_on() {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::text("hi there"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = tether_run(
+        &fake,
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318".into()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json".into()),
+        ],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("hi there"), "{stdout}");
+    assert!(
+        stderr.contains("OpenTelemetry export is off")
+            && stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL=http/json is not supported")
+            && stderr.contains("grpc"),
+        "{stderr}"
+    );
 }

@@ -1,5 +1,6 @@
-//! An OTLP/HTTP receiver on 127.0.0.1 decoding the official `opentelemetry-proto` messages, and
-//! helpers to read what it got.
+//! An OTLP receiver on 127.0.0.1, over HTTP or gRPC (the collector's own service definitions,
+//! served by tonic), decoding the official `opentelemetry-proto` messages, and helpers to read
+//! what it got.
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
@@ -10,8 +11,18 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::routing::post;
-use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::collector::metrics::v1::metrics_service_server::{
+    MetricsService, MetricsServiceServer,
+};
+use opentelemetry_proto::tonic::collector::metrics::v1::{
+    ExportMetricsServiceRequest, ExportMetricsServiceResponse,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use opentelemetry_proto::tonic::metrics::v1::metric;
 use prost::Message;
@@ -62,6 +73,8 @@ struct Got {
     spans: Vec<Span>,
     points: Vec<Point>,
     requests: u64,
+    /// The `x-api-key` header (HTTP) or metadata (gRPC) of each export request.
+    keys: Vec<Option<String>>,
 }
 
 /// The receiver.
@@ -95,10 +108,31 @@ fn attrs(kv: &[KeyValue]) -> BTreeMap<String, Value> {
 
 type Shared = (Arc<Mutex<Got>>, Arc<watch::Sender<u64>>);
 
-async fn traces(State((got, tx)): State<Shared>, body: Bytes) -> &'static [u8] {
+fn api_key(h: &axum::http::HeaderMap) -> Option<String> {
+    h.get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+async fn traces(State(shared): State<Shared>, headers: axum::http::HeaderMap, body: Bytes) -> &'static [u8] {
     if let Ok(req) = ExportTraceServiceRequest::decode(body) {
+        record_traces(&shared, req, api_key(&headers));
+    }
+    b""
+}
+
+async fn metrics(State(shared): State<Shared>, headers: axum::http::HeaderMap, body: Bytes) -> &'static [u8] {
+    if let Ok(req) = ExportMetricsServiceRequest::decode(body) {
+        record_metrics(&shared, req, api_key(&headers));
+    }
+    b""
+}
+
+fn record_traces((got, tx): &Shared, req: ExportTraceServiceRequest, key: Option<String>) {
+    {
         let mut g = got.lock().unwrap();
         g.requests += 1;
+        g.keys.push(key);
         for rs in req.resource_spans {
             let service = rs.resource.as_ref().and_then(|r| {
                 attrs(&r.attributes)
@@ -135,13 +169,13 @@ async fn traces(State((got, tx)): State<Shared>, body: Bytes) -> &'static [u8] {
         }
     }
     tx.send_modify(|n| *n += 1);
-    b""
 }
 
-async fn metrics(State((got, tx)): State<Shared>, body: Bytes) -> &'static [u8] {
-    if let Ok(req) = ExportMetricsServiceRequest::decode(body) {
+fn record_metrics((got, tx): &Shared, req: ExportMetricsServiceRequest, key: Option<String>) {
+    {
         let mut g = got.lock().unwrap();
         g.requests += 1;
+        g.keys.push(key);
         for rm in req.resource_metrics {
             for sm in rm.scope_metrics {
                 for m in sm.metrics {
@@ -161,7 +195,45 @@ async fn metrics(State((got, tx)): State<Shared>, body: Bytes) -> &'static [u8] 
         }
     }
     tx.send_modify(|n| *n += 1);
-    b""
+}
+
+/// The collector's gRPC services, recording what they receive.
+#[derive(Clone)]
+struct Grpc(Shared);
+
+fn grpc_key<T>(r: &tonic::Request<T>) -> Option<String> {
+    r.metadata()
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+#[tonic::async_trait]
+impl TraceService for Grpc {
+    async fn export(
+        &self,
+        r: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let key = grpc_key(&r);
+        record_traces(&self.0, r.into_inner(), key);
+        Ok(tonic::Response::new(ExportTraceServiceResponse {
+            partial_success: None,
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl MetricsService for Grpc {
+    async fn export(
+        &self,
+        r: tonic::Request<ExportMetricsServiceRequest>,
+    ) -> Result<tonic::Response<ExportMetricsServiceResponse>, tonic::Status> {
+        let key = grpc_key(&r);
+        record_metrics(&self.0, r.into_inner(), key);
+        Ok(tonic::Response::new(ExportMetricsServiceResponse {
+            partial_success: None,
+        }))
+    }
 }
 
 impl Receiver {
@@ -180,6 +252,31 @@ impl Receiver {
             let _ = axum::serve(l, app).await;
         });
         Receiver { url, got, tick: rx }
+    }
+
+    /// The same receiver over OTLP/gRPC: tonic serving the collector's `TraceService` and
+    /// `MetricsService` on 127.0.0.1 (`url` is the gRPC server's, `http://127.0.0.1:PORT`).
+    pub async fn start_grpc() -> Receiver {
+        let got = Arc::new(Mutex::new(Got::default()));
+        let (tx, rx) = watch::channel(0u64);
+        let svc = Grpc((got.clone(), Arc::new(tx)));
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the receiver");
+        let url = format!("http://{}", l.local_addr().expect("addr"));
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(TraceServiceServer::new(svc.clone()))
+                .add_service(MetricsServiceServer::new(svc))
+                .serve_with_incoming(tonic::transport::server::TcpIncoming::from(l))
+                .await;
+        });
+        Receiver { url, got, tick: rx }
+    }
+
+    /// The `x-api-key` of each export request received (`None` where it had none).
+    pub fn api_keys(&self) -> Vec<Option<String>> {
+        self.got.lock().unwrap().keys.clone()
     }
 
     pub fn spans(&self) -> Vec<Span> {
