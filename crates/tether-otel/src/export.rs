@@ -1,5 +1,5 @@
-//! OTLP export: the HTTP client the exporters use, the gRPC exporters' setup, and the wrapper that turns export
-//! failures into one warning.
+//! OTLP export: the HTTP client the exporters use, the gRPC exporters' setup, and the wrapper
+//! that turns export failures into one warning.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
