@@ -120,9 +120,9 @@ pub(crate) struct Quiet<E> {
     pub(crate) rt: Option<tokio::runtime::Handle>,
 }
 
-/// `fut`, polled inside `rt`'s context.
+/// `fut`, polled inside `rt`'s context (gRPC exports only: the HTTP ones are awaited as they are).
 struct Entered<'a, F> {
-    rt: Option<&'a tokio::runtime::Handle>,
+    rt: &'a tokio::runtime::Handle,
     fut: std::pin::Pin<Box<F>>,
 }
 
@@ -134,7 +134,7 @@ impl<F: std::future::Future> std::future::Future for Entered<'_, F> {
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<F::Output> {
         let this = &mut *self;
-        let _in = this.rt.map(|rt| rt.enter());
+        let _in = this.rt.enter();
         this.fut.as_mut().poll(cx)
     }
 }
@@ -156,10 +156,17 @@ impl<E> Quiet<E> {
         self
     }
 
-    fn entered<F: std::future::Future>(&self, fut: F) -> Entered<'_, F> {
-        Entered {
-            rt: self.rt.as_ref(),
-            fut: Box::pin(fut),
+    /// Awaits `fut`, inside the export runtime's context when there is one.
+    async fn run<F: std::future::Future>(&self, fut: F) -> F::Output {
+        match &self.rt {
+            Some(rt) => {
+                Entered {
+                    rt,
+                    fut: Box::pin(fut),
+                }
+                .await
+            }
+            None => fut.await,
         }
     }
 
@@ -176,7 +183,7 @@ impl<E> Quiet<E> {
 
 impl<E: SpanExporter> SpanExporter for Quiet<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
-        let r = self.entered(self.inner.export(batch)).await;
+        let r = self.run(self.inner.export(batch)).await;
         if let Err(e) = &r {
             self.report("traces", e);
         }
@@ -200,7 +207,7 @@ impl<E: SpanExporter> SpanExporter for Quiet<E> {
 
 impl<E: PushMetricExporter> PushMetricExporter for Quiet<E> {
     async fn export(&self, metrics: &ResourceMetrics) -> OTelSdkResult {
-        let r = self.entered(self.inner.export(metrics)).await;
+        let r = self.run(self.inner.export(metrics)).await;
         if let Err(e) = &r {
             self.report("metrics", e);
         }
