@@ -73,8 +73,8 @@ async fn tether_run_exports_its_trace_when_an_endpoint_is_set() {
     run_and_check_trace(&rx, &env, "cli-test").await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_closed_collector_port_costs_one_warning_and_nothing_else() {
+/// `tether run` exporting with `protocol` to a closed port: it succeeds with one warning.
+async fn closed_port_costs_one_warning(protocol: &str) {
     let fake = FakeOpenAi::start().await;
     fake.push(Reply::text("hi there"));
     let dir = tempfile::tempdir().expect("tempdir");
@@ -84,6 +84,7 @@ async fn a_closed_collector_port_costs_one_warning_and_nothing_else() {
         dir.path(),
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{port}")),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.into()),
             // Export during the run as well as at exit: every attempt fails.
             ("OTEL_BSP_SCHEDULE_DELAY", "10".into()),
             ("OTEL_METRIC_EXPORT_INTERVAL", "10".into()),
@@ -106,6 +107,16 @@ async fn a_closed_collector_port_costs_one_warning_and_nothing_else() {
         .filter(|l| l.contains("WARN") || l.contains("ERROR") || l.to_lowercase().contains("opentelemetry"))
         .collect();
     assert!(other.is_empty(), "more than the one warning: {stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_collector_port_costs_one_warning_and_nothing_else() {
+    closed_port_costs_one_warning("http/protobuf").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_grpc_collector_port_costs_one_warning_and_nothing_else() {
+    closed_port_costs_one_warning("grpc").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

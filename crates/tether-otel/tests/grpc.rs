@@ -110,18 +110,24 @@ async fn grpc_export_carries_what_http_export_carries() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_header_grpc_cannot_carry_is_a_configuration_error() {
-    let mut config = ExportConfig::new("http://127.0.0.1:4317").protocol(OtlpProtocol::Grpc);
-    config.headers.push(("bad key".into(), "v".into()));
-    let e = Telemetry::new(config).expect_err("a header name with a space");
-    assert!(
-        matches!(
-            e,
-            tether::Error::Config {
-                kind: tether::ConfigKind::Invalid,
-                ..
-            }
-        ),
-        "{e:?}"
-    );
-    assert!(e.to_string().contains("\"bad key\""), "{e}");
+    // A name with a space; a value with a line break (a header injection through metadata).
+    for (k, v, named) in [
+        ("bad key", "v", "\"bad key\""),
+        ("x-api-key", "s3cret\r\nx-admin: 1", "\"x-api-key\""),
+    ] {
+        let mut config = ExportConfig::new("http://127.0.0.1:4317").protocol(OtlpProtocol::Grpc);
+        config.headers.push((k.into(), v.into()));
+        let e = Telemetry::new(config).expect_err("a header gRPC cannot carry");
+        assert!(
+            matches!(
+                e,
+                tether::Error::Config {
+                    kind: tether::ConfigKind::Invalid,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains(named), "{e}");
+    }
 }
