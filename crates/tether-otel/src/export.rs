@@ -69,6 +69,31 @@ impl HttpClient for ExportClient {
     }
 }
 
+/// Configures an OTLP/HTTP exporter's builder as `b` says: tether's client, protobuf bodies, the
+/// timeout, the endpoint (`{base}{path}`, when not the environment's) and the headers.
+pub(crate) fn http<T>(
+    builder: T,
+    b: &crate::Build,
+    headers: &std::collections::HashMap<String, String>,
+    client: &ExportClient,
+    path: &str,
+) -> T
+where
+    T: opentelemetry_otlp::WithExportConfig + opentelemetry_otlp::WithHttpConfig,
+{
+    let mut builder = builder
+        .with_http_client(client.clone())
+        .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+        .with_timeout(b.timeout);
+    if let Some(base) = &b.endpoint {
+        builder = builder.with_endpoint(format!("{base}{path}"));
+    }
+    if !headers.is_empty() {
+        builder = builder.with_headers(headers.clone());
+    }
+    builder
+}
+
 /// Configures a gRPC exporter's builder as `b` says: its endpoint (when not the environment's),
 /// timeout, headers as gRPC metadata, and TLS with the webpki roots for an `https://` endpoint.
 #[cfg(feature = "grpc")]

@@ -58,7 +58,6 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::{BatchConfigBuilder, BatchSpanProcessor, SdkTracerProvider};
@@ -437,18 +436,14 @@ impl Telemetry {
                     .in_runtime(runtime.handle().clone())
             }
             _ => {
-                let mut spans = opentelemetry_otlp::SpanExporter::builder()
-                    .with_http()
-                    .with_http_client(client.clone())
-                    .with_protocol(Protocol::HttpBinary)
-                    .with_timeout(b.timeout);
-                if let Some(base) = &b.endpoint {
-                    spans = spans.with_endpoint(format!("{base}/v1/traces"));
-                }
-                if !headers.is_empty() {
-                    spans = spans.with_headers(headers.clone());
-                }
-                export::Quiet::new(spans.build().map_err(bad)?, &b.shown, &warned)
+                let s = export::http(
+                    opentelemetry_otlp::SpanExporter::builder().with_http(),
+                    b,
+                    &headers,
+                    &client,
+                    "/v1/traces",
+                );
+                export::Quiet::new(s.build().map_err(bad)?, &b.shown, &warned)
             }
         };
         let mut batch = BatchConfigBuilder::default();
@@ -477,17 +472,13 @@ impl Telemetry {
                         .in_runtime(runtime.handle().clone())
                 }
                 _ => {
-                    let mut m = opentelemetry_otlp::MetricExporter::builder()
-                        .with_http()
-                        .with_http_client(client)
-                        .with_protocol(Protocol::HttpBinary)
-                        .with_timeout(b.timeout);
-                    if let Some(base) = &b.endpoint {
-                        m = m.with_endpoint(format!("{base}/v1/metrics"));
-                    }
-                    if !headers.is_empty() {
-                        m = m.with_headers(headers);
-                    }
+                    let m = export::http(
+                        opentelemetry_otlp::MetricExporter::builder().with_http(),
+                        b,
+                        &headers,
+                        &client,
+                        "/v1/metrics",
+                    );
                     export::Quiet::new(m.build().map_err(bad)?, &b.shown, &warned)
                 }
             };
