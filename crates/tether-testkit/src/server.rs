@@ -43,6 +43,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Serve {
     tls: Option<Alpn>,
+    /// Whether a TLS client must show a certificate the server's CA signed (mutual TLS).
+    client_auth: bool,
 }
 
 /// The application protocols a TLS fake offers in ALPN.
@@ -57,7 +59,10 @@ enum Alpn {
 impl Serve {
     /// Plain HTTP/1.1 on 127.0.0.1 (what `start` does).
     pub fn plain() -> Self {
-        Serve { tls: None }
+        Serve {
+            tls: None,
+            client_auth: false,
+        }
     }
 
     /// TLS on 127.0.0.1 with a certificate generated at start, offering ALPN `h2` then
@@ -65,6 +70,17 @@ impl Serve {
     pub fn tls() -> Self {
         Serve {
             tls: Some(Alpn::H2AndHttp1),
+            client_auth: false,
+        }
+    }
+
+    /// TLS as [`Serve::tls`], and mutual: a client must show a certificate the same CA signed
+    /// ([`TestCa::client_cert_pem`] with [`TestCa::client_key_pem`]); one that shows none, or
+    /// another, fails the handshake.
+    pub fn tls_client_auth() -> Self {
+        Serve {
+            tls: Some(Alpn::H2AndHttp1),
+            client_auth: true,
         }
     }
 
@@ -72,6 +88,7 @@ impl Serve {
     pub fn tls_http1_only() -> Self {
         Serve {
             tls: Some(Alpn::Http1),
+            client_auth: false,
         }
     }
 
@@ -112,6 +129,8 @@ pub struct TestCa {
     der: Vec<u8>,
     leaf: CertificateDer<'static>,
     leaf_key: Arc<Vec<u8>>,
+    client_pem: String,
+    client_key_pem: String,
 }
 
 impl std::fmt::Debug for TestCa {
@@ -169,12 +188,33 @@ impl TestCa {
         leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         let leaf_cert = leaf.signed_by(&leaf_key, &issuer)?;
+        // A client certificate for mutual TLS ([`Serve::tls_client_auth`]).
+        let client_key = KeyPair::generate()?;
+        let mut client = CertificateParams::new(Vec::<String>::new())?;
+        client
+            .distinguished_name
+            .push(DnType::CommonName, "tether-testkit client");
+        client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        client.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        let client_cert = client.signed_by(&client_key, &issuer)?;
         Ok(TestCa {
             pem: ca_cert.pem(),
             der: ca_cert.der().to_vec(),
             leaf: leaf_cert.der().clone(),
             leaf_key: Arc::new(leaf_key.serialize_der()),
+            client_pem: client_cert.pem(),
+            client_key_pem: client_key.serialize_pem(),
         })
+    }
+
+    /// A client certificate this CA signed (PEM), for mutual TLS ([`Serve::tls_client_auth`]).
+    pub fn client_cert_pem(&self) -> &str {
+        &self.client_pem
+    }
+
+    /// The private key of [`TestCa::client_cert_pem`] (PEM, PKCS#8).
+    pub fn client_key_pem(&self) -> &str {
+        &self.client_key_pem
     }
 
     /// The CA certificate, PEM-encoded (one `CERTIFICATE` block).
@@ -187,13 +227,23 @@ impl TestCa {
         &self.der
     }
 
-    fn server_config(&self, alpn: Alpn) -> Result<rustls::ServerConfig, rustls::Error> {
+    fn server_config(&self, alpn: Alpn, client_auth: bool) -> Result<rustls::ServerConfig, rustls::Error> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.leaf_key.as_ref().clone()));
-        let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_no_client_auth()
-            .with_single_cert(vec![self.leaf.clone()], key)?;
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()?;
+        let builder = if client_auth {
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(CertificateDer::from(self.der.clone()))?;
+            let verifier =
+                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                    .build()
+                    .map_err(|e| rustls::Error::General(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        } else {
+            builder.with_no_client_auth()
+        };
+        let mut cfg = builder.with_single_cert(vec![self.leaf.clone()], key)?;
         cfg.alpn_protocols = match alpn {
             Alpn::H2AndHttp1 => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
             Alpn::Http1 => vec![b"http/1.1".to_vec()],
@@ -263,6 +313,51 @@ async fn record(State(log): State<Log>, req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
+/// Any axum app served the way the fakes are ([`serve_router`]): for a test's own server that
+/// must speak TLS (an OTLP collector over `https://`, a gRPC service behind ALPN `h2`).
+/// Dropping it stops the server and ends its connections.
+pub struct Served(Running);
+
+impl std::fmt::Debug for Served {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Served").field("origin", &self.origin()).finish()
+    }
+}
+
+impl Served {
+    /// `http://127.0.0.1:<port>`, or `https://127.0.0.1:<port>` when served over TLS.
+    pub fn origin(&self) -> String {
+        self.0.origin()
+    }
+
+    /// The CA the TLS certificate chains to (`None` over plain HTTP).
+    pub fn ca(&self) -> Option<&TestCa> {
+        self.0.ca()
+    }
+
+    /// What every request so far arrived over, in arrival order.
+    pub fn negotiated(&self) -> Vec<Negotiated> {
+        self.0.negotiated()
+    }
+}
+
+/// Serves `app` on a random 127.0.0.1 port as `how` says (plain HTTP/1.1, or TLS with a fresh
+/// CA and HTTP/2 or HTTP/1.1 by ALPN), as the fakes are served.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use tether_testkit::{Serve, server::serve_router};
+/// let app = axum::Router::new().route("/", axum::routing::get(|| async { "hi" }));
+/// let served = serve_router(app, &Serve::tls()).await.expect("bind 127.0.0.1");
+/// assert!(served.origin().starts_with("https://127.0.0.1:"));
+/// assert!(served.ca().is_some());
+/// # }
+/// ```
+pub async fn serve_router(app: Router, how: &Serve) -> std::io::Result<Served> {
+    serve(app, how).await.map(Served)
+}
+
 /// Serves `app` on a random 127.0.0.1 port as `serve` says.
 pub(crate) async fn serve(app: Router, serve: &Serve) -> std::io::Result<Running> {
     // A deep accept queue: benchmarks open 1,000 connections at once, and the default
@@ -293,7 +388,9 @@ pub(crate) async fn serve(app: Router, serve: &Serve) -> std::io::Result<Running
         });
     };
     let ca = TestCa::generate();
-    let cfg = ca.server_config(alpn).map_err(std::io::Error::other)?;
+    let cfg = ca
+        .server_config(alpn, serve.client_auth)
+        .map_err(std::io::Error::other)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
     let task = tokio::spawn(accept_tls(listener, acceptor, app));
     Ok(Running {
