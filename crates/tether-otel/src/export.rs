@@ -28,15 +28,137 @@ pub(crate) struct ExportClient {
 }
 
 impl ExportClient {
-    pub(crate) fn new(rt: tokio::runtime::Handle, timeout: Duration) -> Result<Self, tether::Error> {
-        let http = reqwest::Client::builder()
+    pub(crate) fn new(
+        rt: tokio::runtime::Handle,
+        timeout: Duration,
+        tls: &Tls,
+    ) -> Result<Self, tether::Error> {
+        let mut http = reqwest::Client::builder()
             .connect_timeout(timeout.min(Duration::from_secs(5)))
-            .timeout(timeout)
-            .build()
-            .map_err(|e| {
-                tether::Error::config_with(tether::ConfigKind::Setup, "cannot build the OTLP HTTP client", e)
-            })?;
+            .timeout(timeout);
+        if let Some(ca) = &tls.ca {
+            for cert in ca.certificates()? {
+                http = http.add_root_certificate(cert);
+            }
+        }
+        if let Some(id) = &tls.identity {
+            http = http.identity(id.reqwest()?);
+        }
+        let http = http.build().map_err(|e| {
+            tether::Error::config_with(tether::ConfigKind::Setup, "cannot build the OTLP HTTP client", e)
+        })?;
         Ok(ExportClient { http, rt })
+    }
+}
+
+/// The largest certificate or key file read (a CA bundle is a few hundred KiB at most).
+const MAX_PEM: u64 = 4 << 20;
+
+/// TLS for one signal's exporter beyond the webpki roots: the CAs a collector with a private
+/// CA is trusted by, and the client certificate a collector asking for mutual TLS is shown.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Tls {
+    pub(crate) ca: Option<Pem>,
+    pub(crate) identity: Option<ClientIdentity>,
+}
+
+/// PEM bytes and where they came from (a variable and its path, or the `ExportConfig` method),
+/// for error messages.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Pem {
+    pub(crate) from: String,
+    pub(crate) bytes: Vec<u8>,
+}
+
+/// A client certificate chain and its private key, both PEM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ClientIdentity {
+    pub(crate) cert: Pem,
+    pub(crate) key: Pem,
+}
+
+fn invalid(msg: String) -> tether::Error {
+    tether::Error::config(tether::ConfigKind::Invalid, msg)
+}
+
+impl Pem {
+    /// Reads the file `path` that variable `var` names: bounded, and an error naming both when
+    /// it cannot be read.
+    pub(crate) fn read(var: &str, path: &str) -> Result<Pem, tether::Error> {
+        let from = format!("{var}={path}");
+        let too_big = |n: u64| {
+            invalid(format!(
+                "{from}: the file is {n} bytes, more than a PEM file holds ({MAX_PEM} at most)"
+            ))
+        };
+        let meta = std::fs::metadata(path).map_err(|e| {
+            tether::Error::config_with(
+                tether::ConfigKind::Invalid,
+                format!("{from}: cannot read the file"),
+                e,
+            )
+        })?;
+        if meta.len() > MAX_PEM {
+            return Err(too_big(meta.len()));
+        }
+        let bytes = std::fs::read(path).map_err(|e| {
+            tether::Error::config_with(
+                tether::ConfigKind::Invalid,
+                format!("{from}: cannot read the file"),
+                e,
+            )
+        })?;
+        if bytes.len() as u64 > MAX_PEM {
+            return Err(too_big(bytes.len() as u64));
+        }
+        Ok(Pem { from, bytes })
+    }
+
+    /// The certificates in it: an error when it holds none or one that does not parse.
+    pub(crate) fn certificates(&self) -> Result<Vec<reqwest::Certificate>, tether::Error> {
+        match reqwest::Certificate::from_pem_bundle(&self.bytes) {
+            Ok(certs) if !certs.is_empty() => Ok(certs),
+            Ok(_) => Err(invalid(format!("{}: holds no PEM certificate", self.from))),
+            Err(e) => Err(tether::Error::config_with(
+                tether::ConfigKind::Invalid,
+                format!("{}: not a PEM certificate bundle", self.from),
+                e,
+            )),
+        }
+    }
+}
+
+impl ClientIdentity {
+    /// The certificate and key as reqwest's identity (one PEM holding both): an error naming
+    /// the files when they do not parse.
+    pub(crate) fn reqwest(&self) -> Result<reqwest::Identity, tether::Error> {
+        let mut both = self.cert.bytes.clone();
+        both.push(b'\n');
+        both.extend_from_slice(&self.key.bytes);
+        reqwest::Identity::from_pem(&both).map_err(|e| {
+            tether::Error::config_with(
+                tether::ConfigKind::Invalid,
+                format!(
+                    "{} and {}: not a PEM client certificate and its private key",
+                    self.cert.from, self.key.from
+                ),
+                e,
+            )
+        })
+    }
+}
+
+impl Tls {
+    /// Checks that what is given parses, so a bad file is a configuration error at start and
+    /// not a failed export later.
+    pub(crate) fn check(&self) -> Result<(), tether::Error> {
+        if let Some(ca) = &self.ca {
+            ca.certificates()?;
+        }
+        if let Some(id) = &self.identity {
+            id.reqwest()?;
+        }
+        Ok(())
     }
 }
 
@@ -95,12 +217,18 @@ where
 }
 
 /// Configures a gRPC exporter's builder as `b` says: its endpoint (when not the environment's),
-/// timeout, headers as gRPC metadata, and TLS with the webpki roots for an `https://` endpoint.
+/// timeout, headers as gRPC metadata, and TLS: the webpki roots, the extra CAs and the client
+/// identity of `tls`.
+///
+/// The TLS configuration is given whatever the endpoint: tonic uses it only for an `https://`
+/// one, and the endpoint the SDK ends up with may be another than `b`'s (a signal's own
+/// `OTEL_EXPORTER_OTLP_METRICS_ENDPOINT`, or one without a scheme, which it makes `https://`).
 #[cfg(feature = "grpc")]
 pub(crate) fn grpc<T>(
     builder: T,
     b: &crate::Build,
     headers: &std::collections::HashMap<String, String>,
+    tls: &Tls,
 ) -> Result<T, tether::Error>
 where
     T: opentelemetry_otlp::WithExportConfig + opentelemetry_otlp::WithTonicConfig,
@@ -110,9 +238,18 @@ where
     if let Some(base) = &b.endpoint {
         builder = builder.with_endpoint(base.clone());
     }
-    if b.shown.starts_with("https://") {
-        builder = builder.with_tls_config(tonic::transport::ClientTlsConfig::new().with_webpki_roots());
+    tls.check()?;
+    let mut config = tonic::transport::ClientTlsConfig::new().with_webpki_roots();
+    if let Some(ca) = &tls.ca {
+        config = config.ca_certificate(tonic::transport::Certificate::from_pem(&ca.bytes));
     }
+    if let Some(id) = &tls.identity {
+        config = config.identity(tonic::transport::Identity::from_pem(
+            &id.cert.bytes,
+            &id.key.bytes,
+        ));
+    }
+    builder = builder.with_tls_config(config);
     if !headers.is_empty() {
         let mut m = MetadataMap::with_capacity(headers.len());
         for (k, v) in headers {

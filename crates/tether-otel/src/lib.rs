@@ -191,7 +191,8 @@ fn protocol_from_env(signal: &str) -> tether::Result<OtlpProtocol> {
 pub struct ExportConfig {
     /// The collector's base URL. Over OTLP/HTTP (`http://127.0.0.1:4318`) traces go to
     /// `/v1/traces` and metrics to `/v1/metrics`; over gRPC (`http://127.0.0.1:4317`) the URL is
-    /// the gRPC server's, used as it is (`https://` for TLS, with the webpki roots).
+    /// the gRPC server's, used as it is. `https://` means TLS over either: the webpki roots, and
+    /// [`ExportConfig::ca_certificate`] for a private CA.
     pub endpoint: String,
     /// The transport (default OTLP/HTTP with protobuf).
     pub protocol: OtlpProtocol,
@@ -209,6 +210,12 @@ pub struct ExportConfig {
     pub capture_content: bool,
     /// Per-export timeout (default 10 s).
     pub timeout: Duration,
+    /// CA certificates (PEM) trusted beside the webpki roots: a collector whose certificate a
+    /// private CA signed ([`ExportConfig::ca_certificate`]).
+    pub ca_certificate: Option<Vec<u8>>,
+    /// A client certificate chain and its private key (both PEM), shown to a collector that
+    /// asks for mutual TLS ([`ExportConfig::client_identity`]).
+    pub client_identity: Option<(Vec<u8>, Vec<u8>)>,
 }
 
 impl ExportConfig {
@@ -225,7 +232,32 @@ impl ExportConfig {
             metrics: true,
             capture_content: false,
             timeout: Duration::from_secs(10),
+            ca_certificate: None,
+            client_identity: None,
         }
+    }
+
+    /// Trusts the CA certificates in `pem` (one or more PEM `CERTIFICATE` blocks) beside the
+    /// webpki roots, for an `https://` collector whose certificate a private CA signed: what
+    /// `OTEL_EXPORTER_OTLP_CERTIFICATE` names in the environment. Over both transports.
+    ///
+    /// ```
+    /// # fn f(pem: Vec<u8>) {
+    /// let c = tether_otel::ExportConfig::new("https://collector.internal:4318").ca_certificate(pem);
+    /// assert!(c.ca_certificate.is_some());
+    /// # }
+    /// ```
+    pub fn ca_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.ca_certificate = Some(pem.into());
+        self
+    }
+
+    /// Shows the client certificate chain `cert` with its private key `key` (both PEM) to a
+    /// collector that asks for mutual TLS: what `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and
+    /// `OTEL_EXPORTER_OTLP_CLIENT_KEY` name in the environment.
+    pub fn client_identity(mut self, cert: impl Into<Vec<u8>>, key: impl Into<Vec<u8>>) -> Self {
+        self.client_identity = Some((cert.into(), key.into()));
+        self
     }
 
     /// The transport: OTLP/HTTP (the default) or gRPC.
@@ -308,8 +340,15 @@ impl Telemetry {
     /// `OTEL_EXPORTER_OTLP[_TRACES|_METRICS]_PROTOCOL` chooses the transport: `http/protobuf`
     /// (the default) or `grpc` ([`OtlpProtocol`]).
     ///
+    /// TLS (an `https://` endpoint) trusts the webpki roots, and also the CA certificates of the
+    /// PEM file `OTEL_EXPORTER_OTLP[_TRACES|_METRICS]_CERTIFICATE` names; for mutual TLS,
+    /// `OTEL_EXPORTER_OTLP[_TRACES|_METRICS]_CLIENT_CERTIFICATE` and `_CLIENT_KEY` name the
+    /// client's certificate chain and private key (PEM). A signal's own variable wins over the
+    /// general one.
+    ///
     /// Errors: [`Error::Config`] for a protocol not built in (`http/json`; `grpc` without the
-    /// `grpc` feature) or a malformed endpoint.
+    /// `grpc` feature), a malformed endpoint, or a certificate or key file that cannot be read
+    /// or parsed, or a client certificate without its key (or the reverse).
     pub fn from_env() -> tether::Result<Option<Telemetry>> {
         if env_true("OTEL_SDK_DISABLED") || env("OTEL_TRACES_EXPORTER").as_deref() == Some("none") {
             return Ok(None);
@@ -329,6 +368,11 @@ impl Telemetry {
             .and_then(|v| v.parse::<u64>().ok())
             .map(Duration::from_millis)
             .unwrap_or(Duration::from_secs(10));
+        let traces_tls = tls_from_env("TRACES")?;
+        let metrics_tls = match metrics {
+            true => tls_from_env("METRICS")?,
+            false => export::Tls::default(),
+        };
         let service = match (env("OTEL_SERVICE_NAME"), env("OTEL_RESOURCE_ATTRIBUTES")) {
             (Some(_), _) => None,
             (None, Some(a)) if a.split(',').any(|kv| kv.trim().starts_with("service.name=")) => None,
@@ -346,6 +390,8 @@ impl Telemetry {
             metrics,
             capture_content: env_true(CAPTURE_CONTENT_ENV),
             timeout,
+            traces_tls,
+            metrics_tls,
         })
         .map(Some)
     }
@@ -354,6 +400,20 @@ impl Telemetry {
     /// read).
     pub fn new(config: ExportConfig) -> tether::Result<Telemetry> {
         let base = config.endpoint.trim_end_matches('/').to_owned();
+        let given = |bytes: &Vec<u8>, what: &str| export::Pem {
+            from: format!("ExportConfig::{what}"),
+            bytes: bytes.clone(),
+        };
+        let tls = export::Tls {
+            ca: config.ca_certificate.as_ref().map(|p| given(p, "ca_certificate")),
+            identity: config
+                .client_identity
+                .as_ref()
+                .map(|(c, k)| export::ClientIdentity {
+                    cert: given(c, "client_identity (certificate)"),
+                    key: given(k, "client_identity (key)"),
+                }),
+        };
         Self::build(Build {
             endpoint: Some(base.clone()),
             traces_protocol: config.protocol,
@@ -366,6 +426,8 @@ impl Telemetry {
             metrics: config.metrics,
             capture_content: config.capture_content,
             timeout: config.timeout,
+            traces_tls: tls.clone(),
+            metrics_tls: tls,
         })
     }
 
@@ -410,7 +472,7 @@ impl Telemetry {
                 "OTLP over gRPC needs tether-otel's `grpc` feature, which this build leaves out",
             ));
         }
-        let client = export::ExportClient::new(runtime.handle().clone(), b.timeout)?;
+        let client = |tls: &export::Tls| export::ExportClient::new(runtime.handle().clone(), b.timeout, tls);
         let mut resource = Resource::builder();
         if let Some(s) = &b.service {
             resource = resource.with_service_name(s.clone());
@@ -431,6 +493,7 @@ impl Telemetry {
                     opentelemetry_otlp::SpanExporter::builder().with_tonic(),
                     b,
                     &headers,
+                    &b.traces_tls,
                 )?;
                 export::Quiet::new(s.build().map_err(bad)?, &b.shown, &warned)
                     .in_runtime(runtime.handle().clone())
@@ -440,7 +503,7 @@ impl Telemetry {
                     opentelemetry_otlp::SpanExporter::builder().with_http(),
                     b,
                     &headers,
-                    &client,
+                    &client(&b.traces_tls)?,
                     "/v1/traces",
                 );
                 export::Quiet::new(s.build().map_err(bad)?, &b.shown, &warned)
@@ -467,6 +530,7 @@ impl Telemetry {
                         opentelemetry_otlp::MetricExporter::builder().with_tonic(),
                         b,
                         &headers,
+                        &b.metrics_tls,
                     )?;
                     export::Quiet::new(m.build().map_err(bad)?, &b.shown, &warned)
                         .in_runtime(runtime.handle().clone())
@@ -476,7 +540,7 @@ impl Telemetry {
                         opentelemetry_otlp::MetricExporter::builder().with_http(),
                         b,
                         &headers,
-                        &client,
+                        &client(&b.metrics_tls)?,
                         "/v1/metrics",
                     );
                     export::Quiet::new(m.build().map_err(bad)?, &b.shown, &warned)
@@ -597,4 +661,41 @@ struct Build {
     metrics: bool,
     capture_content: bool,
     timeout: Duration,
+    /// TLS beyond the webpki roots, per signal (each may name its own files).
+    traces_tls: export::Tls,
+    metrics_tls: export::Tls,
+}
+
+/// The TLS files the environment names for `signal` (`TRACES` or `METRICS`): its own
+/// `OTEL_EXPORTER_OTLP_{signal}_CERTIFICATE` (and `_CLIENT_CERTIFICATE`, `_CLIENT_KEY`), else the
+/// general one, each read and checked now.
+fn tls_from_env(signal: &str) -> tether::Result<export::Tls> {
+    let read = |name: &str| -> tether::Result<Option<export::Pem>> {
+        let own = format!("OTEL_EXPORTER_OTLP_{signal}_{name}");
+        let general = format!("OTEL_EXPORTER_OTLP_{name}");
+        match env(&own)
+            .map(|p| (own, p))
+            .or_else(|| env(&general).map(|p| (general, p)))
+        {
+            Some((var, path)) => export::Pem::read(&var, &path).map(Some),
+            None => Ok(None),
+        }
+    };
+    let ca = read("CERTIFICATE")?;
+    let identity = match (read("CLIENT_CERTIFICATE")?, read("CLIENT_KEY")?) {
+        (Some(cert), Some(key)) => Some(export::ClientIdentity { cert, key }),
+        (None, None) => None,
+        (Some(one), None) | (None, Some(one)) => {
+            return Err(Error::config(
+                tether::ConfigKind::Invalid,
+                format!(
+                    "{}: mutual TLS needs both OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and OTEL_EXPORTER_OTLP_CLIENT_KEY (or their {signal} forms); only this one is set",
+                    one.from
+                ),
+            ));
+        }
+    };
+    let tls = export::Tls { ca, identity };
+    tls.check()?;
+    Ok(tls)
 }

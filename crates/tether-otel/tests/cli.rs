@@ -163,3 +163,57 @@ async fn a_protocol_not_built_in_is_named_and_the_run_goes_on() {
         "{stderr}"
     );
 }
+
+/// Each signal takes its own endpoint and CA from the environment: traces to a plain gRPC
+/// collector, metrics to one on `https://` whose private CA `OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE`
+/// names (the TLS of one signal is not the other's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_signal_takes_its_endpoint_and_ca_from_the_environment() {
+    let traces = Receiver::start_grpc().await;
+    let metrics = Receiver::start_grpc_with(tether_testkit::Serve::tls()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = dir.path().join("collector-ca.pem");
+    std::fs::write(&ca, metrics.ca_pem()).expect("write the CA");
+    let env = [
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc".to_owned()),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", traces.url.clone()),
+        ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", metrics.url.clone()),
+        ("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE", ca.display().to_string()),
+    ];
+    run_and_check_trace(&traces, &env, "tether").await;
+    metrics
+        .wait_points("the CLI run's metrics over gRPC with TLS", |p| {
+            p.iter().any(|p| p.name == "gen_ai.client.token.usage")
+        })
+        .await;
+    assert!(traces.points().is_empty(), "metrics went to the traces endpoint");
+    assert!(metrics.spans().is_empty(), "spans went to the metrics endpoint");
+}
+
+/// A certificate file that does not exist is named in a warning, export is off, and the run
+/// goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_certificate_file_is_named_and_the_run_goes_on() {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::text("hi there"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("no-such-ca.pem");
+    let out = tether_run(
+        &fake,
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4318".into()),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", missing.display().to_string()),
+        ],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("hi there"), "{stdout}");
+    assert!(
+        stderr.contains("OpenTelemetry export is off")
+            && stderr.contains(&format!("OTEL_EXPORTER_OTLP_CERTIFICATE={}", missing.display())),
+        "{stderr}"
+    );
+}

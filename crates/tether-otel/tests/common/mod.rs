@@ -82,6 +82,9 @@ pub struct Receiver {
     pub url: String,
     got: Arc<Mutex<Got>>,
     tick: watch::Receiver<u64>,
+    /// The server of a receiver started with [`Receiver::start_with`] or
+    /// [`Receiver::start_grpc_with`] (its CA, what each request arrived over); stops on drop.
+    pub served: Option<tether_testkit::server::Served>,
 }
 
 fn hex(b: &[u8]) -> String {
@@ -251,7 +254,66 @@ impl Receiver {
         tokio::spawn(async move {
             let _ = axum::serve(l, app).await;
         });
-        Receiver { url, got, tick: rx }
+        Receiver {
+            url,
+            got,
+            tick: rx,
+            served: None,
+        }
+    }
+
+    /// The OTLP/HTTP receiver served as `how` says (over TLS with a fresh CA: `served`'s).
+    pub async fn start_with(how: tether_testkit::Serve) -> Receiver {
+        let got = Arc::new(Mutex::new(Got::default()));
+        let (tx, rx) = watch::channel(0u64);
+        let app = Router::new()
+            .route("/v1/traces", post(traces))
+            .route("/v1/metrics", post(metrics))
+            .with_state((got.clone(), Arc::new(tx)));
+        let served = tether_testkit::server::serve_router(app, &how)
+            .await
+            .expect("serve the receiver");
+        Receiver {
+            url: served.origin(),
+            got,
+            tick: rx,
+            served: Some(served),
+        }
+    }
+
+    /// The gRPC receiver (the collector's services as an axum router) served as `how` says:
+    /// over TLS, HTTP/2 is agreed by ALPN, as a collector on `https://` serves gRPC.
+    pub async fn start_grpc_with(how: tether_testkit::Serve) -> Receiver {
+        let got = Arc::new(Mutex::new(Got::default()));
+        let (tx, rx) = watch::channel(0u64);
+        let svc = Grpc((got.clone(), Arc::new(tx)));
+        let app = tonic::service::Routes::new(TraceServiceServer::new(svc.clone()))
+            .add_service(MetricsServiceServer::new(svc))
+            .into_axum_router();
+        let served = tether_testkit::server::serve_router(app, &how)
+            .await
+            .expect("serve the receiver");
+        Receiver {
+            url: served.origin(),
+            got,
+            tick: rx,
+            served: Some(served),
+        }
+    }
+
+    /// The CA a TLS receiver's certificate chains to (and its client certificate, for mTLS).
+    pub fn ca(&self) -> &tether_testkit::TestCa {
+        self.served.as_ref().and_then(|s| s.ca()).expect("a TLS receiver")
+    }
+
+    /// The PEM of the CA a TLS receiver's certificate chains to.
+    pub fn ca_pem(&self) -> String {
+        self.ca().pem().to_owned()
+    }
+
+    /// How many requests reached the receiver's server (over TLS: past the handshake).
+    pub fn requests(&self) -> usize {
+        self.served.as_ref().map(|s| s.negotiated().len()).unwrap_or(0)
     }
 
     /// The same receiver over OTLP/gRPC: tonic serving the collector's `TraceService` and
@@ -271,7 +333,12 @@ impl Receiver {
                 .serve_with_incoming(tonic::transport::server::TcpIncoming::from(l))
                 .await;
         });
-        Receiver { url, got, tick: rx }
+        Receiver {
+            url,
+            got,
+            tick: rx,
+            served: None,
+        }
     }
 
     /// The `x-api-key` of each export request received (`None` where it had none).
