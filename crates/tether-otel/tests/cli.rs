@@ -109,6 +109,55 @@ async fn closed_port_costs_one_warning(protocol: &str) {
     assert!(other.is_empty(), "more than the one warning: {stderr}");
 }
 
+/// A collector that accepts connections and never answers (nor reads): `tether run` with
+/// `protocol` and a 300 ms export timeout still answers and exits, with one warning naming the
+/// collector. The shutdown's own bound (5 s) keeps a hung final export from holding the exit.
+async fn hung_collector_costs_one_warning(protocol: &str) {
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = hung.local_addr().expect("addr");
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = hung.accept().await {
+            conns.push(c);
+        }
+    });
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::text("hi there"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = tether_run(
+        &fake,
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}")),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.into()),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "300".into()),
+            ("OTEL_BSP_SCHEDULE_DELAY", "10".into()),
+        ],
+    )
+    .await;
+    held.abort();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the run failed: {stdout}\n{stderr}");
+    assert!(stdout.contains("hi there"), "{stdout}");
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("could not export"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "expected one export warning, got: {stderr}");
+    assert!(warnings[0].contains(&addr.to_string()), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_never_answers_costs_one_warning() {
+    hung_collector_costs_one_warning("http/protobuf").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpc_collector_that_never_answers_costs_one_warning() {
+    hung_collector_costs_one_warning("grpc").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_closed_collector_port_costs_one_warning_and_nothing_else() {
     closed_port_costs_one_warning("http/protobuf").await;
