@@ -225,6 +225,15 @@ async fn rate_limit_429_honours_retry_after() {
     )
     .await;
     assert_eq!(sleeper.slept(), [Duration::from_millis(1500)]);
+    // An HTTP date is read against now: 3 s from now (to the second) is a wait of 2 to 3 s,
+    // not the backoff (under a second for a first retry).
+    let at = std::time::SystemTime::now() + Duration::from_secs(3);
+    let (_, sleeper) = retried_once(Reply::rate_limited(&httpdate::fmt_http_date(at))).await;
+    let slept = sleeper.slept();
+    assert!(
+        slept.len() == 1 && slept[0] >= Duration::from_millis(1500) && slept[0] <= Duration::from_secs(3),
+        "{slept:?}"
+    );
 }
 
 #[tokio::test]

@@ -174,16 +174,51 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// Parses a `retry-after-ms` or `retry-after` header value into a delay.
 ///
-/// `retry-after-ms` is milliseconds; `retry-after` is seconds (fractions allowed). Values are
-/// read with bounds, since they come from the server: negative, NaN or unparsable values are
-/// ignored (the other header, then backoff, applies), and anything above [`MAX_RETRY_AFTER`]
-/// (infinity included) is [`MAX_RETRY_AFTER`]. HTTP dates are not supported and yield `None`
-/// (the policy then falls back to backoff).
+/// `retry-after-ms` is milliseconds; `retry-after` is seconds (fractions allowed) or an HTTP
+/// date (RFC 9110: `Wed, 21 Oct 2026 07:28:00 GMT`, and the obsolete RFC 850 and asctime forms),
+/// read as the time from now until then (a date already past is a zero delay, which
+/// [`RetryPolicy::delay_for`] takes as no hint: backoff applies). Values are read
+/// with bounds, since they come from the server: negative, NaN or unparsable values are ignored
+/// (the other header, then backoff, applies), and anything above [`MAX_RETRY_AFTER`] (infinity
+/// and far dates included) is [`MAX_RETRY_AFTER`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tether::retry::parse_retry_after;
+/// assert_eq!(parse_retry_after(None, Some("2")), Some(Duration::from_secs(2)));
+/// assert_eq!(parse_retry_after(Some("250"), Some("9")), Some(Duration::from_millis(250)));
+/// // A date in the past: retry now.
+/// assert_eq!(parse_retry_after(None, Some("Sun, 06 Nov 1994 08:49:37 GMT")), Some(Duration::ZERO));
+/// assert_eq!(parse_retry_after(None, Some("soon")), None);
+/// ```
 pub fn parse_retry_after(ms: Option<&str>, secs: Option<&str>) -> Option<Duration> {
+    retry_after_at(ms, secs, std::time::SystemTime::now())
+}
+
+/// [`parse_retry_after`] with `now` given (an HTTP date is read against it).
+fn retry_after_at(ms: Option<&str>, secs: Option<&str>, now: std::time::SystemTime) -> Option<Duration> {
     if let Some(d) = ms.and_then(|s| bounded_secs(s, 1000.0)) {
         return Some(d);
     }
-    secs.and_then(|s| bounded_secs(s, 1.0))
+    let s = secs?;
+    bounded_secs(s, 1.0).or_else(|| http_date_delay(s, now))
+}
+
+/// The delay from `now` until the HTTP date `s` (zero when it is past), at most
+/// [`MAX_RETRY_AFTER`]; `None` when `s` is not an HTTP date. `httpdate` is the parser hyper
+/// uses; it takes only the three forms RFC 9110 names, in GMT, and never panics on input.
+fn http_date_delay(s: &str, now: std::time::SystemTime) -> Option<Duration> {
+    // A date is 24 to 30 characters; a longer value is not one (and is not parsed).
+    let s = s.trim();
+    if s.len() > 64 {
+        return None;
+    }
+    let at = httpdate::parse_http_date(s).ok()?;
+    Some(
+        at.duration_since(now)
+            .unwrap_or(Duration::ZERO)
+            .min(MAX_RETRY_AFTER),
+    )
 }
 
 /// `s` as a number of `1/per_sec` seconds, clamped to [`MAX_RETRY_AFTER`]; `None` when it is not
@@ -207,6 +242,53 @@ mod tests {
     use super::*;
     use crate::error::TransportKind;
     use crate::testing::RecordingSleeper;
+
+    #[test]
+    fn retry_after_reads_http_dates_against_now() {
+        use std::time::{SystemTime, UNIX_EPOCH};
+        // Sun, 06 Nov 1994 08:49:37 GMT, in the three forms RFC 9110 names.
+        let date = UNIX_EPOCH + Duration::from_secs(784_111_777);
+        let forms = [
+            "Sun, 06 Nov 1994 08:49:37 GMT",
+            "Sunday, 06-Nov-94 08:49:37 GMT",
+            "Sun Nov  6 08:49:37 1994",
+        ];
+        for f in forms {
+            let before = date - Duration::from_secs(30);
+            assert_eq!(
+                retry_after_at(None, Some(f), before),
+                Some(Duration::from_secs(30)),
+                "{f}"
+            );
+            // A date already past: retry now.
+            assert_eq!(
+                retry_after_at(None, Some(f), date + Duration::from_secs(5)),
+                Some(Duration::ZERO)
+            );
+        }
+        // A far date is the cap; retry-after-ms still wins; what is not a date is ignored.
+        assert_eq!(
+            retry_after_at(None, Some("Sun, 06 Nov 1994 08:49:37 GMT"), UNIX_EPOCH),
+            Some(MAX_RETRY_AFTER)
+        );
+        assert_eq!(
+            retry_after_at(Some("250"), Some("Sun, 06 Nov 1994 08:49:37 GMT"), UNIX_EPOCH),
+            Some(Duration::from_millis(250))
+        );
+        for bad in [
+            "",
+            "soon",
+            "Sun, 06 Nov 1994 08:49:37 CET",
+            "Sun, 32 Nov 1994 08:49:37 GMT",
+            &"x".repeat(10_000),
+        ] {
+            assert_eq!(
+                retry_after_at(None, Some(bad), SystemTime::now()),
+                None,
+                "{bad:.40}"
+            );
+        }
+    }
 
     fn e500() -> Error {
         Error::Http {
@@ -285,9 +367,10 @@ mod tests {
             parse_retry_after(None, Some("1.5")),
             Some(Duration::from_millis(1500))
         );
+        // An HTTP date already past (2015): retry now.
         assert_eq!(
             parse_retry_after(None, Some("Wed, 21 Oct 2015 07:28:00 GMT")),
-            None
+            Some(Duration::ZERO)
         );
     }
 
