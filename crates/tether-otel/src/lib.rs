@@ -382,6 +382,15 @@ impl Telemetry {
             endpoint: None,
             traces_protocol,
             metrics_protocol,
+            shown_metrics: env("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT")
+                .or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT"))
+                .unwrap_or_else(|| {
+                    // Where the SDK sends metrics when no endpoint names it: the OTLP default.
+                    match metrics_protocol {
+                        OtlpProtocol::Grpc => "http://localhost:4317".to_owned(),
+                        _ => "http://localhost:4318".to_owned(),
+                    }
+                }),
             shown: endpoint,
             headers: Vec::new(),
             service,
@@ -418,6 +427,7 @@ impl Telemetry {
             endpoint: Some(base.clone()),
             traces_protocol: config.protocol,
             metrics_protocol: config.protocol,
+            shown_metrics: base.clone(),
             shown: base,
             headers: config.headers,
             service: Some(config.service_name),
@@ -532,7 +542,7 @@ impl Telemetry {
                         &headers,
                         &b.metrics_tls,
                     )?;
-                    export::Quiet::new(m.build().map_err(bad)?, &b.shown, &warned)
+                    export::Quiet::new(m.build().map_err(bad)?, &b.shown_metrics, &warned)
                         .in_runtime(runtime.handle().clone())
                 }
                 _ => {
@@ -543,7 +553,7 @@ impl Telemetry {
                         &client(&b.metrics_tls)?,
                         "/v1/metrics",
                     );
-                    export::Quiet::new(m.build().map_err(bad)?, &b.shown, &warned)
+                    export::Quiet::new(m.build().map_err(bad)?, &b.shown_metrics, &warned)
                 }
             };
             let mut reader = PeriodicReader::builder(exporter);
@@ -654,6 +664,8 @@ struct Build {
     traces_protocol: OtlpProtocol,
     metrics_protocol: OtlpProtocol,
     shown: String,
+    /// The metrics collector, as warnings name it (its own variable's, else the general one).
+    shown_metrics: String,
     headers: Vec<(String, String)>,
     service: Option<String>,
     batch_delay: Option<Duration>,

@@ -266,3 +266,37 @@ async fn a_missing_certificate_file_is_named_and_the_run_goes_on() {
         "{stderr}"
     );
 }
+
+/// Metrics to their own endpoint, which is down: the one warning names that endpoint (not the
+/// traces one), and the traces still arrive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_metrics_endpoint_is_the_one_named() {
+    let rx = Receiver::start().await;
+    let port = bins::closed_port();
+    let metrics = format!("http://127.0.0.1:{port}/v1/metrics");
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::text("hi there"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = tether_run(
+        &fake,
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.url.clone()),
+            ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", metrics.clone()),
+        ],
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    rx.wait_spans("the run's spans", |s| s.iter().any(|s| s.name == "invoke_agent"))
+        .await;
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("could not export"))
+        .collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].contains("metrics") && warnings[0].contains(&metrics),
+        "{stderr}"
+    );
+}
