@@ -73,26 +73,15 @@ async fn tether_run_exports_its_trace_when_an_endpoint_is_set() {
     run_and_check_trace(&rx, &env, "cli-test").await;
 }
 
-/// `tether run` exporting with `protocol` to a closed port: it succeeds with one warning.
-async fn closed_port_costs_one_warning(protocol: &str) {
+/// `tether run` (answering "hi there") with `env`: it succeeds, says the answer, and warns about
+/// export exactly once, naming `named`; the run's stderr.
+async fn run_with_one_export_warning(env: &[(&str, String)], named: &str) -> String {
     let fake = FakeOpenAi::start().await;
     fake.push(Reply::text("hi there"));
     let dir = tempfile::tempdir().expect("tempdir");
-    let port = bins::closed_port();
-    let out = tether_run(
-        &fake,
-        dir.path(),
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{port}")),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.into()),
-            // Export during the run as well as at exit: every attempt fails.
-            ("OTEL_BSP_SCHEDULE_DELAY", "10".into()),
-            ("OTEL_METRIC_EXPORT_INTERVAL", "10".into()),
-        ],
-    )
-    .await;
+    let out = tether_run(&fake, dir.path(), env).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "the run failed: {stdout}\n{stderr}");
     assert!(stdout.contains("hi there"), "{stdout}");
     let warnings: Vec<&str> = stderr
@@ -100,7 +89,24 @@ async fn closed_port_costs_one_warning(protocol: &str) {
         .filter(|l| l.contains("could not export"))
         .collect();
     assert_eq!(warnings.len(), 1, "expected one export warning, got: {stderr}");
-    assert!(warnings[0].contains(&format!("127.0.0.1:{port}")), "{stderr}");
+    assert!(warnings[0].contains(named), "{stderr}");
+    stderr
+}
+
+/// `tether run` exporting with `protocol` to a closed port: it succeeds with one warning.
+async fn closed_port_costs_one_warning(protocol: &str) {
+    let port = bins::closed_port();
+    let stderr = run_with_one_export_warning(
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://127.0.0.1:{port}")),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.into()),
+            // Export during the run as well as at exit: every attempt fails.
+            ("OTEL_BSP_SCHEDULE_DELAY", "10".into()),
+            ("OTEL_METRIC_EXPORT_INTERVAL", "10".into()),
+        ],
+        &format!("127.0.0.1:{port}"),
+    )
+    .await;
     let other: Vec<&str> = stderr
         .lines()
         .filter(|l| !l.contains("could not export") && !l.trim().is_empty())
@@ -121,31 +127,17 @@ async fn hung_collector_costs_one_warning(protocol: &str) {
             conns.push(c);
         }
     });
-    let fake = FakeOpenAi::start().await;
-    fake.push(Reply::text("hi there"));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = tether_run(
-        &fake,
-        dir.path(),
+    run_with_one_export_warning(
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}")),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol.into()),
             ("OTEL_EXPORTER_OTLP_TIMEOUT", "300".into()),
             ("OTEL_BSP_SCHEDULE_DELAY", "10".into()),
         ],
+        &addr.to_string(),
     )
     .await;
     held.abort();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the run failed: {stdout}\n{stderr}");
-    assert!(stdout.contains("hi there"), "{stdout}");
-    let warnings: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.contains("could not export"))
-        .collect();
-    assert_eq!(warnings.len(), 1, "expected one export warning, got: {stderr}");
-    assert!(warnings[0].contains(&addr.to_string()), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -274,29 +266,15 @@ async fn a_failing_metrics_endpoint_is_the_one_named() {
     let rx = Receiver::start().await;
     let port = bins::closed_port();
     let metrics = format!("http://127.0.0.1:{port}/v1/metrics");
-    let fake = FakeOpenAi::start().await;
-    fake.push(Reply::text("hi there"));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = tether_run(
-        &fake,
-        dir.path(),
+    let stderr = run_with_one_export_warning(
         &[
             ("OTEL_EXPORTER_OTLP_ENDPOINT", rx.url.clone()),
             ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", metrics.clone()),
         ],
+        &metrics,
     )
     .await;
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("could not export metrics"), "{stderr}");
     rx.wait_spans("the run's spans", |s| s.iter().any(|s| s.name == "invoke_agent"))
         .await;
-    let warnings: Vec<&str> = stderr
-        .lines()
-        .filter(|l| l.contains("could not export"))
-        .collect();
-    assert_eq!(warnings.len(), 1, "{stderr}");
-    assert!(
-        warnings[0].contains("metrics") && warnings[0].contains(&metrics),
-        "{stderr}"
-    );
 }

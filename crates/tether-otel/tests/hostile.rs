@@ -2,6 +2,8 @@
 //! answers with bytes that are not an OTLP response. The export reads a bounded part of the
 //! answer (1 MiB), the run is unaffected, and shutdown returns.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -9,11 +11,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
-use tether::{Session, local::LocalLoop};
 use tether_otel::{ExportConfig, Telemetry};
-use tether_testkit::openai::{FakeOpenAi, Reply};
 
-/// One traced request answered "hi", exported to `url`, then the telemetry shut down.
+/// One traced request, exported to `url`, then the telemetry shut down.
 async fn one_run_exported_to(url: &str) {
     let t = Telemetry::new(
         ExportConfig::new(url)
@@ -21,18 +21,7 @@ async fn one_run_exported_to(url: &str) {
             .metrics_interval(Duration::from_secs(3600)),
     )
     .expect("telemetry");
-    let fake = FakeOpenAi::start().await;
-    fake.push(Reply::text("hi"));
-    let model = tether_openai::OpenAiModel::builder(fake.url())
-        .model("m")
-        .build()
-        .expect("model");
-    let r = Session::builder(LocalLoop::new(model))
-        .observer(t.tracer().observer())
-        .run("say hi")
-        .await
-        .expect("the run is unaffected by its collector");
-    assert_eq!(r.text, "hi");
+    common::one_traced_run(&t).await;
     tokio::task::block_in_place(|| t.shutdown());
 }
 

@@ -10,32 +10,14 @@ use std::time::Duration;
 
 use common::{Receiver, one};
 use serde_json::json;
-use tether::{Session, local::LocalLoop};
 use tether_otel::{ExportConfig, OtlpProtocol, Telemetry};
 use tether_testkit::Serve;
-use tether_testkit::openai::{FakeOpenAi, Reply};
 
 fn config(rx: &Receiver, protocol: OtlpProtocol) -> ExportConfig {
     ExportConfig::new(&rx.url)
         .protocol(protocol)
         .batch_delay(Duration::from_millis(50))
         .metrics_interval(Duration::from_secs(3600))
-}
-
-/// One traced request answered "hi" (usage 3 in, 2 out).
-async fn one_run(t: &Telemetry) {
-    let fake = FakeOpenAi::start().await;
-    fake.push(Reply::text("hi").usage(3, 2));
-    let model = tether_openai::OpenAiModel::builder(fake.url())
-        .model("m")
-        .build()
-        .expect("model");
-    let r = Session::builder(LocalLoop::new(model))
-        .observer(t.tracer().observer())
-        .run("say hi")
-        .await
-        .expect("the run");
-    assert_eq!(r.text, "hi");
 }
 
 async fn receiver(protocol: OtlpProtocol) -> Receiver {
@@ -49,7 +31,7 @@ async fn exports_to_a_private_ca_collector(protocol: OtlpProtocol) {
     let rx = receiver(protocol).await;
     assert!(rx.url.starts_with("https://127.0.0.1:"), "{}", rx.url);
     let t = Telemetry::new(config(&rx, protocol).ca_certificate(rx.ca_pem())).expect("telemetry");
-    one_run(&t).await;
+    common::one_traced_run(&t).await;
     let spans = rx
         .wait_spans("the run's spans over TLS", |s| {
             s.iter().any(|s| s.name == "invoke_agent") && s.iter().any(|s| s.name == "chat m")
@@ -90,7 +72,7 @@ async fn exports_over_grpc_with_tls_to_a_collector_whose_ca_is_given() {
 async fn refuses_an_untrusted_collector(protocol: OtlpProtocol) {
     let rx = receiver(protocol).await;
     let t = Telemetry::new(config(&rx, protocol)).expect("telemetry");
-    one_run(&t).await;
+    common::one_traced_run(&t).await;
     tokio::task::block_in_place(|| t.shutdown());
     assert_eq!(rx.requests(), 0, "a request got past the TLS handshake");
     assert!(rx.spans().is_empty());
@@ -115,7 +97,7 @@ async fn mutual_tls(protocol: OtlpProtocol) {
         _ => Receiver::start_with(Serve::tls_client_auth()).await,
     };
     let without = Telemetry::new(config(&rx, protocol).ca_certificate(rx.ca_pem())).expect("telemetry");
-    one_run(&without).await;
+    common::one_traced_run(&without).await;
     tokio::task::block_in_place(|| without.shutdown());
     assert_eq!(
         rx.requests(),
@@ -129,7 +111,7 @@ async fn mutual_tls(protocol: OtlpProtocol) {
             .client_identity(ca.client_cert_pem(), ca.client_key_pem()),
     )
     .expect("telemetry");
-    one_run(&with).await;
+    common::one_traced_run(&with).await;
     rx.wait_spans("the run's spans over mutual TLS", |s| {
         s.iter().any(|s| s.name == "chat m")
     })

@@ -264,33 +264,32 @@ impl Receiver {
 
     /// The OTLP/HTTP receiver served as `how` says (over TLS with a fresh CA: `served`'s).
     pub async fn start_with(how: tether_testkit::Serve) -> Receiver {
-        let got = Arc::new(Mutex::new(Got::default()));
-        let (tx, rx) = watch::channel(0u64);
-        let app = Router::new()
-            .route("/v1/traces", post(traces))
-            .route("/v1/metrics", post(metrics))
-            .with_state((got.clone(), Arc::new(tx)));
-        let served = tether_testkit::server::serve_router(app, &how)
-            .await
-            .expect("serve the receiver");
-        Receiver {
-            url: served.origin(),
-            got,
-            tick: rx,
-            served: Some(served),
-        }
+        Self::serve(how, |state| {
+            Router::new()
+                .route("/v1/traces", post(traces))
+                .route("/v1/metrics", post(metrics))
+                .with_state(state)
+        })
+        .await
     }
 
     /// The gRPC receiver (the collector's services as an axum router) served as `how` says:
     /// over TLS, HTTP/2 is agreed by ALPN, as a collector on `https://` serves gRPC.
     pub async fn start_grpc_with(how: tether_testkit::Serve) -> Receiver {
+        Self::serve(how, |state| {
+            let svc = Grpc(state);
+            tonic::service::Routes::new(TraceServiceServer::new(svc.clone()))
+                .add_service(MetricsServiceServer::new(svc))
+                .into_axum_router()
+        })
+        .await
+    }
+
+    /// The app `app` makes of the receiver's state, served by the testkit as `how` says.
+    async fn serve(how: tether_testkit::Serve, app: impl FnOnce(Shared) -> Router) -> Receiver {
         let got = Arc::new(Mutex::new(Got::default()));
         let (tx, rx) = watch::channel(0u64);
-        let svc = Grpc((got.clone(), Arc::new(tx)));
-        let app = tonic::service::Routes::new(TraceServiceServer::new(svc.clone()))
-            .add_service(MetricsServiceServer::new(svc))
-            .into_axum_router();
-        let served = tether_testkit::server::serve_router(app, &how)
+        let served = tether_testkit::server::serve_router(app((got.clone(), Arc::new(tx))), &how)
             .await
             .expect("serve the receiver");
         Receiver {
@@ -427,6 +426,22 @@ pub fn telemetry(rx: &Receiver, capture: bool) -> tether_otel::Telemetry {
             .capture_content(capture),
     )
     .expect("telemetry")
+}
+
+/// One request traced by `t`, answered "hi" (usage 3 in, 2 out) by a fresh fake.
+pub async fn one_traced_run(t: &tether_otel::Telemetry) {
+    let fake = tether_testkit::openai::FakeOpenAi::start().await;
+    fake.push(tether_testkit::openai::Reply::text("hi").usage(3, 2));
+    let model = tether_openai::OpenAiModel::builder(fake.url())
+        .model("m")
+        .build()
+        .expect("model");
+    let r = tether::Session::builder(tether::local::LocalLoop::new(model))
+        .observer(t.tracer().observer())
+        .run("say hi")
+        .await
+        .expect("the run");
+    assert_eq!(r.text, "hi");
 }
 
 /// A tool that works (`ok_tool`) and one that fails (`bad_tool`).
