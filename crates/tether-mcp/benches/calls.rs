@@ -6,7 +6,9 @@
 //! a time on both sides: 8 calls a turn, 8 concurrent direct calls; `--in-task` runs each side
 //! as a runtime task instead of on the bench's thread).
 //! Each side's rate is printed with the CPU time this process used per call.
-//! The server is this binary started with `--server` (rmcp's server side, one `noop` tool).
+//! The server is this binary started with `--server` (rmcp's server side, one `noop` tool, on
+//! rmcp's `stdio()`); with `BENCH_SERVER_STDIO=poll` it polls its stdio pipes without blocking
+//! instead, as event-loop servers (Node, Python asyncio) do.
 //!
 //! - direct: an rmcp client calls `noop` N times, one after another.
 //! - session: local-loop sessions of 20 turns whose (in-process, scripted) model asks for one
@@ -194,7 +196,22 @@ fn main() {
             .build()
             .unwrap();
         rt.block_on(async {
-            if let Ok(s) = Noop.serve(rmcp::transport::stdio()).await {
+            // rmcp's `stdio()` reads and writes through tokio's blocking `Stdin`/`Stdout` (a
+            // pool thread per read, woken and parked around every message), as a Rust server on
+            // rmcp does. `BENCH_SERVER_STDIO=poll`: the server polls its pipes instead, as
+            // event-loop servers (Node, Python asyncio) do.
+            let served = if std::env::var("BENCH_SERVER_STDIO").as_deref() == Ok("poll") {
+                match nonblocking_stdio() {
+                    Ok(io) => Noop.serve(io).await.ok(),
+                    Err(e) => {
+                        eprintln!("bench server: stdin and stdout must be pipes: {e}");
+                        None
+                    }
+                }
+            } else {
+                Noop.serve(rmcp::transport::stdio()).await.ok()
+            };
+            if let Some(s) = served {
                 let _ = s.waiting().await;
             }
         });
@@ -292,6 +309,19 @@ fn main() {
         ratios[ratios.len() - 1],
         cpu_ratios[cpu_ratios.len() / 2]
     );
+}
+
+/// Stdin and stdout as non-blocking pipes polled by the runtime (not tokio's blocking-pool
+/// `Stdin`/`Stdout`).
+fn nonblocking_stdio() -> std::io::Result<(tokio::net::unix::pipe::Receiver, tokio::net::unix::pipe::Sender)>
+{
+    use std::os::fd::AsFd;
+    let stdin = std::io::stdin().as_fd().try_clone_to_owned()?;
+    let stdout = std::io::stdout().as_fd().try_clone_to_owned()?;
+    Ok((
+        tokio::net::unix::pipe::Receiver::from_owned_fd(stdin)?,
+        tokio::net::unix::pipe::Sender::from_owned_fd(stdout)?,
+    ))
 }
 
 /// CPU time this process has used so far, in ns: the sum over its threads of the scheduler's
