@@ -85,31 +85,23 @@ impl Pem {
     /// Reads the file `path` that variable `var` names: bounded, and an error naming both when
     /// it cannot be read.
     pub(crate) fn read(var: &str, path: &str) -> Result<Pem, tether::Error> {
+        use std::io::Read;
         let from = format!("{var}={path}");
-        let too_big = |n: u64| {
-            invalid(format!(
-                "{from}: the file is {n} bytes, more than a PEM file holds ({MAX_PEM} at most)"
-            ))
-        };
-        let meta = std::fs::metadata(path).map_err(|e| {
-            tether::Error::config_with(
-                tether::ConfigKind::Invalid,
-                format!("{from}: cannot read the file"),
-                e,
-            )
-        })?;
-        if meta.len() > MAX_PEM {
-            return Err(too_big(meta.len()));
-        }
-        let bytes = std::fs::read(path).map_err(|e| {
-            tether::Error::config_with(
-                tether::ConfigKind::Invalid,
-                format!("{from}: cannot read the file"),
-                e,
-            )
-        })?;
+        let mut bytes = Vec::new();
+        // One read, bounded: at most one byte past the limit, to tell an oversized file.
+        std::fs::File::open(path)
+            .and_then(|f| f.take(MAX_PEM + 1).read_to_end(&mut bytes))
+            .map_err(|e| {
+                tether::Error::config_with(
+                    tether::ConfigKind::Invalid,
+                    format!("{from}: cannot read the file"),
+                    e,
+                )
+            })?;
         if bytes.len() as u64 > MAX_PEM {
-            return Err(too_big(bytes.len() as u64));
+            return Err(invalid(format!(
+                "{from}: the file is larger than a PEM file holds ({MAX_PEM} bytes at most)"
+            )));
         }
         Ok(Pem { from, bytes })
     }
