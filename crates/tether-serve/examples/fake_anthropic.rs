@@ -10,12 +10,14 @@
 
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{Value, json};
 use tether_testkit::anthropic::{FakeMessages, Reply, sse_body};
+
+mod relay;
 
 struct App {
     fake: FakeMessages,
@@ -99,11 +101,12 @@ fn choose(body: &Value) -> Reply {
     text(&format!("You said: {said}"))
 }
 
-async fn handle(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+/// Queues the reply this request gets and sends the request to the fake, which takes the reply
+/// before it answers: one request at a time between the two, so replies and requests pair up.
+async fn forward(app: Arc<App>, headers: HeaderMap, body: Bytes) -> reqwest::Result<reqwest::Response> {
     let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let reply = choose(&parsed);
-    // One request at a time between queueing a reply and the fake taking it.
-    let guard = app.lock.lock().await;
+    let _guard = app.lock.lock().await;
     app.fake.push(reply);
     let mut req = app
         .client
@@ -115,26 +118,11 @@ async fn handle(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) ->
         }
         req = req.header(k.as_str(), v.as_bytes());
     }
-    let resp = req.send().await;
-    drop(guard);
-    match resp {
-        Ok(r) => {
-            let status = r.status();
-            let ct = r
-                .headers()
-                .get("content-type")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("application/json")
-                .to_owned();
-            let mut out = Response::new(Body::from_stream(r.bytes_stream()));
-            *out.status_mut() = status;
-            if let Ok(v) = ct.parse() {
-                out.headers_mut().insert("content-type", v);
-            }
-            out
-        }
-        Err(e) => (axum::http::StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
-    }
+    req.send().await
+}
+
+async fn handle(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    relay::relay(forward(app, headers, body)).await
 }
 
 #[tokio::main]

@@ -23,9 +23,11 @@ use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::Value;
 use tether_testkit::openai::{FakeOpenAi, Reply};
+
+mod relay;
 
 struct App {
     fake: FakeOpenAi,
@@ -76,38 +78,23 @@ fn choose(app: &App, body: &Value) -> Reply {
     }
 }
 
-async fn handle(State(app): State<Arc<App>>, body: Bytes) -> Response {
+/// Queues the reply this request gets and sends the request to the fake, which takes the reply
+/// before it answers: one request at a time between the two, so replies and requests pair up.
+async fn forward(app: Arc<App>, body: Bytes) -> reqwest::Result<reqwest::Response> {
     let parsed: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let reply = choose(&app, &parsed);
-    // One request at a time between queueing a reply and the fake taking it.
-    let guard = app.lock.lock().await;
+    let _guard = app.lock.lock().await;
     app.fake.push(reply);
-    let resp = app
-        .client
+    app.client
         .post(format!("{}/chat/completions", app.fake.url()))
         .header("content-type", "application/json")
         .body(body)
         .send()
-        .await;
-    drop(guard);
-    match resp {
-        Ok(r) => {
-            let status = r.status();
-            let ct = r
-                .headers()
-                .get("content-type")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("application/json")
-                .to_owned();
-            let mut out = Response::new(Body::from_stream(r.bytes_stream()));
-            *out.status_mut() = status;
-            if let Ok(v) = ct.parse() {
-                out.headers_mut().insert("content-type", v);
-            }
-            out
-        }
-        Err(e) => (axum::http::StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
-    }
+        .await
+}
+
+async fn handle(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    relay::relay(forward(app, body)).await
 }
 
 /// Replies queued ahead of the requests in bench mode; refilled when half are used.
