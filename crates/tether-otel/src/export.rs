@@ -269,12 +269,13 @@ pub(crate) struct Quiet<E> {
     pub(crate) inner: E,
     pub(crate) endpoint: String,
     pub(crate) warned: Arc<AtomicBool>,
-    /// The export runtime, entered while an export runs (gRPC: tonic's timers and connection
-    /// need a Tokio context, and the SDK exports from a plain thread).
+    /// The export runtime, entered while an export runs (the SDK exports from a plain thread;
+    /// gRPC's timers and connection, and the HTTP span export's retry timer, need a Tokio
+    /// context).
     pub(crate) rt: Option<tokio::runtime::Handle>,
 }
 
-/// `fut`, polled inside `rt`'s context (gRPC exports only: the HTTP ones are awaited as they are).
+/// `fut`, polled inside `rt`'s context.
 struct Entered<'a, F> {
     rt: &'a tokio::runtime::Handle,
     fut: std::pin::Pin<Box<F>>,
@@ -304,7 +305,6 @@ impl<E> Quiet<E> {
     }
 
     /// Runs the exports inside `rt`'s context.
-    #[cfg(feature = "grpc")]
     pub(crate) fn in_runtime(mut self, rt: tokio::runtime::Handle) -> Self {
         self.rt = Some(rt);
         self

@@ -51,6 +51,7 @@
 
 mod export;
 mod observer;
+mod otlp;
 pub mod semconv;
 
 use std::sync::Arc;
@@ -494,7 +495,12 @@ impl Telemetry {
             Error::config_with(tether::ConfigKind::Setup, "OTLP exporter", e)
         };
 
-        let spans = match b.traces_protocol {
+        let mut batch = BatchConfigBuilder::default();
+        if let Some(d) = b.batch_delay {
+            batch = batch.with_scheduled_delay(d);
+        }
+        let batch = batch.build();
+        let processor = match b.traces_protocol {
             #[cfg(feature = "grpc")]
             OtlpProtocol::Grpc => {
                 // The gRPC channel's connection task lives on the export runtime.
@@ -505,27 +511,18 @@ impl Telemetry {
                     &headers,
                     &b.traces_tls,
                 )?;
-                export::Quiet::new(s.build().map_err(bad)?, &b.shown, &warned)
-                    .in_runtime(runtime.handle().clone())
+                let s = export::Quiet::new(s.build().map_err(bad)?, &b.shown, &warned)
+                    .in_runtime(runtime.handle().clone());
+                BatchSpanProcessor::builder(s).with_batch_config(batch).build()
             }
             _ => {
-                let s = export::http(
-                    opentelemetry_otlp::SpanExporter::builder().with_http(),
-                    b,
-                    &headers,
-                    &client(&b.traces_tls)?,
-                    "/v1/traces",
-                );
-                export::Quiet::new(s.build().map_err(bad)?, &b.shown, &warned)
+                let (endpoint, headers) = traces_http_target(b)?;
+                let s = otlp::HttpSpans::new(client(&b.traces_tls)?, &endpoint, &headers, b.timeout)?;
+                // In the export runtime: a retry waits on its timer.
+                let s = export::Quiet::new(s, &b.shown, &warned).in_runtime(runtime.handle().clone());
+                BatchSpanProcessor::builder(s).with_batch_config(batch).build()
             }
         };
-        let mut batch = BatchConfigBuilder::default();
-        if let Some(d) = b.batch_delay {
-            batch = batch.with_scheduled_delay(d);
-        }
-        let processor = BatchSpanProcessor::builder(spans)
-            .with_batch_config(batch.build())
-            .build();
         let traces = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_resource(resource.clone())
@@ -676,6 +673,81 @@ struct Build {
     /// TLS beyond the webpki roots, per signal (each may name its own files).
     traces_tls: export::Tls,
     metrics_tls: export::Tls,
+}
+
+/// Where OTLP/HTTP spans go and the headers they carry: `b`'s endpoint with `/v1/traces` and its
+/// headers when given in code; else, as the OTLP exporter specification says,
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` as it is, or `OTEL_EXPORTER_OTLP_ENDPOINT` with
+/// `/v1/traces`, or `http://localhost:4318/v1/traces`, with the headers of
+/// `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else of `OTEL_EXPORTER_OTLP_HEADERS`.
+///
+/// Errors: a compression asked for (`OTEL_EXPORTER_OTLP[_TRACES]_COMPRESSION`, other than
+/// `none`), which this build does not do; a header list entry that is not `key=value` with a
+/// percent-encoded UTF-8 value.
+fn traces_http_target(b: &Build) -> tether::Result<(String, Vec<(String, String)>)> {
+    let join = |base: &str| format!("{}/v1/traces", base.trim_end_matches('/'));
+    if let Some(base) = &b.endpoint {
+        return Ok((join(base), b.headers.clone()));
+    }
+    if let Some(c) =
+        env("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION").or_else(|| env("OTEL_EXPORTER_OTLP_COMPRESSION"))
+        && c.trim() != "none"
+    {
+        return Err(Error::config(
+            tether::ConfigKind::Unsupported,
+            format!(
+                "OTLP compression {c:?} is not built into tether; unset OTEL_EXPORTER_OTLP_COMPRESSION or set it to none"
+            ),
+        ));
+    }
+    let endpoint = env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .or_else(|| env("OTEL_EXPORTER_OTLP_ENDPOINT").map(|e| join(&e)))
+        .unwrap_or_else(|| join("http://localhost:4318"));
+    let headers = match env("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+        .map(|v| ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", v))
+        .or_else(|| env("OTEL_EXPORTER_OTLP_HEADERS").map(|v| ("OTEL_EXPORTER_OTLP_HEADERS", v)))
+    {
+        Some((var, list)) => parse_headers(var, &list)?,
+        None => Vec::new(),
+    };
+    Ok((endpoint, headers))
+}
+
+/// An OTLP header list (`key1=value1,key2=value2`, values percent-encoded), as variable `var`
+/// holds it. Empty entries are skipped; an error names a bad entry by its position, never its
+/// text.
+fn parse_headers(var: &str, list: &str) -> tether::Result<Vec<(String, String)>> {
+    let mut out = Vec::new();
+    for (n, entry) in list.split(',').map(str::trim).enumerate() {
+        if entry.is_empty() {
+            continue;
+        }
+        // Named by position only: an entry may hold a secret.
+        let bad = || {
+            Error::config(
+                tether::ConfigKind::Invalid,
+                format!(
+                    "{var}: entry {} is not key=value (entries are separated by commas)",
+                    n + 1
+                ),
+            )
+        };
+        let (k, v) = entry.split_once('=').ok_or_else(bad)?;
+        let k = k.trim();
+        if k.is_empty() {
+            return Err(bad());
+        }
+        let v = percent_encoding::percent_decode_str(v.trim())
+            .decode_utf8()
+            .map_err(|_| {
+                Error::config(
+                    tether::ConfigKind::Invalid,
+                    format!("{var}: the value of {k:?} is not percent-encoded UTF-8"),
+                )
+            })?;
+        out.push((k.to_owned(), v.into_owned()));
+    }
+    Ok(out)
 }
 
 /// The TLS files the environment names for `signal` (`TRACES` or `METRICS`): its own

@@ -179,6 +179,58 @@ async fn tether_run_exports_over_grpc_when_the_protocol_says_so() {
     assert!(keys.iter().all(|k| k.as_deref() == Some("s3cret")), "{keys:?}");
 }
 
+/// OTLP/HTTP from the environment as the exporter specification says: the traces endpoint used
+/// as it is (no `/v1/traces` added), the traces' own header list winning over the general one,
+/// its values percent-decoded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tether_run_takes_the_traces_endpoint_and_headers_from_the_environment() {
+    let rx = Receiver::start().await;
+    let env = [
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+            format!("{}/v1/traces", rx.url),
+        ),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=general".into()),
+        (
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            " x-api-key = s3%20cret%2C1 , other=x".into(),
+        ),
+        ("OTEL_METRICS_EXPORTER", "none".into()),
+    ];
+    run_and_check_trace(&rx, &env, "tether").await;
+    let keys = rx.api_keys();
+    assert!(!keys.is_empty());
+    assert!(keys.iter().all(|k| k.as_deref() == Some("s3 cret,1")), "{keys:?}");
+}
+
+/// A header list that is not `key=value` is named (not its value: it may be a secret), and the
+/// run goes on without export.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_header_list_is_named_and_the_run_goes_on() {
+    let fake = FakeOpenAi::start().await;
+    fake.push(Reply::text("hi there"));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = tether_run(
+        &fake,
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318".into()),
+            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization-Bearer-s3cret".into()),
+        ],
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("hi there"), "{stdout}");
+    assert!(
+        stderr.contains("OpenTelemetry export is off")
+            && stderr.contains("OTEL_EXPORTER_OTLP_HEADERS: entry 1 is not key=value"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("s3cret"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_protocol_not_built_in_is_named_and_the_run_goes_on() {
     let fake = FakeOpenAi::start().await;
