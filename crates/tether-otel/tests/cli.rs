@@ -73,9 +73,8 @@ async fn tether_run_exports_its_trace_when_an_endpoint_is_set() {
     run_and_check_trace(&rx, &env, "cli-test").await;
 }
 
-/// `tether run` (answering "hi there") with `env`: it succeeds, says the answer, and warns about
-/// export exactly once, naming `named`; the run's stderr.
-async fn run_with_one_export_warning(env: &[(&str, String)], named: &str) -> String {
+/// `tether run` (answering "hi there") with `env`: it succeeds and says the answer; its stderr.
+async fn run_ok(env: &[(&str, String)]) -> String {
     let fake = FakeOpenAi::start().await;
     fake.push(Reply::text("hi there"));
     let dir = tempfile::tempdir().expect("tempdir");
@@ -84,12 +83,25 @@ async fn run_with_one_export_warning(env: &[(&str, String)], named: &str) -> Str
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(out.status.success(), "the run failed: {stdout}\n{stderr}");
     assert!(stdout.contains("hi there"), "{stdout}");
+    stderr
+}
+
+/// [`run_ok`], warning about export exactly once, naming `named`; the run's stderr.
+async fn run_with_one_export_warning(env: &[(&str, String)], named: &str) -> String {
+    let stderr = run_ok(env).await;
     let warnings: Vec<&str> = stderr
         .lines()
         .filter(|l| l.contains("could not export"))
         .collect();
     assert_eq!(warnings.len(), 1, "expected one export warning, got: {stderr}");
     assert!(warnings[0].contains(named), "{stderr}");
+    stderr
+}
+
+/// [`run_ok`] with `env`, which export cannot start with: stderr says export is off.
+async fn run_with_export_off(env: &[(&str, String)]) -> String {
+    let stderr = run_ok(env).await;
+    assert!(stderr.contains("OpenTelemetry export is off"), "{stderr}");
     stderr
 }
 
@@ -207,25 +219,13 @@ async fn tether_run_takes_the_traces_endpoint_and_headers_from_the_environment()
 /// run goes on without export.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_malformed_header_list_is_named_and_the_run_goes_on() {
-    let fake = FakeOpenAi::start().await;
-    fake.push(Reply::text("hi there"));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = tether_run(
-        &fake,
-        dir.path(),
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318".into()),
-            ("OTEL_EXPORTER_OTLP_HEADERS", "authorization-Bearer-s3cret".into()),
-        ],
-    )
+    let stderr = run_with_export_off(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318".into()),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "authorization-Bearer-s3cret".into()),
+    ])
     .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stdout.contains("hi there"), "{stdout}");
     assert!(
-        stderr.contains("OpenTelemetry export is off")
-            && stderr.contains("OTEL_EXPORTER_OTLP_HEADERS: entry 1 is not key=value"),
+        stderr.contains("OTEL_EXPORTER_OTLP_HEADERS: entry 1 is not key=value"),
         "{stderr}"
     );
     assert!(!stderr.contains("s3cret"), "{stderr}");
@@ -233,26 +233,13 @@ async fn a_malformed_header_list_is_named_and_the_run_goes_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_protocol_not_built_in_is_named_and_the_run_goes_on() {
-    let fake = FakeOpenAi::start().await;
-    fake.push(Reply::text("hi there"));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = tether_run(
-        &fake,
-        dir.path(),
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318".into()),
-            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json".into()),
-        ],
-    )
+    let stderr = run_with_export_off(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4318".into()),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json".into()),
+    ])
     .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stdout.contains("hi there"), "{stdout}");
     assert!(
-        stderr.contains("OpenTelemetry export is off")
-            && stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL=http/json is not supported")
-            && stderr.contains("grpc"),
+        stderr.contains("OTEL_EXPORTER_OTLP_PROTOCOL=http/json is not supported") && stderr.contains("grpc"),
         "{stderr}"
     );
 }
@@ -287,26 +274,15 @@ async fn each_signal_takes_its_endpoint_and_ca_from_the_environment() {
 /// goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_certificate_file_is_named_and_the_run_goes_on() {
-    let fake = FakeOpenAi::start().await;
-    fake.push(Reply::text("hi there"));
     let dir = tempfile::tempdir().expect("tempdir");
     let missing = dir.path().join("no-such-ca.pem");
-    let out = tether_run(
-        &fake,
-        dir.path(),
-        &[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4318".into()),
-            ("OTEL_EXPORTER_OTLP_CERTIFICATE", missing.display().to_string()),
-        ],
-    )
+    let stderr = run_with_export_off(&[
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "https://127.0.0.1:4318".into()),
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", missing.display().to_string()),
+    ])
     .await;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stderr}");
-    assert!(stdout.contains("hi there"), "{stdout}");
     assert!(
-        stderr.contains("OpenTelemetry export is off")
-            && stderr.contains(&format!("OTEL_EXPORTER_OTLP_CERTIFICATE={}", missing.display())),
+        stderr.contains(&format!("OTEL_EXPORTER_OTLP_CERTIFICATE={}", missing.display())),
         "{stderr}"
     );
 }

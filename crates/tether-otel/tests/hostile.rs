@@ -6,33 +6,10 @@ mod common;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::routing::post;
-use tether_otel::{ExportConfig, Telemetry};
-
-/// One traced request, exported to `url`, then the telemetry shut down.
-async fn one_run_exported_to(url: &str) {
-    let t = Telemetry::new(
-        ExportConfig::new(url)
-            .batch_delay(Duration::from_millis(20))
-            .metrics_interval(Duration::from_secs(3600)),
-    )
-    .expect("telemetry");
-    common::one_traced_run(&t).await;
-    tokio::task::block_in_place(|| t.shutdown());
-}
-
-async fn serve(app: Router) -> String {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", l.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        let _ = axum::serve(l, app).await;
-    });
-    url
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_endless_answer_is_read_only_in_part() {
@@ -60,8 +37,8 @@ async fn an_endless_answer_is_read_only_in_part() {
     let app = Router::new()
         .route("/v1/traces", post(endless.clone()))
         .route("/v1/metrics", post(endless));
-    let url = serve(app).await;
-    one_run_exported_to(&url).await;
+    let url = common::serve(app).await;
+    common::one_run_exported_to(&url).await;
     let exports = exports.load(Ordering::Relaxed);
     assert!(exports >= 1, "nothing was exported");
     // Unbounded, each export would read until its timeout (10 s at loopback speed: gigabytes).
@@ -83,7 +60,7 @@ async fn an_answer_that_is_not_otlp_changes_nothing() {
     let app = Router::new()
         .route("/v1/traces", post(garbage.clone()))
         .route("/v1/metrics", post(garbage));
-    let url = serve(app).await;
-    one_run_exported_to(&url).await;
+    let url = common::serve(app).await;
+    common::one_run_exported_to(&url).await;
     assert!(exports.load(Ordering::Relaxed) >= 1, "nothing was exported");
 }

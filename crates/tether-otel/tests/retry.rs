@@ -6,13 +6,11 @@ mod common;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
 use axum::http::StatusCode;
 use axum::routing::post;
-use tether_otel::{ExportConfig, Telemetry};
 
 /// What the collector saw: each distinct export body, with how often it was sent and whether
 /// it was accepted.
@@ -40,12 +38,7 @@ async fn collector(fail: u64, status: StatusCode) -> (String, Seen) {
     let app = Router::new()
         .route("/v1/traces", post(traces))
         .route("/v1/metrics", post(|| async { StatusCode::OK }));
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let url = format!("http://{}", l.local_addr().expect("addr"));
-    tokio::spawn(async move {
-        let _ = axum::serve(l, app).await;
-    });
-    (url, seen)
+    (common::serve(app).await, seen)
 }
 
 /// (times sent, accepted) of each body the collector saw.
@@ -54,17 +47,6 @@ fn sendings(seen: &Seen) -> Vec<(u64, bool)> {
     assert!(!m.is_empty(), "nothing was exported");
     assert!(m.keys().all(|b| !b.is_empty()), "an empty export body");
     m.values().copied().collect()
-}
-
-async fn one_run_exported_to(url: &str) {
-    let t = Telemetry::new(
-        ExportConfig::new(url)
-            .batch_delay(Duration::from_millis(20))
-            .metrics_interval(Duration::from_secs(3600)),
-    )
-    .expect("telemetry");
-    common::one_traced_run(&t).await;
-    tokio::task::block_in_place(|| t.shutdown());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -76,7 +58,7 @@ async fn a_collector_briefly_unavailable_gets_the_batch_on_a_later_try() {
         StatusCode::GATEWAY_TIMEOUT,
     ] {
         let (url, seen) = collector(2, status).await;
-        one_run_exported_to(&url).await;
+        common::one_run_exported_to(&url).await;
         for (sent, accepted) in sendings(&seen) {
             assert_eq!(
                 (sent, accepted),
@@ -90,7 +72,7 @@ async fn a_collector_briefly_unavailable_gets_the_batch_on_a_later_try() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_batch_is_not_sent_again() {
     let (url, seen) = collector(u64::MAX, StatusCode::BAD_REQUEST).await;
-    one_run_exported_to(&url).await;
+    common::one_run_exported_to(&url).await;
     for (sent, accepted) in sendings(&seen) {
         assert_eq!((sent, accepted), (1, false));
     }
@@ -99,7 +81,7 @@ async fn a_refused_batch_is_not_sent_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_collector_down_for_good_is_tried_four_times_in_all() {
     let (url, seen) = collector(u64::MAX, StatusCode::SERVICE_UNAVAILABLE).await;
-    one_run_exported_to(&url).await;
+    common::one_run_exported_to(&url).await;
     for (sent, accepted) in sendings(&seen) {
         assert_eq!((sent, accepted), (4, false), "one try and three retries");
     }

@@ -468,3 +468,26 @@ pub async fn until_streaming<F: std::future::Future>(request: F, sub: &mut tethe
         }
     }
 }
+
+/// One traced request (as [`one_traced_run`]) exported over OTLP/HTTP to `url`, then the
+/// telemetry shut down: spans every 20 ms, metrics only at shutdown.
+pub async fn one_run_exported_to(url: &str) {
+    let t = tether_otel::Telemetry::new(
+        tether_otel::ExportConfig::new(url)
+            .batch_delay(std::time::Duration::from_millis(20))
+            .metrics_interval(std::time::Duration::from_secs(3600)),
+    )
+    .expect("telemetry");
+    one_traced_run(&t).await;
+    tokio::task::block_in_place(|| t.shutdown());
+}
+
+/// Serves `app` on 127.0.0.1 (a port of its own); its base URL.
+pub async fn serve(app: axum::Router) -> String {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", l.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    url
+}
