@@ -1271,10 +1271,9 @@ impl SessionTracer {
             }
         }
         if let Some(m) = &self.shared.tracer.metrics {
-            let mut attrs = vec![
-                KeyValue::new(sc::OPERATION_NAME, "chat"),
-                KeyValue::new(sc::PROVIDER_NAME, chat.provider.clone()),
-            ];
+            let mut attrs = Vec::with_capacity(8);
+            attrs.push(KeyValue::new(sc::OPERATION_NAME, "chat"));
+            attrs.push(KeyValue::new(sc::PROVIDER_NAME, chat.provider.clone()));
             if !chat.model.is_empty() {
                 attrs.push(KeyValue::new(sc::REQUEST_MODEL, chat.model.clone()));
             }
@@ -1285,18 +1284,22 @@ impl SessionTracer {
                 attrs.push(KeyValue::new(sc::SERVER_ADDRESS, h.clone()));
                 attrs.push(KeyValue::new(sc::SERVER_PORT, i64::from(*p)));
             }
-            let mut d = attrs.clone();
+            // One list for the three records, its last entry swapped between them (no copies
+            // of the attribute values: this runs once per model call).
             if let Some((t, _)) = &end.error {
-                d.push(KeyValue::new(sc::ERROR_TYPE, t.clone()));
+                attrs.push(KeyValue::new(sc::ERROR_TYPE, t.clone()));
+                m.duration.record(chat.started.elapsed().as_secs_f64(), &attrs);
+                attrs.pop();
+            } else {
+                m.duration.record(chat.started.elapsed().as_secs_f64(), &attrs);
             }
-            m.duration.record(chat.started.elapsed().as_secs_f64(), &d);
             if end.has_usage {
-                let mut i = attrs.clone();
-                i.push(KeyValue::new(sc::TOKEN_TYPE, "input"));
-                m.tokens.record(end.input, &i);
-                let mut o = attrs;
-                o.push(KeyValue::new(sc::TOKEN_TYPE, "output"));
-                m.tokens.record(end.output, &o);
+                attrs.push(KeyValue::new(sc::TOKEN_TYPE, "input"));
+                m.tokens.record(end.input, &attrs);
+                if let Some(last) = attrs.last_mut() {
+                    *last = KeyValue::new(sc::TOKEN_TYPE, "output");
+                }
+                m.tokens.record(end.output, &attrs);
             }
         }
         if let Some(run) = st.run.as_mut() {

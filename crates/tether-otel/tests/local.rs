@@ -371,6 +371,20 @@ async fn a_run_whose_model_answers_401_ends_its_spans_with_error_type() {
         .expect_err("401");
     assert_eq!(err.status(), Some(401), "{err:?}");
     assert_failed(&rx, &t, "401").await;
+    // The chat's duration point carries the error too (and reported no usage: no token point).
+    let is_chat = |p: &&common::Point| {
+        p.name == "gen_ai.client.operation.duration"
+            && p.attrs.get("gen_ai.operation.name") == Some(&json!("chat"))
+    };
+    let points = rx
+        .wait_points("the failed chat's duration", |p| p.iter().any(|p| is_chat(&p)))
+        .await;
+    let chat = points.iter().find(is_chat).expect("the chat's duration point");
+    assert_eq!(chat.attrs.get("error.type"), Some(&json!("401")), "{chat:?}");
+    assert!(
+        !points.iter().any(|p| p.name == "gen_ai.client.token.usage"),
+        "{points:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
