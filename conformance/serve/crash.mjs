@@ -247,8 +247,15 @@ async function selfTest(fake) {
     step = "self-test: the held run";
     const held = input(threads.hold, "h-0", "uh", "self test line [hold]");
     const pending = runAgui(servers.url, "crash", held, TOKEN).catch(() => null);
+    // The file exists from the moment the tool's shell opens it, before its line is written:
+    // wait for the line itself.
     await until(join(dir, "invocations.txt"));
-    const heldId = readInvocations(dir)[0].id;
+    let first;
+    for (const end = Date.now() + 60000; !(first = readInvocations(dir)[0])?.nonce; ) {
+      if (Date.now() > end) throw new Error("the held run's invocation line never appeared");
+      await sleep(20);
+    }
+    const heldId = first.id;
     await until(join(dir, `held-${heldId}`));
     await servers.kill();
     writeFileSync(join(dir, `release-${heldId}`), "");
