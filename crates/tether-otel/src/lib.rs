@@ -783,3 +783,25 @@ fn tls_from_env(signal: &str) -> tether::Result<export::Tls> {
     tls.check()?;
     Ok(tls)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_headers;
+
+    #[test]
+    fn header_lists_parse_as_the_otlp_exporter_specification_says() {
+        let h = parse_headers("V", " a = 1 ,, b=x%3Dy=z ,c=%E2%9C%93,").expect("valid");
+        assert_eq!(
+            h,
+            [("a", "1"), ("b", "x=y=z"), ("c", "✓")]
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .to_vec()
+        );
+        assert_eq!(parse_headers("V", "").expect("empty"), Vec::new());
+        for bad in ["novalue", "=v", "a=1,secret-token", "k=%FF"] {
+            let e = parse_headers("V", bad).expect_err(bad).to_string();
+            assert!(e.contains("V:"), "{e}");
+            assert!(!e.contains("secret"), "{e}");
+        }
+    }
+}
