@@ -196,6 +196,21 @@ impl RestateStore {
         })
     }
 
+    /// The thread, its record's length and its running turn, in one call through the ingress
+    /// (see [`ThreadStatus`](crate::ThreadStatus)). A thread Restate does not hold yet is looked
+    /// up in the legacy store, as [`ThreadStore::thread`] does.
+    pub async fn status(&self, thread: &ThreadId) -> Result<crate::ThreadStatus> {
+        let mut status: crate::ThreadStatus = self
+            .call(crate::SERVICE, thread.as_str(), "status", &Value::Null)
+            .await?;
+        if status.thread.is_none()
+            && let Some(l) = &self.legacy
+        {
+            status.thread = l.thread(thread).await?.map(on_restate);
+        }
+        Ok(status)
+    }
+
     /// A page of a thread's record: the events after `after`, at most `limit` (at most
     /// [`MAX_PAGE`]). What a client reconnecting to any node reads to catch up.
     pub async fn events_after(&self, record: &str, after: u64, limit: u32) -> Result<Vec<Event>> {

@@ -74,6 +74,20 @@ async fn a_turn_with_a_tool_call_completes_and_is_recorded_once() {
         "one model call per step, none repeated"
     );
     let events = check_record(&s.restate.ingress, "t-1").await;
+    // The thread at a glance, in one call: the thread, its record's length, no turn running.
+    let (status, glance) = call(&s.restate.ingress, "t-1", "status", &json!(null)).await;
+    assert_eq!(status, 200, "{glance}");
+    assert_eq!(glance["thread"]["id"], "t-1", "{glance}");
+    assert_eq!(glance["length"], json!(events.len()), "{glance}");
+    assert_eq!(glance["invocation"], json!(null), "{glance}");
+    // A thread never used: nothing, and no error.
+    let (status, glance) = call(&s.restate.ingress, "t-never", "status", &json!(null)).await;
+    assert_eq!(status, 200, "{glance}");
+    assert_eq!(
+        glance,
+        json!({"thread": null, "length": 0, "invocation": null}),
+        "{glance}"
+    );
     service.kill();
     assert_eq!(
         events.len() as u64,
@@ -109,6 +123,11 @@ async fn an_approval_from_a_second_request_resumes_the_turn() {
     })
     .await;
     assert_eq!(waiting[0]["id"], "call_g", "{waiting}");
+    // A turn waiting for approval runs: `status` names its invocation, and its record so far.
+    let (status, glance) = call(&ingress, "t-approve", "status", &json!(null)).await;
+    assert_eq!(status, 200, "{glance}");
+    assert_eq!(glance["invocation"], json!(inv), "{glance}");
+    assert!(glance["length"].as_u64().is_some_and(|n| n > 0), "{glance}");
     assert!(
         effects(&s.config.effects).is_empty(),
         "the tool ran before its approval"
@@ -136,6 +155,8 @@ async fn an_approval_from_a_second_request_resumes_the_turn() {
     assert_eq!(status, 200, "{out}");
     assert_eq!(out["text"], "Done after approval.");
     assert_eq!(effects(&s.config.effects), vec!["guarded_append call_g two"]);
+    let (_, glance) = call(&ingress, "t-approve", "status", &json!(null)).await;
+    assert_eq!(glance["invocation"], json!(null), "the turn ended: {glance}");
 }
 
 /// SIGKILL the service between a tool's effect and the end of the turn, at a different point
