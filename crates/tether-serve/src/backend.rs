@@ -61,10 +61,25 @@ use crate::providers::ProviderSpec;
 /// again, and the run that resumes it skips those.
 const SHOWN: &str = "restate.shown_seq";
 
-/// How often a relay with no news reads what the turn waits for, the record, and where the turn
+/// How soon a relay with no news reads what the turn waits for, the record, and where the turn
 /// runs through the ingress: a turn whose invocation runs on another tether node's service sends
-/// this process nothing (it is followed on that node, or read from the record here).
+/// this process nothing (it is followed on that node, or read from the record here). Each quiet
+/// period doubles the next, up to [`FOLLOW_MAX`]; news brings it back to this.
 const FOLLOW_EVERY: Duration = Duration::from_millis(250);
+
+/// How soon a relay first reads (see [`FOLLOW_EVERY`]): a turn running on this node's service
+/// has shown itself by then (unless it waits behind others to start), one running on a peer has
+/// been looked for ([`LOOK_EVERY`]).
+const FOLLOW_FIRST: Duration = Duration::from_millis(500);
+
+/// The longest pause between a quiet relay's reads (see [`FOLLOW_EVERY`]).
+///
+/// Why a backoff: every read is an invocation on the Restate server, and a relay is quiet
+/// mostly while its turn waits to start behind others. At 1,000 concurrent runs, reading every
+/// 250 ms (and looking for a peer every 40 ms, [`LOOK_EVERY`]) made the relays' polls outnumber
+/// the turns' own invocations, and the turns started twice as late (the serve bench's first
+/// text p99 7.5 s against 3.8 s with no polls, 2026-12-04).
+const FOLLOW_MAX: Duration = Duration::from_secs(4);
 
 /// How many events of its thread a relay may fall behind before it fails (`STREAM_LAGGED`). The
 /// channels are per thread (`ThreadHub`), allocated whole while a relay of the thread runs.
@@ -113,6 +128,9 @@ pub(crate) struct RestateAgent {
     /// to a relay that begins following one mid-message.
     drafts: LiveDrafts,
     signals: ThreadHub<TurnSignal>,
+    /// Told when a turn (an attempt of it) starts on this node's service: a relay of that thread
+    /// here then needs not look for the node running it.
+    attempts: ThreadHub<()>,
     run_timeout: Duration,
     /// This node's URL as its peers reach it (`[server] node_url`; set once the server is
     /// bound): a turn running on this node's service is announced under it.
@@ -135,13 +153,25 @@ const TURN_MESSAGE: &str = "restate.turn_message";
 /// streams the turn's live events from it.
 const LIVE_AT: &str = "restate.live_at";
 
-/// How long a turn's start waits for its announcement to be written before it goes on
-/// without (a peer then relays it from the record).
+/// How long a turn's announcement (where it runs) is tried before it is given up (a peer then
+/// relays the turn from the record).
 const ANNOUNCE_WAIT: Duration = Duration::from_secs(1);
 
-/// How often a relay that follows no peer yet looks where the turn runs, in its first
-/// seconds (then at [`FOLLOW_EVERY`]).
+/// How soon a relay that follows no peer yet looks where the turn runs, in its first seconds
+/// (then with its reads, [`FOLLOW_EVERY`]); each look makes the pause before the next four times
+/// as long, up to
+/// [`LOOK_MAX`]. A turn that starts on this node's service tells its relays at once
+/// ([`RestateAgent::attempts`]): they look no further.
 const LOOK_EVERY: Duration = Duration::from_millis(40);
+
+/// A relay's pause after a look or a read is at least this many times as long as the look or
+/// read took: an ingress that answers slowly is busy (under load, mostly with turns waiting to
+/// start), and polls that keep it busier delay every turn. Lone, the ingress answers in
+/// milliseconds and the pauses are as scheduled.
+const BUSY_FACTOR: u32 = 4;
+
+/// The longest pause between a relay's looks (see [`LOOK_EVERY`]).
+const LOOK_MAX: Duration = Duration::from_secs(1);
 
 /// How long a relay looks for the peer running its turn every [`LOOK_EVERY`].
 const LOOK_FOR: Duration = Duration::from_secs(3);
@@ -281,13 +311,14 @@ pub(crate) async fn start(
     let live = ThreadHub::new(LIVE_CAPACITY);
     let drafts = LiveDrafts::new();
     let signals = ThreadHub::new(SIGNAL_CAPACITY);
+    let attempts = ThreadHub::new(1);
     let threads = thread_store(server, [&name.to_owned()], store)?;
     let mut thread = TetherThread::new(name, local.model.clone(), Arc::new(handler))
         .import(Arc::new(store.clone()))
         .live_hub(live.clone())
         .live_drafts(drafts.clone())
         .signal_hub(signals.clone())
-        .on_attempt(announcer(node.clone(), threads.clone()));
+        .on_attempt(announcer(node.clone(), threads.clone(), attempts.clone()));
     if !local.model_name.is_empty() {
         thread = thread.model_name(local.model_name.clone());
     }
@@ -326,10 +357,13 @@ pub(crate) async fn start(
         ingress,
         http: reqwest::Client::new(),
         store: threads,
-        restate: tether_restate::RestateStore::new(&ingress_text, [name]).map_err(|e| e.to_string())?,
+        restate: tether_restate::RestateStore::new(&ingress_text, [name])
+            .map_err(|e| e.to_string())?
+            .with_legacy(Arc::new(store.clone())),
         live,
         drafts,
         signals,
+        attempts,
         run_timeout,
         node,
         token,
@@ -337,23 +371,36 @@ pub(crate) async fn start(
     Ok((Arc::new(agent), endpoint))
 }
 
-/// Writes, at each start or replay of a turn on this node's service, that the thread's turn
-/// runs here ([`LIVE_AT`] = this node's URL), for at most [`ANNOUNCE_WAIT`]: a relay on another
-/// node then follows it live. Without a node URL nothing is written.
-fn announcer(node: NodeUrl, store: Arc<dyn ThreadStore>) -> tether_restate::OnAttempt {
+/// At each start or replay of a turn on this node's service: tells this node's relays of the
+/// thread (`attempts`), and writes that the thread's turn runs here ([`LIVE_AT`] = this node's
+/// URL; tried for at most [`ANNOUNCE_WAIT`]) so that a relay on another node follows it live.
+/// Without a node URL nothing is written.
+///
+/// The write goes on beside the turn rather than before its first step: it is an invocation
+/// through the ingress, and under load it queued behind the other turns' for up to a second
+/// while the model waited. A relay elsewhere that looks before it lands finds the turn's
+/// events in the record, and its next look finds the turn here (the live route sends a
+/// message in progress from its start, see `LiveDrafts`).
+fn announcer(
+    node: NodeUrl,
+    store: Arc<dyn ThreadStore>,
+    attempts: ThreadHub<()>,
+) -> tether_restate::OnAttempt {
     Arc::new(move |thread: ThreadId| {
-        let node = node.clone();
-        let store = store.clone();
-        Box::pin(async move {
-            let Some(url) = node.get() else { return };
+        attempts.send(&thread, ());
+        if let Some(url) = node.get() {
             let url = json!(url);
-            let put = store.put_state(thread.as_str(), LIVE_AT, &url);
-            match tokio::time::timeout(ANNOUNCE_WAIT, put).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::debug!("announcing where {} runs failed: {e}", thread.as_str()),
-                Err(_) => tracing::debug!("announcing where {} runs took too long", thread.as_str()),
-            }
-        })
+            let store = store.clone();
+            tokio::spawn(async move {
+                let put = store.put_state(thread.as_str(), LIVE_AT, &url);
+                match tokio::time::timeout(ANNOUNCE_WAIT, put).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::debug!("announcing where {} runs failed: {e}", thread.as_str()),
+                    Err(_) => tracing::debug!("announcing where {} runs took too long", thread.as_str()),
+                }
+            });
+        }
+        Box::pin(std::future::ready(()))
     })
 }
 
@@ -459,26 +506,6 @@ impl RestateAgent {
             .map_err(|(s, m)| restate_error(format!("asking what the turn waits for failed ({s}): {m}")))?;
         serde_json::from_value(v)
             .map_err(|e| restate_error(format!("the waiting handler answered oddly: {e}")))
-    }
-
-    /// Whether a turn of the thread runs (see `TetherThread::running`).
-    async fn running(&self, thread: &ThreadId) -> tether_agui::AgUiResult<bool> {
-        let v = self
-            .call(thread, &["running"], &Value::Null, None)
-            .await
-            .map_err(|(s, m)| restate_error(format!("asking whether a turn runs failed ({s}): {m}")))?;
-        v.as_bool()
-            .ok_or_else(|| restate_error(format!("the running handler answered oddly: {v}")))
-    }
-
-    /// How many events the thread's record on Restate holds.
-    async fn length(&self, thread: &ThreadId) -> tether_agui::AgUiResult<u64> {
-        let v = self
-            .call(thread, &["length"], &Value::Null, None)
-            .await
-            .map_err(|(s, m)| restate_error(format!("asking for the record's length failed ({s}): {m}")))?;
-        v.as_u64()
-            .ok_or_else(|| restate_error(format!("the length handler answered oddly: {v}")))
     }
 
     /// The invocation id of the thread's running turn, if any.
@@ -778,6 +805,7 @@ impl RestateAgent {
         // Subscribed before anything is sent: nothing the turn does is missed.
         let mut events = self.live.subscribe(&thread);
         let mut signals = self.signals.subscribe(&thread);
+        let mut attempts = self.attempts.subscribe(&thread);
         let mut mapper = EventMapper::new(ctx.input()).model(self.model.clone());
         let mut parts = LiveParts::default();
         update(
@@ -787,7 +815,25 @@ impl RestateAgent {
                 thread: thread.as_str(),
             },
         )?;
-        let existing = self.store.thread(&thread).await.map_err(store_error)?;
+        let user = ctx.input().messages.iter().rev().find_map(|m| match m {
+            Message::User(u) => Some((u.id.to_string(), u.content.to_text())),
+            _ => None,
+        });
+        // The thread, its record's length and whether a turn runs come in one read (`status`),
+        // and for a new message the message the thread's last turn was sent with is read beside
+        // it, not after: each read is an invocation through the ingress, and under load one
+        // waits behind the other turns' invocations, so reads in series put off the turn's start
+        // by their sum. (A read the start turns out not to need is dropped.)
+        let starting = ctx.input().resume.is_empty() && user.is_some();
+        let (status, mut turn_message) = tokio::join!(self.restate.status(&thread), async {
+            if starting {
+                Some(self.store.state(thread.as_str(), TURN_MESSAGE).await)
+            } else {
+                None
+            }
+        });
+        let status = status.map_err(store_error)?;
+        let existing = status.thread;
         if let Some(t) = &existing
             && t.agent != self.name
         {
@@ -796,10 +842,6 @@ impl RestateAgent {
                 format!("thread {} belongs to agent `{}`", thread.as_str(), t.agent),
             ));
         }
-        let user = ctx.input().messages.iter().rev().find_map(|m| match m {
-            Message::User(u) => Some((u.id.to_string(), u.content.to_text())),
-            _ => None,
-        });
         // The calls this run answered (id and arguments' digest): a turn replayed after a
         // suspension signals it waits for them again, a model that reuses an id asks anew.
         let mut answered: HashSet<(String, String)> = HashSet::new();
@@ -895,15 +937,15 @@ impl RestateAgent {
                     // of a turn, or when it is the message the thread's last turn was sent with.
                     // Any other message does not queue behind a running turn (as the default
                     // backend).
-                    let running = existing.is_some() && self.running(&thread).await?;
+                    let running = existing.is_some() && status.invocation.is_some();
                     let resent = running
                         || holds_after_last_user(&ctx.input().messages)
-                        || self
-                            .store
-                            .state(thread.as_str(), TURN_MESSAGE)
-                            .await
-                            .map_err(store_error)?
-                            .is_some_and(|m| m.as_str() == Some(id.as_str()));
+                        || match turn_message.take() {
+                            Some(read) => read,
+                            None => self.store.state(thread.as_str(), TURN_MESSAGE).await,
+                        }
+                        .map_err(store_error)?
+                        .is_some_and(|m| m.as_str() == Some(id.as_str()));
                     if resent {
                         let record = self.record_after(&thread, 0).await.map_err(store_error)?;
                         match reconnect_point(&record, id, &ctx.input().messages) {
@@ -928,7 +970,7 @@ impl RestateAgent {
             } else if let Some((id, text)) = user {
                 // The turn's events follow the record as it is now (the record read through the
                 // ingress starts there).
-                let mut base = self.length(&thread).await?;
+                let mut base = status.length;
                 if base == 0
                     && let Some(rec) = &existing
                 {
@@ -999,8 +1041,9 @@ impl RestateAgent {
             }
         };
         tokio::pin!(attached);
-        let mut follow = tokio::time::interval_at(tokio::time::Instant::now() + FOLLOW_EVERY, FOLLOW_EVERY);
-        follow.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut follow_pause = FOLLOW_EVERY;
+        let follow = tokio::time::sleep(FOLLOW_FIRST);
+        tokio::pin!(follow);
         // Whether this process sent nothing of the turn since the last tick.
         let mut quiet = true;
         // The peer node whose service runs the turn, followed live (its token deltas too); and
@@ -1011,11 +1054,12 @@ impl RestateAgent {
         let looking = tokio::time::Instant::now();
         // The first look after one period: a turn running here has sent its first event by then
         // (its user message), and this node need not ask where the turn runs.
-        let mut look = tokio::time::interval_at(tokio::time::Instant::now() + LOOK_EVERY, LOOK_EVERY);
-        // Whether the turn showed itself here (its events came from this process): then no peer
-        // is looked for until this process goes quiet.
+        let mut look_pause = LOOK_EVERY;
+        let look = tokio::time::sleep(look_pause);
+        tokio::pin!(look);
+        // Whether the turn showed itself here (it started on this node's service, or its events
+        // came from this process): then no peer is looked for until this process goes quiet.
         let mut here = false;
-        look.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let relayed = loop {
             tokio::select! {
                 biased;
@@ -1083,8 +1127,12 @@ impl RestateAgent {
                         left = peer.take().map(|p| (p.url.clone(), tokio::time::Instant::now()));
                     }
                 },
-                _ = look.tick(), if peer.is_none() && !here && looking.elapsed() < LOOK_FOR => {
+                _ = attempts.recv(), if !here => here = true,
+                _ = &mut look, if peer.is_none() && !here && looking.elapsed() < LOOK_FOR => {
+                    let began = tokio::time::Instant::now();
                     self.look(&thread, &mut peer, &left).await;
+                    look_pause = (look_pause * 4).min(LOOK_MAX).max(began.elapsed() * BUSY_FACTOR);
+                    look.as_mut().reset(tokio::time::Instant::now() + look_pause);
                 }
                 out = &mut attached => {
                     // The turn ended (seen from Restate): its record is complete.
@@ -1093,16 +1141,32 @@ impl RestateAgent {
                     }
                     break Relayed::Ended(out);
                 }
-                _ = follow.tick() => {
-                    if !std::mem::replace(&mut quiet, true) {
+                _ = &mut follow => {
+                    // News since the last tick: no read, the next tick one period on. None: read
+                    // now, and the next tick later.
+                    let was_quiet = std::mem::replace(&mut quiet, true);
+                    follow_pause = if was_quiet {
+                        (follow_pause * 2).min(FOLLOW_MAX)
+                    } else {
+                        FOLLOW_EVERY
+                    };
+                    follow.as_mut().reset(tokio::time::Instant::now() + follow_pause);
+                    if !was_quiet {
                         continue;
                     }
+                    let began = tokio::time::Instant::now();
                     // Where the turn runs may have changed (a replay on another node).
                     self.look(&thread, &mut peer, &left).await;
                     // Nothing from this process: the turn may run on another node's service.
                     // What it waits for first, then the record (written before it waits).
                     let Ok(waiting) = self.waiting(&thread).await else { continue };
                     let Ok(more) = self.record_after(&thread, max_seq).await else { continue };
+                    if !more.is_empty() {
+                        // The turn goes on elsewhere: read again soon.
+                        follow_pause = FOLLOW_EVERY;
+                    }
+                    follow_pause = follow_pause.max(began.elapsed() * BUSY_FACTOR);
+                    follow.as_mut().reset(tokio::time::Instant::now() + follow_pause);
                     for ev in more {
                         relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
                     }
