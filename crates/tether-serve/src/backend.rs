@@ -153,8 +153,8 @@ const TURN_MESSAGE: &str = "restate.turn_message";
 /// streams the turn's live events from it.
 const LIVE_AT: &str = "restate.live_at";
 
-/// How long a turn's announcement (where it runs) is tried before it is given up (a peer then
-/// relays the turn from the record).
+/// How long a turn's start waits for its announcement (where it runs) to be written before it
+/// goes on without (a peer then relays it from the record).
 const ANNOUNCE_WAIT: Duration = Duration::from_secs(1);
 
 /// How soon a relay that follows no peer yet looks where the turn runs, in its first seconds
@@ -372,15 +372,14 @@ pub(crate) async fn start(
 }
 
 /// At each start or replay of a turn on this node's service: tells this node's relays of the
-/// thread (`attempts`), and writes that the thread's turn runs here ([`LIVE_AT`] = this node's
-/// URL; tried for at most [`ANNOUNCE_WAIT`]) so that a relay on another node follows it live.
-/// Without a node URL nothing is written.
+/// thread (`attempts`: they need not look for it), and writes that the thread's turn runs here
+/// ([`LIVE_AT`] = this node's URL), awaited for at most [`ANNOUNCE_WAIT`] before the turn's
+/// first step, so that a relay on another node follows it live. Without a node URL nothing is
+/// written.
 ///
-/// The write goes on beside the turn rather than before its first step: it is an invocation
-/// through the ingress, and under load it queued behind the other turns' for up to a second
-/// while the model waited. A relay elsewhere that looks before it lands finds the turn's
-/// events in the record, and its next look finds the turn here (the live route sends a
-/// message in progress from its start, see `LiveDrafts`).
+/// (Written beside the turn instead, not awaited, the announcements competed with the turns'
+/// own invocations at the ingress: under 1,000 concurrent runs the first text came no sooner,
+/// and a relay elsewhere could look before the turn was announced.)
 fn announcer(
     node: NodeUrl,
     store: Arc<dyn ThreadStore>,
@@ -388,19 +387,18 @@ fn announcer(
 ) -> tether_restate::OnAttempt {
     Arc::new(move |thread: ThreadId| {
         attempts.send(&thread, ());
-        if let Some(url) = node.get() {
+        let node = node.clone();
+        let store = store.clone();
+        Box::pin(async move {
+            let Some(url) = node.get() else { return };
             let url = json!(url);
-            let store = store.clone();
-            tokio::spawn(async move {
-                let put = store.put_state(thread.as_str(), LIVE_AT, &url);
-                match tokio::time::timeout(ANNOUNCE_WAIT, put).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::debug!("announcing where {} runs failed: {e}", thread.as_str()),
-                    Err(_) => tracing::debug!("announcing where {} runs took too long", thread.as_str()),
-                }
-            });
-        }
-        Box::pin(std::future::ready(()))
+            let put = store.put_state(thread.as_str(), LIVE_AT, &url);
+            match tokio::time::timeout(ANNOUNCE_WAIT, put).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!("announcing where {} runs failed: {e}", thread.as_str()),
+                Err(_) => tracing::debug!("announcing where {} runs took too long", thread.as_str()),
+            }
+        })
     })
 }
 
