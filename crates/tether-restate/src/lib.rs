@@ -71,8 +71,8 @@ pub use hub::ThreadHub;
 pub use index::TetherThreads;
 pub use notes::TetherThreadNotes;
 pub use object::{
-    LiveDrafts, LiveEvent, LivePart, OnAttempt, TetherThread, ThreadStatus, TurnOutcome, TurnRequest,
-    TurnSignal, WaitingToolUse, live_part,
+    LiveDrafts, LiveEvent, LivePart, OnAttempt, Progress, TetherThread, ThreadStatus, TurnOutcome,
+    TurnRequest, TurnSignal, WaitingToolUse, live_part,
 };
 pub use steps::Decision;
 pub use store::RestateStore;

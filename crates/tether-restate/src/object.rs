@@ -89,6 +89,25 @@ pub struct ThreadStatus {
     pub invocation: Option<String>,
 }
 
+/// What a relay that hears nothing of a turn from its own process reads, in one call (the
+/// `progress` handler, [`RestateStore::progress`]): what the turn waits for, and the record's
+/// events after those the relay showed. The turn may run on another node's service.
+///
+/// Read in that order from one handler: a turn records its events before it waits, so a
+/// `waiting` list comes with the events that lead to it.
+///
+/// [`RestateStore::progress`]: crate::RestateStore::progress
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Progress {
+    /// The tool uses the running turn waits for approval of (empty when none).
+    #[serde(default)]
+    pub waiting: Vec<WaitingToolUse>,
+    /// A page of the record (see [`Page`]).
+    #[serde(default)]
+    pub events: Vec<Event>,
+}
+
 /// A tool use as the approver sees it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WaitingToolUse {
@@ -568,6 +587,26 @@ fn check_request(req: &TurnRequest) -> Result<(), TerminalError> {
     Ok(())
 }
 
+/// The events of the thread's record that `page` covers, in sequence order.
+async fn page_of(ctx: &SharedObjectContext<'_>, page: Page) -> Result<Vec<Event>, HandlerError> {
+    let count = ctx
+        .get::<Json<u64>>(record::EVENTS)
+        .await?
+        .map_or(0, Json::into_inner);
+    let mut out = Vec::new();
+    for seq in page.range(count) {
+        match ctx.get::<Json<Event>>(&record::event_key(seq)).await? {
+            Some(Json(e)) => out.push(e),
+            None => {
+                return Err(
+                    TerminalError::new(format!("the thread's record lacks event {seq} of {count}")).into(),
+                );
+            }
+        }
+    }
+    Ok(out)
+}
+
 #[restate_sdk::object]
 impl TetherThread {
     /// Runs one turn of the thread (the object's key is the thread id).
@@ -679,23 +718,22 @@ impl TetherThread {
         ctx: SharedObjectContext<'_>,
         page: Json<Page>,
     ) -> Result<Json<Vec<Event>>, HandlerError> {
-        let count = ctx
-            .get::<Json<u64>>(record::EVENTS)
-            .await?
-            .map_or(0, Json::into_inner);
-        let mut out = Vec::new();
-        for seq in page.into_inner().range(count) {
-            match ctx.get::<Json<Event>>(&record::event_key(seq)).await? {
-                Some(Json(e)) => out.push(e),
-                None => {
-                    return Err(TerminalError::new(format!(
-                        "the thread's record lacks event {seq} of {count}"
-                    ))
-                    .into());
-                }
-            }
-        }
-        Ok(Json(out))
+        Ok(Json(page_of(&ctx, page.into_inner()).await?))
+    }
+
+    /// What the running turn waits for and a page of the record, read at once (see
+    /// [`Progress`]).
+    #[handler]
+    async fn progress(
+        &self,
+        ctx: SharedObjectContext<'_>,
+        page: Json<Page>,
+    ) -> Result<Json<Progress>, HandlerError> {
+        let pending = ctx.get::<Json<PendingState>>(STATE_PENDING).await?;
+        Ok(Json(Progress {
+            waiting: pending.map(|p| p.into_inner().tool_uses).unwrap_or_default(),
+            events: page_of(&ctx, page.into_inner()).await?,
+        }))
     }
 
     /// How many events the thread's record holds.

@@ -211,6 +211,15 @@ impl RestateStore {
         Ok(status)
     }
 
+    /// What the running turn of thread `record` waits for and a page of its record (the events
+    /// after `after`, at most `limit`), in one call through the ingress (see
+    /// [`Progress`](crate::Progress)).
+    pub async fn progress(&self, record: &str, after: u64, limit: u32) -> Result<crate::Progress> {
+        let page = serde_json::to_value(Page::new(after, limit))
+            .map_err(|e| Error::store_with("encoding a page request", e))?;
+        self.call(crate::SERVICE, record, "progress", &page).await
+    }
+
     /// A page of a thread's record: the events after `after`, at most `limit` (at most
     /// [`MAX_PAGE`]). What a client reconnecting to any node reads to catch up.
     pub async fn events_after(&self, record: &str, after: u64, limit: u32) -> Result<Vec<Event>> {

@@ -128,6 +128,30 @@ async fn an_approval_from_a_second_request_resumes_the_turn() {
     assert_eq!(status, 200, "{glance}");
     assert_eq!(glance["invocation"], json!(inv), "{glance}");
     assert!(glance["length"].as_u64().is_some_and(|n| n > 0), "{glance}");
+    // What a relay elsewhere reads in one call: what the turn waits for, and the record after
+    // what it showed (the same events as the `events` handler's).
+    let (status, progress) = call(&ingress, "t-approve", "progress", &json!({"after": 0})).await;
+    assert_eq!(status, 200, "{progress}");
+    assert_eq!(progress["waiting"], waiting, "{progress}");
+    let (_, events) = call(&ingress, "t-approve", "events", &json!({"after": 0})).await;
+    assert_eq!(progress["events"], events, "{progress}");
+    assert_eq!(
+        progress["events"].as_array().map(Vec::len),
+        glance["length"].as_u64().map(|n| n as usize)
+    );
+    let (_, later) = call(
+        &ingress,
+        "t-approve",
+        "progress",
+        &json!({"after": glance["length"], "limit": 5}),
+    )
+    .await;
+    assert_eq!(
+        later["events"],
+        json!([]),
+        "nothing after the last event: {later}"
+    );
+    assert_eq!(later["waiting"], waiting, "{later}");
     assert!(
         effects(&s.config.effects).is_empty(),
         "the tool ran before its approval"
