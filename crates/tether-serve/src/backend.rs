@@ -545,6 +545,26 @@ impl RestateAgent {
         Err((status, message.chars().take(2048).collect()))
     }
 
+    /// What the thread's turn waits for and the record's events after `after` (every page),
+    /// in one call through the ingress when the news fits a page (see `tether_restate::Progress`;
+    /// a relay reads it when its own process sent it nothing for a while).
+    async fn progress(
+        &self,
+        thread: &ThreadId,
+        after: u64,
+    ) -> tether::Result<(Vec<WaitingToolUse>, Vec<tether::Event>)> {
+        let first = self
+            .restate
+            .progress(thread.as_str(), after, tether_restate::record::MAX_PAGE)
+            .await?;
+        let mut events = first.events;
+        if events.len() >= tether_restate::record::MAX_PAGE as usize {
+            let from = events.last().and_then(|e| e.seq).unwrap_or(after);
+            events.extend(self.record_after(thread, from).await?);
+        }
+        Ok((first.waiting, events))
+    }
+
     /// The thread's durable events after `after`, read through the ingress.
     async fn record_after(&self, thread: &ThreadId, after: u64) -> tether::Result<Vec<tether::Event>> {
         let mut out: Vec<tether::Event> = Vec::new();
@@ -1153,12 +1173,14 @@ impl RestateAgent {
                         continue;
                     }
                     let began = tokio::time::Instant::now();
-                    // Where the turn runs may have changed (a replay on another node).
-                    self.look(&thread, &mut peer, &left).await;
-                    // Nothing from this process: the turn may run on another node's service.
-                    // What it waits for first, then the record (written before it waits).
-                    let Ok(waiting) = self.waiting(&thread).await else { continue };
-                    let Ok(more) = self.record_after(&thread, max_seq).await else { continue };
+                    // Where the turn runs may have changed (a replay on another node); and,
+                    // nothing from this process, the turn may run on another node's service:
+                    // what it waits for and the record after what was shown, in one read.
+                    let (_, read) = tokio::join!(
+                        self.look(&thread, &mut peer, &left),
+                        self.progress(&thread, max_seq)
+                    );
+                    let Ok((waiting, more)) = read else { continue };
                     if !more.is_empty() {
                         // The turn goes on elsewhere: read again soon.
                         follow_pause = FOLLOW_EVERY;
