@@ -587,12 +587,23 @@ fn check_request(req: &TurnRequest) -> Result<(), TerminalError> {
     Ok(())
 }
 
-/// The events of the thread's record that `page` covers, in sequence order.
-async fn page_of(ctx: &SharedObjectContext<'_>, page: Page) -> Result<Vec<Event>, HandlerError> {
-    let count = ctx
+/// How many events the thread's record holds.
+async fn length_of(ctx: &SharedObjectContext<'_>) -> Result<u64, HandlerError> {
+    Ok(ctx
         .get::<Json<u64>>(record::EVENTS)
         .await?
-        .map_or(0, Json::into_inner);
+        .map_or(0, Json::into_inner))
+}
+
+/// The tool uses the running turn waits for approval of (empty when none).
+async fn waiting_of(ctx: &SharedObjectContext<'_>) -> Result<Vec<WaitingToolUse>, HandlerError> {
+    let pending = ctx.get::<Json<PendingState>>(STATE_PENDING).await?;
+    Ok(pending.map(|p| p.into_inner().tool_uses).unwrap_or_default())
+}
+
+/// The events of the thread's record that `page` covers, in sequence order.
+async fn page_of(ctx: &SharedObjectContext<'_>, page: Page) -> Result<Vec<Event>, HandlerError> {
+    let count = length_of(ctx).await?;
     let mut out = Vec::new();
     for seq in page.range(count) {
         match ctx.get::<Json<Event>>(&record::event_key(seq)).await? {
@@ -668,10 +679,7 @@ impl TetherThread {
     /// What the running turn waits for: the tool uses waiting for approval (empty when none).
     #[handler]
     async fn waiting(&self, ctx: SharedObjectContext<'_>) -> Result<Json<Vec<WaitingToolUse>>, HandlerError> {
-        let pending = ctx.get::<Json<PendingState>>(STATE_PENDING).await?;
-        Ok(Json(
-            pending.map(|p| p.into_inner().tool_uses).unwrap_or_default(),
-        ))
+        Ok(Json(waiting_of(&ctx).await?))
     }
 
     /// Whether a turn of the thread is running (started, and not ended; a turn waiting for an
@@ -691,10 +699,7 @@ impl TetherThread {
                 .get::<Json<Thread>>(record::THREAD)
                 .await?
                 .map(Json::into_inner),
-            length: ctx
-                .get::<Json<u64>>(record::EVENTS)
-                .await?
-                .map_or(0, Json::into_inner),
+            length: length_of(&ctx).await?,
             invocation: ctx.get::<String>(STATE_TURN).await?,
         }))
     }
@@ -729,9 +734,8 @@ impl TetherThread {
         ctx: SharedObjectContext<'_>,
         page: Json<Page>,
     ) -> Result<Json<Progress>, HandlerError> {
-        let pending = ctx.get::<Json<PendingState>>(STATE_PENDING).await?;
         Ok(Json(Progress {
-            waiting: pending.map(|p| p.into_inner().tool_uses).unwrap_or_default(),
+            waiting: waiting_of(&ctx).await?,
             events: page_of(&ctx, page.into_inner()).await?,
         }))
     }
@@ -739,11 +743,7 @@ impl TetherThread {
     /// How many events the thread's record holds.
     #[handler]
     async fn length(&self, ctx: SharedObjectContext<'_>) -> Result<Json<u64>, HandlerError> {
-        Ok(Json(
-            ctx.get::<Json<u64>>(record::EVENTS)
-                .await?
-                .map_or(0, Json::into_inner),
-        ))
+        Ok(Json(length_of(&ctx).await?))
     }
 
     /// The invocation id of the running turn (`null` when none): a front-end on any node waits

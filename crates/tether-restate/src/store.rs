@@ -215,18 +215,21 @@ impl RestateStore {
     /// after `after`, at most `limit`), in one call through the ingress (see
     /// [`Progress`](crate::Progress)).
     pub async fn progress(&self, record: &str, after: u64, limit: u32) -> Result<crate::Progress> {
-        let page = serde_json::to_value(Page::new(after, limit))
-            .map_err(|e| Error::store_with("encoding a page request", e))?;
-        self.call(crate::SERVICE, record, "progress", &page).await
+        self.call(crate::SERVICE, record, "progress", &page(after, limit)?)
+            .await
     }
 
     /// A page of a thread's record: the events after `after`, at most `limit` (at most
     /// [`MAX_PAGE`]). What a client reconnecting to any node reads to catch up.
     pub async fn events_after(&self, record: &str, after: u64, limit: u32) -> Result<Vec<Event>> {
-        let page = serde_json::to_value(Page::new(after, limit))
-            .map_err(|e| Error::store_with("encoding a page request", e))?;
-        self.call(crate::SERVICE, record, "events", &page).await
+        self.call(crate::SERVICE, record, "events", &page(after, limit)?)
+            .await
     }
+}
+
+/// The body of a page request (the `events` and `progress` handlers).
+fn page(after: u64, limit: u32) -> Result<Value> {
+    serde_json::to_value(Page::new(after, limit)).map_err(|e| Error::store_with("encoding a page request", e))
 }
 
 /// A legacy thread as this store answers with it: its record key is its id.

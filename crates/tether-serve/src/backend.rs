@@ -122,7 +122,7 @@ pub(crate) struct RestateAgent {
     ingress: reqwest::Url,
     http: reqwest::Client,
     store: Arc<dyn ThreadStore>,
-    restate: tether_restate::RestateStore,
+    restate: Arc<tether_restate::RestateStore>,
     live: ThreadHub<LiveEvent>,
     /// What the turns running here streamed so far of the messages in progress: shown first
     /// to a relay that begins following one mid-message.
@@ -312,7 +312,13 @@ pub(crate) async fn start(
     let drafts = LiveDrafts::new();
     let signals = ThreadHub::new(SIGNAL_CAPACITY);
     let attempts = ThreadHub::new(1);
-    let threads = thread_store(server, [&name.to_owned()], store)?;
+    // One client of the threads on Restate, for this agent's reads and as its `ThreadStore`.
+    let restate = Arc::new(
+        tether_restate::RestateStore::new(&ingress_text, [name])
+            .map_err(|e| e.to_string())?
+            .with_legacy(Arc::new(store.clone())),
+    );
+    let threads: Arc<dyn ThreadStore> = restate.clone();
     let mut thread = TetherThread::new(name, local.model.clone(), Arc::new(handler))
         .import(Arc::new(store.clone()))
         .live_hub(live.clone())
@@ -357,9 +363,7 @@ pub(crate) async fn start(
         ingress,
         http: reqwest::Client::new(),
         store: threads,
-        restate: tether_restate::RestateStore::new(&ingress_text, [name])
-            .map_err(|e| e.to_string())?
-            .with_legacy(Arc::new(store.clone())),
+        restate,
         live,
         drafts,
         signals,
