@@ -152,6 +152,35 @@ async fn an_approval_from_a_second_request_resumes_the_turn() {
         "nothing after the last event: {later}"
     );
     assert_eq!(later["waiting"], waiting, "{later}");
+    // Hostile pages: refused whole with a terminal 400 naming the field (never a partial or a
+    // guessed page, never a retried invocation).
+    for bad in [
+        json!({"after": "x"}),
+        json!({"after": -1}),
+        json!({"limit": 1e30}),
+        json!("after"),
+    ] {
+        let (status, v) = call(&ingress, "t-approve", "progress", &bad).await;
+        assert_eq!(status, 400, "{bad} answered {status}: {v}");
+        assert!(
+            v["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("Cannot decode input")),
+            "{bad}: {v}"
+        );
+        assert!(v.get("events").is_none(), "{bad} answered a page: {v}");
+    }
+    let (_, huge) = call(
+        &ingress,
+        "t-approve",
+        "progress",
+        &json!({"after": 0, "limit": u32::MAX}),
+    )
+    .await;
+    assert_eq!(
+        huge["events"], events,
+        "a huge limit is capped, not refused: {huge}"
+    );
     assert!(
         effects(&s.config.effects).is_empty(),
         "the tool ran before its approval"
