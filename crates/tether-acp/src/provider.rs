@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use tether::{
-    Event, EventKind, EventSink, Handler, Input, Opened, Provider, Resume, Role, SessionInfo, Terminal,
+    Event, EventKind, EventSink, Handler, Input, Mark, Opened, Provider, Resume, Role, SessionInfo, Terminal,
     ToolResult, ToolUse, TurnContext, TurnResult,
 };
 
@@ -295,12 +295,7 @@ impl ClientHandler for Router {
             .filter(EventSink::observed);
         let id = req.tool_call.tool_call_id.to_string();
         if let Some(s) = &sink {
-            s.observe(&Event::new(
-                "",
-                "tether.permission_request",
-                json!({"type": "tether.permission_request", "tool_use_id": id}),
-                EventKind::Other,
-            ));
+            s.mark(Mark::PermissionRequest { tool_use_id: &id });
         }
         let out = match self.bridge() {
             Ok(b) => b.permission(req, &self.info(&req.session_id)).await,
@@ -311,12 +306,10 @@ impl ClientHandler for Router {
                 RequestPermissionOutcome::Selected(o) => o.option_id.to_string(),
                 _ => "cancelled".to_owned(),
             };
-            s.observe(&Event::new(
-                "",
-                "tether.permission_outcome",
-                json!({"type": "tether.permission_outcome", "tool_use_id": id, "outcome": outcome}),
-                EventKind::Other,
-            ));
+            s.mark(Mark::PermissionOutcome {
+                tool_use_id: &id,
+                outcome: &outcome,
+            });
         }
         out
     }

@@ -5,14 +5,14 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Instant;
 
 use opentelemetry::KeyValue;
-use opentelemetry::metrics::{Histogram, Meter};
+use opentelemetry::metrics::{BoundHistogram, Histogram, Meter};
 use opentelemetry::trace::{
     SpanBuilder, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId, TraceState,
     Tracer as _,
 };
 use opentelemetry_sdk::trace::SdkTracer;
 use serde_json::{Map, Value, json};
-use tether::{Event, EventKind, EventObserver, EventSink, Role, ToolUse};
+use tether::{Event, EventKind, EventObserver, EventSink, Mark, ModelCall, Role, SessionResult, ToolUse};
 use tokio::sync::mpsc;
 use tracing::Dispatch;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -42,6 +42,11 @@ const MAX_CONTENT: usize = 64 << 10;
 /// `s` as an attribute value from outside (a model, a server): at most `max` characters (cut
 /// with `…`); control characters dropped, except line breaks and tabs in content.
 fn clip(s: &str, max: usize) -> String {
+    // The usual value (a model name, a response id: short, printable ASCII) is copied as it is,
+    // without a pass over its characters.
+    if s.len() <= max && s.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return s.to_owned();
+    }
     let keep = |c: &char| !c.is_control() || (max == MAX_CONTENT && matches!(c, '\n' | '\t' | '\r'));
     let mut out: String = s.chars().filter(keep).take(max).collect();
     if s.chars().filter(keep).nth(max).is_some() {
@@ -121,6 +126,44 @@ impl Default for Tracer {
 pub(crate) struct Metrics {
     duration: Histogram<f64>,
     tokens: Histogram<u64>,
+    /// The attribute sets last recorded, each bound to its histogram (see [`Bound`]).
+    bound_duration: Mutex<Bound<f64>>,
+    bound_tokens: Mutex<Bound<u64>>,
+}
+
+/// The most attribute sets kept bound per histogram.
+const BOUND: usize = 16;
+
+/// Histograms bound to the attribute sets recorded last, newest last. The SDK's `record` hashes
+/// the whole attribute list (SipHash over every key and value) to find its series, ~2.5 k
+/// instructions per record, four records per request; a server's requests mostly repeat a
+/// handful of sets (one per agent, model and outcome), so a record here is a comparison with
+/// those and a direct write to the bound series. Bound series are the SDK's
+/// (`experimental_metrics_bound_instruments`): exported, aggregated and limited exactly as
+/// unbound records are; one dropped from this list is unbound.
+struct Bound<T>(Vec<(Vec<KeyValue>, BoundHistogram<T>)>);
+
+impl<T> Default for Bound<T> {
+    fn default() -> Self {
+        Bound(Vec::new())
+    }
+}
+
+impl<T: Copy> Bound<T> {
+    fn record(this: &Mutex<Self>, h: &Histogram<T>, value: T, attrs: &[KeyValue]) {
+        let mut b = this.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = b.0.iter().rposition(|(a, _)| a.as_slice() == attrs) {
+            b.0[i].1.record(value);
+            return;
+        }
+        let bound = h.bind(attrs);
+        bound.record(value);
+        if b.0.len() >= BOUND {
+            // The oldest set is unbound (its series goes on as any unbound one).
+            drop(b.0.remove(0));
+        }
+        b.0.push((attrs.to_vec(), bound));
+    }
 }
 
 impl Metrics {
@@ -138,7 +181,19 @@ impl Metrics {
                 .with_description("Number of input and output tokens used.")
                 .with_boundaries(sc::TOKEN_BUCKETS.to_vec())
                 .build(),
+            bound_duration: Mutex::default(),
+            bound_tokens: Mutex::default(),
         }
+    }
+
+    /// Records an operation's duration in seconds.
+    fn duration(&self, seconds: f64, attrs: &[KeyValue]) {
+        Bound::record(&self.bound_duration, &self.duration, seconds, attrs);
+    }
+
+    /// Records a token count (`attrs` carry its `gen_ai.token.type`).
+    fn tokens(&self, n: u64, attrs: &[KeyValue]) {
+        Bound::record(&self.bound_tokens, &self.tokens, n, attrs);
     }
 }
 
@@ -506,10 +561,42 @@ impl EventObserver for SessionTracer {
     fn on_event(&self, e: &Event, sink: &EventSink) {
         // The local loop's token and argument deltas carry nothing a span needs: the hot path
         // returns before any lock.
-        if e.seq.is_none() && e.raw_type.starts_with("local.") && e.raw_type != "local.model_call" {
+        if e.seq.is_none() && e.raw_type.starts_with("local.") {
             return;
         }
         self.handle(e, sink);
+    }
+
+    fn on_mark(&self, mark: &Mark<'_>, sink: &EventSink) {
+        let mut st = self.shared.lock();
+        match *mark {
+            Mark::RunStart { provider, .. } => self.run_start(&mut st, provider, sink),
+            Mark::RunEnd { result } => self.run_end(&mut st, result, sink),
+            Mark::ModelCall(call) => self.model_call(&mut st, call, sink),
+            Mark::ToolStart { tool_use } => self.open_tool(&mut st, tool_use, "function", None, sink, true),
+            Mark::PermissionRequest { tool_use_id } => {
+                // An approval asked during a tool call (an ACP agent's permission request): the
+                // wait shows on the tool's span, between this mark and its outcome.
+                st.approvals.insert(tool_use_id.to_owned(), Instant::now());
+                let attrs = vec![KeyValue::new(sc::TOOL_CALL_ID, tool_use_id.to_owned())];
+                approval_event(&st, tool_use_id, "tether.approval_requested", attrs);
+            }
+            Mark::PermissionOutcome { tool_use_id, outcome } => {
+                let mut attrs = vec![KeyValue::new(sc::TOOL_CALL_ID, tool_use_id.to_owned())];
+                if !outcome.is_empty() {
+                    attrs.push(KeyValue::new("tether.approval.outcome", outcome.to_owned()));
+                }
+                if let Some(t) = st.approvals.remove(tool_use_id) {
+                    attrs.push(KeyValue::new(
+                        "tether.approval.wait_ms",
+                        i64::try_from(t.elapsed().as_millis()).unwrap_or(i64::MAX),
+                    ));
+                }
+                approval_event(&st, tool_use_id, "tether.approval_answered", attrs);
+            }
+            // A mark a later tether shows that this tracer does not know yet.
+            _ => {}
+        }
     }
 
     /// Spans come from requests, model calls and tool calls, never from a token: the sink does
@@ -543,6 +630,15 @@ impl EventObserver for SessionTracer {
         let open = !tool_uses.is_empty();
         run.staged = Some(open);
         Some((STATE_KEY, saved_state(run.traceparent.as_deref(), open, None)))
+    }
+}
+
+/// An approval's event `name`, on its tool's span, else on the request's.
+fn approval_event(st: &State, tool_use_id: &str, name: &'static str, attrs: Vec<KeyValue>) {
+    match (st.tools.get(tool_use_id), &st.run) {
+        (Some(t), _) => t.g.event(name, attrs),
+        (None, Some(r)) => r.g.event(name, attrs),
+        _ => {}
     }
 }
 
@@ -580,16 +676,24 @@ fn context_of(span: &tracing::Span) -> Option<SpanContext> {
 
 /// `cx` as a W3C `traceparent`, in one allocation of its exact size.
 fn traceparent(cx: &SpanContext) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(55);
-    let _ = write!(
-        out,
-        "00-{}-{}-{:02x}",
-        cx.trace_id(),
-        cx.span_id(),
-        cx.trace_flags().to_u8()
-    );
-    out
+    // Written digit by digit: `format!` with `{:032x}` took ~1.5 k instructions a call, twice per
+    // request.
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = Vec::with_capacity(55);
+    out.extend_from_slice(b"00-");
+    let hex = |out: &mut Vec<u8>, bytes: &[u8]| {
+        for b in bytes {
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 0xf)]);
+        }
+    };
+    hex(&mut out, &cx.trace_id().to_bytes());
+    out.push(b'-');
+    hex(&mut out, &cx.span_id().to_bytes());
+    out.push(b'-');
+    hex(&mut out, &[cx.trace_flags().to_u8()]);
+    // Only ASCII hex digits and dashes were written.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// A W3C `traceparent` (`00-<32 hex>-<16 hex>-<2 hex>`) as a remote span context.
@@ -613,7 +717,15 @@ fn str_of<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
 impl SessionTracer {
     /// A span named `name` of `kind` (`internal` or `client`), under `parent`; without one, under
     /// the current `tracing` span (directly: its OpenTelemetry context, if it has one).
-    fn span(&self, parent: Option<&Guarded>, name: &str, kind: &'static str) -> Guarded {
+    /// `attrs` are the span's first attributes: given to the SDK with the span (what a sampler
+    /// sees), not set one by one after it (a lock and a dynamic call each).
+    fn span(
+        &self,
+        parent: Option<&Guarded>,
+        name: &str,
+        kind: &'static str,
+        attrs: Vec<KeyValue>,
+    ) -> Guarded {
         let span = match &self.shared.backend {
             Backend::Direct(tracer) => {
                 let parent = match parent {
@@ -625,7 +737,9 @@ impl SessionTracer {
                 } else {
                     SpanKind::Internal
                 };
-                let builder = SpanBuilder::from_name(name.to_owned()).with_kind(kind);
+                let builder = SpanBuilder::from_name(name.to_owned())
+                    .with_kind(kind)
+                    .with_attributes(attrs);
                 let span = tracer.build_with_context(builder, &parent);
                 Spanned::Direct(opentelemetry::Context::new().with_span(span))
             }
@@ -642,6 +756,9 @@ impl SessionTracer {
                         tracing::info_span!(target: "tether_otel", "gen_ai", otel.name = name, otel.kind = kind)
                     }
                 });
+                for kv in attrs {
+                    span.set_attribute(kv.key, kv.value);
+                }
                 Spanned::Bridged {
                     span,
                     dispatch: dispatch.clone(),
@@ -658,48 +775,9 @@ impl SessionTracer {
             self.load_prev(&mut st, e, sink);
         }
         match e.raw_type.as_str() {
-            "tether.run_start" => return self.run_start(&mut st, e, sink),
-            "tether.run_end" => return self.run_end(&mut st, e, sink),
-            "local.model_call" => return self.model_call(&mut st, e, sink),
-            "tether.tool_start" => {
-                if let Some(id) = str_of(&e.raw, "tool_use_id") {
-                    let name = str_of(&e.raw, "name").unwrap_or_default();
-                    let mut u = ToolUse::new(id, name, e.raw.get("input").cloned().unwrap_or(Value::Null));
-                    u.raw_input = None;
-                    self.open_tool(&mut st, &u, "function", None, sink, true);
-                }
-                return;
-            }
             "span.model_request_start" => {
                 if st.chat.is_none() {
                     self.open_chat(&mut st, ChatStart::inferred(true), sink);
-                }
-                return;
-            }
-            "tether.permission_request" | "tether.permission_outcome" => {
-                // An approval asked during a tool call (an ACP agent's permission request): the
-                // wait shows on the tool's span, between these two events.
-                let id = str_of(&e.raw, "tool_use_id").unwrap_or_default().to_owned();
-                let mut attrs = vec![KeyValue::new(sc::TOOL_CALL_ID, id.clone())];
-                let name = if e.raw_type == "tether.permission_request" {
-                    st.approvals.insert(id.clone(), Instant::now());
-                    "tether.approval_requested"
-                } else {
-                    if let Some(o) = str_of(&e.raw, "outcome") {
-                        attrs.push(KeyValue::new("tether.approval.outcome", o.to_owned()));
-                    }
-                    if let Some(t) = st.approvals.remove(&id) {
-                        attrs.push(KeyValue::new(
-                            "tether.approval.wait_ms",
-                            i64::try_from(t.elapsed().as_millis()).unwrap_or(i64::MAX),
-                        ));
-                    }
-                    "tether.approval_answered"
-                };
-                match (st.tools.get(&id), &st.run) {
-                    (Some(t), _) => t.g.event(name, attrs),
-                    (None, Some(r)) => r.g.event(name, attrs),
-                    _ => {}
                 }
                 return;
             }
@@ -876,7 +954,7 @@ impl SessionTracer {
         }
     }
 
-    fn run_start(&self, st: &mut State, e: &Event, sink: &EventSink) {
+    fn run_start(&self, st: &mut State, tp: &str, sink: &EventSink) {
         if let Some(run) = st.run.take() {
             self.end_children(
                 st,
@@ -891,31 +969,33 @@ impl SessionTracer {
         if tracer.capture_content && !sink.full_payloads() {
             sink.set_full_payloads(true);
         }
-        let tp = str_of(&e.raw, "provider").unwrap_or("local");
+        let tp = if tp.is_empty() { "local" } else { tp };
         let local = tp == "local";
         let provider = sc::provider_of(tp).map(str::to_owned);
+        let mut attrs = Vec::with_capacity(6);
+        attrs.push(KeyValue::new(sc::OPERATION_NAME, "invoke_agent"));
+        if let Some(p) = &provider {
+            attrs.push(KeyValue::new(sc::PROVIDER_NAME, p.clone()));
+        }
+        if let Some(a) = &tracer.agent.name {
+            attrs.push(KeyValue::new(sc::AGENT_NAME, a.clone()));
+        }
+        if let Some(a) = &tracer.agent.id {
+            attrs.push(KeyValue::new(sc::AGENT_ID, a.clone()));
+        }
+        if let Some(a) = &tracer.agent.description {
+            attrs.push(KeyValue::new(sc::AGENT_DESCRIPTION, a.clone()));
+        }
+        let sid = &sink.info().session_id;
+        if !sid.is_empty() {
+            attrs.push(KeyValue::new(sc::CONVERSATION_ID, sid.clone()));
+        }
         let g = self.span(
             None,
             &tracer.agent.span_name,
             if local { "internal" } else { "client" },
+            attrs,
         );
-        g.set(sc::OPERATION_NAME, "invoke_agent");
-        if let Some(p) = &provider {
-            g.set(sc::PROVIDER_NAME, p.clone());
-        }
-        if let Some(a) = &tracer.agent.name {
-            g.set(sc::AGENT_NAME, a.clone());
-        }
-        if let Some(a) = &tracer.agent.id {
-            g.set(sc::AGENT_ID, a.clone());
-        }
-        if let Some(a) = &tracer.agent.description {
-            g.set(sc::AGENT_DESCRIPTION, a.clone());
-        }
-        let sid = sink.info().session_id.clone();
-        if !sid.is_empty() {
-            g.set(sc::CONVERSATION_ID, sid.clone());
-        }
         let mut run = Run {
             g,
             started: Instant::now(),
@@ -998,22 +1078,19 @@ impl SessionTracer {
         }
     }
 
-    fn run_end(&self, st: &mut State, e: &Event, sink: &EventSink) {
+    fn run_end(&self, st: &mut State, result: &tether::Result<SessionResult>, sink: &EventSink) {
         let Some(mut run) = st.run.take() else {
             return;
         };
-        let ok = e.raw.get("outcome").and_then(Value::as_str) == Some("ok");
-        let error = e.raw.get("error").cloned().unwrap_or(Value::Null);
-        let ety = sc::error_type(&error);
-        let msg = str_of(&error, "message")
-            .unwrap_or("the request failed")
-            .to_owned();
-        let pending: Vec<String> = e
-            .raw
-            .get("pending")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(|v| v.as_str().map(str::to_owned)).collect())
-            .unwrap_or_default();
+        let ok = result.is_ok();
+        let (ety, msg) = match result {
+            Ok(_) => (String::new(), String::new()),
+            Err(e) => (sc::error_type(e), e.to_string()),
+        };
+        let pending: Vec<String> = match result {
+            Ok(r) => r.pending_tool_uses.iter().map(|u| u.id.clone()).collect(),
+            Err(_) => Vec::new(),
+        };
         let fail = (!ok).then_some((ety.as_str(), msg.as_str()));
         // Spans of tools waiting for an answer from outside (an approval, a front-end tool):
         // their contexts are kept so the request that runs them links back.
@@ -1033,11 +1110,10 @@ impl SessionTracer {
         st.approvals.clear();
         self.end_children(st, fail, sink, &pending);
         // The request's usage as the session summed it (every model call once).
-        if ok && let Some(u) = e.raw.get("usage") {
-            let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-            run.input = n("input_tokens");
-            run.output = n("output_tokens");
-            run.cache_read = n("cache_read_tokens");
+        if let Ok(r) = result {
+            run.input = r.usage.input_tokens;
+            run.output = r.usage.output_tokens;
+            run.cache_read = r.usage.cache_read_tokens;
         }
         // A provider that reported no usage leaves the attributes out rather than claiming 0.
         if run.input > 0 || run.output > 0 || run.cache_read > 0 {
@@ -1074,7 +1150,7 @@ impl SessionTracer {
             if let Some((t, _)) = fail {
                 attrs.push(KeyValue::new(sc::ERROR_TYPE, t.to_owned()));
             }
-            m.duration.record(run.started.elapsed().as_secs_f64(), &attrs);
+            m.duration(run.started.elapsed().as_secs_f64(), &attrs);
         }
         // What the store holds already says all when the request's last model response saved
         // it as ended and no tool waits: nothing to write (the usual request of a chat server).
@@ -1113,39 +1189,37 @@ impl SessionTracer {
         }
     }
 
-    fn model_call(&self, st: &mut State, e: &Event, sink: &EventSink) {
+    fn model_call(&self, st: &mut State, call: &ModelCall<'_>, sink: &EventSink) {
         if st.run.is_none() {
             return;
         }
-        let attempt = e.raw.get("attempt").and_then(Value::as_u64).unwrap_or(1);
-        if attempt > 1 && st.chat.as_ref().is_some_and(|c| c.explicit) {
+        if call.attempt > 1 && st.chat.as_ref().is_some_and(|c| c.explicit) {
             // A retry of the call in flight: one span covers all its attempts.
             return;
         }
         if let Some(chat) = st.chat.take() {
             self.close_chat(st, chat, ChatEnd::default(), sink);
         }
-        let provider = str_of(&e.raw, "provider").map(str::to_owned);
-        let model = str_of(&e.raw, "model").map(str::to_owned);
-        let endpoint = str_of(&e.raw, "endpoint").map(str::to_owned);
-        let input = e.raw.get("request").and_then(|r| r.get("messages"));
+        let some = |s: &str| (!s.is_empty()).then(|| s.to_owned());
+        let endpoint = call.endpoint.and_then(some);
         // A model in this process (the local loop reports no endpoint for it) is an internal
         // call; one behind HTTP a client call.
         let kind = if endpoint.is_some() { "client" } else { "internal" };
         let start = ChatStart {
             explicit: true,
             kind,
-            provider,
-            model,
+            provider: some(call.provider),
+            model: some(call.model),
             endpoint,
         };
         self.open_chat(st, start, sink);
         if self.shared.tracer.capture_content
-            && let (Some(c), Some(h)) = (&st.chat, input)
+            && let Some(c) = &st.chat
+            && let Ok(h) = serde_json::to_value(&call.request.messages)
         {
             c.g.set(
                 sc::INPUT_MESSAGES,
-                clip(&sc::messages(h).to_string(), MAX_CONTENT),
+                clip(&sc::messages(&h).to_string(), MAX_CONTENT),
             );
         }
     }
@@ -1176,21 +1250,22 @@ impl SessionTracer {
         } else {
             format!("chat {model}")
         };
-        let g = self.span(Some(&run.g), &name, kind);
-        g.set(sc::OPERATION_NAME, "chat");
-        g.set(sc::PROVIDER_NAME, provider.clone());
+        let mut attrs = Vec::with_capacity(6);
+        attrs.push(KeyValue::new(sc::OPERATION_NAME, "chat"));
+        attrs.push(KeyValue::new(sc::PROVIDER_NAME, provider.clone()));
         if !model.is_empty() {
-            g.set(sc::REQUEST_MODEL, model.clone());
+            attrs.push(KeyValue::new(sc::REQUEST_MODEL, model.clone()));
         }
-        let sid = sink.info().session_id.clone();
+        let sid = &sink.info().session_id;
         if !sid.is_empty() {
-            g.set(sc::CONVERSATION_ID, sid);
+            attrs.push(KeyValue::new(sc::CONVERSATION_ID, sid.clone()));
         }
         let server = endpoint.as_deref().and_then(sc::server_of);
         if let Some((h, p)) = &server {
-            g.set(sc::SERVER_ADDRESS, h.clone());
-            g.set(sc::SERVER_PORT, i64::from(*p));
+            attrs.push(KeyValue::new(sc::SERVER_ADDRESS, h.clone()));
+            attrs.push(KeyValue::new(sc::SERVER_PORT, i64::from(*p)));
         }
+        let g = self.span(Some(&run.g), &name, kind, attrs);
         sink.set_traceparent("", g.traceparent());
         st.chat = Some(Chat {
             g,
@@ -1288,18 +1363,18 @@ impl SessionTracer {
             // of the attribute values: this runs once per model call).
             if let Some((t, _)) = &end.error {
                 attrs.push(KeyValue::new(sc::ERROR_TYPE, t.clone()));
-                m.duration.record(chat.started.elapsed().as_secs_f64(), &attrs);
+                m.duration(chat.started.elapsed().as_secs_f64(), &attrs);
                 attrs.pop();
             } else {
-                m.duration.record(chat.started.elapsed().as_secs_f64(), &attrs);
+                m.duration(chat.started.elapsed().as_secs_f64(), &attrs);
             }
             if end.has_usage {
                 attrs.push(KeyValue::new(sc::TOKEN_TYPE, "input"));
-                m.tokens.record(end.input, &attrs);
+                m.tokens(end.input, &attrs);
                 if let Some(last) = attrs.last_mut() {
                     *last = KeyValue::new(sc::TOKEN_TYPE, "output");
                 }
-                m.tokens.record(end.output, &attrs);
+                m.tokens(end.output, &attrs);
             }
         }
         if let Some(run) = st.run.as_mut() {
@@ -1332,9 +1407,9 @@ impl SessionTracer {
             }
             let mut ia = attrs.clone();
             ia.push(KeyValue::new(sc::TOKEN_TYPE, "input"));
-            m.tokens.record(i, &ia);
+            m.tokens(i, &ia);
             attrs.push(KeyValue::new(sc::TOKEN_TYPE, "output"));
-            m.tokens.record(o, &attrs);
+            m.tokens(o, &attrs);
         }
     }
 
@@ -1372,11 +1447,13 @@ impl SessionTracer {
         } else {
             format!("execute_tool {}", clip(&u.name, MAX_NAME))
         };
-        let g = self.span(Some(&run.g), &name, "internal");
-        g.set(sc::OPERATION_NAME, "execute_tool");
-        g.set(sc::TOOL_NAME, clip(&u.name, MAX_VALUE));
-        g.set(sc::TOOL_CALL_ID, clip(&u.id, MAX_VALUE));
-        g.set(sc::TOOL_TYPE, kind.to_owned());
+        let attrs = vec![
+            KeyValue::new(sc::OPERATION_NAME, "execute_tool"),
+            KeyValue::new(sc::TOOL_NAME, clip(&u.name, MAX_VALUE)),
+            KeyValue::new(sc::TOOL_CALL_ID, clip(&u.id, MAX_VALUE)),
+            KeyValue::new(sc::TOOL_TYPE, kind.to_owned()),
+        ];
+        let g = self.span(Some(&run.g), &name, "internal", attrs);
         if let Some((d, _)) = spec
             && !d.is_empty()
         {
@@ -1613,6 +1690,131 @@ mod tests {
         assert_eq!(clip(&"x".repeat(70), MAX_NAME), format!("{}…", "x".repeat(64)));
         assert_eq!(clip("a\nb\u{0}", MAX_CONTENT), "a\nb");
         assert_eq!(clip("short", MAX_VALUE), "short");
+        assert_eq!(clip("gpt-4o-mini", 4), "gpt-…");
+        assert_eq!(clip("tab\there", MAX_VALUE), "tabhere");
+        assert_eq!(clip("naïve", MAX_VALUE), "naïve");
+    }
+
+    /// One exported histogram point: its histogram's name, its `model` attribute, count, sum.
+    type Point = (String, String, u64, f64);
+
+    /// Keeps what the last export held.
+    #[derive(Clone, Default)]
+    struct Points(Arc<Mutex<Vec<Point>>>);
+
+    impl opentelemetry_sdk::metrics::exporter::PushMetricExporter for Points {
+        async fn export(
+            &self,
+            rm: &opentelemetry_sdk::metrics::data::ResourceMetrics,
+        ) -> opentelemetry_sdk::error::OTelSdkResult {
+            use opentelemetry_sdk::metrics::data::{AggregatedMetrics as A, MetricData as D};
+            let mut out = self.0.lock().unwrap();
+            out.clear();
+            for m in rm.scope_metrics().flat_map(|s| s.metrics()) {
+                fn model<'a>(mut a: impl Iterator<Item = &'a KeyValue>) -> String {
+                    a.find(|kv| kv.key.as_str() == "model")
+                        .map(|kv| kv.value.to_string())
+                        .unwrap_or_default()
+                }
+                match m.data() {
+                    A::F64(D::Histogram(h)) => {
+                        for p in h.data_points() {
+                            out.push((m.name().into(), model(p.attributes()), p.count(), p.sum()));
+                        }
+                    }
+                    A::U64(D::Histogram(h)) => {
+                        for p in h.data_points() {
+                            let sum = p.sum() as f64;
+                            out.push((m.name().into(), model(p.attributes()), p.count(), sum));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Ok(())
+        }
+        fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+            Ok(())
+        }
+        fn shutdown_with_timeout(&self, _: std::time::Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+            Ok(())
+        }
+        fn temporality(&self) -> opentelemetry_sdk::metrics::Temporality {
+            opentelemetry_sdk::metrics::Temporality::Cumulative
+        }
+    }
+
+    #[test]
+    fn bound_series_count_every_record_also_past_the_bound_sets() {
+        use opentelemetry::metrics::MeterProvider as _;
+        let points = Points::default();
+        let provider = opentelemetry_sdk::metrics::SdkMeterProvider::builder()
+            .with_reader(opentelemetry_sdk::metrics::PeriodicReader::builder(points.clone()).build())
+            .build();
+        let m = Metrics::new(&provider.meter("test"));
+        let set = |i: usize| {
+            vec![
+                KeyValue::new("op", "chat"),
+                KeyValue::new("model", format!("m{i}")),
+            ]
+        };
+        // m0 three times (bound at the first, then found), then more sets than are kept bound,
+        // then m0 again (unbound by then: bound anew) and m1 (dropped too).
+        for _ in 0..3 {
+            m.duration(1.0, &set(0));
+            m.tokens(5, &set(0));
+        }
+        for i in 1..=BOUND + 2 {
+            m.duration(2.0, &set(i));
+        }
+        m.duration(1.0, &set(0));
+        m.duration(2.0, &set(1));
+        assert_eq!(m.bound_duration.lock().unwrap().0.len(), BOUND);
+        provider.force_flush().unwrap();
+        let got = points.0.lock().unwrap().clone();
+        let find = |name: &str, model: &str| {
+            got.iter()
+                .find(|(n, m, ..)| n == name && m == model)
+                .map(|(_, _, c, s)| (*c, *s))
+        };
+        assert_eq!(find(sc::METRIC_OPERATION_DURATION, "m0"), Some((4, 4.0)));
+        assert_eq!(find(sc::METRIC_TOKEN_USAGE, "m0"), Some((3, 15.0)));
+        assert_eq!(find(sc::METRIC_OPERATION_DURATION, "m1"), Some((2, 4.0)));
+        for i in 2..=BOUND + 2 {
+            assert_eq!(
+                find(sc::METRIC_OPERATION_DURATION, &format!("m{i}")),
+                Some((1, 2.0)),
+                "m{i}"
+            );
+        }
+    }
+
+    #[test]
+    fn traceparents_are_written_as_w3c_says_and_read_back() {
+        for (t, p, f) in [
+            (
+                0x0af7651916cd43dd8448eb211c80319c_u128,
+                0xb7ad6b7169203331_u64,
+                1_u8,
+            ),
+            (1, 0xff, 0),
+            (u128::MAX, u64::MAX, 0xff),
+        ] {
+            let cx = SpanContext::new(
+                TraceId::from(t),
+                SpanId::from(p),
+                TraceFlags::new(f),
+                false,
+                TraceState::default(),
+            );
+            let s = traceparent(&cx);
+            assert_eq!(s, format!("00-{t:032x}-{p:016x}-{f:02x}"));
+            let back = parse_traceparent(&s).expect("a valid traceparent");
+            assert_eq!(
+                (back.trace_id(), back.span_id(), back.trace_flags()),
+                (cx.trace_id(), cx.span_id(), cx.trace_flags())
+            );
+        }
     }
 
     #[test]

@@ -100,19 +100,14 @@ pub fn provider_of(tether_provider: &str) -> Option<&'static str> {
     }
 }
 
-/// `error.type` for a request that ended in error (the `error` object of a `tether.run_end`
-/// mark): the HTTP status when there is one (`401`, `500`), else tether's error code
-/// (`timeout`, `cancelled`, `transport`, `stream_error`, `malformed_response`, ...).
-pub fn error_type(error: &Value) -> String {
-    if let Some(s) = error.get("status").and_then(Value::as_u64) {
-        return s.to_string();
+/// `error.type` for a request that ended in `error`: the HTTP status when there is one (`401`,
+/// `500`), else tether's error code (`timeout`, `cancelled`, `transport`, `stream_error`,
+/// `malformed_response`, ...).
+pub fn error_type(error: &tether::Error) -> String {
+    match error.status() {
+        Some(s) => s.to_string(),
+        None => error.code().to_owned(),
     }
-    error
-        .get("code")
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .unwrap_or("_OTHER")
-        .to_owned()
 }
 
 /// `server.address` and `server.port` of a URL (`http://host:port/...`); the scheme's default
@@ -219,9 +214,18 @@ mod tests {
 
     #[test]
     fn error_types() {
-        assert_eq!(error_type(&json!({"code": "auth", "status": 401})), "401");
-        assert_eq!(error_type(&json!({"code": "timeout", "status": null})), "timeout");
-        assert_eq!(error_type(&json!({})), "_OTHER");
+        let http = tether::Error::Http {
+            status: 401,
+            message: "no".into(),
+            code: None,
+            retry_after: None,
+            should_retry: None,
+            endpoint: "http://x".into(),
+        };
+        assert_eq!(error_type(&http), "401");
+        let timeout = tether::Error::Timeout(std::time::Duration::from_secs(1));
+        assert_eq!(error_type(&timeout), "timeout");
+        assert_eq!(error_type(&tether::Error::Cancelled), "cancelled");
     }
 
     #[test]

@@ -77,7 +77,7 @@ pub use handler::{
 pub use provider::{Input, Opened, Provider, Resume, TurnContext};
 pub use retry::{RetryPolicy, Sleeper, TokioSleeper};
 pub use session::{GuardDecision, GuardInfo, Session, SessionBuilder, SessionConfig, SessionHandle};
-pub use sink::{DeltaSink, EventObserver, EventSink, Subscription};
+pub use sink::{DeltaSink, EventObserver, EventSink, Mark, ModelCall, RunInput, Subscription};
 pub use store::{EventStore, MemoryStore};
 #[cfg(feature = "test-util")]
 pub use testing::{RecordingSleeper, ScriptedModel};

@@ -22,11 +22,11 @@ use serde_json::{Value, json};
 
 use crate::chat::{ChatMessage, ChatModel, ChatRequest, ChatResponse};
 use crate::error::{Error, Result};
-use crate::event::{Event, EventKind, Role};
+use crate::event::{EventKind, Role};
 use crate::provider::{Input, Opened, Provider, Resume, TurnContext};
 use crate::raw;
 use crate::retry::RetryPolicy;
-use crate::sink::DeltaSink;
+use crate::sink::{DeltaSink, Mark, ModelCall};
 use crate::types::{StopReason, Terminal, ToolUse, ToolUseResult, TurnResult};
 
 mod rebuild;
@@ -218,19 +218,14 @@ impl LocalLoop {
                 } else {
                     req.model.as_str()
                 };
-                let mut raw = json!({
-                    "type": "local.model_call",
-                    "message_id": message_id,
-                    "attempt": retries + 1,
-                    "model": model,
-                    "provider": self.model.name(),
-                    "endpoint": self.model.endpoint(),
-                });
-                if cx.sink.full_payloads() {
-                    raw["request"] = json!({"messages": req.messages, "tools": req.tools});
-                }
-                cx.sink
-                    .observe(&Event::new("", "local.model_call", raw, EventKind::Other));
+                cx.sink.mark(Mark::ModelCall(&ModelCall {
+                    message_id,
+                    attempt: retries + 1,
+                    model,
+                    provider: self.model.name(),
+                    endpoint: self.model.endpoint(),
+                    request: req,
+                }));
             }
             // Every attempt streams under the message's one id: the sink then shows a retried
             // message once (a repeat is held back, a different attempt restarts the message).

@@ -17,7 +17,7 @@ use crate::provider::Resume;
 use crate::provider::{Input, Opened, Provider, TurnContext};
 use crate::raw;
 use crate::retry::RetryPolicy;
-use crate::sink::{EventObserver, EventSink};
+use crate::sink::{EventObserver, EventSink, Mark, RunInput};
 use crate::store::{EventStore, MemoryStore};
 use crate::thread::{CHECKPOINT, Checkpoint, Claim, ThreadId, ThreadStart, ThreadStore};
 use crate::types::{
@@ -1121,19 +1121,17 @@ impl Session {
         lock(&self.batch).clear();
         if self.cx.sink.observed() {
             let input = match &start {
-                Start::Input(Input::Message(_)) => "message",
-                Start::Input(Input::ToolResults(..)) => "tool_results",
-                Start::Input(Input::Continue) => "continue",
-                Start::Input(Input::Raw(_)) => "raw",
-                Start::Recorded { .. } => "message",
-                Start::Pending(_) => "resume",
+                Start::Input(Input::Message(_)) => RunInput::Message,
+                Start::Input(Input::ToolResults(..)) => RunInput::ToolResults,
+                Start::Input(Input::Continue) => RunInput::Continue,
+                Start::Input(Input::Raw(_)) => RunInput::Raw,
+                Start::Recorded { .. } => RunInput::Message,
+                Start::Pending(_) => RunInput::Resume,
             };
-            self.cx.sink.observe(&Event::new(
-                "",
-                "tether.run_start",
-                json!({"type": "tether.run_start", "provider": self.provider.name(), "input": input}),
-                EventKind::Other,
-            ));
+            self.cx.sink.mark(Mark::RunStart {
+                provider: self.provider.name(),
+                input,
+            });
         }
         let stop = async {
             match deadline {
@@ -1187,9 +1185,7 @@ impl Session {
         } else {
             r
         };
-        if self.cx.sink.observed() {
-            self.cx.sink.observe(&run_end(&r));
-        }
+        self.cx.sink.mark(Mark::RunEnd { result: &r });
         r
     }
 
@@ -1756,15 +1752,8 @@ impl ToolRunner<'_> {
             return Ok(Err(Waiting::Approval { summary }));
         } else {
             let handler = cx.handler.clone();
-            if cx.sink.observed() {
-                // The tool's start, for a tracer (a mark: not recorded, not delivered).
-                let mut raw = json!({"type": "tether.tool_start", "tool_use_id": u.id, "name": u.name});
-                if cx.sink.full_payloads() {
-                    raw["input"] = u.input.clone();
-                }
-                cx.sink
-                    .observe(&Event::new("", "tether.tool_start", raw, EventKind::Other));
-            }
+            // The tool's start, for a tracer (a mark: not recorded, not delivered).
+            cx.sink.mark(Mark::ToolStart { tool_use: u });
             // The tool call's trace context, for a handler that passes it on (MCP `_meta`): the
             // session's info as it is when that is what it holds already (untraced), else a copy.
             let info = cx.sink.info();
@@ -2089,27 +2078,6 @@ fn user_event_id(id: &str) -> String {
     } else {
         format!("user:~{}", crate::types::digest_hex(id.as_bytes()))
     }
-}
-
-/// The `tether.run_end` mark of a request that ended with `r`: its outcome, and for a failure
-/// the error's code, HTTP status and message.
-fn run_end(r: &Result<SessionResult>) -> Event {
-    let raw = match r {
-        Ok(res) => json!({
-            "type": "tether.run_end",
-            "outcome": "ok",
-            "terminal": res.terminal,
-            "stop_reason": res.stop_reason,
-            "usage": res.usage,
-            "pending": res.pending_tool_uses.iter().map(|u| u.id.as_str()).collect::<Vec<_>>(),
-        }),
-        Err(e) => json!({
-            "type": "tether.run_end",
-            "outcome": "error",
-            "error": {"code": e.code(), "status": e.status(), "message": e.to_string()},
-        }),
-    };
-    Event::new("", "tether.run_end", raw, EventKind::Other)
 }
 
 /// Records a tool result, once: its event id is `tool_result:` and the use's memo key.

@@ -9,12 +9,13 @@ use futures_util::future::Either;
 use serde_json::Value;
 use tokio::sync::{Mutex, mpsc};
 
+use crate::chat::ChatRequest;
 use crate::error::{Error, Result};
 use crate::event::{Event, EventKind};
 use crate::handler::Handler;
 use crate::raw;
 use crate::store::EventStore;
-use crate::types::SessionInfo;
+use crate::types::{SessionInfo, SessionResult, ToolUse};
 
 /// The session's event pipeline, handed to providers through [`crate::TurnContext`].
 ///
@@ -55,7 +56,7 @@ struct Inner {
 }
 
 /// Sees every event of a session as it is delivered, synchronously, before the handler and the
-/// subscribers, and the *marks* that exist only for it ([`EventSink::observe`]): where a tracer
+/// subscribers, and the [`Mark`]s that exist only for it ([`EventSink::mark`]): where a tracer
 /// (`tether-otel`) builds its spans.
 ///
 /// It runs on the session's own task, in line: an observer must be quick and must not block. In
@@ -65,6 +66,12 @@ struct Inner {
 pub trait EventObserver: Send + Sync + 'static {
     /// One event (durable, live, or an observer-only mark), with the sink it went through.
     fn on_event(&self, event: &Event, sink: &EventSink);
+
+    /// One [`Mark`]: a moment of a request that matters to a tracer and is no part of the
+    /// conversation. The default ignores it.
+    fn on_mark(&self, mark: &Mark<'_>, sink: &EventSink) {
+        let _ = (mark, sink);
+    }
 
     /// Whether [`on_event`](Self::on_event) is called for a model's token and argument deltas
     /// (what a [`DeltaSink`] delivers: text, reasoning and tool-argument pieces, a tool call's
@@ -85,6 +92,97 @@ pub trait EventObserver: Send + Sync + 'static {
         let _ = event;
         None
     }
+}
+
+/// A moment of a request shown to the session's [`EventObserver`] only ([`EventSink::mark`]):
+/// a request's start and end, a model call's start, a tool's start, an approval asked during a
+/// turn. Marks are neither recorded nor delivered to the handler or the subscribers, so
+/// front-ends and records are unchanged by them, and they are typed and borrowed: showing one
+/// builds nothing (no JSON), and the sink builds none at all when no observer is attached.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub enum Mark<'a> {
+    /// A request begins (the engine): its provider's name ([`crate::Provider::name`]) and what
+    /// started it.
+    RunStart {
+        /// The provider's name: `local`, `managed`, `agentcore`, `acp`, ...
+        provider: &'a str,
+        /// What started the request.
+        input: RunInput,
+    },
+    /// The request ended (the engine), with its result.
+    RunEnd {
+        /// What the request returns to its caller.
+        result: &'a Result<SessionResult>,
+    },
+    /// The local loop calls its model (once per attempt).
+    ModelCall(&'a ModelCall<'a>),
+    /// The engine runs a tool use (one the request did not see called: a resumed request's
+    /// pending use; the others are known from the model's message).
+    ToolStart {
+        /// The use being run.
+        tool_use: &'a ToolUse,
+    },
+    /// An approval is asked of the handler during a turn (an ACP agent's permission request),
+    /// for this tool use.
+    PermissionRequest {
+        /// The tool use the approval is for.
+        tool_use_id: &'a str,
+    },
+    /// The approval's answer: the option chosen, or `cancelled`.
+    PermissionOutcome {
+        /// The tool use the approval was for.
+        tool_use_id: &'a str,
+        /// The chosen option's id, or `cancelled`.
+        outcome: &'a str,
+    },
+}
+
+/// What started a request ([`Mark::RunStart`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RunInput {
+    /// A user message.
+    Message,
+    /// Results of tool uses the previous request left waiting.
+    ToolResults,
+    /// A continuation without new input.
+    Continue,
+    /// A provider-specific raw input.
+    Raw,
+    /// A request resumed from its record (after a restart, or an approval's answer).
+    Resume,
+}
+
+impl RunInput {
+    /// Its name: `message`, `tool_results`, `continue`, `raw`, `resume`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunInput::Message => "message",
+            RunInput::ToolResults => "tool_results",
+            RunInput::Continue => "continue",
+            RunInput::Raw => "raw",
+            RunInput::Resume => "resume",
+        }
+    }
+}
+
+/// The local loop's call of its model ([`Mark::ModelCall`]).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ModelCall<'a> {
+    /// The id the response is recorded under (every attempt streams under it).
+    pub message_id: &'a str,
+    /// The attempt, from 1 (a retry after a 429 or a dropped stream is 2, ...).
+    pub attempt: u32,
+    /// The model asked for (the request's, else the model's default).
+    pub model: &'a str,
+    /// The model's provider name ([`crate::ChatModel::name`]).
+    pub provider: &'a str,
+    /// The endpoint it is called at; `None` for a model in this process.
+    pub endpoint: Option<&'a str>,
+    /// The request: its messages and tools.
+    pub request: &'a ChatRequest,
 }
 
 #[derive(Default)]
@@ -135,22 +233,16 @@ impl EventSink {
         set
     }
 
-    /// Whether an observer is attached: marks ([`EventSink::observe`]) are only worth building
+    /// Whether an observer is attached: marks ([`EventSink::mark`]) are only worth building
     /// when one is.
     pub fn observed(&self) -> bool {
         self.inner.observer.get().is_some()
     }
 
-    /// Shows a *mark* to the observer only: a moment that matters to a tracer but is no part of
-    /// the conversation (a request's start and end, a model call's start). Marks are neither
-    /// recorded nor delivered to the handler or the subscribers, so front-ends and records are
-    /// unchanged by them. Raw types of marks: `tether.run_start`, `tether.run_end`,
-    /// `tether.tool_start` (the engine), `local.model_call` (the local loop),
-    /// `tether.permission_request` and `tether.permission_outcome` (an approval a provider asks
-    /// its handler for during a turn: ACP).
-    pub fn observe(&self, event: &Event) {
+    /// Shows a [`Mark`] to the observer only (see there); nothing when none is attached.
+    pub fn mark(&self, mark: Mark<'_>) {
         if let Some(o) = self.inner.observer.get() {
-            o.on_event(event, self);
+            o.on_mark(&mark, self);
         }
     }
 
@@ -1536,6 +1628,11 @@ mod tests {
         fn on_event(&self, event: &Event, _sink: &EventSink) {
             self.seen.lock().unwrap().push(event.raw_type.clone());
         }
+        fn on_mark(&self, mark: &Mark<'_>, _sink: &EventSink) {
+            if let Mark::RunEnd { result: Err(e) } = mark {
+                self.seen.lock().unwrap().push(format!("run_end:{}", e.code()));
+            }
+        }
         fn wants_deltas(&self) -> bool {
             self.deltas
         }
@@ -1570,7 +1667,8 @@ mod tests {
             )
             .await
             .unwrap();
-            sink.observe(&Event::new("", "tether.run_end", json!({}), EventKind::Other));
+            let end: Result<SessionResult> = Err(Error::Cancelled);
+            sink.mark(Mark::RunEnd { result: &end });
             let seen = seen.seen.lock().unwrap().clone();
             let deltas = [
                 raw::LOCAL_TEXT_DELTA,
@@ -1579,7 +1677,7 @@ mod tests {
                 raw::LOCAL_TOOL_CALL_END,
             ];
             let mut expected: Vec<&str> = if wants { deltas.to_vec() } else { Vec::new() };
-            expected.extend(["tether.user_message", "tether.run_end"]);
+            expected.extend(["tether.user_message", "run_end:cancelled"]);
             assert_eq!(seen, expected, "wants_deltas = {wants}");
             // The subscribers get every delivered event either way (marks are not delivered).
             let mut got = Vec::new();
