@@ -578,13 +578,14 @@ impl EventObserver for SessionTracer {
                 // An approval asked during a tool call (an ACP agent's permission request): the
                 // wait shows on the tool's span, between this mark and its outcome.
                 st.approvals.insert(tool_use_id.to_owned(), Instant::now());
-                let attrs = vec![KeyValue::new(sc::TOOL_CALL_ID, tool_use_id.to_owned())];
+                // Both ids come from the agent: clipped like every value from outside.
+                let attrs = vec![KeyValue::new(sc::TOOL_CALL_ID, clip(tool_use_id, MAX_VALUE))];
                 approval_event(&st, tool_use_id, "tether.approval_requested", attrs);
             }
             Mark::PermissionOutcome { tool_use_id, outcome } => {
-                let mut attrs = vec![KeyValue::new(sc::TOOL_CALL_ID, tool_use_id.to_owned())];
+                let mut attrs = vec![KeyValue::new(sc::TOOL_CALL_ID, clip(tool_use_id, MAX_VALUE))];
                 if !outcome.is_empty() {
-                    attrs.push(KeyValue::new("tether.approval.outcome", outcome.to_owned()));
+                    attrs.push(KeyValue::new("tether.approval.outcome", clip(outcome, MAX_VALUE)));
                 }
                 if let Some(t) = st.approvals.remove(tool_use_id) {
                     attrs.push(KeyValue::new(
