@@ -117,8 +117,9 @@ pub enum Mark<'a> {
     },
     /// The local loop calls its model (once per attempt).
     ModelCall(&'a ModelCall<'a>),
-    /// The engine runs a tool use (one the request did not see called: a resumed request's
-    /// pending use; the others are known from the model's message).
+    /// The engine starts running a tool use (each one it runs). A tracer knows most of them
+    /// from the model's message already; this tells it of the others (a resumed request's
+    /// pending uses).
     ToolStart {
         /// The use being run.
         tool_use: &'a ToolUse,
