@@ -292,10 +292,11 @@ impl Tracer {
 
     /// Attaches an observer to an open session's sink, having read the session's previous trace
     /// context (so a thread resumed after a restart links back at once): from memory when this
-    /// process saved it, else from the store. A session with no recorded event (a new one, the
-    /// usual case in a server) is not read: its first recorded event tells, by its number,
-    /// whether anything was recorded before it, and only then is the store read. Returns
-    /// `false` when the sink has an observer already.
+    /// process saved it, else from the store. A session whose record began with this sink
+    /// ([`EventSink::began_here`]: a new thread whose first messages were stored at open) is not
+    /// read, nor is one with no recorded event yet: its first recorded event tells, by its
+    /// number, whether anything was recorded before it, and only then is the store read.
+    /// Returns `false` when the sink has an observer already.
     pub async fn attach(&self, sink: &EventSink) -> bool {
         let obs = self.observer();
         let sid = sink.info().session_id.clone();
@@ -306,6 +307,10 @@ impl Tracer {
             // events are not seeded into this sink; left to `load_prev`, which tells the two
             // apart by its first recorded event's number.
             None if sink.last_seq().await == 0 => None,
+            // The session's record began with this sink (a new thread, its first messages
+            // adopted at open): no earlier request saved a state to link to, and the store's
+            // thread is spared a read per new thread.
+            None if sink.began_here().await => Some(Prev::default()),
             None => Some(match sink.store().state(&sid, STATE_KEY).await {
                 Ok(v) => Prev::parse(v.as_ref()),
                 Err(e) => {
@@ -428,6 +433,21 @@ impl Guarded {
         match &self.span {
             Spanned::Direct(cx) => cx.span().set_attribute(KeyValue::new(key, value)),
             Spanned::Bridged { span, .. } => span.set_attribute(key, value),
+        }
+    }
+
+    /// Sets `attrs` on the span (replacing values of the same keys).
+    fn set_all(&self, attrs: Vec<KeyValue>) {
+        if attrs.is_empty() {
+            return;
+        }
+        match &self.span {
+            Spanned::Direct(cx) => cx.span().set_attributes(attrs),
+            Spanned::Bridged { span, .. } => {
+                for kv in attrs {
+                    span.set_attribute(kv.key, kv.value);
+                }
+            }
         }
     }
 
@@ -709,6 +729,21 @@ pub(crate) fn parse_traceparent(s: &str) -> Option<SpanContext> {
     let flags = u8::from_str_radix(f, 16).ok()?;
     let cx = SpanContext::new(trace, span, TraceFlags::new(flags), true, TraceState::default());
     cx.is_valid().then_some(cx)
+}
+
+/// The values of `keys` in the object `v`, found in one pass over its entries: for the few
+/// keys of a model response, comparing each entry's key is cheaper than hashing each key (a JSON
+/// object's map hashes with SipHash).
+fn fields<'a, const N: usize>(v: &'a Value, keys: [&str; N]) -> [Option<&'a Value>; N] {
+    let mut out = [None; N];
+    if let Value::Object(m) = v {
+        for (k, val) in m {
+            if let Some(i) = keys.iter().position(|want| *want == k.as_str()) {
+                out[i].get_or_insert(val);
+            }
+        }
+    }
+    out
 }
 
 fn str_of<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
@@ -1285,20 +1320,20 @@ impl SessionTracer {
         let Some(chat) = st.chat.take() else {
             return;
         };
-        let raw = &e.raw;
-        let resp = raw.get("response").unwrap_or(&Value::Null);
-        let u = raw.get("usage").unwrap_or(&Value::Null);
-        let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
-        let mut end = ChatEnd::usage(
-            n("input_tokens"),
-            n("output_tokens"),
-            n("cache_read_tokens"),
-            resp,
-        );
-        end.has_usage = u.is_object();
-        end.finish = str_of(raw, "finish_reason").map(str::to_owned);
+        let [resp, u, finish, message] = fields(&e.raw, ["response", "usage", "finish_reason", "message"]);
+        let [i, o, c] = fields(
+            u.unwrap_or(&Value::Null),
+            ["input_tokens", "output_tokens", "cache_read_tokens"],
+        )
+        .map(|v| v.and_then(Value::as_u64).unwrap_or(0));
+        let mut end = ChatEnd::usage(i, o, c, resp.unwrap_or(&Value::Null));
+        end.has_usage = u.is_some_and(Value::is_object);
+        end.finish = finish
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned);
         if self.shared.tracer.capture_content
-            && let Some(m) = raw.get("message")
+            && let Some(m) = message
         {
             end.message = Some(sc::message(m, end.finish.as_deref()));
         }
@@ -1307,25 +1342,28 @@ impl SessionTracer {
 
     fn close_chat(&self, st: &mut State, chat: Chat, end: ChatEnd, sink: &EventSink) {
         let g = &chat.g;
+        // Given to the span together (one lock of the span, not one per attribute).
+        let mut attrs = Vec::with_capacity(6);
         if let Some(id) = &end.response_id {
-            g.set(sc::RESPONSE_ID, id.clone());
+            attrs.push(KeyValue::new(sc::RESPONSE_ID, id.clone()));
         }
         if let Some(m) = &end.response_model {
-            g.set(sc::RESPONSE_MODEL, m.clone());
+            attrs.push(KeyValue::new(sc::RESPONSE_MODEL, m.clone()));
         }
         if let Some(f) = &end.finish {
-            g.set(
+            attrs.push(KeyValue::new(
                 sc::FINISH_REASONS,
                 opentelemetry::Value::Array(vec![opentelemetry::StringValue::from(f.clone())].into()),
-            );
+            ));
         }
         if end.has_usage {
-            g.set(sc::USAGE_INPUT, end.input as i64);
-            g.set(sc::USAGE_OUTPUT, end.output as i64);
+            attrs.push(KeyValue::new(sc::USAGE_INPUT, end.input as i64));
+            attrs.push(KeyValue::new(sc::USAGE_OUTPUT, end.output as i64));
             if end.cache_read > 0 {
-                g.set(sc::USAGE_CACHE_READ, end.cache_read as i64);
+                attrs.push(KeyValue::new(sc::USAGE_CACHE_READ, end.cache_read as i64));
             }
         }
+        g.set_all(attrs);
         if self.shared.tracer.capture_content {
             let output = end.message.clone().or_else(|| {
                 (!chat.text.is_empty() || !chat.reasoning.is_empty()).then(|| {
@@ -1662,13 +1700,20 @@ struct ChatEnd {
 impl ChatEnd {
     /// Usage, and the response's `id` and `model` when `raw` has them.
     fn usage(i: u64, o: u64, c: u64, raw: &Value) -> Self {
+        let [id, model] = fields(raw, ["id", "model"]);
         ChatEnd {
             has_usage: i > 0 || o > 0 || c > 0,
             input: i,
             output: o,
             cache_read: c,
-            response_id: str_of(raw, "id").map(|s| clip(s, MAX_VALUE)),
-            response_model: str_of(raw, "model").map(|s| clip(s, MAX_VALUE)),
+            response_id: id
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(|s| clip(s, MAX_VALUE)),
+            response_model: model
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map(|s| clip(s, MAX_VALUE)),
             ..Default::default()
         }
     }
@@ -1684,6 +1729,88 @@ impl ChatEnd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A memory store that counts its state reads.
+    #[derive(Default)]
+    struct CountingReads {
+        inner: tether::MemoryStore,
+        reads: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl tether::EventStore for CountingReads {
+        async fn append(&self, sid: &str, e: &Event) -> tether::Result<bool> {
+            self.inner.append(sid, e).await
+        }
+        async fn load(&self, sid: &str) -> tether::Result<Vec<Event>> {
+            self.inner.load(sid).await
+        }
+        async fn tool_result(&self, sid: &str, id: &str) -> tether::Result<Option<tether::ToolResult>> {
+            self.inner.tool_result(sid, id).await
+        }
+        async fn put_tool_result(&self, sid: &str, r: &tether::ToolResult) -> tether::Result<()> {
+            self.inner.put_tool_result(sid, r).await
+        }
+        async fn put_state(&self, sid: &str, k: &str, v: &Value) -> tether::Result<()> {
+            self.inner.put_state(sid, k, v).await
+        }
+        async fn state(&self, sid: &str, k: &str) -> tether::Result<Option<Value>> {
+            self.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.inner.state(sid, k).await
+        }
+        async fn sessions(&self) -> tether::Result<Vec<String>> {
+            self.inner.sessions().await
+        }
+    }
+
+    fn user(id: &str, seq: u64) -> Event {
+        let mut e = Event::new(
+            id,
+            tether::raw::USER_MESSAGE,
+            json!({"text": id}),
+            EventKind::Other,
+        );
+        e.seq = Some(seq);
+        e
+    }
+
+    #[test]
+    fn fields_finds_what_get_finds() {
+        let v = json!({"usage": {"input_tokens": 3}, "id": "r1", "model": null, "x": 1});
+        let keys = ["id", "usage", "model", "absent", "x"];
+        let got = fields(&v, keys);
+        for (k, g) in keys.iter().zip(got) {
+            assert_eq!(g, v.get(k), "{k}");
+        }
+        assert_eq!(fields(&json!([1, 2]), ["id"]), [None]);
+        assert_eq!(fields(&Value::Null, ["id", "model"]), [None, None]);
+    }
+
+    /// A new thread (its first messages adopted at open) is attached without a read of the
+    /// store; a thread reopened on its stored events (after a restart) is read once, for the
+    /// link to its previous request.
+    #[tokio::test]
+    async fn only_a_thread_with_an_earlier_record_has_its_trace_state_read() {
+        let store = Arc::new(CountingReads::default());
+        let reads = || store.reads.load(std::sync::atomic::Ordering::Relaxed);
+        let open = || {
+            EventSink::new(
+                tether::SessionInfo::new("t1", "test"),
+                Arc::new(tether::NoTools),
+                store.clone(),
+            )
+        };
+        let sink = open();
+        sink.adopt(vec![user("u1", 1)]).await.unwrap();
+        assert!(Tracer::new().attach(&sink).await);
+        assert_eq!(reads(), 0, "a new thread has nothing to read");
+
+        let sink = open();
+        sink.seed(&[user("u1", 1)]).await;
+        sink.adopt(vec![user("u2", 2)]).await.unwrap();
+        assert!(Tracer::new().attach(&sink).await);
+        assert_eq!(reads(), 1, "a reopened thread's state is read");
+    }
 
     #[test]
     fn values_from_outside_are_clipped_and_cleaned() {

@@ -190,6 +190,11 @@ pub struct ModelCall<'a> {
 struct Record {
     seen: HashSet<String>,
     next_seq: u64,
+    /// Whether events stored before this sink (by an earlier open) were seeded into the record,
+    /// or ids learned from a history ([`EventSink::mark_seen`]).
+    earlier: bool,
+    /// The number of the first event recorded or adopted through this sink.
+    first_own: Option<u64>,
     /// Shared with the store ([`EventStore::append_shared`]) and the delivery: one copy of each
     /// event until [`EventSink::take_record`] hands the record out.
     events: Vec<Arc<Event>>,
@@ -329,6 +334,7 @@ impl EventSink {
     /// count as seen and numbering continues after the highest sequence number.
     pub async fn seed(&self, events: &[Event]) {
         let mut rec = self.inner.record.lock().await;
+        rec.earlier |= !events.is_empty();
         for e in events {
             rec.seen.insert(e.id.clone());
             if let Some(s) = e.seq {
@@ -340,12 +346,34 @@ impl EventSink {
     /// Marks event ids as seen without recording them (a reconnect learned them from history).
     pub async fn mark_seen<I: IntoIterator<Item = String>>(&self, ids: I) {
         let mut rec = self.inner.record.lock().await;
+        let before = rec.seen.len();
         rec.seen.extend(ids);
+        rec.earlier |= rec.seen.len() != before;
     }
 
     /// The sequence number of the last event recorded (0 when none is).
     pub async fn last_seq(&self) -> u64 {
         self.inner.record.lock().await.next_seq.saturating_sub(1)
+    }
+
+    /// Whether the session's record began with this sink: nothing stored before it was seeded
+    /// ([`EventSink::seed`]) or learned ([`EventSink::mark_seen`]), and the first event it
+    /// recorded or adopted ([`EventSink::adopt`]: a new thread's first messages) is number 1.
+    /// An observer keeping per-session state in the store (a tracer's link to the previous
+    /// request) knows then that there is none to read. `false` while nothing is recorded.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let sink = tether::EventSink::detached();
+    /// assert!(!sink.began_here().await);
+    /// sink.record("e1", "demo", serde_json::json!({}), tether::EventKind::Other).await.unwrap();
+    /// assert!(sink.began_here().await);
+    /// # }
+    /// ```
+    pub async fn began_here(&self) -> bool {
+        let rec = self.inner.record.lock().await;
+        !rec.earlier && rec.first_own == Some(1)
     }
 
     /// Whether an event id is already in the record.
@@ -389,6 +417,7 @@ impl EventSink {
                 return Ok(false);
             }
             rec.seen.insert(event.id.clone());
+            rec.first_own.get_or_insert(seq);
             rec.next_seq += 1;
             rec.events.push(event.clone());
             event
@@ -432,6 +461,10 @@ impl EventSink {
                 }
             }
             let events: Vec<Arc<Event>> = events.into_iter().map(Arc::new).collect();
+            if !events.is_empty() {
+                let first = rec.next_seq;
+                rec.first_own.get_or_insert(first);
+            }
             for e in &events {
                 rec.seen.insert(e.id.clone());
                 rec.events.push(e.clone());
@@ -1859,6 +1892,41 @@ mod tests {
             .map(|e| e.id.clone())
             .collect();
         assert_eq!(record, ["a", "b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn a_record_begins_here_only_when_nothing_came_before_it() {
+        // A new thread: its first messages adopted from the open's own store step.
+        let sink = EventSink::detached();
+        assert!(!sink.began_here().await, "nothing recorded yet: not known");
+        sink.adopt(vec![stored("a", 1)]).await.unwrap();
+        assert!(sink.began_here().await);
+        sink.emit(stored("b", 0)).await.unwrap();
+        assert!(sink.began_here().await, "later events change nothing");
+        // A new session recording its first event itself.
+        let sink = EventSink::detached();
+        sink.emit(stored("a", 0)).await.unwrap();
+        assert!(sink.began_here().await);
+        // Reopened after a restart: its stored events seeded, then more recorded.
+        let sink = EventSink::detached();
+        sink.seed(&[stored("a", 1), stored("b", 2)]).await;
+        sink.emit(stored("c", 0)).await.unwrap();
+        assert!(!sink.began_here().await);
+        // Reopened with the first messages adopted after seeded ones (a resumed thread's run).
+        let sink = EventSink::detached();
+        sink.seed(&[stored("a", 1)]).await;
+        sink.adopt(vec![stored("b", 2)]).await.unwrap();
+        assert!(!sink.began_here().await);
+        // Ids learned from a history (a reconnect): events exist that this sink did not record.
+        let sink = EventSink::detached();
+        sink.mark_seen(["x".to_owned()]).await;
+        sink.emit(stored("a", 0)).await.unwrap();
+        assert!(!sink.began_here().await);
+        // Seeding nothing is no history.
+        let sink = EventSink::detached();
+        sink.seed(&[]).await;
+        sink.emit(stored("a", 0)).await.unwrap();
+        assert!(sink.began_here().await);
     }
 
     #[tokio::test]
