@@ -217,24 +217,28 @@ pub const TRACEPARENT: &str = "traceparent";
 /// request (no line break can be smuggled into a header).
 pub fn traceparent_header(traceparent: Option<String>) -> Option<reqwest::header::HeaderValue> {
     let tp = traceparent?;
-    let parts: Vec<&str> = tp.split('-').collect();
-    let hex = |s: &str, n: usize| {
-        s.len() == n
-            && s.bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    // Checked in place, byte by byte (no split into a vector: this runs per model request of a
+    // traced session): `00-` <32 hex> `-` <16 hex> `-` <2 hex>, ids not all zero.
+    let b = tp.as_bytes();
+    let hex = |r: std::ops::Range<usize>| {
+        b[r].iter()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
     };
-    let zero = |s: &str| s.bytes().all(|b| b == b'0');
-    let ok = parts.len() == 4
-        && parts[0] == "00"
-        && hex(parts[1], 32)
-        && !zero(parts[1])
-        && hex(parts[2], 16)
-        && !zero(parts[2])
-        && hex(parts[3], 2);
+    let zero = |r: std::ops::Range<usize>| b[r].iter().all(|c| *c == b'0');
+    let ok = b.len() == 55
+        && b.starts_with(b"00-")
+        && b[35] == b'-'
+        && b[52] == b'-'
+        && hex(3..35)
+        && !zero(3..35)
+        && hex(36..52)
+        && !zero(36..52)
+        && hex(53..55);
     if !ok {
         return None;
     }
-    reqwest::header::HeaderValue::from_str(&tp).ok()
+    // The string's own buffer becomes the header's (no copy).
+    reqwest::header::HeaderValue::try_from(tp).ok()
 }
 
 /// `rb` with the `traceparent` header when the work is traced (see [`traceparent_header`]).
@@ -378,6 +382,46 @@ mod tests {
             assert!(traceparent_header(Some(bad.into())).is_none(), "{bad:?}");
         }
         assert!(traceparent_header(None).is_none());
+    }
+
+    /// The definition the in-place check replaced: split on `-`, four parts, each checked.
+    fn by_parts(tp: &str) -> bool {
+        let parts: Vec<&str> = tp.split('-').collect();
+        let hex = |s: &str, n: usize| {
+            s.len() == n
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        };
+        let zero = |s: &str| s.bytes().all(|b| b == b'0');
+        parts.len() == 4
+            && parts[0] == "00"
+            && hex(parts[1], 32)
+            && !zero(parts[1])
+            && hex(parts[2], 16)
+            && !zero(parts[2])
+            && hex(parts[3], 2)
+    }
+
+    proptest::proptest! {
+        /// Any string, and any one-byte change of a valid value (a dash moved, a digit made
+        /// upper case or non-ASCII, a line break): accepted exactly when the split definition
+        /// accepts it, and then unchanged.
+        #[test]
+        fn the_in_place_check_agrees_with_the_split_one(
+            any in "[0-9a-fA-F\\-\r\né]{0,60}",
+            at in 0usize..55,
+            with in proptest::char::any(),
+        ) {
+            let mut one = String::from("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01");
+            one.replace_range(at..at + 1, with.encode_utf8(&mut [0; 4]));
+            for tp in [any, one] {
+                let got = traceparent_header(Some(tp.clone()));
+                proptest::prop_assert_eq!(got.is_some(), by_parts(&tp), "{:?}", tp);
+                if let Some(v) = got {
+                    proptest::prop_assert_eq!(v.as_bytes(), tp.as_bytes());
+                }
+            }
+        }
     }
 
     #[test]

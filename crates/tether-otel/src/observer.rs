@@ -1281,11 +1281,12 @@ impl SessionTracer {
             .or_else(|| run.provider.clone())
             .unwrap_or_else(|| "local".into());
         let model = model.unwrap_or_default();
-        let name = if model.is_empty() {
-            "chat".to_owned()
-        } else {
-            format!("chat {model}")
-        };
+        let mut name = String::with_capacity(5 + model.len());
+        name.push_str("chat");
+        if !model.is_empty() {
+            name.push(' ');
+            name.push_str(&model);
+        }
         let mut attrs = Vec::with_capacity(6);
         attrs.push(KeyValue::new(sc::OPERATION_NAME, "chat"));
         attrs.push(KeyValue::new(sc::PROVIDER_NAME, provider.clone()));

@@ -51,7 +51,7 @@ struct Inner {
     /// Whether the observer wants the deltas a [`DeltaSink`] delivers (its `wants_deltas`).
     observer_deltas: AtomicBool,
     /// W3C `traceparent` values by scope (see [`EventSink::traceparent`]).
-    trace: StdMutex<HashMap<String, String>>,
+    trace: StdMutex<Traceparents>,
     full_payloads: AtomicBool,
 }
 
@@ -186,6 +186,16 @@ pub struct ModelCall<'a> {
     pub request: &'a ChatRequest,
 }
 
+/// The `traceparent`s of a session's work in progress ([`EventSink::set_traceparent`]).
+#[derive(Default)]
+struct Traceparents {
+    /// Scope `""`: the current model call or request (set and read on every model request, so
+    /// kept out of the map).
+    current: Option<String>,
+    /// By tool use id.
+    tools: HashMap<String, String>,
+}
+
 #[derive(Default)]
 struct Record {
     seen: HashSet<String>,
@@ -222,7 +232,7 @@ impl EventSink {
                 subscribers: StdMutex::new(Vec::new()),
                 observer: OnceLock::new(),
                 observer_deltas: AtomicBool::new(false),
-                trace: StdMutex::new(HashMap::new()),
+                trace: StdMutex::new(Traceparents::default()),
                 full_payloads: AtomicBool::new(false),
             }),
         }
@@ -261,12 +271,13 @@ impl EventSink {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        match value {
-            Some(v) => {
-                g.insert(scope.to_owned(), v);
+        match (scope, value) {
+            ("", v) => g.current = v,
+            (_, Some(v)) => {
+                g.tools.insert(scope.to_owned(), v);
             }
-            None => {
-                g.remove(scope);
+            (_, None) => {
+                g.tools.remove(scope);
             }
         }
     }
@@ -281,7 +292,10 @@ impl EventSink {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        g.get(scope).cloned()
+        match scope {
+            "" => g.current.clone(),
+            _ => g.tools.get(scope).cloned(),
+        }
     }
 
     /// Asks for full payloads in marks (a model call's request messages), which are left out by
@@ -1892,6 +1906,40 @@ mod tests {
             .map(|e| e.id.clone())
             .collect();
         assert_eq!(record, ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn traceparents_are_kept_per_scope_and_only_for_an_observed_session() {
+        struct Quiet;
+        impl EventObserver for Quiet {
+            fn on_event(&self, _: &Event, _: &EventSink) {}
+        }
+        let sink = EventSink::detached();
+        sink.set_traceparent("", Some("req".into()));
+        assert_eq!(
+            sink.traceparent(""),
+            None,
+            "not traced: nothing leaves the process"
+        );
+        assert!(sink.set_observer(Arc::new(Quiet)));
+        assert_eq!(sink.traceparent(""), Some("req".into()));
+        sink.set_traceparent("t1", Some("tool".into()));
+        sink.set_traceparent("", Some("chat".into()));
+        assert_eq!(
+            (
+                sink.traceparent(""),
+                sink.traceparent("t1"),
+                sink.traceparent("t2")
+            ),
+            (Some("chat".into()), Some("tool".into()), None)
+        );
+        sink.set_traceparent("t1", None);
+        assert_eq!(
+            (sink.traceparent(""), sink.traceparent("t1")),
+            (Some("chat".into()), None)
+        );
+        sink.set_traceparent("", None);
+        assert_eq!(sink.traceparent(""), None);
     }
 
     #[tokio::test]
