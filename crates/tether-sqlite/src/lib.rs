@@ -129,6 +129,15 @@ const MIGRATIONS: &[&str] = &[
         FROM state WHERE key = 'serve.checkpoint';
      DELETE FROM state WHERE key IN ('serve.checkpoint', 'transcript');
      UPDATE state SET key = 'agui.interrupts' WHERE key = 'serve.interrupts';",
+    // v5: a state value can ride on the row of the event it was written with
+    // (`EventStore::append_with_state`: a traced request's trace state, with its model
+    // response). In the state table each new session's row went to a leaf page of its index
+    // of its own: about three more pages per request through the WAL and the checkpoint, ten
+    // more writes. `state` reads the state table first, then the session's latest event
+    // carrying the key: a state-table value is always the newer, since storing an event that
+    // carries a key deletes that key's row.
+    "ALTER TABLE events ADD COLUMN state_key TEXT;
+     ALTER TABLE events ADD COLUMN state_value TEXT;",
 ];
 
 /// What must hold before the migration to `version` runs.
@@ -627,14 +636,38 @@ impl Encoded {
 /// Inserts one event of session `sid`: `Ok(false)` when its id is already stored,
 /// [`StoreError::SequenceTaken`] when its number is another event's.
 fn insert_event(c: &Connection, p: &str, sid: &str, e: &Encoded) -> Result<bool, StoreError> {
+    insert_event_with(c, p, sid, e, None)
+}
+
+/// [`insert_event`], the row carrying state `(key, encoded value)` when given (see
+/// [`EventStore::append_with_state`]).
+fn insert_event_with(
+    c: &Connection,
+    p: &str,
+    sid: &str,
+    e: &Encoded,
+    state: Option<(&str, &str)>,
+) -> Result<bool, StoreError> {
     // Only a repeated id is "already stored"; a repeated sequence number under another id
     // violates the unique index and is reported, never ignored.
-    let inserted = c
-        .prepare_cached(
-            "INSERT INTO events (session_id, event_id, seq, body) VALUES (?1, ?2, ?3, ?4)
-             ON CONFLICT (session_id, event_id) DO NOTHING",
-        )
-        .and_then(|mut st| st.execute(params![sid, e.id, e.seq.map(|s| s as i64), e.body]));
+    let seq = e.seq.map(|s| s as i64);
+    let inserted = match state {
+        // The columns every schema version has (a file opened at an older version for a test
+        // of its migration is still written).
+        None => c
+            .prepare_cached(
+                "INSERT INTO events (session_id, event_id, seq, body) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT (session_id, event_id) DO NOTHING",
+            )
+            .and_then(|mut st| st.execute(params![sid, e.id, seq, e.body])),
+        Some((k, v)) => c
+            .prepare_cached(
+                "INSERT INTO events (session_id, event_id, seq, body, state_key, state_value)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+                 ON CONFLICT (session_id, event_id) DO NOTHING",
+            )
+            .and_then(|mut st| st.execute(params![sid, e.id, seq, e.body, k, v])),
+    };
     match inserted {
         Ok(n) => Ok(n == 1),
         Err(err) if err.sqlite_error_code() == Some(rusqlite::ErrorCode::ConstraintViolation) => {
@@ -1008,9 +1041,13 @@ impl EventStore for SqliteStore {
             .map_err(|e| tether::Error::store_with("a state value does not encode", e))?;
         Ok(self
             .blocking(move |c, p| {
-                let inserted = insert_event(c, p, &sid, &e)?;
+                // The value rides on the event's row (no page of the state table written); a
+                // value of the key in the state table is older now, so it goes.
+                let inserted = insert_event_with(c, p, &sid, &e, Some((&k, &v)))?;
                 if inserted {
-                    put_state_in(c, p, &sid, &k, &v)?;
+                    c.prepare_cached("DELETE FROM state WHERE session_id = ?1 AND key = ?2")
+                        .and_then(|mut st| st.execute(params![sid, k]))
+                        .map_err(|e| sql(p, e))?;
                     touch_session(c, p, &sid)?;
                 }
                 Ok(inserted)
@@ -1098,11 +1135,22 @@ impl EventStore for SqliteStore {
         let (sid, k) = (session_id.to_owned(), key.to_owned());
         Ok(self
             .blocking(move |c, p| {
-                let v: Option<String> = c
+                let mut v: Option<String> = c
                     .prepare_cached("SELECT value FROM state WHERE session_id = ?1 AND key = ?2")
                     .and_then(|mut st| st.query_row(params![sid, k], |r| r.get(0)))
                     .optional()
                     .map_err(|e| sql(p, e))?;
+                if v.is_none() {
+                    // Not in the state table: the latest event that carried it, if any.
+                    v = c
+                        .prepare_cached(
+                            "SELECT state_value FROM events WHERE session_id = ?1 AND state_key = ?2
+                             ORDER BY seq DESC LIMIT 1",
+                        )
+                        .and_then(|mut st| st.query_row(params![sid, k], |r| r.get(0)))
+                        .optional()
+                        .map_err(|e| sql(p, e))?;
+                }
                 v.map(|s| serde_json::from_str(&s).map_err(|e| corrupt(p, format!("state {k}: {e}"))))
                     .transpose()
             })

@@ -170,6 +170,89 @@ async fn state_carried_by_an_append_is_written_with_it_and_only_with_it() {
     assert_eq!(s.state("s", "obs").await.unwrap(), Some(json!({"open": true})));
 }
 
+/// A carried state and a state written alone are one value: whichever was stored last is read,
+/// across a reopen, while the carried one writes no row of the state table (it rides on the
+/// event's row) and one stored alone removes nothing of the record.
+#[tokio::test]
+async fn the_last_stored_value_of_a_key_is_read_whether_carried_or_put() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.db");
+    let state_rows = || {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.query_row("SELECT count(*) FROM state", [], |r| r.get::<_, i64>(0))
+            .unwrap()
+    };
+    {
+        let s = SqliteStore::open(&path).unwrap();
+        s.append_with_state("s", &ev("a", 1), "obs", &json!(1))
+            .await
+            .unwrap();
+        assert_eq!(s.state("s", "obs").await.unwrap(), Some(json!(1)));
+        s.append_with_state("s", &ev("b", 2), "obs", &json!(2))
+            .await
+            .unwrap();
+        s.append("s", &ev("c", 3)).await.unwrap();
+        assert_eq!(
+            s.state("s", "obs").await.unwrap(),
+            Some(json!(2)),
+            "the latest carrier"
+        );
+        assert_eq!(s.state("s", "other").await.unwrap(), None);
+        assert_eq!(s.state("t", "obs").await.unwrap(), None, "another session's");
+    }
+    assert_eq!(state_rows(), 0, "carried values write no state row");
+    {
+        let s = SqliteStore::open(&path).unwrap();
+        assert_eq!(s.state("s", "obs").await.unwrap(), Some(json!(2)));
+        s.put_state("s", "obs", &json!(3)).await.unwrap();
+        assert_eq!(
+            s.state("s", "obs").await.unwrap(),
+            Some(json!(3)),
+            "put after carried"
+        );
+        s.append_with_state("s", &ev("d", 4), "obs", &json!(4))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.state("s", "obs").await.unwrap(),
+            Some(json!(4)),
+            "carried after put"
+        );
+        s.put_state("s", "keep", &json!("k")).await.unwrap();
+        s.append_with_state("s", &ev("e", 5), "obs", &json!(5))
+            .await
+            .unwrap();
+        assert_eq!(
+            s.state("s", "keep").await.unwrap(),
+            Some(json!("k")),
+            "other keys stay"
+        );
+    }
+    let s = SqliteStore::open(&path).unwrap();
+    assert_eq!(s.state("s", "obs").await.unwrap(), Some(json!(5)));
+    assert_eq!(s.load("s").await.unwrap().len(), 5, "the record is whole");
+    assert!(s.sessions().await.unwrap().contains(&"s".to_owned()));
+}
+
+/// A v4 file (before state could ride on an event) migrates with its state and record kept, and
+/// then carries state on events.
+#[tokio::test]
+async fn a_v4_file_keeps_its_state_and_then_carries_state_on_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v4.db");
+    {
+        let v4 = SqliteStore::open_at_version(&path, 4).unwrap();
+        v4.append("s", &ev("a", 1)).await.unwrap();
+        v4.put_state("s", "obs", &json!("old")).await.unwrap();
+    }
+    let s = SqliteStore::open(&path).unwrap();
+    assert_eq!(s.schema_version().unwrap(), SCHEMA_VERSION);
+    assert_eq!(s.state("s", "obs").await.unwrap(), Some(json!("old")));
+    s.append_with_state("s", &ev("b", 2), "obs", &json!("new")).await.unwrap();
+    assert_eq!(s.state("s", "obs").await.unwrap(), Some(json!("new")));
+    assert_eq!(s.load("s").await.unwrap().len(), 2);
+}
+
 fn tid(s: &str) -> ThreadId {
     ThreadId::new(s).unwrap()
 }
