@@ -171,8 +171,17 @@ async fn stop_wrapped(mut wrapper: Child, server: u32) {
 /// How long one run of a load may take before it counts as failed.
 const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Alternating loads per server in the BENCH_OTEL phase (odd, so a median exists).
+/// Alternating loads per server in the BENCH_OTEL phase (odd, so a median exists), unless
+/// `BENCH_OTEL_ROUNDS` says how many (made odd). One load of 1,000 runs takes about half a
+/// second here, so its rate moves by +-15 % with the machine; more rounds narrow the median.
 const OTEL_ROUNDS: usize = 5;
+
+fn otel_rounds() -> usize {
+    std::env::var("BENCH_OTEL_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse::<usize>().ok())
+        .map_or(OTEL_ROUNDS, |r| r.max(1) | 1)
+}
 
 /// CPU time (user + system) a process has used so far; `pid` 0 is this process.
 fn cpu_secs(pid: u32) -> f64 {
@@ -1027,7 +1036,8 @@ async fn main() {
         // CPU seconds each server spent per million deltas: unlike deltas/s, this does not move
         // with what else the machine runs, so it shows tracing's cost on a busy machine too.
         let (mut off_cpu, mut on_cpu) = (Vec::new(), Vec::new());
-        for round in 0..OTEL_ROUNDS {
+        let rounds = otel_rounds();
+        for round in 0..rounds {
             let traced_first = round % 2 == 1;
             for is_traced in [traced_first, !traced_first] {
                 let (addr, token) = if is_traced {
@@ -1094,12 +1104,17 @@ async fn main() {
             v.sort_by(f64::total_cmp);
             v[v.len() / 2]
         };
+        // Each round's two loads ran one after the other: their ratio leaves out what the
+        // machine did between rounds.
+        let mut pairs: Vec<f64> = on.iter().zip(&off).map(|(t, u)| t / u).collect();
+        let rounds = off.len();
         let (a, b) = (med(&mut off), med(&mut on));
         println!(
-            "tracing (BENCH_OTEL), open connections, median of {OTEL_ROUNDS} alternating loads: untraced {a:.0} deltas/s, \
-             traced with OTLP export {b:.0} deltas/s; traced/untraced {:.3} (goal >= 0.95); \
-             the receiver got {} exports, {} KiB",
+            "tracing (BENCH_OTEL), open connections, median of {rounds} alternating loads: untraced {a:.0} deltas/s, \
+             traced with OTLP export {b:.0} deltas/s; traced/untraced {:.3} (goal >= 0.95; median of the rounds' \
+             own ratios {:.3}); the receiver got {} exports, {} KiB",
             b / a,
+            med(&mut pairs),
             sink.exports(),
             sink.bytes() / 1024
         );
