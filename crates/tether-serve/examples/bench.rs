@@ -18,7 +18,8 @@
 //! the fake server process, and the CPU time the serving process and the load client used.
 //!
 //! `BENCH_OTEL=1` adds tracing's cost: the relayed load on open connections against two fresh
-//! servers, one traced with OTLP export to a receiver on loopback, in alternating order.
+//! servers, one traced with OTLP export to a receiver on loopback, in alternating order
+//! (`BENCH_OTEL_ROUNDS`, default 5, rounds of one load each).
 //! `BENCH_OTEL_WRAP="valgrind --tool=callgrind"` runs those two servers under a profiler, for
 //! their instruction counts over the same loads.
 //!
