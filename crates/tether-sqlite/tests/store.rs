@@ -248,7 +248,9 @@ async fn a_v4_file_keeps_its_state_and_then_carries_state_on_events() {
     let s = SqliteStore::open(&path).unwrap();
     assert_eq!(s.schema_version().unwrap(), SCHEMA_VERSION);
     assert_eq!(s.state("s", "obs").await.unwrap(), Some(json!("old")));
-    s.append_with_state("s", &ev("b", 2), "obs", &json!("new")).await.unwrap();
+    s.append_with_state("s", &ev("b", 2), "obs", &json!("new"))
+        .await
+        .unwrap();
     assert_eq!(s.state("s", "obs").await.unwrap(), Some(json!("new")));
     assert_eq!(s.load("s").await.unwrap().len(), 2);
 }
