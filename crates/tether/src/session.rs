@@ -1119,20 +1119,19 @@ impl Session {
         // Handlers may change their tools between requests (AG-UI front-end tools do).
         self.cx.tools = declared_tools(self.cx.handler.as_ref(), self.config.terminal_tool.as_ref());
         lock(&self.batch).clear();
-        if self.cx.sink.observed() {
-            let input = match &start {
-                Start::Input(Input::Message(_)) => RunInput::Message,
-                Start::Input(Input::ToolResults(..)) => RunInput::ToolResults,
-                Start::Input(Input::Continue) => RunInput::Continue,
-                Start::Input(Input::Raw(_)) => RunInput::Raw,
-                Start::Recorded { .. } => RunInput::Message,
-                Start::Pending(_) => RunInput::Resume,
-            };
-            self.cx.sink.mark(Mark::RunStart {
-                provider: self.provider.name(),
-                input,
-            });
-        }
+        // Marks cost nothing without an observer (`EventSink::mark` checks), as at the end.
+        let input = match &start {
+            Start::Input(Input::Message(_)) => RunInput::Message,
+            Start::Input(Input::ToolResults(..)) => RunInput::ToolResults,
+            Start::Input(Input::Continue) => RunInput::Continue,
+            Start::Input(Input::Raw(_)) => RunInput::Raw,
+            Start::Recorded { .. } => RunInput::Message,
+            Start::Pending(_) => RunInput::Resume,
+        };
+        self.cx.sink.mark(Mark::RunStart {
+            provider: self.provider.name(),
+            input,
+        });
         let stop = async {
             match deadline {
                 Some((at, d)) => tokio::select! {
