@@ -14,6 +14,9 @@
 //! - ends the run with the same approval interrupts as the default backend (issued and checked
 //!   by `tether_agui::approval`, recorded in the thread's record) when the turn waits, and turns
 //!   a resume into `approve` calls that complete the turn's awakeable;
+//! - ends a run only once Restate shows what the turn said of itself (its end, its wait): the
+//!   turn says so before its last writes reach Restate, and a client told the run ended may
+//!   read the record, or approve, through any node at once;
 //! - cancels the invocation (`cancel`) when the client goes away or the run times out;
 //! - lets a client whose stream broke (its node died) reconnect on any node: a run sending the
 //!   running turn's message again follows that turn from the last event its messages hold
@@ -71,6 +74,13 @@ const FOLLOW_EVERY: Duration = Duration::from_millis(250);
 /// has shown itself by then (unless it waits behind others to start), one running on a peer has
 /// been looked for ([`LOOK_EVERY`]).
 const FOLLOW_FIRST: Duration = Duration::from_millis(500);
+
+/// How soon a relay first reads whether Restate shows what the turn said of itself (its end,
+/// its wait for approvals), after it said it; each read that does not doubles the next pause,
+/// up to [`FOLLOW_EVERY`]. The turn's last writes reach Restate a moment after it says so (one
+/// message from its node's service, appended to Restate's log), so the first read or the second
+/// mostly shows them.
+const CONFIRM_FIRST: Duration = Duration::from_millis(5);
 
 /// The longest pause between a quiet relay's reads (see [`FOLLOW_EVERY`]).
 ///
@@ -1082,6 +1092,16 @@ impl RestateAgent {
         // Whether the turn showed itself here (it started on this node's service, or its events
         // came from this process): then no peer is looked for until this process goes quiet.
         let mut here = false;
+        // What the turn said of itself (its end, or its wait for approvals; in this process, or
+        // from the peer running it) that Restate does not show yet. The turn says it before its
+        // last writes reach Restate (a handler's writes go with its next step or its end), and
+        // a client told the run ended reads the record, or approves, at once, through any node:
+        // the run ends only on Restate's word, read until it shows what the turn said (see
+        // [`CONFIRM_FIRST`]).
+        let mut unconfirmed: Option<Relayed> = None;
+        let mut confirm_pause = CONFIRM_FIRST;
+        let confirm = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(confirm);
         let relayed = loop {
             tokio::select! {
                 biased;
@@ -1104,7 +1124,9 @@ impl RestateAgent {
                     Ok(sig) if signal_thread(&sig) == Some(&thread) => {
                         quiet = false;
                         if let Some(r) = judge(sig, &thread, &answered, ours.as_ref()) {
-                            break r;
+                            unconfirmed = Some(r);
+                            confirm_pause = CONFIRM_FIRST;
+                            confirm.as_mut().reset(tokio::time::Instant::now());
                         }
                     }
                     Ok(_) => {}
@@ -1140,7 +1162,9 @@ impl RestateAgent {
                     Some(FollowLine::Signal(sig)) => {
                         quiet = false;
                         if let Some(r) = judge(sig, &thread, &answered, ours.as_ref()) {
-                            break r;
+                            unconfirmed = Some(r);
+                            confirm_pause = CONFIRM_FIRST;
+                            confirm.as_mut().reset(tokio::time::Instant::now());
                         }
                     }
                     // The peer's stream ended (its turn moved, the peer died, this relay lagged):
@@ -1155,6 +1179,47 @@ impl RestateAgent {
                     self.look(&thread, &mut peer, &left).await;
                     look_pause = (look_pause * 4).min(LOOK_MAX).max(began.elapsed() * BUSY_FACTOR);
                     look.as_mut().reset(tokio::time::Instant::now() + look_pause);
+                }
+                _ = &mut confirm, if unconfirmed.is_some() => {
+                    match &unconfirmed {
+                        // Restate shows the wait once it holds the approvals the turn waits
+                        // for (written after every event before them).
+                        Some(Relayed::Waiting(_)) => {
+                            if let Ok((waiting, more)) = self.progress(&thread, max_seq).await {
+                                for ev in more {
+                                    relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
+                                }
+                                if waiting
+                                    .iter()
+                                    .any(|u| !answered.contains(&(u.id.clone(), approval::digest(&u.input))))
+                                {
+                                    break Relayed::Waiting(waiting);
+                                }
+                            }
+                        }
+                        // Restate shows the end once the thread's running turn is no longer this
+                        // one (cleared by the turn's last writes; with no invocation id known,
+                        // once none runs). Restate's attach (below) answers as soon; this read
+                        // serves when the attach cannot (no invocation id, or its connection
+                        // broke with a Restate node).
+                        Some(Relayed::Ended(_)) => {
+                            if let Ok(status) = self.restate.status(&thread).await
+                                && match &invocation {
+                                    Some(id) => status.invocation.as_ref() != Some(id),
+                                    None => status.invocation.is_none(),
+                                }
+                                && let Some(r) = unconfirmed.take()
+                            {
+                                for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
+                                    relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
+                                }
+                                break r;
+                            }
+                        }
+                        None => {}
+                    }
+                    confirm_pause = (confirm_pause * 2).min(FOLLOW_EVERY);
+                    confirm.as_mut().reset(tokio::time::Instant::now() + confirm_pause);
                 }
                 out = &mut attached => {
                     // The turn ended (seen from Restate): its record is complete.
@@ -1217,8 +1282,7 @@ impl RestateAgent {
         match relayed {
             Relayed::Waiting(tool_uses) => {
                 mapper.close(ctx)?;
-                // The record key on Restate is the thread id (the turn's state may not be
-                // readable through the ingress yet: this process heard of the wait first).
+                // The record key on Restate is the thread id.
                 let record = thread.as_str();
                 let outstanding = approval::load(self.store.as_ref(), record)
                     .await

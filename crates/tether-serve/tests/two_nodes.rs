@@ -52,13 +52,26 @@ struct TwoNodes {
 
 impl TwoNodes {
     async fn start() -> Self {
+        TwoNodes::start_with(None).await
+    }
+
+    /// As [`TwoNodes::start`], Restate hearing the rest of a turn `lag` late once it wrote
+    /// `marker` (see [`Forwarder::start_holding`]).
+    async fn start_holding(marker: &str, lag: std::time::Duration) -> Self {
+        TwoNodes::start_with(Some((marker, lag))).await
+    }
+
+    async fn start_with(hold: Option<(&str, std::time::Duration)>) -> Self {
         let (restate, env) = setup().await;
         let (pa, pb) = (free_port(), free_port());
-        let forwarder = Forwarder::start(vec![
+        let targets = vec![
             format!("127.0.0.1:{pa}").parse().expect("addr"),
             format!("127.0.0.1:{pb}").parse().expect("addr"),
-        ])
-        .await;
+        ];
+        let forwarder = match hold {
+            None => Forwarder::start(targets).await,
+            Some((marker, lag)) => Forwarder::start_holding(targets, marker.as_bytes(), lag).await,
+        };
         let a = node(&env, &restate, pa, &forwarder.url(), "a.db").await;
         let b = node(&env, &restate, pb, &forwarder.url(), "b.db").await;
         TwoNodes {
@@ -374,5 +387,70 @@ async fn a_message_sent_again_after_its_turn_ended_gets_the_turn() {
     );
     assert_eq!(env.fake.requests().len(), 2, "no model call repeated");
     record(b, thread).await;
+    nodes.shutdown().await;
+}
+
+/// A run's end means Restate holds what it showed: a client that got RUN_FINISHED reads at
+/// once, on either node, the turn's last message, and a client that got an approval's interrupt
+/// approves at once on either node. A relay hears of a turn's end and of its wait from the turn
+/// itself (in its process, or from the peer running it) before Restate has the turn's last
+/// writes; here Restate hears the rest of each turn 300 ms late once the model's answer names a
+/// `held` file, so a relay that took the turn's word alone would end its run early and this
+/// test would see it: each turn is approved at once through the other node and read at once
+/// through the first.
+#[tokio::test(flavor = "multi_thread")]
+async fn what_a_finished_run_showed_is_read_at_once_on_either_node() {
+    let nodes = TwoNodes::start_holding("held", std::time::Duration::from_millis(300)).await;
+    let (env, a, b) = (&nodes.env, &nodes.a, &nodes.b);
+    let thread = "t-read-your-writes";
+    for i in 0..2 {
+        let (first, other) = if i % 2 == 0 { (a, b) } else { (b, a) };
+        let call = format!("call_{i}");
+        env.fake
+            .push(Reply::tool_calls(&[(
+                call.as_str(),
+                "touch_file",
+                &format!(r#"{{"name":"held{i}.txt"}}"#),
+            )]))
+            .push(Reply::text(format!("held answer {i}")));
+        let ev = run_at(
+            first.addr(),
+            "main",
+            &input(
+                thread,
+                &format!("r{i}a"),
+                user(&format!("u{i}"), &format!("touch {i}")),
+            ),
+        )
+        .await;
+        let intr = interrupt_of(&ev);
+        assert_eq!(intr["toolCallId"], call.as_str(), "{intr}");
+        // Approved at once through the other node: it finds the turn waiting.
+        let body = with_resume(
+            input(
+                thread,
+                &format!("r{i}b"),
+                user(&format!("u{i}"), &format!("touch {i}")),
+            ),
+            &intr["id"],
+            json!({"approved": true}),
+        );
+        let ev = run_at(other.addr(), "main", &body).await;
+        finished_ok(&ev);
+        assert_eq!(text_of(&ev), format!("held answer {i}"), "{ev:?}");
+        // Read at once through the first node: the turn's last message is there.
+        let m = messages(first, thread).await;
+        let last = m["messages"]
+            .as_array()
+            .and_then(|a| a.last())
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(last["content"], format!("held answer {i}"), "turn {i}: {m}");
+    }
+    let touched: Vec<bool> = (0..2)
+        .map(|i| env.ws().join(format!("held{i}.txt")).exists())
+        .collect();
+    assert_eq!(touched, [true, true], "each approved tool ran");
+    record(a, thread).await;
     nodes.shutdown().await;
 }

@@ -230,6 +230,36 @@ impl Forwarder {
     /// # Panics
     /// When no port can be bound.
     pub async fn start(targets: Vec<std::net::SocketAddr>) -> Forwarder {
+        Forwarder::listen(targets, None).await
+    }
+
+    /// As [`Forwarder::start`], in front of tether's service endpoints (HTTP/2 from Restate),
+    /// with one stream's answer held back: once a DATA frame a target sends holds `marker`, that
+    /// frame and every later DATA frame of its stream reach Restate `lag` late, while every
+    /// other frame (other invocations, the connection's own) goes at once. Restate then hears
+    /// the end of the turn that wrote `marker` (say, the model's last text) `lag` after the
+    /// turn's node knew it, and answers the reads of the record meanwhile: the window in which
+    /// a relay must not take its own process's word for what Restate holds, made wide and
+    /// certain.
+    ///
+    /// # Panics
+    /// When no port can be bound.
+    pub async fn start_holding(
+        targets: Vec<std::net::SocketAddr>,
+        marker: &[u8],
+        lag: Duration,
+    ) -> Forwarder {
+        Forwarder::listen(
+            targets,
+            Some(Hold {
+                marker: marker.to_vec(),
+                lag,
+            }),
+        )
+        .await
+    }
+
+    async fn listen(targets: Vec<std::net::SocketAddr>, hold: Option<Hold>) -> Forwarder {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind the forwarder");
@@ -249,12 +279,18 @@ impl Forwarder {
                     continue;
                 };
                 let targets = targets.clone();
+                let hold = hold.clone();
                 connections.spawn(async move {
                     let _ = inbound.set_nodelay(true);
                     for t in targets.iter() {
                         if let Ok(mut outbound) = tokio::net::TcpStream::connect(t).await {
                             let _ = outbound.set_nodelay(true);
-                            let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                            match hold {
+                                None => {
+                                    let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                                }
+                                Some(h) => holding_copy(inbound, outbound, h).await,
+                            }
                             return;
                         }
                     }
@@ -269,6 +305,108 @@ impl Forwarder {
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
+}
+
+/// What [`Forwarder::start_holding`] holds back, and how long.
+#[derive(Clone)]
+struct Hold {
+    marker: Vec<u8>,
+    lag: Duration,
+}
+
+/// Copies bytes both ways between `client` (Restate) and `target` (a service endpoint) until
+/// either side closes; the target's HTTP/2 frames are passed on whole, the DATA frames of a
+/// stream that sent `hold.marker` (from that frame on) `hold.lag` late. Only DATA frames are
+/// held: frames of other streams may overtake them (HTTP/2 orders frames within a stream
+/// only), while HEADERS frames, whose header compression state is shared by the connection,
+/// never are.
+async fn holding_copy(client: tokio::net::TcpStream, target: tokio::net::TcpStream, hold: Hold) {
+    use std::collections::{BTreeMap, HashMap};
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut target_read, mut target_write) = target.into_split();
+    // Frames to pass on, each with when (the order of a stream's frames is kept: a frame
+    // never goes before one sent earlier, as `when` only grows within a stream).
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<(tokio::time::Instant, Vec<u8>)>();
+    let back = async move {
+        let mut buf: Vec<u8> = Vec::new();
+        let mut chunk = vec![0u8; 16 * 1024];
+        // The streams held, and when their last frame goes.
+        let mut held: HashMap<u32, tokio::time::Instant> = HashMap::new();
+        loop {
+            let n = match target_read.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            buf.extend_from_slice(&chunk[..n]);
+            // Every whole frame: a 9-byte header (24-bit length, type, flags, 31-bit stream).
+            while buf.len() >= 9 {
+                let len = usize::from(buf[0]) << 16 | usize::from(buf[1]) << 8 | usize::from(buf[2]);
+                if buf.len() < 9 + len {
+                    break;
+                }
+                let frame: Vec<u8> = buf.drain(..9 + len).collect();
+                let kind = frame[3];
+                let stream = u32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]) & 0x7fff_ffff;
+                let now = tokio::time::Instant::now();
+                let when = if kind == 0 {
+                    let holds = held.contains_key(&stream)
+                        || frame[9..]
+                            .windows(hold.marker.len().max(1))
+                            .any(|w| w == hold.marker.as_slice());
+                    if holds {
+                        let at = held
+                            .get(&stream)
+                            .map_or(now + hold.lag, |&t| t.max(now + hold.lag));
+                        held.insert(stream, at);
+                        at
+                    } else {
+                        now
+                    }
+                } else {
+                    now
+                };
+                if tx.send((when, frame)).is_err() {
+                    return;
+                }
+            }
+        }
+    };
+    let deliver = async move {
+        // Frames waiting for their time, in the order they go (by time, then as read).
+        let mut queue: BTreeMap<(tokio::time::Instant, u64), Vec<u8>> = BTreeMap::new();
+        let mut next = 0u64;
+        let mut open = true;
+        while open || !queue.is_empty() {
+            let first = queue.keys().next().map(|k| k.0);
+            tokio::select! {
+                got = rx.recv(), if open => match got {
+                    Some((when, frame)) => {
+                        queue.insert((when, next), frame);
+                        next += 1;
+                    }
+                    None => open = false,
+                },
+                _ = tokio::time::sleep_until(first.unwrap_or_else(tokio::time::Instant::now)), if first.is_some() => {
+                    let now = tokio::time::Instant::now();
+                    while let Some(entry) = queue.first_entry() {
+                        if entry.key().0 > now {
+                            break;
+                        }
+                        let frame = entry.remove();
+                        if client_write.write_all(&frame).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+        let _ = client_write.shutdown().await;
+    };
+    let forth = async move {
+        let _ = tokio::io::copy(&mut client_read, &mut target_write).await;
+        let _ = target_write.shutdown().await;
+    };
+    tokio::join!(back, deliver, forth);
 }
 
 impl Drop for Forwarder {
