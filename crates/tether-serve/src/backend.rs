@@ -1189,10 +1189,7 @@ impl RestateAgent {
                                 for ev in more {
                                     relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
                                 }
-                                if waiting
-                                    .iter()
-                                    .any(|u| !answered.contains(&(u.id.clone(), approval::digest(&u.input))))
-                                {
+                                if waits_anew(&waiting, &answered) {
                                     break Relayed::Waiting(waiting);
                                 }
                             }
@@ -1259,10 +1256,7 @@ impl RestateAgent {
                     for ev in more {
                         relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
                     }
-                    if waiting
-                        .iter()
-                        .any(|u| !answered.contains(&(u.id.clone(), approval::digest(&u.input))))
-                    {
+                    if waits_anew(&waiting, &answered) {
                         break Relayed::Waiting(waiting);
                     }
                 }
@@ -1350,6 +1344,15 @@ fn signal_thread(sig: &TurnSignal) -> Option<&ThreadId> {
     }
 }
 
+/// Whether the turn waits for a decision on a tool use this run has not answered (a turn
+/// replayed after a suspension waits again for those it answered; a model that reuses an id
+/// with other arguments asks anew).
+fn waits_anew(waiting: &[WaitingToolUse], answered: &HashSet<(String, String)>) -> bool {
+    waiting
+        .iter()
+        .any(|u| !answered.contains(&(u.id.clone(), approval::digest(&u.input))))
+}
+
 /// What a signal about `thread` means for a relay: the turn waits for a decision this run has
 /// not given, or the turn this run reports (`ours`; any, when `None`) ended.
 fn judge(
@@ -1359,10 +1362,9 @@ fn judge(
     ours: Option<&String>,
 ) -> Option<Relayed> {
     match sig {
-        TurnSignal::Waiting { thread: t, tool_uses } if &t == thread => tool_uses
-            .iter()
-            .any(|u| !answered.contains(&(u.id.clone(), approval::digest(&u.input))))
-            .then_some(Relayed::Waiting(tool_uses)),
+        TurnSignal::Waiting { thread: t, tool_uses } if &t == thread => {
+            waits_anew(&tool_uses, answered).then_some(Relayed::Waiting(tool_uses))
+        }
         TurnSignal::Ended {
             thread: t,
             run,
