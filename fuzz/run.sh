@@ -59,6 +59,10 @@ echo "    built in $((built - start)) s"
 
 scratch="$(mktemp -d)"
 trap 'rm -rf "$scratch"' EXIT
+# The targets' own temporary files (a workspace per process) go under the scratch directory too:
+# a fuzzing process ends without cleaning up after itself.
+mkdir -p "$scratch/tmp"
+export TMPDIR="$scratch/tmp"
 failed=()
 for t in "${targets[@]}"; do
   echo "==> fuzzing $t: $what"

@@ -1,6 +1,6 @@
 // Shared helpers: start the fake model and tether serve as real processes on 127.0.0.1.
 import { spawn } from "node:child_process";
-import { mkdtempSync, writeFileSync, writeSync } from "node:fs";
+import { mkdtempSync, rmSync, writeFileSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 
@@ -33,8 +33,28 @@ export function watchdog(ms, what) {
   t.unref();
 }
 
+/** The temporary directories this script made (`tempDir`). */
+const made = [];
+// Removed when the script exits having passed; kept, and named on stderr, when a check failed
+// or the script did not finish (their files are what one looks at then). A server killed on
+// purpose may still be writing into one: removal is best effort.
+process.on("exit", (code) => {
+  for (const d of made) {
+    if (code === 0 && failed === 0) {
+      try {
+        rmSync(d, { recursive: true, force: true });
+      } catch {}
+    } else {
+      writeSync(2, `kept ${d}\n`);
+    }
+  }
+});
+
+/** A new directory under the system's temporary directory, removed at a passing exit. */
 export function tempDir(prefix) {
-  return mkdtempSync(join(tmpdir(), prefix));
+  const d = mkdtempSync(join(tmpdir(), prefix));
+  made.push(d);
+  return d;
 }
 
 /** Spawns `cmd` and resolves with [child, match] once a line of its output matches `re`. */
