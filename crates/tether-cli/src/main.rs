@@ -11,9 +11,9 @@ mod providers;
 mod run;
 mod term;
 
-/// mimalloc rather than glibc's malloc, as `tether-serve` (BENCHMARKS.md, "The allocator").
+/// jemalloc rather than glibc's malloc, as `tether-serve` (BENCHMARKS.md, "The allocator").
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// Run any AI agent, wherever its loop lives, with the tools kept local.
 #[derive(Parser, Debug)]

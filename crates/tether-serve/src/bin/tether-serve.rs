@@ -3,10 +3,11 @@
 
 use clap::Parser;
 
-/// mimalloc rather than glibc's malloc: under 1,000 concurrent runs it serves the same load with
-/// about a third less CPU, for ~20 KiB more peak memory per run (BENCHMARKS.md, "The allocator").
+/// jemalloc rather than glibc's malloc: under 1,000 concurrent runs it serves the same load with
+/// about a quarter less CPU and an earlier first text, for ~10 KiB more peak memory per run
+/// (mimalloc, tried before it, took ~24 KiB more; BENCHMARKS.md, "The allocator").
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Parser)]
 #[command(name = "tether-serve", about = "Serve tether agents over AG-UI with a web UI")]
