@@ -42,8 +42,9 @@ ui_reproducible() {
   cp "$root"/crates/tether-serve/assets/* "$tmp"/
   (cd "$root/web" && npm ci --no-audit --no-fund --silent && npm run -s build >/dev/null) || return 1
   for f in index.html app.js app.css; do
-    cmp -s "$tmp/$f" "$root/crates/tether-serve/assets/$f" || { echo "assets/$f differs from a fresh build"; return 1; }
+    cmp -s "$tmp/$f" "$root/crates/tether-serve/assets/$f" || { echo "assets/$f differs from a fresh build (the committed copy: $tmp)"; return 1; }
   done
+  rm -rf "$tmp"
   echo "the committed UI assets match npm ci && npm run build"
 }
 

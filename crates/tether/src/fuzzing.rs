@@ -315,6 +315,7 @@ pub fn replay(manifest_dir: &str, target: &str, check: impl Fn(&[u8]) + std::pan
 pub fn workspace_root() -> &'static std::path::Path {
     static ROOT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
     ROOT.get_or_init(|| {
+        remove_dead_roots();
         let base = std::env::temp_dir().join(format!("tether-fuzz-ws-{}", std::process::id()));
         let root = base.join("root");
         let outside = base.join("outside");
@@ -330,6 +331,32 @@ pub fn workspace_root() -> &'static std::path::Path {
         }
         root.canonicalize().unwrap_or(root)
     })
+}
+
+/// Removes the roots [`workspace_root`] made in processes that have ended (nothing removes a
+/// root at exit: it lives in a static), so test runs do not pile them up under the temp
+/// directory. Linux only (a process is alive while `/proc/<pid>` exists); a pid reused since is
+/// taken as alive, and a root that cannot be removed is left.
+fn remove_dead_roots() {
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("tether-fuzz-ws-"))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// What a file outside the workspace root holds; no workspace tool may ever return it.
