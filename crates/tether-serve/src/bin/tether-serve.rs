@@ -4,7 +4,7 @@
 use clap::Parser;
 
 /// jemalloc rather than glibc's malloc: under 1,000 concurrent runs it serves the same load with
-/// about a quarter less CPU and an earlier first text, for ~10 KiB more peak memory per run
+/// about a third less CPU and an earlier first text, for ~10 KiB more peak memory per run
 /// (mimalloc, tried before it, took ~24 KiB more; BENCHMARKS.md, "The allocator").
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
