@@ -8,7 +8,8 @@
 //! Each side's rate is printed with the CPU time this process used per call.
 //! The server is this binary started with `--server` (rmcp's server side, one `noop` tool, on
 //! rmcp's `stdio()`); with `BENCH_SERVER_STDIO=poll` it polls its stdio pipes without blocking
-//! instead, as event-loop servers (Node, Python asyncio) do.
+//! instead, as event-loop servers (Node, Python asyncio) do. `BENCH_TOOLS=N` makes it list N
+//! tools (the others with a realistic schema), as servers with many tools do.
 //!
 //! - direct: an rmcp client calls `noop` N times, one after another.
 //! - session: local-loop sessions of 20 turns whose (in-process, scripted) model asks for one
@@ -49,11 +50,31 @@ impl ServerHandler for Noop {
         let serde_json::Value::Object(schema) = json!({"type": "object"}) else {
             unreachable!()
         };
-        Ok(ListToolsResult::with_all_items(vec![Tool::new(
-            "noop",
-            "Does nothing",
-            Arc::new(schema),
-        )]))
+        let mut tools = vec![Tool::new("noop", "Does nothing", Arc::new(schema))];
+        // `BENCH_TOOLS=N`: N tools in all, the others with a schema of the size real servers
+        // declare (a filesystem or an issue tracker's server: a few typed, described arguments).
+        let n = tool_count();
+        for i in 1..n {
+            let serde_json::Value::Object(schema) = json!({
+                "type": "object",
+                "properties": {
+                    "path": {"type": "string", "description": "The file or directory, relative to the root"},
+                    "limit": {"type": "integer", "minimum": 1, "maximum": 1000, "description": "At most this many entries"},
+                    "mode": {"type": "string", "enum": ["text", "json", "lines"], "description": "How to return the content"},
+                    "recursive": {"type": "boolean", "default": false}
+                },
+                "required": ["path"],
+                "additionalProperties": false
+            }) else {
+                unreachable!()
+            };
+            tools.push(Tool::new(
+                format!("tool_{i}"),
+                "Reads or lists something under the root and returns it in the chosen form.",
+                Arc::new(schema),
+            ));
+        }
+        Ok(ListToolsResult::with_all_items(tools))
     }
     async fn call_tool(
         &self,
@@ -66,9 +87,21 @@ impl ServerHandler for Noop {
     }
 }
 
+/// `BENCH_TOOLS` in the bench's environment, passed to the server as `--tools=N` (an MCP
+/// server's environment is not the client's).
+fn tool_count() -> usize {
+    std::env::args()
+        .find_map(|a| a.strip_prefix("--tools=").and_then(|n| n.parse().ok()))
+        .or_else(|| std::env::var("BENCH_TOOLS").ok().and_then(|v| v.parse().ok()))
+        .unwrap_or(1)
+}
+
 fn server_cmd() -> (String, Vec<String>) {
     let exe = std::env::current_exe().expect("the bench's own path");
-    (exe.display().to_string(), vec!["--server".into()])
+    (
+        exe.display().to_string(),
+        vec!["--server".into(), format!("--tools={}", tool_count())],
+    )
 }
 
 async fn direct(n: usize, batch: usize) -> f64 {
