@@ -190,6 +190,10 @@ pub fn asking_handler() -> Option<Arc<dyn Handler>> {
 struct RunHandler {
     inner: Arc<dyn Handler>,
     frontend: RwLock<Vec<ToolSpec>>,
+    /// Bumped after each change of `frontend`: part of this handler's tools version.
+    frontend_changes: std::sync::atomic::AtomicU64,
+    /// This handler's [`Handler::tools_version`] made of the inner handler's and the changes'.
+    version: tether::ToolsVersion,
     approval: Arc<HashSet<String>>,
     policy: PermissionPolicy,
     /// Boxed: a tokio channel allocates its slots 32 at a time, and an `Ask` is a few hundred
@@ -233,11 +237,19 @@ impl RunHandler {
         if let Ok(mut f) = self.frontend.write() {
             *f = specs;
         }
+        // After the new list is readable (see `Handler::tools_version`).
+        self.frontend_changes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
 #[async_trait]
 impl Handler for RunHandler {
+    fn tools_version(&self) -> Option<u64> {
+        let changes = self.frontend_changes.load(std::sync::atomic::Ordering::SeqCst);
+        self.version.of(&[self.inner.tools_version()?, changes])
+    }
+
     fn tools(&self) -> Vec<ToolSpec> {
         let mut tools = self.inner.tools();
         if let Ok(f) = self.frontend.read() {
@@ -1199,6 +1211,8 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                             let h = Arc::new_cyclic(|me| RunHandler {
                                 inner,
                                 frontend: RwLock::new(fe),
+                                frontend_changes: std::sync::atomic::AtomicU64::new(0),
+                                version: tether::ToolsVersion::new(),
                                 approval,
                                 policy,
                                 asks: tx,

@@ -233,6 +233,9 @@ impl<H: Handler> Handler for TerminalPrompts<H> {
     fn tools(&self) -> Vec<ToolSpec> {
         self.0.tools()
     }
+    fn tools_version(&self) -> Option<u64> {
+        self.0.tools_version()
+    }
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
         self.0.call_tool(call, info).await
     }

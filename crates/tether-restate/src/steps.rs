@@ -198,6 +198,9 @@ impl Handler for StepHandler {
     fn tools(&self) -> Vec<tether::ToolSpec> {
         self.inner.tools()
     }
+    fn tools_version(&self) -> Option<u64> {
+        self.inner.tools_version()
+    }
 
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
         let (reply, rx) = oneshot::channel();

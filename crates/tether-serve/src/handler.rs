@@ -334,6 +334,15 @@ impl Handler for ServeHandler {
         out
     }
 
+    /// The workspace's, the commands' and the front-end tools are fixed when the agent is
+    /// built; only the MCP servers' lists change.
+    fn tools_version(&self) -> Option<u64> {
+        match &self.mcp {
+            Some((sources, _)) => sources.tools_version(),
+            None => Some(0),
+        }
+    }
+
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
         self.run(call, info).await
     }

@@ -533,6 +533,22 @@ pub trait Handler: Send + Sync + 'static {
         Vec::new()
     }
 
+    /// A number that changes whenever [`tools`](Self::tools) may start returning something
+    /// else (it must change *after* the new list is readable), so the engine keeps the list it
+    /// read instead of copying it again every turn: a list of tens of tools with their schemas
+    /// costs more to copy than the rest of a turn. `None`, the default: the handler cannot
+    /// tell, and its list is read again each turn. A handler whose list never changes returns
+    /// `Some` of a constant.
+    ///
+    /// ```
+    /// use tether::{Handler, NoTools, ToolSet};
+    /// assert_eq!(NoTools.tools_version(), Some(0));
+    /// assert_eq!(ToolSet::new().tools_version(), Some(0)); // built once, never changed
+    /// ```
+    fn tools_version(&self) -> Option<u64> {
+        None
+    }
+
     /// Runs one tool call. At-least-once: make side effects idempotent on `call.id`, or let the
     /// session's store memo do it.
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
@@ -606,17 +622,60 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
+/// One [`Handler::tools_version`] made of several: the versions a handler's tool list is built
+/// from (an inner handler's, its tool sources', a counter of its own). The same parts give the
+/// same number; any change of a part gives a new one. For handlers that wrap others.
+///
+/// ```
+/// use tether::ToolsVersion;
+/// let v = ToolsVersion::new();
+/// let a = v.of(&[0, 7]);
+/// assert_eq!(v.of(&[0, 7]), a);
+/// assert_ne!(v.of(&[0, 8]), a);
+/// ```
+#[derive(Debug, Default)]
+pub struct ToolsVersion {
+    last: std::sync::Mutex<Option<(Vec<u64>, u64)>>,
+}
+
+impl ToolsVersion {
+    /// No parts seen yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The version for `parts`: the last one while `parts` are the last parts, else the next.
+    /// `None` only if a panic poisoned the lock (the list is then read every time).
+    pub fn of(&self, parts: &[u64]) -> Option<u64> {
+        let mut g = self.last.lock().ok()?;
+        let next = match g.as_ref() {
+            Some((p, n)) if p.as_slice() == parts => return Some(*n),
+            Some((_, n)) => n.wrapping_add(1),
+            None => 0,
+        };
+        *g = Some((parts.to_vec(), next));
+        Some(next)
+    }
+}
+
 /// A handler with no tools that refuses everything.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NoTools;
 
 #[async_trait]
-impl Handler for NoTools {}
+impl Handler for NoTools {
+    fn tools_version(&self) -> Option<u64> {
+        Some(0)
+    }
+}
 
 #[async_trait]
 impl<H: Handler + ?Sized> Handler for Arc<H> {
     fn tools(&self) -> Vec<ToolSpec> {
         (**self).tools()
+    }
+    fn tools_version(&self) -> Option<u64> {
+        (**self).tools_version()
     }
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
         (**self).call_tool(call, info).await
@@ -747,6 +806,10 @@ impl ToolSet {
 impl Handler for ToolSet {
     fn tools(&self) -> Vec<ToolSpec> {
         self.specs.clone()
+    }
+    /// A set's tools are fixed when it is built (its builder methods take it by value).
+    fn tools_version(&self) -> Option<u64> {
+        Some(0)
     }
 
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {

@@ -72,7 +72,7 @@ pub use event::{Event, EventKind, Role};
 pub use handler::{
     Capabilities, ElicitationMode, ElicitationRequest, ElicitationResponse, ExitStatus, Handler,
     HandlerError, NoTools, PermissionKind, PermissionOption, PermissionOutcome, PermissionRequest,
-    ReadTextFile, TerminalRequest, TerminalResponse, ToolOutput, ToolSet, WriteTextFile,
+    ReadTextFile, TerminalRequest, TerminalResponse, ToolOutput, ToolSet, ToolsVersion, WriteTextFile,
 };
 pub use provider::{Input, Opened, Provider, Resume, TurnContext};
 pub use retry::{RetryPolicy, Sleeper, TokioSleeper};

@@ -51,6 +51,8 @@ pub struct LocalLoop {
     /// whole so a model call borrows it rather than copying the history each turn (a turn's
     /// cost then does not grow with the conversation's length).
     req: ChatRequest,
+    /// The engine's [`TurnContext::tools_generation`] of the tools in `req`.
+    tools_generation: Option<u64>,
     resumed: bool,
     /// Whether the history gained something the record lacks since the engine last asked
     /// ([`Provider::state_beyond_record`]): what `open` set up, a raw input, an event the sink
@@ -89,6 +91,7 @@ impl LocalLoop {
                 messages: Vec::new(),
                 tools: Vec::new(),
             },
+            tools_generation: None,
             resumed: false,
             beyond_record: true,
             seen: HashSet::new(),
@@ -204,10 +207,13 @@ impl LocalLoop {
     }
 
     async fn call_model(&mut self, cx: &TurnContext, message_id: &str) -> Result<ChatResponse> {
-        // The tools change rarely (between requests, or an MCP server's list): copied only then.
-        if self.req.tools != cx.tools {
+        // The tools change rarely (between requests, or an MCP server's list): copied only then,
+        // and not even compared while the engine declares the list it declared last time.
+        let generation = cx.tools_generation();
+        if (generation.is_none() || generation != self.tools_generation) && self.req.tools != cx.tools {
             self.req.tools = cx.tools.clone();
         }
+        self.tools_generation = generation;
         let req = &self.req;
         let mut retries = 0u32;
         loop {

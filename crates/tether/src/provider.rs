@@ -135,6 +135,8 @@ pub struct TurnContext {
     pub turn: u32,
     /// The most turns the request may take.
     pub max_turns: u32,
+    /// Which list `tools` is: see [`TurnContext::tools_generation`].
+    tools_generation: Option<u64>,
 }
 
 impl std::fmt::Debug for TurnContext {
@@ -158,13 +160,30 @@ impl TurnContext {
             terminal_tool: None,
             turn: 1,
             max_turns: 1,
+            tools_generation: None,
         }
     }
 
     /// The same context declaring `tools`.
     pub fn with_tools(mut self, tools: Vec<ToolSpec>) -> Self {
         self.tools = tools;
+        self.tools_generation = None;
         self
+    }
+
+    /// A number the engine gives each list of tools it reads from the handler, unique in the
+    /// process: two turns with the same `Some` number declare the same list, so a provider that
+    /// keeps the list it last sent may skip comparing it. `None` (a context built by hand): not
+    /// known; compare.
+    pub fn tools_generation(&self) -> Option<u64> {
+        self.tools_generation
+    }
+
+    /// `tools` as the engine read them, under a fresh [`Self::tools_generation`].
+    pub(crate) fn set_tools(&mut self, tools: Vec<ToolSpec>) {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        self.tools = tools;
+        self.tools_generation = Some(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     }
 
     /// The same context as turn `turn` of at most `max_turns`.

@@ -347,6 +347,7 @@ impl SessionBuilder {
     /// Opens the session (creating or reattaching on the provider's side; for a thread, see
     /// [`Self::thread`]).
     pub async fn open(self) -> Result<Session> {
+        let tools_version = self.handler.tools_version();
         let tools = declared_tools(self.handler.as_ref(), self.config.terminal_tool.as_ref());
         let mut info = SessionInfo::new("", self.provider.name());
         info.metadata = self.config.metadata.clone();
@@ -357,14 +358,9 @@ impl SessionBuilder {
         if let Some(o) = self.observer {
             sink.set_observer(o);
         }
-        let cx = TurnContext {
-            sink,
-            handler: self.handler,
-            tools,
-            terminal_tool: self.config.terminal_tool.as_ref().map(|t| t.name.clone()),
-            turn: 0,
-            max_turns: self.config.max_turns,
-        };
+        let mut cx = TurnContext::new(sink, self.handler).with_turn(0, self.config.max_turns);
+        cx.terminal_tool = self.config.terminal_tool.as_ref().map(|t| t.name.clone());
+        cx.set_tools(tools);
         let mut provider = self.provider;
         let (opened, thread) = match self.thread {
             None => {
@@ -404,6 +400,7 @@ impl SessionBuilder {
             thread,
             unsaved: false,
             unrecorded: false,
+            tools_version,
             tasks: TaskTracker::new(),
             batch: Arc::new(Mutex::new(Vec::new())),
         })
@@ -685,6 +682,8 @@ pub struct Session {
     /// was last saved (an input it did not record, results it made up), or a request failed:
     /// the next save is then not skipped (see [`Provider::state_beyond_record`]).
     unrecorded: bool,
+    /// The handler's [`Handler::tools_version`] when `cx.tools` was read from it.
+    tools_version: Option<u64>,
     /// The session's tool tasks: a cancel waits on it for the tasks it aborted to end.
     tasks: TaskTracker,
     /// The tool batch in flight (set when a turn hands tool uses over, cleared when they are
@@ -1117,7 +1116,7 @@ impl Session {
         deadline: Option<(tokio::time::Instant, Duration)>,
     ) -> Result<SessionResult> {
         // Handlers may change their tools between requests (AG-UI front-end tools do).
-        self.cx.tools = declared_tools(self.cx.handler.as_ref(), self.config.terminal_tool.as_ref());
+        self.refresh_tools();
         lock(&self.batch).clear();
         // Marks cost nothing without an observer (`EventSink::mark` checks), as at the end.
         let input = match &start {
@@ -1499,7 +1498,7 @@ impl Session {
     async fn turn_with_reconnect(&mut self, input: Input, acc: &mut Acc) -> Result<TurnResult> {
         self.unsaved = true;
         // A tool source's list may change between turns (an MCP server's `list_changed`).
-        self.cx.tools = declared_tools(self.cx.handler.as_ref(), self.config.terminal_tool.as_ref());
+        self.refresh_tools();
         let mut input = Some(input);
         let mut attempts = 0u32;
         loop {
@@ -2039,6 +2038,21 @@ fn checkpoint_value(seq: u64, provider: Value) -> Value {
 }
 
 /// The declared tools: the handler's, then the terminal tool.
+impl Session {
+    /// Reads the handler's tools again, unless its [`Handler::tools_version`] says they are
+    /// the ones the context holds (the version is read first: a list that changes in between
+    /// is kept under the older version and read again next time).
+    fn refresh_tools(&mut self) {
+        let v = self.cx.handler.tools_version();
+        if v.is_some() && v == self.tools_version {
+            return;
+        }
+        let tools = declared_tools(self.cx.handler.as_ref(), self.config.terminal_tool.as_ref());
+        self.cx.set_tools(tools);
+        self.tools_version = v;
+    }
+}
+
 fn declared_tools(handler: &dyn Handler, terminal: Option<&ToolSpec>) -> Vec<ToolSpec> {
     let mut tools = handler.tools();
     if let Some(t) = terminal {

@@ -462,6 +462,8 @@ pub struct ToolSources {
     /// a call routes by them: without it each rebuilt the whole mapping from fresh copies of
     /// every source's list).
     cache: Mutex<Option<Cached>>,
+    /// [`ToolSources::tools_version`]'s numbers.
+    version: crate::handler::ToolsVersion,
 }
 
 impl Clone for ToolSources {
@@ -469,6 +471,7 @@ impl Clone for ToolSources {
         ToolSources {
             entries: self.entries.clone(),
             cache: Mutex::new(None),
+            version: crate::handler::ToolsVersion::new(),
         }
     }
 }
@@ -536,8 +539,7 @@ impl ToolSources {
     fn current(&self, taken: &[String]) -> (Arc<Mapping>, bool) {
         // The versions are read before the lists (`mapping` reads them after): a list that
         // changes in between is then kept under the older version, and rebuilt next time.
-        let versions: Option<Vec<u64>> = self.entries.iter().map(|e| e.source.tools_version()).collect();
-        let Some(versions) = versions else {
+        let Some(versions) = self.versions() else {
             return (Arc::new(self.mapping(taken)), true);
         };
         if let Ok(c) = self.cache.lock()
@@ -559,6 +561,19 @@ impl ToolSources {
             });
         }
         (mapping, false)
+    }
+
+    /// A number that changes whenever a source's [`ToolSource::tools_version`] does (so what
+    /// [`tools`](Self::tools) returns for the same `taken` may change); `None` when a source has
+    /// no version. For a [`Handler`] that declares the sources' tools beside its own, as its
+    /// part of [`Handler::tools_version`].
+    pub fn tools_version(&self) -> Option<u64> {
+        self.version.of(&self.versions()?)
+    }
+
+    /// Every source's [`ToolSource::tools_version`], in order; `None` when one has none.
+    fn versions(&self) -> Option<Vec<u64>> {
+        self.entries.iter().map(|e| e.source.tools_version()).collect()
     }
 
     fn mapping(&self, taken: &[String]) -> Mapping {
@@ -711,6 +726,12 @@ pub struct WithTools<H: ?Sized> {
     sources: ToolSources,
     /// (session, exposed tool) the user allowed for the rest of the session.
     always: Mutex<HashSet<(String, String)>>,
+    /// The inner handler's tool names under its [`Handler::tools_version`], so a call does not
+    /// copy its whole list to learn them.
+    taken: Mutex<Option<(u64, Arc<[String]>)>>,
+    /// What this handler's [`Handler::tools_version`] was computed from (the inner handler's
+    /// and the sources' versions) and the number it gave.
+    version: crate::handler::ToolsVersion,
 }
 
 impl<H: Handler> WithTools<H> {
@@ -729,6 +750,8 @@ impl<H: Handler + ?Sized> WithTools<H> {
             inner,
             sources,
             always: Mutex::new(HashSet::new()),
+            taken: Mutex::new(None),
+            version: crate::handler::ToolsVersion::new(),
         })
     }
 
@@ -740,6 +763,27 @@ impl<H: Handler + ?Sized> WithTools<H> {
     /// The sources.
     pub fn sources(&self) -> &ToolSources {
         &self.sources
+    }
+
+    /// The inner handler's tool names, kept while its [`Handler::tools_version`] stays the same
+    /// (read again each time when it has none).
+    fn taken(&self) -> Arc<[String]> {
+        // The version is read before the list: a list that changes in between is kept under
+        // the older version, and read again next time.
+        let Some(v) = self.inner.tools_version() else {
+            return own_names(&*self.inner).into();
+        };
+        if let Ok(g) = self.taken.lock()
+            && let Some((kept, names)) = g.as_ref()
+            && *kept == v
+        {
+            return names.clone();
+        }
+        let names: Arc<[String]> = own_names(&*self.inner).into();
+        if let Ok(mut g) = self.taken.lock() {
+            *g = Some((v, names.clone()));
+        }
+        names
     }
 
     /// Asks the inner handler whether `call` of `route` may run; `None` when it may, else why not.
@@ -789,8 +833,16 @@ impl<H: Handler + ?Sized> Handler for WithTools<H> {
         own
     }
 
+    /// Changes whenever the inner handler's or a source's version does; `None` when one of
+    /// them has none.
+    fn tools_version(&self) -> Option<u64> {
+        let mut parts = self.sources.versions()?;
+        parts.push(self.inner.tools_version()?);
+        self.version.of(&parts)
+    }
+
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
-        let taken = own_names(&*self.inner);
+        let taken = self.taken();
         let mapping = self.sources.routes_for(&call.name, &taken);
         let Some(route) = mapping.as_ref().and_then(|m| m.routes.get(&call.name)) else {
             return self.inner.call_tool(call, info).await;
@@ -916,6 +968,38 @@ mod tests {
         );
         let out = h.call_tool(&ToolUse::new("10", "a__sum", json!({})), &info).await;
         assert_eq!(out, ToolOutput::Ok("ran sum".into()));
+    }
+
+    #[test]
+    fn with_tools_has_a_version_while_every_part_has_one_and_it_changes_with_them() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let src = Arc::new(Versioned {
+            list: Mutex::new(vec!["echo"]),
+            version: 0.into(),
+            reads: 0.into(),
+        });
+        let s = ToolSources::new()
+            .add(src.clone(), SourceOptions::new("a"))
+            .unwrap();
+        let h = WithTools::new(ToolSet::new(), s).unwrap();
+        let v = h.tools_version();
+        assert!(v.is_some());
+        assert_eq!(h.tools_version(), v, "the same while nothing changes");
+        src.version.fetch_add(1, SeqCst);
+        let w = h.tools_version();
+        assert!(w.is_some() && w != v, "{v:?} then {w:?}");
+        assert_eq!(h.tools_version(), w);
+        // A source without a version: the handler cannot tell either.
+        let s = ToolSources::new()
+            .add(Fixed(vec!["echo"]), SourceOptions::new("a"))
+            .unwrap();
+        assert_eq!(WithTools::new(ToolSet::new(), s).unwrap().tools_version(), None);
+        // Nor with an inner handler that has none.
+        struct Unversioned;
+        #[async_trait]
+        impl Handler for Unversioned {}
+        let s = ToolSources::new().add(src, SourceOptions::new("a")).unwrap();
+        assert_eq!(WithTools::new(Unversioned, s).unwrap().tools_version(), None);
     }
 
     fn names(h: &impl Handler) -> Vec<String> {

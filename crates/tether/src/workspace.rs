@@ -1117,6 +1117,11 @@ impl Handler for Workspace {
         ]
     }
 
+    /// The workspace's tools are the same for its whole life.
+    fn tools_version(&self) -> Option<u64> {
+        Some(0)
+    }
+
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
         let i = &call.input;
         let r: Result<String, HandlerError> = async {
