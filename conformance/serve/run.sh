@@ -17,6 +17,8 @@ step() { # name, command...
   local out
   out="$("$@" 2>&1)"; local rc=$?
   echo "$out" | sed "s/^/  [$name] /"
+  # A step killed before it wrote anything (its whole process group, say) leaves only this.
+  [[ -z "$out" ]] && echo "  [$name] no output; exit status $rc (over 128: killed by signal $((rc - 128)))"
   local p f
   p=$(echo "$out" | grep -Eo '^[0-9]+ passed, [0-9]+ failed' | tail -1 | cut -d' ' -f1)
   f=$(echo "$out" | grep -Eo '^[0-9]+ passed, [0-9]+ failed' | tail -1 | cut -d' ' -f3)
