@@ -396,7 +396,9 @@ impl Sandbox {
                 (status, true)
             }
         };
-        p.group.disarm();
+        // The group was killed when the command was reaped (or at the timeout, before the
+        // wait): not again, seconds later, when its number may belong to another group.
+        p.group.forget();
         let (output, truncated) = buf.lock().map(|b| b.text()).unwrap_or_default();
         Ok(CommandOutput {
             exit: status.map(exit_of).unwrap_or_default(),
@@ -567,6 +569,14 @@ impl GroupKiller {
     /// Kills the group one last time and forgets it (its id may be reused from now on).
     pub fn disarm(&self) {
         self.kill();
+        self.forget();
+    }
+
+    /// Forgets the group without a signal: for a caller that killed it when it reaped the
+    /// command. Once the command is reaped and the group empty, its number is free, and
+    /// (`pid_max` is often 32,768, and a busy machine wraps it) a later kill could reach a
+    /// group that took it since.
+    fn forget(&self) {
         if let Ok(mut g) = self.0.lock() {
             *g = None;
         }
