@@ -38,6 +38,7 @@
 
 pub mod config;
 mod result;
+mod stdio;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -511,9 +512,7 @@ async fn start(inner: &Arc<Inner>) -> Result<(), McpError> {
             if let Some(d) = cwd {
                 cmd.current_dir(d);
             }
-            let (transport, stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
-                .stderr(std::process::Stdio::piped())
-                .spawn()
+            let (transport, stderr) = stdio::ChildStdio::spawn(cmd)
                 .map_err(|e| fail(format!("cannot run `{command}`: {e}"), String::new()))?;
             let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
             if let Some(stderr) = stderr {
