@@ -11,11 +11,13 @@
 //! instead, as event-loop servers (Node, Python asyncio) do. `BENCH_TOOLS=N` makes it list N
 //! tools (the others with a realistic schema), as servers with many tools do.
 //!
-//! - direct: an rmcp client calls `noop` N times, one after another.
+//! - direct: an rmcp client (rmcp's `TokioChildProcess` transport) calls `noop` N times, one
+//!   after another.
 //! - session: local-loop sessions of 20 turns whose (in-process, scripted) model asks for one
 //!   `noop` call per turn, until N calls: each call goes through the engine (memo lookup, the
 //!   record, events), the `WithTools` routing and `McpServer` (in-flight registry, timeout,
-//!   result as text). The server stays connected across sessions, as in `tether serve`.
+//!   result as text, tether's stdio transport). The server stays connected across sessions, as
+//!   in `tether serve`.
 //! - the same sessions with an in-process no-op tool: the engine's own cost per call.
 
 use std::sync::Arc;
@@ -32,6 +34,11 @@ use tether::local::LocalLoop;
 use tether::source::{SourceOptions, ToolSources, WithTools};
 use tether::{ScriptedModel, Session};
 use tether_mcp::{McpServer, ServerConfig, Transport};
+
+/// jemalloc, the allocator of the programs that run MCP servers for users (`tether run --mcp`,
+/// `tether serve`), for both sides alike; the system allocator's figures are in BENCHMARKS.md.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[derive(Clone)]
 struct Noop;
