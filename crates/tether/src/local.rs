@@ -356,7 +356,6 @@ impl Provider for LocalLoop {
         // from its transcript (a restarted counter would collide with recorded ids).
         let message_id = format!("{}-m{}", self.session_id, self.req.messages.len());
         let resp = self.call_model(cx, &message_id).await?;
-        self.req.messages.push(resp.message.clone());
 
         // Each call decoded once: for the record, the duplicate check and the engine.
         let all_uses: Vec<ToolUse> = resp.message.tool_calls.iter().map(|c| c.to_tool_use()).collect();
@@ -370,26 +369,25 @@ impl Provider for LocalLoop {
             }
         }
         let text = resp.message.content.clone().unwrap_or_default();
+        let payload = json!({
+            "type": raw::LOCAL_MODEL_RESPONSE,
+            "message": resp.message,
+            "finish_reason": resp.finish_reason,
+            "usage": resp.usage,
+            "response": resp.raw,
+        });
+        let kind = EventKind::Message {
+            message_id: message_id.clone(),
+            role: Role::Assistant,
+            text: text.clone(),
+            reasoning: resp.message.reasoning.clone(),
+            tool_uses: all_uses,
+        };
+        // Into the history as it is (not a copy), before the record, as before.
+        self.req.messages.push(resp.message);
         let recorded = cx
             .sink
-            .record(
-                &message_id,
-                raw::LOCAL_MODEL_RESPONSE,
-                json!({
-                    "type": raw::LOCAL_MODEL_RESPONSE,
-                    "message": resp.message,
-                    "finish_reason": resp.finish_reason,
-                    "usage": resp.usage,
-                    "response": resp.raw,
-                }),
-                EventKind::Message {
-                    message_id: message_id.clone(),
-                    role: Role::Assistant,
-                    text: text.clone(),
-                    reasoning: resp.message.reasoning.clone(),
-                    tool_uses: all_uses,
-                },
-            )
+            .record(&message_id, raw::LOCAL_MODEL_RESPONSE, payload, kind)
             .await?;
         self.note_recorded(recorded);
         if let Some(u) = &resp.usage {

@@ -1628,7 +1628,8 @@ impl ToolRunner<'_> {
         base_keys: &[String],
         by_id: bool,
     ) -> Result<(Vec<Option<ToolResult>>, Vec<PendingToolUse>)> {
-        let sid = self.cx.sink.info().session_id.clone();
+        let info = self.cx.sink.info();
+        let sid = info.session_id.as_str();
         let mut keys = Vec::with_capacity(uses.len());
         for base in base_keys {
             keys.push(current_key_from(&self.cx.sink, base).await);
@@ -1645,7 +1646,6 @@ impl ToolRunner<'_> {
             }
         }
         type Fut<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Result<Option<Ran>>> + Send + 'a>>;
-        let sid = &sid;
         let futs: Vec<Fut<'_>> = uses
             .iter()
             .zip(&keys)
