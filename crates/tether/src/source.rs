@@ -836,9 +836,9 @@ impl<H: Handler + ?Sized> Handler for WithTools<H> {
     /// Changes whenever the inner handler's or a source's version does; `None` when one of
     /// them has none.
     fn tools_version(&self) -> Option<u64> {
-        let mut parts = self.sources.versions()?;
-        parts.push(self.inner.tools_version()?);
-        self.version.of(&parts)
+        // The sources' combined version and the inner handler's.
+        self.version
+            .of(&[self.sources.tools_version()?, self.inner.tools_version()?])
     }
 
     async fn call_tool(&self, call: &ToolUse, info: &SessionInfo) -> ToolOutput {
