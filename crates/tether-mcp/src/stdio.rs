@@ -33,6 +33,8 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdin, ChildStdout};
 use tokio_util::codec::Decoder;
 
+use crate::lock;
+
 /// The longest line read (rmcp's `DEFAULT_MAX_LINE_LENGTH`): a longer one is dropped.
 const MAX_LINE: usize = 16 * 1024 * 1024;
 /// How long `close` waits for the server to exit, after closing its stdin and after SIGTERM.
@@ -73,10 +75,6 @@ impl ChildStdio {
             stderr,
         ))
     }
-}
-
-fn lock(calls: &Calls) -> std::sync::MutexGuard<'_, HashSet<RequestId>> {
-    calls.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl rmcp::transport::Transport<RoleClient> for ChildStdio {
