@@ -373,6 +373,14 @@ mod tests {
             parse(b"{not json", &c),
             Err(JsonRpcMessageCodecError::Serde(e)) if e.classify() == serde_json::error::Category::Syntax
         ));
+        // Nesting past serde_json's depth limit is refused on either path, not a stack overflow.
+        let c = calls(&[5]);
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":5,"result":{{"structuredContent":{}1{},"content":[]}}}}"#,
+            "[".repeat(10_000),
+            "]".repeat(10_000)
+        );
+        assert!(parse(deep.as_bytes(), &c).is_err());
         // A wrong version is no fast answer.
         let c = calls(&[4]);
         assert!(parse(br#"{"jsonrpc":"1.0","id":4,"result":{"content":[]}}"#, &c).is_err());
