@@ -31,7 +31,10 @@
 //! Each variant first runs alone a few times (a run's latency without load: what a durable step
 //! costs), then RUNS at once. The summary gives deltas/s and first-text p99 with their ratios to
 //! the first backend's, and the per-tool-call time (the lone tool-heavy run minus the lone plain
-//! run, over the calls).
+//! run, over the calls). `BENCH_FLOOR=1` adds, on each Restate backend, the floor of a turn there:
+//! RUNS invocations at once of a bare exclusive handler with one journaled step and nothing of
+//! tether (`tether-restate`'s `examples/restate_floor`, built with `cargo build --release -p
+//! tether-restate --example restate_floor`), against the first backend's plain load.
 //!
 //! Each load runs on new connections and on connections opened beforehand; a last burst of
 //! `GET /healthz` on open connections shows the floor: what 1,000 requests at once take on this
@@ -1080,6 +1083,11 @@ async fn main() {
         report(name, &relayed[i], server_hwm[i].saturating_sub(idle_server), runs);
     }
     println!(
+        "first text p99, relayed / direct: new connections {:.2}x, open connections {:.2}x (issue 12's goal: <= 1.2x on open connections)",
+        ms(pct(&relayed[0].ttft, 0.99)) / ms(pct(&direct[0].ttft, 0.99)),
+        ms(pct(&relayed[1].ttft, 0.99)) / ms(pct(&direct[1].ttft, 0.99)),
+    );
+    println!(
         "floor, open connections    : GET /healthz: first byte p50 {:.1} ms, p99 {:.1} ms; CPU {:.2}s serving, {:.2}s client; failures {}",
         ms(pct(&floor.ttfe, 0.50)),
         ms(pct(&floor.ttfe, 0.99)),
@@ -1254,6 +1262,7 @@ async fn compare(
     }
 
     let mut results: Vec<(Backend, [Measured; 2])> = Vec::new();
+    let mut floors: Vec<Option<Floor>> = Vec::new();
     for (b, &backend) in backends.iter().enumerate() {
         let nodes = match backend {
             Backend::Sqlite => Vec::new(),
@@ -1375,9 +1384,15 @@ async fn compare(
             drop(server);
             measured.push(Measured { lone, load, hwm_kib });
         }
+        // BENCH_FLOOR=1: the least a turn on this Restate backend costs (see `floor_load`).
+        let floor = match (nodes.first(), std::env::var_os("BENCH_FLOOR").is_some()) {
+            (Some(node), true) => Some(floor_load(dir, node, runs, deltas).await),
+            _ => None,
+        };
         drop(nodes);
         let [plain, heavy]: [Measured; 2] = measured.try_into().ok().expect("two variants");
         results.push((backend, [plain, heavy]));
+        floors.push(floor);
     }
 
     println!(
@@ -1417,7 +1432,129 @@ async fn compare(
             ms(med(&heavy.lone)) / steps,
         );
     }
+    for ((backend, _), floor) in results.iter().zip(&floors) {
+        let Some(f) = floor else { continue };
+        println!(
+            "{:<17} floor (a bare exclusive handler, one journaled step of {deltas} characters; no tether): \
+             {runs} invocations in {:.0} ms, handler start p50 {:.1} ms, p99 {:.1} ms ({:.2}x {}'s plain first text p99), \
+             invocation p99 {:.1} ms, failures {}; lone invocation {:.1} ms | ceiling: {:.0} deltas/s ({:.2}x {}'s plain deltas/s)",
+            backend.name(),
+            ms(f.elapsed),
+            ms(pct(&f.start, 0.50)),
+            ms(pct(&f.start, 0.99)),
+            ms(pct(&f.start, 0.99)) / ms(pct(&base[0].load.ttft, 0.99)),
+            backends[0].name(),
+            ms(pct(&f.done, 0.99)),
+            f.failures,
+            ms(f.lone),
+            (runs * deltas) as f64 / f.elapsed.as_secs_f64(),
+            (runs * deltas) as f64 / f.elapsed.as_secs_f64() / rate(&base[0].load),
+            backends[0].name(),
+        );
+    }
     println!("load average after: {}", load_average());
+}
+
+/// What the Restate floor measured (see [`floor_load`]).
+struct Floor {
+    /// The whole load: from the first request sent to the last answer read.
+    elapsed: Duration,
+    /// Per invocation, from the request sent to the handler's start (the service's clock).
+    start: Vec<Duration>,
+    /// Per invocation, from the request sent to its answer read.
+    done: Vec<Duration>,
+    failures: usize,
+    /// Median of lone invocations, one at a time.
+    lone: Duration,
+}
+
+/// The floor of a turn on Restate: `examples/restate_floor` (of `tether-restate`: build it with
+/// `cargo build --release -p tether-restate --example restate_floor`) registered with `node`,
+/// then `runs` invocations of its bare exclusive handler at once through the node's ingress on
+/// open connections, each on a key of its own (as each run has a thread of its own) with one
+/// journaled step of `deltas` characters. A turn of tether on Restate is such an invocation and
+/// more (the engine, the model's stream, the record), so no such turn can start sooner than
+/// these handlers start, and no such load end sooner than these invocations end.
+async fn floor_load(
+    dir: &std::path::Path,
+    node: &tether_testkit::restate::Restate,
+    runs: usize,
+    deltas: usize,
+) -> Floor {
+    let (_service, _) = spawn_until(
+        Command::new(dir.join("restate_floor")).args([&node.admin, &node.ingress]),
+        "floor ready ",
+    )
+    .await;
+    let (addr, _) = split_url(&node.ingress);
+    let unix = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(0)
+    };
+    let fire = |conns: Vec<Conn>, tag: String| async move {
+        let began = Instant::now();
+        let tasks: Vec<_> = conns
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut conn)| {
+                let req = http_request(
+                    &addr.to_string(),
+                    "POST",
+                    &format!("/BenchFloor/{tag}-{i}-{}/turn", std::process::id()),
+                    "application/json",
+                    Some(&serde_json::json!(deltas)),
+                    None,
+                );
+                tokio::spawn(async move {
+                    let (t0, sent) = (Instant::now(), unix());
+                    let mut body = Vec::new();
+                    let status = tokio::time::timeout(
+                        RUN_TIMEOUT,
+                        conn.exchange(&req, || {}, |b| body.extend_from_slice(b)),
+                    )
+                    .await
+                    .ok()?
+                    .ok()?;
+                    let started: u64 = serde_json::from_slice(&body).ok()?;
+                    (200..300)
+                        .contains(&status)
+                        .then(|| (Duration::from_micros(started.saturating_sub(sent)), t0.elapsed()))
+                })
+            })
+            .collect();
+        let mut f = Floor {
+            elapsed: Duration::ZERO,
+            start: Vec::new(),
+            done: Vec::new(),
+            failures: 0,
+            lone: Duration::ZERO,
+        };
+        for t in tasks {
+            match t.await.ok().flatten() {
+                Some((start, done)) => {
+                    f.start.push(start);
+                    f.done.push(done);
+                }
+                None => f.failures += 1,
+            }
+        }
+        f.elapsed = began.elapsed();
+        f.start.sort();
+        f.done.sort();
+        f
+    };
+    let mut lone = Vec::new();
+    for i in 0..LONE_RUNS {
+        let conns = warm(addr, "/restate/health", 1).await;
+        lone.extend(fire(conns, format!("floor-lone-{i}")).await.done);
+    }
+    lone.sort();
+    let conns = warm(addr, "/restate/health", runs).await;
+    let mut f = fire(conns, "floor-load".into()).await;
+    f.lone = lone.get(lone.len() / 2).copied().unwrap_or_default();
+    f
 }
 
 /// The machine's load averages (1, 5, 15 minutes), as /proc/loadavg gives them.
