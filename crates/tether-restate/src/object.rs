@@ -548,6 +548,20 @@ async fn write(
     Ok(())
 }
 
+/// Sends `thread` to its agent's index (a one-way call, journaled with the turn) unless the
+/// index got it as it is (`indexed`): one call for a turn whose thread changes only as it opens,
+/// where a call at the start and another after the engine set the provider session each queued
+/// on the agent's one index object.
+fn index(ctx: &ObjectContext<'_>, thread: &Thread, indexed: &mut Option<Thread>) {
+    if indexed.as_ref() == Some(thread) {
+        return;
+    }
+    ctx.object_client::<TetherThreadsClient>(thread.agent.clone())
+        .add(Json(thread.clone()))
+        .send();
+    *indexed = Some(thread.clone());
+}
+
 /// A failure inside a step: a transient one is retried by Restate (the step runs again), any
 /// other is journaled as the step's terminal failure.
 fn step_error(e: Error) -> HandlerError {
@@ -794,6 +808,10 @@ impl TetherThread {
         ctx.set(STATE_TURN, ctx.invocation_id().to_owned());
 
         let (snapshot, mut written) = self.load(ctx, &thread, &req).await?;
+        // The thread as the agent's index (`TetherThreads`) last got it: sent before the turn's
+        // first step (a first turn that waits for approval is listed already), with its provider
+        // session once the engine opened it, and again only when it changed.
+        let mut indexed: Option<Thread> = None;
         let mem = record::seed(&snapshot).await.map_err(record_error)?;
         let (steps, mut rx) = StepClient::channel();
         let engine = self.run_engine(&snapshot, &mem, &thread, req, steps);
@@ -805,18 +823,15 @@ impl TetherThread {
                     // The engine waits for this step: what it recorded so far is written first,
                     // so the record is readable before the step runs (or the turn suspends).
                     write(ctx, &mem, &mut written).await?;
+                    index(ctx, &written.thread, &mut indexed);
                     self.serve_step(ctx, step).await;
                 }
             }
         };
         // Also after a failure: what the turn did is recorded.
         write(ctx, &mem, &mut written).await?;
+        index(ctx, &written.thread, &mut indexed);
         let added = written.events.saturating_sub(snapshot.events.len() as u64);
-        if written.thread != snapshot.thread {
-            ctx.object_client::<TetherThreadsClient>(written.thread.agent.clone())
-                .add(Json(written.thread.clone()))
-                .send();
-        }
         ctx.clear(STATE_PENDING);
         ctx.clear(STATE_TURN);
         match outcome {
@@ -839,27 +854,28 @@ impl TetherThread {
         thread: &ThreadId,
         req: &TurnRequest,
     ) -> Result<(Snapshot, Written), TerminalError> {
-        let now = ctx
-            .run(|| async { Ok::<_, HandlerError>(Json(now_ms())) })
-            .name("clock")
-            .await?
-            .into_inner();
-        let (stored, events, checkpoint, in_state) = match ctx.get::<Json<Thread>>(record::THREAD).await? {
-            Some(Json(t)) => {
-                let (events, checkpoint) = read_record(ctx).await?;
-                let n = events.len() as u64;
-                (Some(t), events, checkpoint.clone(), (n, checkpoint))
-            }
-            None => match self.import_record(ctx, thread).await? {
-                Some(s) => {
-                    // The record key on Restate is the thread id.
-                    let mut t = s.thread;
-                    t.record = thread.as_str().to_owned();
-                    (Some(t), s.events, s.checkpoint, (0, None))
+        let (now, stored, events, checkpoint, in_state) =
+            match ctx.get::<Json<Thread>>(record::THREAD).await? {
+                Some(Json(t)) => {
+                    let now = ctx
+                        .run(|| async { Ok::<_, HandlerError>(Json(now_ms())) })
+                        .name("clock")
+                        .await?
+                        .into_inner();
+                    let (events, checkpoint) = read_record(ctx).await?;
+                    let n = events.len() as u64;
+                    (now, Some(t), events, checkpoint.clone(), (n, checkpoint))
                 }
-                None => (None, Vec::new(), None, (0, None)),
-            },
-        };
+                None => match self.clock_and_import(ctx, thread).await? {
+                    (now, Some(s)) => {
+                        // The record key on Restate is the thread id.
+                        let mut t = s.thread;
+                        t.record = thread.as_str().to_owned();
+                        (now, Some(t), s.events, s.checkpoint, (0, None))
+                    }
+                    (now, None) => (now, None, Vec::new(), None, (0, None)),
+                },
+            };
         let title: String = req.text.chars().take(80).collect();
         let t = match stored {
             Some(t) if t.agent != self.agent => {
@@ -881,10 +897,6 @@ impl TetherThread {
             None => Thread::new(thread.clone(), self.agent.clone(), thread.as_str(), now).with_title(title),
         };
         ctx.set(record::THREAD, Json(t.clone()));
-        // Listed from the start (a first turn that waits for approval is a thread already).
-        ctx.object_client::<TetherThreadsClient>(t.agent.clone())
-            .add(Json(t.clone()))
-            .send();
         let written = Written {
             thread: t.clone(),
             events: in_state.0,
@@ -900,27 +912,27 @@ impl TetherThread {
         ))
     }
 
-    /// The thread's record in the legacy store, if there is one and it holds the thread (read in
-    /// a journaled step: the import happens once).
-    async fn import_record(
+    /// The turn's clock and, for a thread with no record on Restate, its record in the legacy
+    /// store (if there is one and it holds the thread), read in one journaled step: the import
+    /// happens once, and the turn waits for Restate to store one step's result instead of two.
+    async fn clock_and_import(
         &self,
         ctx: &ObjectContext<'_>,
         thread: &ThreadId,
-    ) -> Result<Option<Snapshot>, TerminalError> {
-        let Some(store) = self.import.clone() else {
-            return Ok(None);
-        };
+    ) -> Result<(i64, Option<Snapshot>), TerminalError> {
+        let store = self.import.clone();
         let id = thread.clone();
-        let snapshot = ctx
+        let Json(read) = ctx
             .run(|| async move {
-                record::import(store.as_ref(), &id)
-                    .await
-                    .map(Json)
-                    .map_err(step_error)
+                let snapshot = match store {
+                    Some(store) => record::import(store.as_ref(), &id).await.map_err(step_error)?,
+                    None => None,
+                };
+                Ok::<_, HandlerError>(Json((now_ms(), snapshot)))
             })
-            .name("import record")
+            .name("clock and import")
             .await?;
-        Ok(snapshot.into_inner())
+        Ok(read)
     }
 
     /// Serves one step the engine asked for, inside the invocation's journal.

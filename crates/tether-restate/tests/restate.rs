@@ -123,6 +123,31 @@ async fn an_approval_from_a_second_request_resumes_the_turn() {
     })
     .await;
     assert_eq!(waiting[0]["id"], "call_g", "{waiting}");
+    // A first turn waiting for approval has its thread listed already, as the thread object
+    // holds it (provider session included: the index got it after the engine opened it).
+    use tether::ThreadStore;
+    let listed = |threads: Vec<tether::Thread>| {
+        threads
+            .into_iter()
+            .filter(|t| t.id.as_str() == "t-approve")
+            .collect::<Vec<_>>()
+    };
+    let thread_id = tether::ThreadId::new("t-approve").expect("an id");
+    let held = store(&ingress)
+        .thread(&thread_id)
+        .await
+        .expect("the thread")
+        .expect("a thread");
+    assert!(held.provider_session.is_some(), "{held:?}");
+    let index = until("the index to list the waiting thread", async || {
+        Some(listed(store(&ingress).threads(None).await.ok()?)).filter(|l| !l.is_empty())
+    })
+    .await;
+    assert_eq!(
+        index,
+        vec![held],
+        "the index lists the thread as its object holds it"
+    );
     // A turn waiting for approval runs: `status` names its invocation, and its record so far.
     let (status, glance) = call(&ingress, "t-approve", "status", &json!(null)).await;
     assert_eq!(status, 200, "{glance}");
@@ -210,6 +235,16 @@ async fn an_approval_from_a_second_request_resumes_the_turn() {
     assert_eq!(effects(&s.config.effects), vec!["guarded_append call_g two"]);
     let (_, glance) = call(&ingress, "t-approve", "status", &json!(null)).await;
     assert_eq!(glance["invocation"], json!(null), "the turn ended: {glance}");
+    // After the turn the index still matches the thread (one entry, its latest form).
+    let held = store(&ingress)
+        .thread(&thread_id)
+        .await
+        .expect("the thread")
+        .expect("a thread");
+    until("the index to hold the thread as the turn left it", async || {
+        (listed(store(&ingress).threads(None).await.ok()?) == vec![held.clone()]).then_some(())
+    })
+    .await;
 }
 
 /// SIGKILL the service between a tool's effect and the end of the turn, at a different point
