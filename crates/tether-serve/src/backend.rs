@@ -179,9 +179,10 @@ const ANNOUNCE_WAIT: Duration = Duration::from_secs(1);
 const LOOK_EVERY: Duration = Duration::from_millis(40);
 
 /// A relay's pause after a look or a read is at least this many times as long as the look or
-/// read took: an ingress that answers slowly is busy (under load, mostly with turns waiting to
-/// start), and polls that keep it busier delay every turn. Lone, the ingress answers in
-/// milliseconds and the pauses are as scheduled.
+/// read took, and its first look and read come at least this many times as long after it sent
+/// its turn as the sending took: an ingress that answers slowly is busy (under load, mostly with
+/// turns waiting to start), and polls that keep it busier delay every turn. Lone, the ingress
+/// answers in milliseconds and the pauses are as scheduled.
 const BUSY_FACTOR: u32 = 4;
 
 /// The longest pause between a relay's looks (see [`LOOK_EVERY`]).
@@ -892,6 +893,9 @@ impl RestateAgent {
         // number of the last event the client holds.
         // With whether the turn was running then.
         let mut reconnect: Option<(u64, bool)> = None;
+        // How long Restate took to accept the turn this run sent (zero when it sent none): how
+        // busy its ingress is, which the relay's first polls wait on (see `BUSY_FACTOR`).
+        let mut send_took = Duration::ZERO;
         let resume = ctx.input().resume.clone();
         if !resume.is_empty() {
             let Some(rec) = &existing else {
@@ -1035,10 +1039,12 @@ impl RestateAgent {
                         .await
                         .map_err(store_error)?;
                 }
+                let began = tokio::time::Instant::now();
                 let sent = self
                     .call(&thread, &["turn", "send"], &req, Some(&key))
                     .await
                     .map_err(|(s, m)| restate_error(format!("sending the turn failed ({s}): {m}")))?;
+                send_took = began.elapsed();
                 invocation = sent["invocationId"].as_str().map(str::to_owned);
                 ours = Some(run);
             } else {
@@ -1078,7 +1084,9 @@ impl RestateAgent {
         };
         tokio::pin!(attached);
         let mut follow_pause = FOLLOW_EVERY;
-        let follow = tokio::time::sleep(FOLLOW_FIRST);
+        // A turn waits to start behind the turns Restate took before it: on a busy ingress
+        // (slow to accept this one) the first read comes later, as every later poll does.
+        let follow = tokio::time::sleep(FOLLOW_FIRST.max(send_took * BUSY_FACTOR));
         tokio::pin!(follow);
         // Whether this process sent nothing of the turn since the last tick.
         let mut quiet = true;
@@ -1090,7 +1098,7 @@ impl RestateAgent {
         let looking = tokio::time::Instant::now();
         // The first look after one period: a turn running here has sent its first event by then
         // (its user message), and this node need not ask where the turn runs.
-        let mut look_pause = LOOK_EVERY;
+        let mut look_pause = LOOK_EVERY.max(send_took * BUSY_FACTOR);
         let look = tokio::time::sleep(look_pause);
         tokio::pin!(look);
         // Whether the turn showed itself here (it started on this node's service, or its events
