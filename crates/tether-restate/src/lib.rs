@@ -71,7 +71,7 @@ pub use hub::ThreadHub;
 pub use index::TetherThreads;
 pub use notes::TetherThreadNotes;
 pub use object::{
-    LiveDrafts, LiveEvent, LivePart, OnAttempt, Progress, TetherThread, ThreadStatus, TurnOutcome,
+    Attempt, LiveDrafts, LiveEvent, LivePart, OnAttempt, Progress, TetherThread, ThreadStatus, TurnOutcome,
     TurnRequest, TurnSignal, WaitingToolUse, live_part,
 };
 pub use steps::Decision;

@@ -14,6 +14,9 @@ use serde_json::Value;
 /// The longest note key, in bytes.
 pub const MAX_KEY: usize = 256;
 
+/// The most notes one `put_all` call writes.
+pub const MAX_NOTES: usize = 16;
+
 /// The body of a `put` call: a named value (`null` clears it).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -59,6 +62,29 @@ impl TetherThreadNotes {
             ctx.clear(&key);
         } else {
             ctx.set(&key, Json(note.value));
+        }
+        Ok(())
+    }
+
+    /// Stores several notes at once, in order (as many [`put`](Self::put) calls, in one
+    /// invocation: a front-end that writes two notes before a turn queues once). At most
+    /// [`MAX_NOTES`] notes; none is written when one is refused.
+    #[handler]
+    async fn put_all(&self, ctx: ObjectContext<'_>, notes: Json<Vec<Note>>) -> Result<(), HandlerError> {
+        let notes = notes.into_inner();
+        if notes.len() > MAX_NOTES {
+            return Err(TerminalError::new_with_code(400, "at most 16 notes at once").into());
+        }
+        let keys = notes
+            .iter()
+            .map(|n| state_key(&n.key))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (key, note) in keys.iter().zip(notes) {
+            if note.value.is_null() {
+                ctx.clear(key);
+            } else {
+                ctx.set(key, Json(note.value));
+            }
         }
         Ok(())
     }

@@ -49,7 +49,16 @@ pub struct TurnRequest {
     /// again by another run. At most 256 bytes, no control characters.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub run: String,
+    /// Where the sender already published that the turn runs, if it did (e.g. the URL of its
+    /// own node, written beside the message before sending it): handed to the
+    /// [`TetherThread::on_attempt`] hook ([`Attempt::announced`]), which need not publish it
+    /// again when the turn starts there. At most [`MAX_ANNOUNCED`] bytes, no control characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub announced: Option<String>,
 }
+
+/// The longest [`TurnRequest::announced`], in bytes.
+pub const MAX_ANNOUNCED: usize = 2048;
 
 /// What a turn returns.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -198,7 +207,24 @@ impl<T: Clone> Fanout<T> {
 
 /// See [`TetherThread::on_attempt`].
 pub type OnAttempt =
-    Arc<dyn Fn(ThreadId) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+    Arc<dyn Fn(Attempt) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send + Sync>;
+
+/// A turn starting (or replayed) in this process, as the [`TetherThread::on_attempt`] hook sees it.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct Attempt {
+    /// The turn's thread.
+    pub thread: ThreadId,
+    /// What the turn's sender already published of where it runs ([`TurnRequest::announced`]).
+    pub announced: Option<String>,
+}
+
+impl Attempt {
+    /// A turn of `thread` starting, its sender having published `announced`.
+    pub fn new(thread: ThreadId, announced: Option<String>) -> Self {
+        Attempt { thread, announced }
+    }
+}
 
 /// An event of a running turn, as the service process sees it (out of band: not journaled).
 ///
@@ -598,6 +624,11 @@ fn check_request(req: &TurnRequest) -> Result<(), TerminalError> {
     if req.text.len() > MAX_TEXT {
         return bad("text is longer than 1 MiB");
     }
+    if let Some(a) = &req.announced
+        && (a.len() > MAX_ANNOUNCED || a.chars().any(char::is_control))
+    {
+        return bad("announced must be at most 2048 bytes without control characters");
+    }
     Ok(())
 }
 
@@ -803,7 +834,7 @@ impl TetherThread {
             ThreadId::new(ctx.key()).map_err(|e| TerminalError::new_with_code(400, e.to_string()))?;
         check_request(&req)?;
         if let Some(f) = &self.on_attempt {
-            f(thread.clone()).await;
+            f(Attempt::new(thread.clone(), req.announced.clone())).await;
         }
         ctx.set(STATE_TURN, ctx.invocation_id().to_owned());
 
@@ -1160,7 +1191,7 @@ mod tests {
         #[test]
         fn turn_requests_are_checked(id in "\\PC{0,300}|[\\x00-\\x1f]{1,3}", len in 0usize..4) {
             let text = "x".repeat([0, 10, MAX_TEXT, MAX_TEXT + 1][len]);
-            let ok = check_request(&TurnRequest { message_id: id.clone(), text: text.clone(), run: String::new() }).is_ok();
+            let ok = check_request(&TurnRequest { message_id: id.clone(), text: text.clone(), run: String::new(), announced: None }).is_ok();
             let valid = !id.is_empty() && id.len() <= MAX_MESSAGE_ID && !id.chars().any(char::is_control)
                 && text.len() <= MAX_TEXT;
             proptest::prop_assert_eq!(ok, valid);

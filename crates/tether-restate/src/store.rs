@@ -219,6 +219,27 @@ impl RestateStore {
             .await
     }
 
+    /// Writes several notes of thread `record` in one call through the ingress (the notes
+    /// object's `put_all`; a `null` value removes its note): what [`ThreadStore::put_state`]
+    /// does for one, for a front-end that writes a few before a turn and would otherwise queue
+    /// once per note. At most [`MAX_NOTES`](crate::notes::MAX_NOTES) notes; the checkpoint is
+    /// refused as there.
+    pub async fn put_notes(&self, record: &str, notes: &[(&str, Value)]) -> Result<()> {
+        if notes.iter().any(|(k, _)| *k == CHECKPOINT) {
+            return Err(refused("writing the checkpoint"));
+        }
+        let body = serde_json::to_value(
+            notes
+                .iter()
+                .map(|(k, v)| crate::notes::Note::new(*k, v.clone()))
+                .collect::<Vec<_>>(),
+        )
+        .map_err(|e| Error::store_with("encoding notes", e))?;
+        self.call::<Value>(crate::NOTES, record, "put_all", &body)
+            .await
+            .map(drop)
+    }
+
     /// A page of a thread's record: the events after `after`, at most `limit` (at most
     /// [`MAX_PAGE`]). What a client reconnecting to any node reads to catch up.
     pub async fn events_after(&self, record: &str, after: u64, limit: u32) -> Result<Vec<Event>> {

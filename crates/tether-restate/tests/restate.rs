@@ -556,3 +556,58 @@ async fn a_redelivered_message_is_neither_recorded_nor_sent_twice() {
     let users = events.iter().filter(|e| e.id == "user:m1").count();
     assert_eq!(users, 1, "{events:#?}");
 }
+
+/// A thread's notes written together (`put_all`, `RestateStore::put_notes`) are all there
+/// after one call, or none is when one is refused (a key with a control character, more than
+/// `MAX_NOTES`, the checkpoint); a `null` removes its note.
+#[tokio::test(flavor = "multi_thread")]
+async fn notes_written_together_are_written_whole_or_not_at_all() {
+    use serde_json::Value;
+    use tether::EventStore;
+    let s = setup().await;
+    let service = Service::start(&s.config);
+    let ingress = s.restate.ingress.clone();
+    let st = store(&ingress);
+    st.put_notes("t-notes", &[("a", json!("one")), ("b", json!({"n": 2}))])
+        .await
+        .expect("two notes");
+    assert_eq!(st.state("t-notes", "a").await.expect("a"), Some(json!("one")));
+    assert_eq!(st.state("t-notes", "b").await.expect("b"), Some(json!({"n": 2})));
+
+    let notes = |body: Value| {
+        let ingress = ingress.clone();
+        async move {
+            let r = reqwest::Client::new()
+                .post(format!("{ingress}/TetherThreadNotes/t-notes/put_all"))
+                .json(&body)
+                .send()
+                .await
+                .expect("ingress call");
+            r.status().as_u16()
+        }
+    };
+    let bad_key = json!([{"key": "a", "value": "changed"}, {"key": "b\u{7}", "value": 1}]);
+    assert_eq!(notes(bad_key).await, 400);
+    let many: Vec<Value> = (0..=tether_restate::notes::MAX_NOTES)
+        .map(|i| json!({"key": format!("k{i}"), "value": i}))
+        .collect();
+    assert_eq!(notes(Value::Array(many)).await, 400);
+    assert_eq!(
+        st.state("t-notes", "a").await.expect("a"),
+        Some(json!("one")),
+        "a refused call wrote nothing"
+    );
+    assert_eq!(st.state("t-notes", "k0").await.expect("k0"), None);
+    assert!(
+        st.put_notes("t-notes", &[(tether::thread::CHECKPOINT, json!({}))])
+            .await
+            .is_err()
+    );
+
+    st.put_notes("t-notes", &[("a", Value::Null)])
+        .await
+        .expect("a removal");
+    assert_eq!(st.state("t-notes", "a").await.expect("a"), None);
+    assert_eq!(st.state("t-notes", "b").await.expect("b"), Some(json!({"n": 2})));
+    service.kill();
+}
