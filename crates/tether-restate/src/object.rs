@@ -38,7 +38,13 @@ const STATE_TURN: &str = "turn";
 const STATE_PENDING: &str = "pending";
 
 /// The body of a `turn` call.
+///
+/// ```
+/// let req = tether_restate::TurnRequest::new("m1", "What is in README.md?").run("run-7");
+/// assert_eq!(serde_json::to_value(&req).unwrap()["message_id"], "m1");
+/// ```
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TurnRequest {
     /// The client's id of the message (recorded once: a redelivered request is not sent twice).
     pub message_id: String,
@@ -55,6 +61,30 @@ pub struct TurnRequest {
     /// again when the turn starts there. At most [`MAX_ANNOUNCED`] bytes, no control characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub announced: Option<String>,
+}
+
+impl TurnRequest {
+    /// A turn for the user's message `text`, of client id `message_id`.
+    pub fn new(message_id: impl Into<String>, text: impl Into<String>) -> Self {
+        TurnRequest {
+            message_id: message_id.into(),
+            text: text.into(),
+            run: String::new(),
+            announced: None,
+        }
+    }
+
+    /// Who sends it ([`TurnRequest::run`]).
+    pub fn run(mut self, run: impl Into<String>) -> Self {
+        self.run = run.into();
+        self
+    }
+
+    /// Where the sender already published that the turn runs ([`TurnRequest::announced`]).
+    pub fn announced(mut self, at: Option<String>) -> Self {
+        self.announced = at;
+        self
+    }
 }
 
 /// The longest [`TurnRequest::announced`], in bytes.
@@ -1191,7 +1221,7 @@ mod tests {
         #[test]
         fn turn_requests_are_checked(id in "\\PC{0,300}|[\\x00-\\x1f]{1,3}", len in 0usize..4) {
             let text = "x".repeat([0, 10, MAX_TEXT, MAX_TEXT + 1][len]);
-            let ok = check_request(&TurnRequest { message_id: id.clone(), text: text.clone(), run: String::new(), announced: None }).is_ok();
+            let ok = check_request(&TurnRequest::new(id.clone(), text.clone())).is_ok();
             let valid = !id.is_empty() && id.len() <= MAX_MESSAGE_ID && !id.chars().any(char::is_control)
                 && text.len() <= MAX_TEXT;
             proptest::prop_assert_eq!(ok, valid);

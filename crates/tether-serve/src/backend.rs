@@ -1040,12 +1040,11 @@ impl RestateAgent {
                     None => self.node.get().cloned(),
                     Some(_) => None,
                 };
-                let req = serde_json::to_value(TurnRequest {
-                    message_id: id.clone(),
-                    text,
-                    run: run.clone(),
-                    announced: announced.clone(),
-                })
+                let req = serde_json::to_value(
+                    TurnRequest::new(id.clone(), text)
+                        .run(run.clone())
+                        .announced(announced.clone()),
+                )
                 .map_err(|e| restate_error(e.to_string()))?;
                 // Keyed by run too: a retried request of this run starts no second turn, while the
                 // same message sent again by a new run (after a failed turn) is a new turn, which
