@@ -220,7 +220,7 @@ impl RestateStore {
     }
 
     /// Writes several notes of thread `record` in one call through the ingress (the notes
-    /// object's `put_all`; a `null` value removes its note): what [`ThreadStore::put_state`]
+    /// object's `put_all`; a `null` value removes its note): what [`EventStore::put_state`]
     /// does for one, for a front-end that writes a few before a turn and would otherwise queue
     /// once per note. At most [`MAX_NOTES`](crate::notes::MAX_NOTES) notes; the checkpoint is
     /// refused as there.
