@@ -47,6 +47,15 @@ fn state_key(key: &str) -> Result<String, TerminalError> {
     Ok(format!("note:{key}"))
 }
 
+/// Writes note state `key` (a checked key, see [`state_key`]): `null` removes it.
+fn write(ctx: &ObjectContext<'_>, key: &str, value: Value) {
+    if value.is_null() {
+        ctx.clear(key);
+    } else {
+        ctx.set(key, Json(value));
+    }
+}
+
 /// The notes object (see the module documentation).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TetherThreadNotes;
@@ -58,11 +67,7 @@ impl TetherThreadNotes {
     async fn put(&self, ctx: ObjectContext<'_>, note: Json<Note>) -> Result<(), HandlerError> {
         let note = note.into_inner();
         let key = state_key(&note.key)?;
-        if note.value.is_null() {
-            ctx.clear(&key);
-        } else {
-            ctx.set(&key, Json(note.value));
-        }
+        write(&ctx, &key, note.value);
         Ok(())
     }
 
@@ -73,18 +78,16 @@ impl TetherThreadNotes {
     async fn put_all(&self, ctx: ObjectContext<'_>, notes: Json<Vec<Note>>) -> Result<(), HandlerError> {
         let notes = notes.into_inner();
         if notes.len() > MAX_NOTES {
-            return Err(TerminalError::new_with_code(400, "at most 16 notes at once").into());
+            return Err(
+                TerminalError::new_with_code(400, format!("at most {MAX_NOTES} notes at once")).into(),
+            );
         }
         let keys = notes
             .iter()
             .map(|n| state_key(&n.key))
             .collect::<Result<Vec<_>, _>>()?;
         for (key, note) in keys.iter().zip(notes) {
-            if note.value.is_null() {
-                ctx.clear(key);
-            } else {
-                ctx.set(key, Json(note.value));
-            }
+            write(&ctx, key, note.value);
         }
         Ok(())
     }
