@@ -1215,6 +1215,20 @@ mod tests {
         }
     }
 
+    /// Where the sender says the turn runs is bounded like every other field a caller of the
+    /// ingress sets: at most `MAX_ANNOUNCED` bytes, no control characters.
+    #[test]
+    fn an_announcement_is_bounded() {
+        let with = |a: Option<String>| check_request(&TurnRequest::new("m1", "hi").announced(a));
+        assert!(with(None).is_ok());
+        assert!(with(Some("http://10.0.0.1:8787".into())).is_ok());
+        assert!(with(Some("x".repeat(MAX_ANNOUNCED))).is_ok());
+        let long = with(Some("x".repeat(MAX_ANNOUNCED + 1))).expect_err("too long");
+        assert_eq!(long.code(), 400);
+        assert!(with(Some("http://a\n:1".into())).is_err());
+        assert!(with(Some("http://a\u{1b}[31m".into())).is_err());
+    }
+
     proptest::proptest! {
         /// A turn request is accepted exactly when its message id is 1 to 256 bytes without
         /// control characters and its text at most 1 MiB; nothing panics.
