@@ -21,7 +21,10 @@ fn key(thread: &Thread) -> String {
 #[restate_sdk::object]
 impl TetherThreads {
     /// Adds or updates a thread of the agent (sent by the thread's turn).
-    #[handler]
+    ///
+    /// With lazy state: it writes one key and reads none, and Restate would otherwise send the
+    /// whole index (every thread of the agent) with each call.
+    #[handler(lazy_state)]
     async fn add(&self, ctx: ObjectContext<'_>, thread: Json<Thread>) -> Result<(), HandlerError> {
         let thread = thread.into_inner();
         if thread.agent != ctx.key() {

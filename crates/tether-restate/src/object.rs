@@ -676,21 +676,41 @@ async fn waiting_of(ctx: &SharedObjectContext<'_>) -> Result<Vec<WaitingToolUse>
     Ok(pending.map(|p| p.into_inner().tool_uses).unwrap_or_default())
 }
 
+/// How many events after a page's start a read asks for together with the record's length,
+/// before it knows how many there are (see [`page_of`]).
+const PAGE_GUESS: u64 = 8;
+
 /// The events of the thread's record that `page` covers, in sequence order.
+///
+/// The readers run with lazy state: Restate would otherwise send the whole record with each
+/// read, however little of it the read wants (a 1 MiB record made a status read ~1.8x slower).
+/// Each lazy read is an exchange with Restate, so the reads are asked for together: the length
+/// and the first [`PAGE_GUESS`] events after the page's start in one exchange (a front-end
+/// following a turn mostly asks for a few new events), the rest of the page, if any, in one more.
 async fn page_of(ctx: &SharedObjectContext<'_>, page: Page) -> Result<Vec<Event>, HandlerError> {
-    let count = length_of(ctx).await?;
-    let mut out = Vec::new();
-    for seq in page.range(count) {
-        match ctx.get::<Json<Event>>(&record::event_key(seq)).await? {
-            Some(Json(e)) => out.push(e),
-            None => {
-                return Err(
-                    TerminalError::new(format!("the thread's record lacks event {seq} of {count}")).into(),
-                );
-            }
-        }
-    }
-    Ok(out)
+    let guess = page.range(page.after.saturating_add(PAGE_GUESS));
+    let guess_keys: Vec<String> = guess.clone().map(record::event_key).collect();
+    let (count, mut found) = futures_util::future::try_join(length_of(ctx), async {
+        Ok(futures_util::future::try_join_all(guess_keys.iter().map(|k| ctx.get::<Json<Event>>(k))).await?)
+    })
+    .await?;
+    let range = page.range(count);
+    let rest_keys: Vec<String> = range
+        .clone()
+        .filter(|seq| !guess.contains(seq))
+        .map(record::event_key)
+        .collect();
+    found.extend(
+        futures_util::future::try_join_all(rest_keys.iter().map(|k| ctx.get::<Json<Event>>(k))).await?,
+    );
+    range
+        .zip(found)
+        .map(|(seq, e)| {
+            e.map(Json::into_inner).ok_or_else(|| {
+                TerminalError::new(format!("the thread's record lacks event {seq} of {count}")).into()
+            })
+        })
+        .collect()
 }
 
 #[restate_sdk::object]
@@ -726,7 +746,7 @@ impl TetherThread {
     /// Answers a tool use the running turn waits on (`{"decision":"answer","tool_use_id":…,
     /// "approved":true}`), or cancels the waiting turn (`{"decision":"cancel"}`). Refused (409)
     /// when no turn waits for that tool use.
-    #[handler]
+    #[handler(lazy_state)]
     async fn approve(
         &self,
         ctx: SharedObjectContext<'_>,
@@ -752,7 +772,7 @@ impl TetherThread {
     }
 
     /// What the running turn waits for: the tool uses waiting for approval (empty when none).
-    #[handler]
+    #[handler(lazy_state)]
     async fn waiting(&self, ctx: SharedObjectContext<'_>) -> Result<Json<Vec<WaitingToolUse>>, HandlerError> {
         Ok(Json(waiting_of(&ctx).await?))
     }
@@ -760,27 +780,31 @@ impl TetherThread {
     /// Whether a turn of the thread is running (started, and not ended; a turn waiting for an
     /// approval runs): a front-end refuses a new message on a busy thread rather than queue it
     /// behind a turn that may never end by itself.
-    #[handler]
+    #[handler(lazy_state)]
     async fn running(&self, ctx: SharedObjectContext<'_>) -> Result<bool, HandlerError> {
         Ok(ctx.get::<String>(STATE_TURN).await?.is_some())
     }
 
     /// The thread, its record's length and its running turn's invocation, read at once (see
     /// [`ThreadStatus`]).
-    #[handler]
+    #[handler(lazy_state)]
     async fn status(&self, ctx: SharedObjectContext<'_>) -> Result<Json<ThreadStatus>, HandlerError> {
+        // Asked for at once: with lazy state each read is an exchange with Restate.
+        let (thread, length, invocation) = futures_util::future::try_join3(
+            ctx.get::<Json<Thread>>(record::THREAD),
+            ctx.get::<Json<u64>>(record::EVENTS),
+            ctx.get::<String>(STATE_TURN),
+        )
+        .await?;
         Ok(Json(ThreadStatus {
-            thread: ctx
-                .get::<Json<Thread>>(record::THREAD)
-                .await?
-                .map(Json::into_inner),
-            length: length_of(&ctx).await?,
-            invocation: ctx.get::<String>(STATE_TURN).await?,
+            thread: thread.map(Json::into_inner),
+            length: length.map_or(0, Json::into_inner),
+            invocation,
         }))
     }
 
     /// The thread (`null` before its first turn).
-    #[handler]
+    #[handler(lazy_state)]
     async fn thread(&self, ctx: SharedObjectContext<'_>) -> Result<Json<Option<Thread>>, HandlerError> {
         Ok(Json(
             ctx.get::<Json<Thread>>(record::THREAD)
@@ -792,7 +816,7 @@ impl TetherThread {
     /// A page of the thread's record: the events after `after`, at most `limit` (at most
     /// [`record::MAX_PAGE`]), in sequence order. A running turn's events are there as soon as
     /// the turn asks for its next step.
-    #[handler]
+    #[handler(lazy_state)]
     async fn events(
         &self,
         ctx: SharedObjectContext<'_>,
@@ -803,33 +827,32 @@ impl TetherThread {
 
     /// What the running turn waits for and a page of the record, read at once (see
     /// [`Progress`]).
-    #[handler]
+    #[handler(lazy_state)]
     async fn progress(
         &self,
         ctx: SharedObjectContext<'_>,
         page: Json<Page>,
     ) -> Result<Json<Progress>, HandlerError> {
-        Ok(Json(Progress {
-            waiting: waiting_of(&ctx).await?,
-            events: page_of(&ctx, page.into_inner()).await?,
-        }))
+        let (waiting, events) =
+            futures_util::future::try_join(waiting_of(&ctx), page_of(&ctx, page.into_inner())).await?;
+        Ok(Json(Progress { waiting, events }))
     }
 
     /// How many events the thread's record holds.
-    #[handler]
+    #[handler(lazy_state)]
     async fn length(&self, ctx: SharedObjectContext<'_>) -> Result<Json<u64>, HandlerError> {
         Ok(Json(length_of(&ctx).await?))
     }
 
     /// The invocation id of the running turn (`null` when none): a front-end on any node waits
     /// for its end with Restate's attach.
-    #[handler]
+    #[handler(lazy_state)]
     async fn invocation(&self, ctx: SharedObjectContext<'_>) -> Result<Json<Option<String>>, HandlerError> {
         Ok(Json(ctx.get::<String>(STATE_TURN).await?))
     }
 
     /// The thread's checkpoint (`null` when none).
-    #[handler]
+    #[handler(lazy_state)]
     async fn checkpoint(&self, ctx: SharedObjectContext<'_>) -> Result<Json<Value>, HandlerError> {
         Ok(Json(
             ctx.get::<Json<Value>>(record::CHECKPOINT_KEY)
@@ -840,7 +863,7 @@ impl TetherThread {
 
     /// Cancels the running turn, if any: the step in flight is abandoned, and the turn records
     /// error results for what it did not run. Returns whether a turn was running.
-    #[handler]
+    #[handler(lazy_state)]
     async fn cancel(&self, ctx: SharedObjectContext<'_>) -> Result<bool, HandlerError> {
         match ctx.get::<String>(STATE_TURN).await? {
             Some(id) => {

@@ -233,3 +233,102 @@ async fn shared_handler_read_cost() {
         median(&mut direct)
     );
 }
+
+/// What a front-end's small reads cost on a long thread against a short one: `status` (the
+/// thread, its length and its running turn: three state keys) and `progress` of the record's last
+/// event, on a thread of one short turn and on one whose record holds 1 MiB of text, alternating
+/// through the ingress on one kept connection. The readers run with lazy state, so neither read
+/// should grow with the record (with eager state Restate sends the whole record with each read).
+/// Prints medians and their ratio; asserts nothing about time.
+///
+/// `cargo test -p tether-restate --test bench small_reads -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: run with --ignored --nocapture"]
+async fn small_reads_on_a_long_thread() {
+    const N: usize = 200;
+    const TURNS: usize = 16;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let restate = Restate::start().await;
+    let fake = FakeOpenAi::start().await;
+    let config = ServiceConfig {
+        listen: format!("127.0.0.1:{}", free_port()),
+        admin: restate.admin.clone(),
+        model_url: fake.url(),
+        effects: dir.path().join("small.log"),
+        live: None,
+    };
+    let _service = Service::start(&config);
+    fake.push(Reply::text("hi"));
+    until("the ingress to know the service", async || {
+        let (status, v) = call(
+            &restate.ingress,
+            "short",
+            "turn",
+            &json!({"message_id": "m", "text": "hi"}),
+        )
+        .await;
+        assert!(status == 200 || status == 404, "{status} {v}");
+        (status == 200).then_some(())
+    })
+    .await;
+    let text = "x".repeat(64 * 1024);
+    // Its last turn short, so that the last event read is the same size on both threads.
+    for i in 0..=TURNS {
+        fake.push(Reply::text(if i < TURNS {
+            text.clone()
+        } else {
+            "hi".to_owned()
+        }));
+        let (status, v) = call(
+            &restate.ingress,
+            "long",
+            "turn",
+            &json!({"message_id": format!("m{i}"), "text": "more"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+    }
+    let client = reqwest::Client::new();
+    let read = async |thread: &str, handler: &str, body: Option<serde_json::Value>| {
+        let mut req = client.post(format!("{}/TetherThread/{thread}/{handler}", restate.ingress));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let started = Instant::now();
+        let r = req.send().await.expect("a read");
+        assert!(r.status().is_success(), "{}", r.status());
+        let v: serde_json::Value = r.json().await.expect("json");
+        (started.elapsed(), v)
+    };
+    let (_, long) = read("long", "status", None).await;
+    let (_, short) = read("short", "status", None).await;
+    let lengths = (
+        short["length"].as_u64().expect("a length"),
+        long["length"].as_u64().expect("a length"),
+    );
+    let mut times: [Vec<std::time::Duration>; 4] = Default::default();
+    for _ in 0..N {
+        for (k, (thread, len)) in [("short", lengths.0), ("long", lengths.1)]
+            .into_iter()
+            .enumerate()
+        {
+            times[k].push(read(thread, "status", None).await.0);
+            let (took, v) = read(thread, "progress", Some(json!({"after": len - 1}))).await;
+            assert_eq!(v["events"].as_array().map(Vec::len), Some(1), "{v}");
+            times[2 + k].push(took);
+        }
+    }
+    let median = |v: &mut Vec<std::time::Duration>| {
+        v.sort_unstable();
+        v[v.len() / 2].as_secs_f64() * 1000.0
+    };
+    let [mut ss, mut sl, mut ps, mut pl] = times;
+    let (ss, sl, ps, pl) = (median(&mut ss), median(&mut sl), median(&mut ps), median(&mut pl));
+    println!(
+        "{N} reads each, a thread of {} events against one of {} ({TURNS} x 64 KiB of text): status median {ss:.3} / {sl:.3} ms ({:.2}x), progress of the last event {ps:.3} / {pl:.3} ms ({:.2}x)",
+        lengths.0,
+        lengths.1,
+        sl / ss,
+        pl / ps
+    );
+}

@@ -611,3 +611,38 @@ async fn notes_written_together_are_written_whole_or_not_at_all() {
     assert_eq!(st.state("t-notes", "b").await.expect("b"), Some(json!({"n": 2})));
     service.kill();
 }
+
+/// The handlers that read a few state keys load state lazily (Restate would otherwise send the
+/// thread's whole record, or the agent's whole index, with every call), while the turn, which
+/// reads the whole record, and the index's `list` get it eagerly: as registered with Restate.
+#[tokio::test(flavor = "multi_thread")]
+async fn small_readers_load_state_lazily() {
+    let s = setup().await;
+    let _service = Service::start(&s.config);
+    let client = reqwest::Client::new();
+    let lazy_of = async |service: &str| -> Option<std::collections::BTreeMap<String, bool>> {
+        let r = client.get(format!("{}/services/{service}", s.restate.admin)).send().await.ok()?;
+        if !r.status().is_success() {
+            return None;
+        }
+        let v: serde_json::Value = r.json().await.ok()?;
+        let handlers = v["handlers"].as_array()?;
+        Some(
+            handlers
+                .iter()
+                .map(|h| {
+                    let name = h["name"].as_str().unwrap_or_default().to_owned();
+                    (name, h["enable_lazy_state"].as_bool().unwrap_or(false))
+                })
+                .collect(),
+        )
+    };
+    let thread = until("the service to be registered", async || lazy_of("TetherThread").await).await;
+    for (handler, lazy) in &thread {
+        assert_eq!(*lazy, handler != "turn", "TetherThread/{handler}: {thread:?}");
+    }
+    assert!(thread.contains_key("status") && thread.contains_key("progress"), "{thread:?}");
+    let index = lazy_of("TetherThreads").await.expect("the index is registered");
+    assert_eq!(index.get("add"), Some(&true), "{index:?}");
+    assert_eq!(index.get("list"), Some(&false), "{index:?}");
+}
