@@ -36,6 +36,11 @@ pub const MAX_MESSAGE_ID: usize = 256;
 const STATE_TURN: &str = "turn";
 /// State key: what the turn waits for ([`Waiting`] as the approver sees it).
 const STATE_PENDING: &str = "pending";
+/// State key: the client id of the message the thread's last turn was sent with (kept after the
+/// turn: [`ThreadStatus::message`]).
+const STATE_MESSAGE: &str = "turn_message";
+/// State key: where the running turn's sender said it runs ([`ThreadStatus::announced`]).
+const STATE_ANNOUNCED: &str = "announced";
 
 /// The body of a `turn` call.
 ///
@@ -55,10 +60,12 @@ pub struct TurnRequest {
     /// again by another run. At most 256 bytes, no control characters.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub run: String,
-    /// Where the sender already published that the turn runs, if it did (e.g. the URL of its
-    /// own node, written beside the message before sending it): handed to the
-    /// [`TetherThread::on_attempt`] hook ([`Attempt::announced`]), which need not publish it
-    /// again when the turn starts there. At most [`MAX_ANNOUNCED`] bytes, no control characters.
+    /// Where the sender says the turn runs, if it does (e.g. the URL of its own node): the turn
+    /// keeps it in its state while it runs ([`ThreadStatus::announced`], read by a relay
+    /// elsewhere with the thread's status, no write of its own), and hands it to the
+    /// [`TetherThread::on_attempt`] hook ([`Attempt::announced`]), which need not publish where
+    /// the turn runs when it starts there. At most [`MAX_ANNOUNCED`] bytes, no control
+    /// characters.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub announced: Option<String>,
 }
@@ -80,7 +87,7 @@ impl TurnRequest {
         self
     }
 
-    /// Where the sender already published that the turn runs ([`TurnRequest::announced`]).
+    /// Where the sender says the turn runs ([`TurnRequest::announced`]).
     pub fn announced(mut self, at: Option<String>) -> Self {
         self.announced = at;
         self
@@ -92,6 +99,7 @@ pub const MAX_ANNOUNCED: usize = 2048;
 
 /// What a turn returns.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct TurnOutcome {
     /// The thread's record key (the thread id: the record is the thread object's state).
     pub record: String,
@@ -105,6 +113,10 @@ pub struct TurnOutcome {
     pub pending: Vec<String>,
     /// Events the turn added to the record.
     pub events_added: usize,
+    /// How many events the record holds after the turn: a relay that showed that many need not
+    /// read the record again.
+    #[serde(default)]
+    pub length: u64,
 }
 
 /// A thread at a glance, read in one call (the `status` handler, [`RestateStore::status`]):
@@ -126,6 +138,15 @@ pub struct ThreadStatus {
     /// The running turn's invocation id (`None` when no turn runs).
     #[serde(default)]
     pub invocation: Option<String>,
+    /// The client id of the message the thread's last turn (running or ended) was sent with,
+    /// once that turn started: a run sending it again is a client reconnecting to that turn.
+    #[serde(default)]
+    pub message: Option<String>,
+    /// Where the running turn's sender said it runs ([`TurnRequest::announced`]; `None` when no
+    /// turn runs or its sender said nothing). A replay elsewhere is published by the
+    /// [`TetherThread::on_attempt`] hook instead.
+    #[serde(default)]
+    pub announced: Option<String>,
 }
 
 /// What a relay that hears nothing of a turn from its own process reads, in one call (the
@@ -245,14 +266,28 @@ pub type OnAttempt =
 pub struct Attempt {
     /// The turn's thread.
     pub thread: ThreadId,
-    /// What the turn's sender already published of where it runs ([`TurnRequest::announced`]).
+    /// Where the turn's sender said it runs ([`TurnRequest::announced`]).
     pub announced: Option<String>,
+    /// The turn's invocation id (what [`ThreadStatus::invocation`] shows while it runs): a
+    /// hook publishing where this attempt runs tags it with this, so a reader can tell it from
+    /// an earlier turn's.
+    pub invocation: String,
 }
 
 impl Attempt {
-    /// A turn of `thread` starting, its sender having published `announced`.
+    /// A turn of `thread` starting, its sender having said it runs at `announced`.
     pub fn new(thread: ThreadId, announced: Option<String>) -> Self {
-        Attempt { thread, announced }
+        Attempt {
+            thread,
+            announced,
+            invocation: String::new(),
+        }
+    }
+
+    /// The turn's invocation id ([`Attempt::invocation`]).
+    pub fn invocation(mut self, id: impl Into<String>) -> Self {
+        self.invocation = id.into();
+        self
     }
 }
 
@@ -729,6 +764,7 @@ impl TetherThread {
         // Also after a failure: a thread whose turn failed is not left looking busy.
         ctx.clear(STATE_PENDING);
         ctx.clear(STATE_TURN);
+        ctx.clear(STATE_ANNOUNCED);
         if let Ok(thread) = ThreadId::new(ctx.key()) {
             self.signal(TurnSignal::Ended {
                 thread,
@@ -790,16 +826,20 @@ impl TetherThread {
     #[handler(lazy_state)]
     async fn status(&self, ctx: SharedObjectContext<'_>) -> Result<Json<ThreadStatus>, HandlerError> {
         // Asked for at once: with lazy state each read is an exchange with Restate.
-        let (thread, length, invocation) = futures_util::future::try_join3(
+        let (thread, length, invocation, message, announced) = futures_util::future::try_join5(
             ctx.get::<Json<Thread>>(record::THREAD),
             ctx.get::<Json<u64>>(record::EVENTS),
             ctx.get::<String>(STATE_TURN),
+            ctx.get::<String>(STATE_MESSAGE),
+            ctx.get::<String>(STATE_ANNOUNCED),
         )
         .await?;
         Ok(Json(ThreadStatus {
             thread: thread.map(Json::into_inner),
             length: length.map_or(0, Json::into_inner),
             invocation,
+            message,
+            announced,
         }))
     }
 
@@ -887,9 +927,16 @@ impl TetherThread {
             ThreadId::new(ctx.key()).map_err(|e| TerminalError::new_with_code(400, e.to_string()))?;
         check_request(&req)?;
         if let Some(f) = &self.on_attempt {
-            f(Attempt::new(thread.clone(), req.announced.clone())).await;
+            f(Attempt::new(thread.clone(), req.announced.clone()).invocation(ctx.invocation_id())).await;
         }
         ctx.set(STATE_TURN, ctx.invocation_id().to_owned());
+        // Both from the request: the same on every replay. Shown by `status` from the turn's
+        // first step on (a handler's writes reach Restate with its next step).
+        ctx.set(STATE_MESSAGE, req.message_id.clone());
+        match &req.announced {
+            Some(at) => ctx.set(STATE_ANNOUNCED, at.clone()),
+            None => ctx.clear(STATE_ANNOUNCED),
+        }
 
         let (snapshot, mut written) = self.load(ctx, &thread, &req).await?;
         // The thread as the agent's index (`TetherThreads`) last got it: sent before the turn's
@@ -918,9 +965,11 @@ impl TetherThread {
         let added = written.events.saturating_sub(snapshot.events.len() as u64);
         ctx.clear(STATE_PENDING);
         ctx.clear(STATE_TURN);
+        ctx.clear(STATE_ANNOUNCED);
         match outcome {
             Ok(mut o) => {
                 o.events_added = added as usize;
+                o.length = written.events;
                 Ok(o)
             }
             Err(Error::Cancelled) => Err(TerminalError::new_with_code(409, "the turn was cancelled")),
@@ -1208,6 +1257,7 @@ async fn drive(session: &mut Session, steps: &StepClient, req: TurnRequest) -> t
         tool_uses: result.tool_uses.into_iter().map(|u| u.id).collect(),
         pending: result.pending_tool_uses.into_iter().map(|u| u.id).collect(),
         events_added: 0,
+        length: 0,
     })
 }
 

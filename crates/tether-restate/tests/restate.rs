@@ -74,18 +74,23 @@ async fn a_turn_with_a_tool_call_completes_and_is_recorded_once() {
         "one model call per step, none repeated"
     );
     let events = check_record(&s.restate.ingress, "t-1").await;
+    // The turn says how long the record is after it: a relay that showed that much reads no more.
+    assert_eq!(out2["length"], json!(events.len()), "{out2}");
     // The thread at a glance, in one call: the thread, its record's length, no turn running.
     let (status, glance) = call(&s.restate.ingress, "t-1", "status", &json!(null)).await;
     assert_eq!(status, 200, "{glance}");
     assert_eq!(glance["thread"]["id"], "t-1", "{glance}");
     assert_eq!(glance["length"], json!(events.len()), "{glance}");
     assert_eq!(glance["invocation"], json!(null), "{glance}");
+    // The message the last turn was sent with stays; where a turn runs only while it runs.
+    assert_eq!(glance["message"], "m2", "{glance}");
+    assert_eq!(glance["announced"], json!(null), "{glance}");
     // A thread never used: nothing, and no error.
     let (status, glance) = call(&s.restate.ingress, "t-never", "status", &json!(null)).await;
     assert_eq!(status, 200, "{glance}");
     assert_eq!(
         glance,
-        json!({"thread": null, "length": 0, "invocation": null}),
+        json!({"thread": null, "length": 0, "invocation": null, "message": null, "announced": null}),
         "{glance}"
     );
     service.kill();
@@ -115,7 +120,9 @@ async fn an_approval_from_a_second_request_resumes_the_turn() {
         )]))
         .push(Reply::text("Done after approval."));
     let ingress = s.restate.ingress.clone();
-    let inv = send_turn(&ingress, "t-approve", &turn("m1", "append two, carefully")).await;
+    let mut req = turn("m1", "append two, carefully");
+    req["announced"] = json!("http://127.0.0.1:9/a-node");
+    let inv = send_turn(&ingress, "t-approve", &req).await;
 
     let waiting = until("the turn to wait for approval", async || {
         let (status, v) = call(&ingress, "t-approve", "waiting", &json!(null)).await;
@@ -153,6 +160,9 @@ async fn an_approval_from_a_second_request_resumes_the_turn() {
     assert_eq!(status, 200, "{glance}");
     assert_eq!(glance["invocation"], json!(inv), "{glance}");
     assert!(glance["length"].as_u64().is_some_and(|n| n > 0), "{glance}");
+    // With its message, and where its sender said it runs (a relay elsewhere follows that).
+    assert_eq!(glance["message"], "m1", "{glance}");
+    assert_eq!(glance["announced"], "http://127.0.0.1:9/a-node", "{glance}");
     // What a relay elsewhere reads in one call: what the turn waits for, and the record after
     // what it showed (the same events as the `events` handler's).
     let (status, progress) = call(&ingress, "t-approve", "progress", &json!({"after": 0})).await;
@@ -621,7 +631,11 @@ async fn small_readers_load_state_lazily() {
     let _service = Service::start(&s.config);
     let client = reqwest::Client::new();
     let lazy_of = async |service: &str| -> Option<std::collections::BTreeMap<String, bool>> {
-        let r = client.get(format!("{}/services/{service}", s.restate.admin)).send().await.ok()?;
+        let r = client
+            .get(format!("{}/services/{service}", s.restate.admin))
+            .send()
+            .await
+            .ok()?;
         if !r.status().is_success() {
             return None;
         }
@@ -637,12 +651,72 @@ async fn small_readers_load_state_lazily() {
                 .collect(),
         )
     };
-    let thread = until("the service to be registered", async || lazy_of("TetherThread").await).await;
+    let thread = until("the service to be registered", async || {
+        lazy_of("TetherThread").await
+    })
+    .await;
     for (handler, lazy) in &thread {
         assert_eq!(*lazy, handler != "turn", "TetherThread/{handler}: {thread:?}");
     }
-    assert!(thread.contains_key("status") && thread.contains_key("progress"), "{thread:?}");
+    assert!(
+        thread.contains_key("status") && thread.contains_key("progress"),
+        "{thread:?}"
+    );
     let index = lazy_of("TetherThreads").await.expect("the index is registered");
     assert_eq!(index.get("add"), Some(&true), "{index:?}");
     assert_eq!(index.get("list"), Some(&false), "{index:?}");
+}
+
+/// Pages of a record from any point, longer and shorter than what a read asks for before it
+/// knows the record's length (8 events), are the record's events, in order, each once.
+#[tokio::test(flavor = "multi_thread")]
+async fn pages_of_a_record_are_its_events_in_order() {
+    let s = setup().await;
+    let _service = Service::start(&s.config);
+    for i in 0..7 {
+        s.fake.push(Reply::text(format!("answer {i}")));
+        let (status, out) = call(
+            &s.restate.ingress,
+            "t-pages",
+            "turn",
+            &turn(&format!("m{i}"), "again"),
+        )
+        .await;
+        assert_eq!(status, 200, "{out}");
+    }
+    let events = check_record(&s.restate.ingress, "t-pages").await;
+    assert_eq!(events.len(), 14, "two events a turn");
+    for (after, limit) in [
+        (0u64, 0u32),
+        (1, 3),
+        (1, 100),
+        (2, 9),
+        (3, 8),
+        (5, 0),
+        (13, 5),
+        (14, 1),
+        (20, 0),
+    ] {
+        let (status, page) = call(
+            &s.restate.ingress,
+            "t-pages",
+            "events",
+            &json!({"after": after, "limit": limit}),
+        )
+        .await;
+        assert_eq!(status, 200, "{page}");
+        let want: Vec<_> = events
+            .iter()
+            .skip(after as usize)
+            .take(if limit == 0 { usize::MAX } else { limit as usize })
+            .map(|e| e.id.clone())
+            .collect();
+        let got: Vec<_> = page
+            .as_array()
+            .expect("a page")
+            .iter()
+            .map(|e| e["id"].as_str().unwrap_or_default().to_owned())
+            .collect();
+        assert_eq!(got, want, "after {after}, limit {limit}");
+    }
 }

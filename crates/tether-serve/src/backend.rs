@@ -31,9 +31,10 @@
 //! is only read: a thread recorded there before (by the default backend, or by this backend
 //! before its record moved to Restate) is read from it and imported by its first turn.
 //!
-//! A turn whose invocation runs on another node's service is followed live: each start and
-//! replay of a turn announces this node's URL in the thread's notes ([`LIVE_AT`]), and a relay
-//! elsewhere streams the turn's events from `GET {node}/v1/threads/{id}/live`
+//! A turn whose invocation runs on another node's service is followed live: a turn carries its
+//! sender's node URL ([`TurnRequest::announced`], shown by the thread's status while it runs), a
+//! start or replay of a turn on another node announces that node's URL in the thread's notes
+//! ([`LIVE_AT`]), and a relay elsewhere streams the turn's events from `GET {node}/v1/threads/{id}/live`
 //! ([`RestateAgent::live_lines`]), authenticated by [`follow_credential`]; without it (no node
 //! URL, a dead peer) the relay reads the record.
 //!
@@ -157,14 +158,10 @@ pub(crate) struct RestateAgent {
 /// turns here are not announced, see `[server] node_url`).
 pub(crate) type NodeUrl = Arc<std::sync::OnceLock<String>>;
 
-/// State key (in the thread's notes) of the id of the user message the thread's last turn was
-/// sent with (written before the turn is sent): a run sending that message again is a client
-/// reconnecting to the turn, whether it still runs or not.
-const TURN_MESSAGE: &str = "restate.turn_message";
-
-/// State key (in the thread's notes) of the URL of the node whose service runs the thread's
-/// turn now (written at each start and replay of a turn there): a relay on another node
-/// streams the turn's live events from it.
+/// State key (in the thread's notes) of where a turn runs when that is not where its sender said
+/// (`{"url": <node URL>, "invocation": <the turn's invocation id>}`, written at each start and
+/// replay of a turn on another node than its sender's): a relay on another node streams the
+/// turn's live events from it. The invocation id tells it from an earlier turn's note.
 const LIVE_AT: &str = "restate.live_at";
 
 /// How long a turn's start waits for its announcement (where it runs) to be written before it
@@ -392,10 +389,11 @@ pub(crate) async fn start(
 
 /// At each start or replay of a turn on this node's service: tells this node's relays of the
 /// thread (`attempts`: they need not look for it), and writes that the thread's turn runs here
-/// ([`LIVE_AT`] = this node's URL), awaited for at most [`ANNOUNCE_WAIT`] before the turn's
-/// first step, so that a relay on another node follows it live. Without a node URL nothing is
-/// written, and nothing either when the turn's sender was this node and wrote it beside the
-/// turn's message ([`TurnRequest::announced`]): a turn mostly runs where it was sent, and under
+/// ([`LIVE_AT`] = this node's URL and the turn's invocation), awaited for at most
+/// [`ANNOUNCE_WAIT`] before the turn's first step, so that a relay on another node follows it
+/// live. Without a node URL nothing is written, and nothing either when the turn's sender was
+/// this node ([`TurnRequest::announced`], which the thread's status shows while the turn runs):
+/// a turn mostly runs where it was sent, and under
 /// 1,000 concurrent runs on one Restate node this write, one more exclusive invocation before
 /// every turn's first step, made the first text come twice as late (the serve bench's first
 /// text p99 3.1–3.3 s with it, 1.7 s without, 2026-12-05). What that skips: a turn replayed here
@@ -421,8 +419,8 @@ fn announcer(
             if attempt.announced.as_deref() == Some(url.as_str()) {
                 return;
             }
-            let url = json!(url);
-            let put = store.put_state(thread.as_str(), LIVE_AT, &url);
+            let at = json!({"url": url, "invocation": attempt.invocation});
+            let put = store.put_state(thread.as_str(), LIVE_AT, &at);
             match tokio::time::timeout(ANNOUNCE_WAIT, put).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => tracing::debug!("announcing where {} runs failed: {e}", thread.as_str()),
@@ -752,19 +750,32 @@ impl RestateAgent {
         rx
     }
 
-    /// Follows the thread's turn where it was last announced ([`LIVE_AT`]), unless that is this
-    /// node, the peer followed now, or the peer whose stream ended (`left`) less than
-    /// [`REFOLLOW_AFTER`] ago.
+    /// Follows the thread's running turn where it runs: where a start or replay of it on another
+    /// node than its sender's announced it ([`LIVE_AT`], for this invocation), else where its
+    /// sender said ([`tether_restate::ThreadStatus::announced`]); unless that is this node, the
+    /// peer followed now, or the peer whose stream ended (`left`) less than [`REFOLLOW_AFTER`]
+    /// ago.
     async fn look(
         &self,
         thread: &ThreadId,
         peer: &mut Option<Follow>,
         left: &Option<(String, tokio::time::Instant)>,
     ) {
-        let Ok(Some(at)) = self.store.state(thread.as_str(), LIVE_AT).await else {
+        let (status, note) = tokio::join!(
+            self.restate.status(thread),
+            self.store.state(thread.as_str(), LIVE_AT)
+        );
+        let Ok(status) = status else { return };
+        let Some(running) = status.invocation else { return };
+        let moved = note.ok().flatten().and_then(|n| {
+            (n["invocation"].as_str() == Some(running.as_str()))
+                .then(|| n["url"].as_str().map(str::to_owned))
+                .flatten()
+        });
+        let Some(url) = moved.or(status.announced) else {
             return;
         };
-        let Some(url) = at.as_str() else { return };
+        let url = url.as_str();
         if self.node.get().is_some_and(|own| own == url)
             || peer.as_ref().is_some_and(|p| p.url == url)
             || left
@@ -867,20 +878,10 @@ impl RestateAgent {
             Message::User(u) => Some((u.id.to_string(), u.content.to_text())),
             _ => None,
         });
-        // The thread, its record's length and whether a turn runs come in one read (`status`),
-        // and for a new message the message the thread's last turn was sent with is read beside
-        // it, not after: each read is an invocation through the ingress, and under load one
-        // waits behind the other turns' invocations, so reads in series put off the turn's start
-        // by their sum. (A read the start turns out not to need is dropped.)
-        let starting = ctx.input().resume.is_empty() && user.is_some();
-        let (status, mut turn_message) = tokio::join!(self.restate.status(&thread), async {
-            if starting {
-                Some(self.store.state(thread.as_str(), TURN_MESSAGE).await)
-            } else {
-                None
-            }
-        });
-        let status = status.map_err(store_error)?;
+        // The thread, its record's length, whether a turn runs and the message the last turn was
+        // sent with come in one read (`status`): each read is an invocation through the ingress,
+        // and under load one waits behind the other turns' invocations.
+        let status = self.restate.status(&thread).await.map_err(store_error)?;
         let existing = status.thread;
         if let Some(t) = &existing
             && t.agent != self.name
@@ -989,14 +990,12 @@ impl RestateAgent {
                     // Any other message does not queue behind a running turn (as the default
                     // backend).
                     let running = existing.is_some() && status.invocation.is_some();
+                    // (The message is the turn's from its first step on. Sent again before that,
+                    // on another node, it starts a second turn, which finds it answered; this run
+                    // shows the first turn's events meanwhile, as it follows the thread.)
                     let resent = running
                         || holds_after_last_user(&ctx.input().messages)
-                        || match turn_message.take() {
-                            Some(read) => read,
-                            None => self.store.state(thread.as_str(), TURN_MESSAGE).await,
-                        }
-                        .map_err(store_error)?
-                        .is_some_and(|m| m.as_str() == Some(id.as_str()));
+                        || status.message.as_deref() == Some(id.as_str());
                     if resent {
                         let record = self.record_after(&thread, 0).await.map_err(store_error)?;
                         match reconnect_point(&record, id, &ctx.input().messages) {
@@ -1033,9 +1032,8 @@ impl RestateAgent {
                 // the client lacks from where its messages end.
                 shown = reconnect.map_or(base, |(at, _)| at);
                 let run = ctx.run_id().as_str().to_owned();
-                // A new turn's message is noted before the turn is sent, and with it this node as
-                // where the turn runs (it mostly does, and the turn, told so, then skips writing
-                // it: one write through the ingress per turn instead of two, see `announcer`).
+                // The turn is told this node as where it runs (it mostly does): it shows that in
+                // its status, and skips writing it (see `announcer`). No write before the send.
                 let announced = match reconnect {
                     None => self.node.get().cloned(),
                     Some(_) => None,
@@ -1050,17 +1048,6 @@ impl RestateAgent {
                 // same message sent again by a new run (after a failed turn) is a new turn, which
                 // goes on with what the failed one left.
                 let key = idempotency_key(&[thread.as_str(), &id, &run]);
-                if reconnect.is_none() {
-                    // Before the turn exists: a client sending this message again finds it.
-                    let mut notes = vec![(TURN_MESSAGE, json!(id))];
-                    if let Some(url) = &announced {
-                        notes.push((LIVE_AT, json!(url)));
-                    }
-                    self.restate
-                        .put_notes(thread.as_str(), &notes)
-                        .await
-                        .map_err(store_error)?;
-                }
                 let began = tokio::time::Instant::now();
                 let sent = self
                     .call(&thread, &["turn", "send"], &req, Some(&key))
@@ -1241,8 +1228,10 @@ impl RestateAgent {
                                 }
                                 && let Some(r) = unconfirmed.take()
                             {
-                                for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
-                                    relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
+                                if status.length > max_seq {
+                                    for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
+                                        relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
+                                    }
                                 }
                                 break r;
                             }
@@ -1253,9 +1242,14 @@ impl RestateAgent {
                     confirm.as_mut().reset(tokio::time::Instant::now() + confirm_pause);
                 }
                 out = &mut attached => {
-                    // The turn ended (seen from Restate): its record is complete.
-                    for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
-                        relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
+                    // The turn ended (seen from Restate): its record is complete. Read unless
+                    // this run showed all of it (the turn says how long it is; a turn always
+                    // adds to it, so 0 is a service that did not say).
+                    let shown_all = matches!(&out, Ok(o) if o.length > 0 && o.length <= max_seq);
+                    if !shown_all {
+                        for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
+                            relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
+                        }
                     }
                     break Relayed::Ended(out);
                 }
@@ -1708,9 +1702,10 @@ mod tests {
         AgUiResult, Agent, EventMapper, Message, RunAgentInput, RunContext, RunOptions, RunOutcome, Verifier,
     };
 
-    /// A turn starting on this node writes where it runs, unless its sender (this node) wrote
-    /// it beside the turn's message; a turn sent from another node, or sent without a note,
-    /// writes it. This node's relays of the thread hear of every start.
+    /// A turn starting on this node writes where it runs, tagged with its invocation, unless its
+    /// sender (this node) said so in the turn (which the thread's status shows); a turn sent
+    /// from another node, or sent without saying, writes it. This node's relays of the thread
+    /// hear of every start.
     #[tokio::test]
     async fn a_turn_announces_where_it_runs_unless_its_sender_here_did() {
         use tether::EventStore;
@@ -1730,12 +1725,12 @@ mod tests {
             "the sender here wrote it"
         );
         assert!(heard.try_recv().is_ok(), "the relays here heard of the start");
-        announce(Attempt::new(thread("t2"), Some("http://10.0.0.2:8787".into()))).await;
-        announce(Attempt::new(thread("t3"), None)).await;
-        for t in ["t2", "t3"] {
+        announce(Attempt::new(thread("t2"), Some("http://10.0.0.2:8787".into())).invocation("inv-2")).await;
+        announce(Attempt::new(thread("t3"), None).invocation("inv-3")).await;
+        for (t, inv) in [("t2", "inv-2"), ("t3", "inv-3")] {
             assert_eq!(
                 store.state(t, LIVE_AT).await.expect("a read"),
-                Some(json!(here)),
+                Some(json!({"url": here, "invocation": inv})),
                 "{t}"
             );
         }
