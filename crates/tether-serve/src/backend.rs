@@ -76,16 +76,13 @@ const FOLLOW_EVERY: Duration = Duration::from_millis(250);
 /// been looked for ([`LOOK_EVERY`]).
 const FOLLOW_FIRST: Duration = Duration::from_millis(500);
 
-/// The pause after a relay's first read of whether Restate shows what the turn said of itself
-/// (its end, its wait for approvals; the first read: [`first_read`]) when it did not; each read
-/// that does not doubles the next pause, up to [`FOLLOW_EVERY`]. The turn's last writes reach
-/// Restate a moment after it says so (one message from its node's service, appended to
-/// Restate's log), so the first read or the second mostly shows them.
+/// The pause after a relay's first read of whether Restate shows the wait for approvals the turn
+/// said it began (read at once) when it did not; each read that does not doubles the next pause,
+/// up to [`FOLLOW_EVERY`]. The turn's writes before its wait reach Restate a moment after it says
+/// so (one message from its node's service, appended to Restate's log), so the first read or
+/// the second mostly shows them. (A turn says it ended only once Restate holds its writes:
+/// [`TurnSignal::Ended`], no read.)
 const CONFIRM_FIRST: Duration = Duration::from_millis(5);
-
-/// How long a relay attached to a turn's invocation waits for the attach to answer after the
-/// turn said it ended, before it reads Restate itself (see [`first_read`]).
-const ATTACH_FIRST: Duration = Duration::from_millis(50);
 
 /// The longest pause between a quiet relay's reads (see [`FOLLOW_EVERY`]).
 ///
@@ -138,6 +135,9 @@ pub(crate) struct RestateAgent {
     http: reqwest::Client,
     store: Arc<dyn ThreadStore>,
     restate: Arc<tether_restate::RestateStore>,
+    /// The node's SQLite file, where a thread not on Restate yet may have a record for its
+    /// first turn to import (see [`TurnRequest::import`]).
+    legacy: SqliteStore,
     live: ThreadHub<LiveEvent>,
     /// What the turns running here streamed so far of the messages in progress: shown first
     /// to a relay that begins following one mid-message.
@@ -383,6 +383,7 @@ pub(crate) async fn start(
         run_timeout,
         node,
         token,
+        legacy: store.clone(),
     };
     Ok((Arc::new(agent), endpoint))
 }
@@ -428,6 +429,13 @@ fn announcer(
             }
         })
     })
+}
+
+/// This node's clock, in milliseconds since the Unix epoch.
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn store_error(e: tether::Error) -> tether_agui::AgUiError {
@@ -844,6 +852,27 @@ impl RestateAgent {
         })
     }
 
+    /// Relays what the ended turn's record holds after what this run showed: read unless the
+    /// run showed all of it (the turn says how long it is; a turn always adds to it, so 0 is a
+    /// service that did not say).
+    async fn rest_of_record(
+        &self,
+        ctx: &mut RunContext<Value>,
+        mapper: &mut EventMapper,
+        parts: &mut LiveParts,
+        thread: &ThreadId,
+        out: &Result<tether_restate::TurnOutcome, (u16, String)>,
+        max_seq: &mut u64,
+    ) -> tether_agui::AgUiResult<()> {
+        if matches!(out, Ok(o) if o.length > 0 && o.length <= *max_seq) {
+            return Ok(());
+        }
+        for ev in self.record_after(thread, *max_seq).await.map_err(store_error)? {
+            relay(ctx, mapper, parts, &ev, None, max_seq).await?;
+        }
+        Ok(())
+    }
+
     /// Checks a request's `resume[]` before the run starts (the admission's check, as the
     /// default backend's).
     pub(crate) async fn check_resume(&self, input: &RunAgentInput) -> Result<(), CheckError> {
@@ -1038,12 +1067,20 @@ impl RestateAgent {
                     None => self.node.get().cloned(),
                     Some(_) => None,
                 };
-                let req = serde_json::to_value(
-                    TurnRequest::new(id.clone(), text)
-                        .run(run.clone())
-                        .announced(announced.clone()),
-                )
-                .map_err(|e| restate_error(e.to_string()))?;
+                // The turn's time is this node's clock, and a new thread's turn is told whether this
+                // node holds an older record of it: a turn sent with both reads neither in a step
+                // of its own (one journaled step fewer before the first text). A record held only
+                // by another node's file is not imported then (it would be only by a turn that
+                // happened to run there).
+                let mut req = TurnRequest::new(id.clone(), text)
+                    .run(run.clone())
+                    .announced(announced.clone())
+                    .clock(unix_ms());
+                if existing.is_none() {
+                    let held = self.legacy.thread(&thread).await.map_err(store_error)?;
+                    req = req.import(held.is_some());
+                }
+                let req = serde_json::to_value(req).map_err(|e| restate_error(e.to_string()))?;
                 // Keyed by run too: a retried request of this run starts no second turn, while the
                 // same message sent again by a new run (after a failed turn) is a new turn, which
                 // goes on with what the failed one left.
@@ -1113,12 +1150,12 @@ impl RestateAgent {
         // Whether the turn showed itself here (it started on this node's service, or its events
         // came from this process): then no peer is looked for until this process goes quiet.
         let mut here = false;
-        // What the turn said of itself (its end, or its wait for approvals; in this process, or
-        // from the peer running it) that Restate does not show yet. The turn says it before its
-        // last writes reach Restate (a handler's writes go with its next step or its end), and
-        // a client told the run ended reads the record, or approves, at once, through any node:
-        // the run ends only on Restate's word, read until it shows what the turn said (see
-        // [`CONFIRM_FIRST`]).
+        // The wait for approvals the turn said it began (in this process, or from the peer
+        // running it) that Restate does not show yet. The turn says it before its writes reach
+        // Restate (a handler's writes go with its next step), and a client told the run waits
+        // approves at once, through any node: the run waits only on Restate's word, read until
+        // it shows the wait (see [`CONFIRM_FIRST`]). Its end needs no read: a turn says it
+        // ended once Restate holds its writes.
         let mut unconfirmed: Option<Relayed> = None;
         let mut confirm_pause = CONFIRM_FIRST;
         let confirm = tokio::time::sleep(Duration::ZERO);
@@ -1145,8 +1182,12 @@ impl RestateAgent {
                     Ok(sig) if signal_thread(&sig) == Some(&thread) => {
                         quiet = false;
                         if let Some(r) = judge(sig, &thread, &answered, ours.as_ref()) {
+                            // A turn says it ended once Restate holds all it wrote.
+                            if matches!(r, Relayed::Ended(_)) {
+                                break r;
+                            }
                             confirm_pause = CONFIRM_FIRST;
-                            confirm.as_mut().reset(tokio::time::Instant::now() + first_read(&r, &invocation));
+                            confirm.as_mut().reset(tokio::time::Instant::now());
                             unconfirmed = Some(r);
                         }
                     }
@@ -1183,8 +1224,11 @@ impl RestateAgent {
                     Some(FollowLine::Signal(sig)) => {
                         quiet = false;
                         if let Some(r) = judge(sig, &thread, &answered, ours.as_ref()) {
+                            if matches!(r, Relayed::Ended(_)) {
+                                break r;
+                            }
                             confirm_pause = CONFIRM_FIRST;
-                            confirm.as_mut().reset(tokio::time::Instant::now() + first_read(&r, &invocation));
+                            confirm.as_mut().reset(tokio::time::Instant::now());
                             unconfirmed = Some(r);
                         }
                     }
@@ -1215,44 +1259,14 @@ impl RestateAgent {
                                 }
                             }
                         }
-                        // Restate shows the end once the thread's running turn is no longer this
-                        // one (cleared by the turn's last writes; with no invocation id known,
-                        // once none runs). Restate's attach (below) answers as soon; this read
-                        // serves when the attach cannot (no invocation id, or its connection
-                        // broke with a Restate node).
-                        Some(Relayed::Ended(_)) => {
-                            if let Ok(status) = self.restate.status(&thread).await
-                                && match &invocation {
-                                    Some(id) => status.invocation.as_ref() != Some(id),
-                                    None => status.invocation.is_none(),
-                                }
-                                && let Some(r) = unconfirmed.take()
-                            {
-                                if status.length > max_seq {
-                                    for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
-                                        relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
-                                    }
-                                }
-                                break r;
-                            }
-                        }
-                        None => {}
+                        // An end is never held here (see `judge`'s callers).
+                        Some(Relayed::Ended(_)) | None => {}
                     }
                     confirm_pause = (confirm_pause * 2).min(FOLLOW_EVERY);
                     confirm.as_mut().reset(tokio::time::Instant::now() + confirm_pause);
                 }
-                out = &mut attached => {
-                    // The turn ended (seen from Restate): its record is complete. Read unless
-                    // this run showed all of it (the turn says how long it is; a turn always
-                    // adds to it, so 0 is a service that did not say).
-                    let shown_all = matches!(&out, Ok(o) if o.length > 0 && o.length <= max_seq);
-                    if !shown_all {
-                        for ev in self.record_after(&thread, max_seq).await.map_err(store_error)? {
-                            relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
-                        }
-                    }
-                    break Relayed::Ended(out);
-                }
+                // The turn ended (seen from Restate): its record is complete (read below).
+                out = &mut attached => break Relayed::Ended(out),
                 _ = &mut follow => {
                     // News since the last tick: no read, the next tick one period on. None: read
                     // now, and the next tick later.
@@ -1300,6 +1314,10 @@ impl RestateAgent {
                 Err(broadcast::error::TryRecvError::Lagged(_)) => return Err(lagged()),
                 Err(_) => break,
             }
+        }
+        if let Relayed::Ended(out) = &relayed {
+            self.rest_of_record(ctx, &mut mapper, &mut parts, &thread, out, &mut max_seq)
+                .await?;
         }
         match relayed {
             Relayed::Waiting(tool_uses) => {
@@ -1369,17 +1387,6 @@ fn signal_thread(sig: &TurnSignal) -> Option<&ThreadId> {
     match sig {
         TurnSignal::Waiting { thread, .. } | TurnSignal::Ended { thread, .. } => Some(thread),
         _ => None,
-    }
-}
-
-/// How soon a relay first reads whether Restate shows what the turn said (`said`): at once,
-/// but for an end whose invocation the relay attached to, whose answer comes as soon without a
-/// read: [`ATTACH_FIRST`] later (at a thousand runs at once, a read per run's end is a thousand
-/// invocations more).
-fn first_read(said: &Relayed, invocation: &Option<String>) -> Duration {
-    match (said, invocation) {
-        (Relayed::Ended(_), Some(_)) => ATTACH_FIRST,
-        _ => Duration::ZERO,
     }
 }
 
