@@ -720,3 +720,36 @@ async fn pages_of_a_record_are_its_events_in_order() {
         assert_eq!(got, want, "after {after}, limit {limit}");
     }
 }
+
+/// A turn sent with its sender's clock stamps the thread with it (no clock of its own, on the
+/// first turn and on later ones), and one told there is nothing to import looks for nothing; a
+/// clock outside 1970..9999 is refused before any step.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_turn_takes_its_senders_clock() {
+    let s = setup().await;
+    let _service = Service::start(&s.config);
+    s.fake.push(Reply::text("one")).push(Reply::text("two"));
+    let first = 1_700_000_000_123i64;
+    let mut req = turn("m1", "hi");
+    req["clock"] = json!(first);
+    req["import"] = json!(false);
+    let (status, out) = call(&s.restate.ingress, "t-clock", "turn", &req).await;
+    assert_eq!(status, 200, "{out}");
+    let (_, glance) = call(&s.restate.ingress, "t-clock", "status", &json!(null)).await;
+    assert_eq!(glance["thread"]["created_ms"], json!(first), "{glance}");
+    assert_eq!(glance["thread"]["updated_ms"], json!(first), "{glance}");
+    let mut req = turn("m2", "again");
+    req["clock"] = json!(first + 5_000);
+    let (status, out) = call(&s.restate.ingress, "t-clock", "turn", &req).await;
+    assert_eq!(status, 200, "{out}");
+    let (_, glance) = call(&s.restate.ingress, "t-clock", "status", &json!(null)).await;
+    assert_eq!(glance["thread"]["created_ms"], json!(first), "{glance}");
+    assert_eq!(glance["thread"]["updated_ms"], json!(first + 5_000), "{glance}");
+    for bad in [json!(-1), json!(253_402_300_800_000i64)] {
+        let mut req = turn("m3", "bad clock");
+        req["clock"] = bad.clone();
+        let (status, out) = call(&s.restate.ingress, "t-clock", "turn", &req).await;
+        assert_eq!(status, 400, "{bad}: {out}");
+    }
+    assert_eq!(s.fake.requests().len(), 2, "no model call for a refused turn");
+}
