@@ -9,7 +9,14 @@
 //! ```
 //!
 //! Serves on a loopback port, registers itself with the admin API, waits until the ingress
-//! serves it, then prints `floor ready`. `tether serve`'s bench (`BENCH_BACKENDS=…`, with
+//! serves it, then prints `floor ready`.
+//!
+//! What a turn of tether's design needs besides can be added, to price each part alone:
+//! `FLOOR_SETS=n` has the handler write `n` state keys of ~200 bytes before its step (as a turn
+//! writes its record's events, their count, the checkpoint and its own markers), and
+//! `FLOOR_INDEX=1` has it send a one-way call to one shared `BenchIndex` object (as a turn sends
+//! its thread to its agent's index). The shared `peek` handler reads one key (as a front-end
+//! reads a thread's status before sending a turn: the bench's `BENCH_FLOOR_PEEK=1`). `tether serve`'s bench (`BENCH_BACKENDS=…`, with
 //! `BENCH_FLOOR=1`) starts it beside each Restate backend and fires its load at it: no turn of
 //! tether on Restate can start sooner or finish a load faster than these invocations do.
 
@@ -20,6 +27,23 @@ use restate_sdk::prelude::*;
 /// The floor object.
 struct BenchFloor;
 
+/// An index every floor turn may send itself to (`FLOOR_INDEX=1`).
+struct BenchIndex;
+
+#[restate_sdk::object]
+impl BenchIndex {
+    /// Notes a turn's key (one state key written, none read).
+    #[handler(lazy_state)]
+    async fn add(&self, ctx: ObjectContext<'_>, key: Json<String>) -> Result<(), HandlerError> {
+        ctx.set(&format!("t:{}", key.into_inner()), Json(unix_micros()));
+        Ok(())
+    }
+}
+
+fn env_number(name: &str) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
 #[restate_sdk::object]
 impl BenchFloor {
     /// One "turn": its start time (microseconds since the Unix epoch, read before any step), then
@@ -28,6 +52,15 @@ impl BenchFloor {
     async fn turn(&self, ctx: ObjectContext<'_>, deltas: Json<u64>) -> Result<Json<u64>, HandlerError> {
         let started = unix_micros();
         let n = usize::try_from(deltas.into_inner()).unwrap_or(0).min(1 << 20);
+        let filler = "y".repeat(200);
+        for i in 0..env_number("FLOOR_SETS").min(1000) {
+            ctx.set(&format!("k{i}"), Json(filler.clone()));
+        }
+        if env_number("FLOOR_INDEX") > 0 {
+            ctx.object_client::<BenchIndexClient>("index")
+                .add(Json(ctx.key().to_owned()))
+                .send();
+        }
         let text = ctx
             .run(|| async move { Ok::<_, HandlerError>(Json("x".repeat(n))) })
             .name("model")
@@ -35,6 +68,12 @@ impl BenchFloor {
             .into_inner();
         debug_assert_eq!(text.len(), n);
         Ok(Json(started))
+    }
+
+    /// Reads one key of the object (a status read's stand-in).
+    #[handler(lazy_state)]
+    async fn peek(&self, ctx: SharedObjectContext<'_>) -> Result<Json<bool>, HandlerError> {
+        Ok(Json(ctx.get::<Json<String>>("k0").await?.is_some()))
     }
 }
 
@@ -54,7 +93,8 @@ async fn main() {
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let uri = format!("http://{}", listener.local_addr().expect("address"));
-    let endpoint = restate_sdk::hyper::HyperEndpoint::new(Endpoint::builder().bind(BenchFloor).build());
+    let endpoint =
+        restate_sdk::hyper::HyperEndpoint::new(Endpoint::builder().bind(BenchFloor).bind(BenchIndex).build());
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {

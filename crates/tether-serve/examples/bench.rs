@@ -34,7 +34,10 @@
 //! run, over the calls). `BENCH_FLOOR=1` adds, on each Restate backend, the floor of a turn there:
 //! RUNS invocations at once of a bare exclusive handler with one journaled step and nothing of
 //! tether (`tether-restate`'s `examples/restate_floor`, built with `cargo build --release -p
-//! tether-restate --example restate_floor`), against the first backend's plain load.
+//! tether-restate --example restate_floor`), against the first backend's plain load. The parts a
+//! turn of tether's design adds can be priced there one by one: `BENCH_FLOOR_PEEK=1` reads each
+//! object (one shared handler) before its turn, and the floor's own `FLOOR_SETS=n` and
+//! `FLOOR_INDEX=1` have each turn write `n` state keys and call a shared index.
 //!
 //! Each load runs on new connections and on connections opened beforehand; a last burst of
 //! `GET /healthz` on open connections shows the floor: what 1,000 requests at once take on this
@@ -1493,22 +1496,38 @@ async fn floor_load(
             .map(|d| d.as_micros() as u64)
             .unwrap_or(0)
     };
+    // BENCH_FLOOR_PEEK=1: each turn is preceded by a shared read of its object, as a
+    // front-end reads a thread's status before it sends a turn.
+    let peek = std::env::var_os("BENCH_FLOOR_PEEK").is_some();
     let fire = |conns: Vec<Conn>, tag: String| async move {
         let began = Instant::now();
         let tasks: Vec<_> = conns
             .into_iter()
             .enumerate()
             .map(|(i, mut conn)| {
+                let object = format!("/BenchFloor/{tag}-{i}-{}", std::process::id());
                 let req = http_request(
                     &addr.to_string(),
                     "POST",
-                    &format!("/BenchFloor/{tag}-{i}-{}/turn", std::process::id()),
+                    &format!("{object}/turn"),
                     "application/json",
                     Some(&serde_json::json!(deltas)),
                     None,
                 );
+                // No content type: Restate refuses one for a handler that takes no input.
+                let peek_req = peek.then(|| {
+                    format!("POST {object}/peek HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 0\r\n\r\n")
+                        .into_bytes()
+                });
                 tokio::spawn(async move {
                     let (t0, sent) = (Instant::now(), unix());
+                    if let Some(p) = &peek_req {
+                        let status = tokio::time::timeout(RUN_TIMEOUT, conn.exchange(p, || {}, |_| {}))
+                            .await
+                            .ok()?
+                            .ok()?;
+                        (200..300).contains(&status).then_some(())?;
+                    }
                     let mut body = Vec::new();
                     let status = tokio::time::timeout(
                         RUN_TIMEOUT,
