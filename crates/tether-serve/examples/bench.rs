@@ -1407,32 +1407,60 @@ async fn compare(
     let steps = (2 * tools + 1) as f64;
     let base = &results[0].1;
     let base_call = (ms(med(&base[1].lone)) - ms(med(&base[0].lone))) / tools.max(1) as f64;
+    // A variant left out (`BENCH_VARIANTS`) ran no load: said so, not printed as NaN.
+    let ran = |v: &Measured| v.load.done.len() + v.load.failures > 0;
     for (backend, [plain, heavy]) in &results {
-        let per_call = (ms(med(&heavy.lone)) - ms(med(&plain.lone))) / tools.max(1) as f64;
+        let part = |v: &Measured, b: &Measured, tools_run: bool| {
+            if !ran(v) {
+                return "not run".to_owned();
+            }
+            let ratio = |x: f64, y: f64| {
+                if ran(b) {
+                    format!("{:.2}x", x / y)
+                } else {
+                    "-".to_owned()
+                }
+            };
+            let mut out = format!(
+                "{:>9.0} deltas/s ({}), first text p99 {:>7.1} ms ({})",
+                rate(&v.load),
+                ratio(rate(&v.load), rate(&b.load)),
+                ms(pct(&v.load.ttft, 0.99)),
+                ratio(ms(pct(&v.load.ttft, 0.99)), ms(pct(&b.load.ttft, 0.99))),
+            );
+            if tools_run {
+                out.push_str(&format!(
+                    ", run p50 {:.0} ms, {:.0} durable steps/s",
+                    ms(pct(&v.load.done, 0.50)),
+                    runs as f64 * steps / v.load.elapsed.as_secs_f64()
+                ));
+            } else {
+                out.push_str(&format!(", {:.1} KiB/run", v.hwm_kib as f64 / runs as f64));
+            }
+            out.push_str(&format!(", failures {}", v.load.failures));
+            out
+        };
+        let lone = if ran(plain) && ran(heavy) {
+            let per_call = (ms(med(&heavy.lone)) - ms(med(&plain.lone))) / tools.max(1) as f64;
+            format!(
+                "plain run {:.1} ms, tool-heavy {:.1} ms, per tool call {:.2} ms ({:+.2} ms vs {}), per step {:.2} ms",
+                ms(med(&plain.lone)),
+                ms(med(&heavy.lone)),
+                per_call,
+                per_call - base_call,
+                backends[0].name(),
+                ms(med(&heavy.lone)) / steps,
+            )
+        } else if ran(plain) {
+            format!("plain run {:.1} ms", ms(med(&plain.lone)))
+        } else {
+            format!("tool-heavy run {:.1} ms", ms(med(&heavy.lone)))
+        };
         println!(
-            "{:<17} plain: {:>9.0} deltas/s ({:.2}x), first text p99 {:>7.1} ms ({:.2}x), {:.1} KiB/run, failures {} | \
-             tool-heavy: {:>9.0} deltas/s ({:.2}x), first text p99 {:>7.1} ms ({:.2}x), run p50 {:.0} ms, {:.0} durable steps/s, failures {} | \
-             lone: plain run {:.1} ms, tool-heavy {:.1} ms, per tool call {:.2} ms ({:+.2} ms vs {}), per step {:.2} ms",
+            "{:<17} plain: {} | tool-heavy: {} | lone: {lone}",
             backend.name(),
-            rate(&plain.load),
-            rate(&plain.load) / rate(&base[0].load),
-            ms(pct(&plain.load.ttft, 0.99)),
-            ms(pct(&plain.load.ttft, 0.99)) / ms(pct(&base[0].load.ttft, 0.99)),
-            plain.hwm_kib as f64 / runs as f64,
-            plain.load.failures,
-            rate(&heavy.load),
-            rate(&heavy.load) / rate(&base[1].load),
-            ms(pct(&heavy.load.ttft, 0.99)),
-            ms(pct(&heavy.load.ttft, 0.99)) / ms(pct(&base[1].load.ttft, 0.99)),
-            ms(pct(&heavy.load.done, 0.50)),
-            runs as f64 * steps / heavy.load.elapsed.as_secs_f64(),
-            heavy.load.failures,
-            ms(med(&plain.lone)),
-            ms(med(&heavy.lone)),
-            per_call,
-            per_call - base_call,
-            backends[0].name(),
-            ms(med(&heavy.lone)) / steps,
+            part(plain, &base[0], false),
+            part(heavy, &base[1], true),
         );
     }
     for ((backend, _), floor) in results.iter().zip(&floors) {
