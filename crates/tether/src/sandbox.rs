@@ -617,13 +617,21 @@ impl Drop for Process {
 #[derive(Debug)]
 struct TempDir(PathBuf);
 
+/// The prefix of a command's temporary directory (then the process id, a counter, a random
+/// number).
+const TEMP_PREFIX: &str = "tether-cmd-";
+
 impl TempDir {
     fn create() -> std::io::Result<TempDir> {
         static N: AtomicU64 = AtomicU64::new(0);
+        static SWEPT: OnceLock<()> = OnceLock::new();
         let base = std::env::temp_dir();
+        // A process killed outright (SIGKILL, a crash) never dropped its commands' directories:
+        // the first command of each process removes those of processes that are gone.
+        SWEPT.get_or_init(|| sweep_stale(&base));
         for _ in 0..8 {
             let name = format!(
-                "tether-cmd-{}-{}-{:08x}",
+                "{TEMP_PREFIX}{}-{}-{:08x}",
                 std::process::id(),
                 N.fetch_add(1, Ordering::Relaxed),
                 rand::random::<u32>()
@@ -646,6 +654,45 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// Removes from `base` the command directories of processes that no longer run: only a real
+/// directory (not a symbolic link) named as [`TempDir::create`] names them, owned by this
+/// process's user, whose process id has no `/proc` entry. Anything else in a shared temporary
+/// directory, another user's or a live process's, is left alone. Linux only (elsewhere nothing
+/// is removed); errors are ignored (a directory left behind costs a few bytes).
+fn sweep_stale(base: &Path) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(me) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(base) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(TEMP_PREFIX))
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|pid| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            let path = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if !meta.is_dir() || meta.uid() != me || Path::new(&format!("/proc/{pid}")).exists() {
+                continue;
+            }
+            let _ = std::fs::remove_dir_all(&path);
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = base;
 }
 
 /// Output kept from a command: the last `limit` bytes.
@@ -893,6 +940,40 @@ mod linux {
             }
             seccompiler::apply_filter(&self.filter)
                 .map_err(|_| std::io::Error::from_raw_os_error(libc::EPERM))
+        }
+    }
+}
+
+#[cfg(all(test, target_os = "linux"))]
+mod sweep_tests {
+    use super::{TEMP_PREFIX, sweep_stale};
+
+    /// The directories of a process that is gone are removed; a live process's, a symbolic
+    /// link named like one (and what it points to), and anything else are left.
+    #[test]
+    fn only_a_gone_processs_directories_are_swept() {
+        let base = tempfile::tempdir().expect("a temporary directory");
+        let mut child = std::process::Command::new("true").spawn().expect("spawn true");
+        let gone = child.id();
+        child.wait().expect("wait");
+        let stale = base.path().join(format!("{TEMP_PREFIX}{gone}-0-deadbeef"));
+        std::fs::create_dir(&stale).expect("mkdir");
+        std::fs::write(stale.join("left.txt"), "x").expect("write");
+        let live = base
+            .path()
+            .join(format!("{TEMP_PREFIX}{}-0-00000001", std::process::id()));
+        std::fs::create_dir(&live).expect("mkdir");
+        let target = base.path().join("precious");
+        std::fs::create_dir(&target).expect("mkdir");
+        std::fs::write(target.join("keep.txt"), "x").expect("write");
+        let link = base.path().join(format!("{TEMP_PREFIX}{gone}-1-00000002"));
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+        let other = base.path().join(format!("{TEMP_PREFIX}notapid"));
+        std::fs::create_dir(&other).expect("mkdir");
+        sweep_stale(base.path());
+        assert!(!stale.exists(), "a gone process's directory is removed");
+        for kept in [&live, &link, &other, &target.join("keep.txt")] {
+            assert!(std::fs::symlink_metadata(kept).is_ok(), "{kept:?} is left");
         }
     }
 }
