@@ -237,8 +237,9 @@ async fn shared_handler_read_cost() {
 /// What a front-end's small reads cost on a long thread against a short one: `status` (the
 /// thread, its length and its running turn: three state keys) and `progress` of the record's last
 /// event, on a thread of one short turn and on one whose record holds 1 MiB of text, alternating
-/// through the ingress on one kept connection. The readers run with lazy state, so neither read
-/// should grow with the record (with eager state Restate sends the whole record with each read).
+/// through the ingress on one kept connection. `progress` runs with lazy state and should not
+/// grow with the record; `status` runs with eager state (Restate sends the whole record with
+/// each read: it is read once before a turn, which reads the record whole anyway) and does.
 /// Prints medians and their ratio; asserts nothing about time.
 ///
 /// `cargo test -p tether-restate --test bench small_reads -- --ignored --nocapture`
