@@ -759,3 +759,56 @@ async fn a_turn_takes_its_senders_clock() {
     }
     assert_eq!(s.fake.requests().len(), 2, "no model call for a refused turn");
 }
+
+/// A turn killed while it waits (Restate's admin kill: the turn never writes its end, its
+/// checkpoint included) leaves a thread the next turn goes on with: the next model call holds
+/// the first turn's message and its tool's result, rebuilt from the record's events.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_turn_after_a_killed_turn_goes_on_from_the_record() {
+    let s = setup().await;
+    let _service = Service::start(&s.config);
+    s.fake
+        .push(Reply::tool_calls(&[(
+            "call_a",
+            "append_line",
+            r#"{"text":"first"}"#,
+        )]))
+        .push(Reply::tool_calls(&[(
+            "call_g",
+            "guarded_append",
+            r#"{"text":"second"}"#,
+        )]));
+    let ingress = s.restate.ingress.clone();
+    let inv = send_turn(&ingress, "t-killed", &turn("m1", "append two lines")).await;
+    until("the turn to wait for approval", async || {
+        let (status, v) = call(&ingress, "t-killed", "waiting", &json!(null)).await;
+        (status == 200 && v.as_array().is_some_and(|a| !a.is_empty())).then_some(())
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let killed = client
+        .patch(format!("{}/invocations/{inv}/kill", s.restate.admin))
+        .send()
+        .await
+        .expect("the admin API");
+    assert!(killed.status().is_success(), "kill: {}", killed.status());
+    let (status, _) = attach(&ingress, &inv).await;
+    assert!(status >= 400, "a killed turn has no result: {status}");
+    // The first model call answers the killed turn's call left waiting (as not answered), the
+    // second the new message.
+    s.fake.push(Reply::text("Noted.")).push(Reply::text("Picked up."));
+    let (status, out) = call(&ingress, "t-killed", "turn", &turn("m2", "go on")).await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["text"], "Picked up.", "{out}");
+    let last = s.fake.requests().pop().expect("a request");
+    let history = serde_json::to_string(last.messages()).unwrap_or_default();
+    for want in ["append two lines", "call_a", "appended", "go on"] {
+        assert!(history.contains(want), "history lacks {want}: {history}");
+    }
+    assert_eq!(
+        effects(&s.config.effects),
+        vec!["append_line call_a first"],
+        "the guarded call never ran"
+    );
+    check_record(&ingress, "t-killed").await;
+}
