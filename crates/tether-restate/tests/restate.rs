@@ -794,6 +794,16 @@ async fn the_turn_after_a_killed_turn_goes_on_from_the_record() {
     assert!(killed.status().is_success(), "kill: {}", killed.status());
     let (status, _) = attach(&ingress, &inv).await;
     assert!(status >= 400, "a killed turn has no result: {status}");
+    // The thread still names the killed turn as running (it never cleared it), while Restate
+    // says the invocation is over: what a front-end asks before it calls the thread busy.
+    let (_, glance) = call(&ingress, "t-killed", "status", &json!(null)).await;
+    assert_eq!(glance["invocation"], json!(inv), "{glance}");
+    let output = client
+        .get(format!("{ingress}/restate/invocation/{inv}/output"))
+        .send()
+        .await
+        .expect("output");
+    assert_eq!(output.status().as_u16(), 409, "a killed invocation's output");
     // The first model call answers the killed turn's call left waiting (as not answered), the
     // second the new message.
     s.fake.push(Reply::text("Noted.")).push(Reply::text("Picked up."));

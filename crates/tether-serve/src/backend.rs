@@ -555,14 +555,7 @@ impl RestateAgent {
     /// outcome, or its failure's status and message. Never resolves when the ingress cannot be
     /// reached: the relay then learns the end from this process's signals or its time limit.
     async fn attach(&self, invocation: &str) -> Result<tether_restate::TurnOutcome, (u16, String)> {
-        let mut u = self.ingress.clone();
-        if let Ok(mut seg) = u.path_segments_mut() {
-            seg.pop_if_empty()
-                .push("restate")
-                .push("invocation")
-                .push(invocation)
-                .push("attach");
-        }
+        let u = self.invocation_url(invocation, "attach");
         let Ok(resp) = self.http.get(u).send().await else {
             return std::future::pending().await;
         };
@@ -579,6 +572,36 @@ impl RestateAgent {
             .and_then(|v| v["message"].as_str().map(str::to_owned))
             .unwrap_or(text);
         Err((status, message.chars().take(2048).collect()))
+    }
+
+    /// `{ingress}/restate/invocation/{invocation}/{what}`.
+    fn invocation_url(&self, invocation: &str, what: &str) -> reqwest::Url {
+        let mut u = self.ingress.clone();
+        if let Ok(mut seg) = u.path_segments_mut() {
+            seg.pop_if_empty()
+                .push("restate")
+                .push("invocation")
+                .push(invocation)
+                .push(what);
+        }
+        u
+    }
+
+    /// Whether Restate says the turn `invocation`, which the thread still names as running, is
+    /// over: a turn killed through Restate's admin API never cleared its mark, and without this
+    /// its thread would refuse every new message as busy. Its output answers 470 while it runs
+    /// (or is paused); anything else but a failure to answer (a result, 409 killed, 404 gone)
+    /// means it is over. When Restate does not answer, the turn is taken as running: a second
+    /// turn is never sent beside one that may run.
+    async fn is_over(&self, invocation: &str) -> bool {
+        let req = self
+            .http
+            .get(self.invocation_url(invocation, "output"))
+            .timeout(Duration::from_secs(5));
+        match req.send().await.map(|r| r.status().as_u16()) {
+            Ok(s) => (200..300).contains(&s) || ((400..500).contains(&s) && s != 470 && s != 429 && s != 408),
+            Err(_) => false,
+        }
     }
 
     /// What the thread's turn waits for and the record's events after `after` (every page),
@@ -997,7 +1020,13 @@ impl RestateAgent {
                 {
                     // The user moved on while a turn waited for approval: that turn ends (its
                     // waiting calls answered as cancelled), and the new message is the next turn.
-                    if !self.waiting(&thread).await?.is_empty() {
+                    // (A turn killed through Restate's admin API left its wait marked: nothing
+                    // to cancel, the next turn answers its calls.)
+                    let live = match &status.invocation {
+                        Some(inv) => !self.is_over(inv).await,
+                        None => false,
+                    };
+                    if live && !self.waiting(&thread).await?.is_empty() {
                         self.decide(
                             &thread,
                             ctx.run_id().as_str(),
@@ -1018,7 +1047,10 @@ impl RestateAgent {
                     // of a turn, or when it is the message the thread's last turn was sent with.
                     // Any other message does not queue behind a running turn (as the default
                     // backend).
-                    let running = existing.is_some() && status.invocation.is_some();
+                    let running = match (&existing, &status.invocation) {
+                        (Some(_), Some(inv)) => !self.is_over(inv).await,
+                        _ => false,
+                    };
                     // (The message is the turn's from its first step on. Sent again before that,
                     // on another node, it starts a second turn, which finds it answered; this run
                     // shows the first turn's events meanwhile, as it follows the thread.)

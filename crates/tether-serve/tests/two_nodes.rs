@@ -454,3 +454,89 @@ async fn what_a_finished_run_showed_is_read_at_once_on_either_node() {
     record(a, thread).await;
     nodes.shutdown().await;
 }
+
+/// A turn killed through Restate's admin API never clears its mark on the thread: the thread's
+/// next message is served (Restate says the invocation is over), not refused as busy forever;
+/// and so is the next message after a turn killed while it waited for approval.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_thread_whose_turn_was_killed_takes_the_next_message() {
+    let nodes = TwoNodes::start().await;
+    let (env, a, restate) = (&nodes.env, &nodes.a, &nodes._restate);
+    let running = async |thread: &str| -> Option<String> {
+        let r = reqwest::Client::new()
+            .post(format!("{}/TetherThread/{thread}/invocation", restate.ingress))
+            .send()
+            .await
+            .ok()?;
+        let v: Value = r.json().await.ok()?;
+        v.as_str().map(str::to_owned)
+    };
+    let kill = async |inv: &str| {
+        let r = reqwest::Client::new()
+            .patch(format!("{}/invocations/{inv}/kill", restate.admin))
+            .send()
+            .await
+            .expect("the admin API");
+        assert!(r.status().is_success(), "kill: {}", r.status());
+    };
+
+    // Killed mid-stream.
+    let thread = "t-killed";
+    env.fake.push(
+        Reply::text("x".repeat(400))
+            .chunk_chars(1)
+            .pace(std::time::Duration::from_millis(25)),
+    );
+    let addr = a.addr();
+    let first = tokio::spawn(async move {
+        run_at(addr, "main", &input("t-killed", "r1", user("u1", "a long one"))).await
+    });
+    let started = std::time::Instant::now();
+    let inv = loop {
+        if let Some(inv) = running(thread).await {
+            break inv;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "the turn never ran"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    kill(&inv).await;
+    let ev = first.await.expect("the first run");
+    assert_eq!(
+        last(&ev)["outcome"]["type"],
+        "cancelled",
+        "the killed turn's run: {ev:?}"
+    );
+    env.fake.push(Reply::text("fresh answer"));
+    let ev = run_at(a.addr(), "main", &input(thread, "r2", user("u2", "again"))).await;
+    finished_ok(&ev);
+    assert_eq!(text_of(&ev), "fresh answer", "{ev:?}");
+
+    // Killed while it waited for approval.
+    let thread = "t-killed-waiting";
+    env.fake.push(Reply::tool_calls(&[(
+        "call_w",
+        "touch_file",
+        r#"{"name":"never.txt"}"#,
+    )]));
+    let ev = run_at(a.addr(), "main", &input(thread, "r1", user("u1", "touch"))).await;
+    interrupt_of(&ev);
+    let inv = running(thread).await.expect("the waiting turn");
+    kill(&inv).await;
+    // Two model calls: the killed turn's waiting call answered as not answered, then the
+    // new message.
+    env.fake
+        .push(Reply::text("Noted. "))
+        .push(Reply::text("answered anew"));
+    let ev = run_at(a.addr(), "main", &input(thread, "r2", user("u2", "never mind"))).await;
+    finished_ok(&ev);
+    assert!(text_of(&ev).ends_with("answered anew"), "{ev:?}");
+    assert!(
+        !env.ws().join("never.txt").exists(),
+        "the killed turn's call never ran"
+    );
+    record(a, thread).await;
+    nodes.shutdown().await;
+}
