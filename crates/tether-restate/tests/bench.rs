@@ -150,6 +150,35 @@ async fn through_restate(
     took
 }
 
+/// A Restate node with the demo service registered, its model the returned fake, once the
+/// ingress serves a first turn (of thread `first`, answered "hi").
+async fn one_node(dir: &std::path::Path, first: &str) -> (Restate, FakeOpenAi, Service) {
+    let restate = Restate::start().await;
+    let fake = FakeOpenAi::start().await;
+    let config = ServiceConfig {
+        listen: format!("127.0.0.1:{}", free_port()),
+        admin: restate.admin.clone(),
+        model_url: fake.url(),
+        effects: dir.join("effects.log"),
+        live: None,
+    };
+    let service = Service::start(&config);
+    fake.push(Reply::text("hi"));
+    until("the ingress to know the service", async || {
+        let (status, v) = call(
+            &restate.ingress,
+            first,
+            "turn",
+            &json!({"message_id": "m", "text": "hi"}),
+        )
+        .await;
+        assert!(status == 200 || status == 404, "{status} {v}");
+        (status == 200).then_some(())
+    })
+    .await;
+    (restate, fake, service)
+}
+
 /// What a thread read costs with the record in Restate object state: a shared handler reading
 /// one state key through the ingress (`running`), the thread's whole record read through the
 /// ingress as a front-end reads it ([`tether_restate::RestateStore`]: `thread`, then pages of
@@ -162,29 +191,7 @@ async fn through_restate(
 async fn shared_handler_read_cost() {
     const N: usize = 300;
     let dir = tempfile::tempdir().expect("tempdir");
-    let restate = Restate::start().await;
-    let fake = FakeOpenAi::start().await;
-    let config = ServiceConfig {
-        listen: format!("127.0.0.1:{}", free_port()),
-        admin: restate.admin.clone(),
-        model_url: fake.url(),
-        effects: dir.path().join("read.log"),
-        live: None,
-    };
-    let service = Service::start(&config);
-    fake.push(Reply::text("hi"));
-    until("the ingress to know the service", async || {
-        let (status, v) = call(
-            &restate.ingress,
-            "t",
-            "turn",
-            &json!({"message_id": "m", "text": "hi"}),
-        )
-        .await;
-        assert!(status == 200 || status == 404, "{status} {v}");
-        (status == 200).then_some(())
-    })
-    .await;
+    let (restate, _fake, service) = one_node(dir.path(), "t").await;
     // One client, its connection kept: as a tether node would call the ingress.
     let client = reqwest::Client::new();
     let url = format!("{}/TetherThread/t/running", restate.ingress);
@@ -249,29 +256,7 @@ async fn small_reads_on_a_long_thread() {
     const N: usize = 200;
     const TURNS: usize = 16;
     let dir = tempfile::tempdir().expect("tempdir");
-    let restate = Restate::start().await;
-    let fake = FakeOpenAi::start().await;
-    let config = ServiceConfig {
-        listen: format!("127.0.0.1:{}", free_port()),
-        admin: restate.admin.clone(),
-        model_url: fake.url(),
-        effects: dir.path().join("small.log"),
-        live: None,
-    };
-    let _service = Service::start(&config);
-    fake.push(Reply::text("hi"));
-    until("the ingress to know the service", async || {
-        let (status, v) = call(
-            &restate.ingress,
-            "short",
-            "turn",
-            &json!({"message_id": "m", "text": "hi"}),
-        )
-        .await;
-        assert!(status == 200 || status == 404, "{status} {v}");
-        (status == 200).then_some(())
-    })
-    .await;
+    let (restate, fake, _service) = one_node(dir.path(), "short").await;
     let text = "x".repeat(64 * 1024);
     // Its last turn short, so that the last event read is the same size on both threads.
     for i in 0..=TURNS {
