@@ -318,3 +318,53 @@ async fn small_reads_on_a_long_thread() {
         pl / ps
     );
 }
+
+/// What a turn costs as its thread grows: a turn gets its thread's whole state with its
+/// invocation, reads every event of its record (Restate journals every value a handler reads: a
+/// `GetEagerState` entry holds it, so each turn writes its record again into its own journal),
+/// and seeds its engine with it. Times lone one-step
+/// turns on a fresh thread and on one of 200 and 400 events (two per turn, 512 bytes of text
+/// each), medians of 9 turns alternating. Prints the medians; asserts nothing about time.
+///
+/// `cargo test -p tether-restate --test bench turn_on_a_long -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread")]
+#[ignore = "a benchmark: run with --ignored --nocapture"]
+async fn turn_on_a_long_thread() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (restate, fake, _service) = one_node(dir.path(), "warm").await;
+    let text = "z".repeat(512);
+    let turn = async |thread: &str, i: usize| {
+        fake.push(Reply::text(text.clone()));
+        let started = Instant::now();
+        let (status, out) = call(
+            &restate.ingress,
+            thread,
+            "turn",
+            &json!({"message_id": format!("m{i}"), "text": "more"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{out}");
+        started.elapsed()
+    };
+    for i in 0..200 {
+        turn("long-400", i).await;
+        if i < 100 {
+            turn("long-200", i).await;
+        }
+    }
+    let mut times: [Vec<std::time::Duration>; 3] = Default::default();
+    for i in 0..9 {
+        times[0].push(turn(&format!("fresh-{i}"), 0).await);
+        times[1].push(turn("long-200", 1000 + i).await);
+        times[2].push(turn("long-400", 1000 + i).await);
+    }
+    let [a, b, c] = times.map(|mut v| {
+        v.sort_unstable();
+        v[v.len() / 2].as_secs_f64() * 1000.0
+    });
+    println!(
+        "a one-step turn, median of 9: fresh thread {a:.2} ms; 200-event thread {b:.2} ms ({:.2}x); 400-event thread {c:.2} ms ({:.2}x)",
+        b / a,
+        c / a
+    );
+}
