@@ -113,6 +113,12 @@ impl TurnRequest {
         self
     }
 
+    /// The sender's clock read now ([`TurnRequest::clock`]): the clock a turn reads in a step
+    /// when it is not given one.
+    pub fn clock_now(self) -> Self {
+        self.clock(now_ms())
+    }
+
     /// Whether the thread may have a legacy record to import ([`TurnRequest::import`]).
     pub fn import(mut self, may: bool) -> Self {
         self.import = Some(may);
@@ -1052,18 +1058,22 @@ impl TetherThread {
                     let n = events.len() as u64;
                     (now, Some(t), events, checkpoint.clone(), (n, checkpoint))
                 }
-                None if req.import == Some(false) && req.clock.is_some() => {
-                    (req.clock.unwrap_or_default(), None, Vec::new(), None, (0, None))
-                }
-                None => match self.clock_and_import(ctx, thread).await? {
-                    (now, Some(s)) => {
-                        // The record key on Restate is the thread id.
-                        let mut t = s.thread;
-                        t.record = thread.as_str().to_owned();
-                        (now, Some(t), s.events, s.checkpoint, (0, None))
+                None => {
+                    // Told the time and that there is nothing to import: no step.
+                    let read = match (req.clock, req.import) {
+                        (Some(at), Some(false)) => (at, None),
+                        _ => self.clock_and_import(ctx, thread).await?,
+                    };
+                    match read {
+                        (now, Some(s)) => {
+                            // The record key on Restate is the thread id.
+                            let mut t = s.thread;
+                            t.record = thread.as_str().to_owned();
+                            (now, Some(t), s.events, s.checkpoint, (0, None))
+                        }
+                        (now, None) => (now, None, Vec::new(), None, (0, None)),
                     }
-                    (now, None) => (now, None, Vec::new(), None, (0, None)),
-                },
+                }
             };
         let title: String = req.text.chars().take(80).collect();
         let t = match stored {

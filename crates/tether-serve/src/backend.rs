@@ -431,13 +431,6 @@ fn announcer(
     })
 }
 
-/// This node's clock, in milliseconds since the Unix epoch.
-fn unix_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
 fn store_error(e: tether::Error) -> tether_agui::AgUiError {
     tether_agui::AgUiError::agent("STORE", e.to_string())
 }
@@ -599,7 +592,7 @@ impl RestateAgent {
             .get(self.invocation_url(invocation, "output"))
             .timeout(Duration::from_secs(5));
         match req.send().await.map(|r| r.status().as_u16()) {
-            Ok(s) => (200..300).contains(&s) || ((400..500).contains(&s) && s != 470 && s != 429 && s != 408),
+            Ok(s) => matches!(s, 200..=299 | 400..=499) && !matches!(s, 408 | 429 | 470),
             Err(_) => false,
         }
     }
@@ -798,11 +791,11 @@ impl RestateAgent {
         );
         let Ok(status) = status else { return };
         let Some(running) = status.invocation else { return };
-        let moved = note.ok().flatten().and_then(|n| {
-            (n["invocation"].as_str() == Some(running.as_str()))
-                .then(|| n["url"].as_str().map(str::to_owned))
-                .flatten()
-        });
+        let moved = note
+            .ok()
+            .flatten()
+            .filter(|n| n["invocation"].as_str() == Some(running.as_str()))
+            .and_then(|n| n["url"].as_str().map(str::to_owned));
         let Some(url) = moved.or(status.announced) else {
             return;
         };
@@ -1107,7 +1100,7 @@ impl RestateAgent {
                 let mut req = TurnRequest::new(id.clone(), text)
                     .run(run.clone())
                     .announced(announced.clone())
-                    .clock(unix_ms());
+                    .clock_now();
                 if existing.is_none() {
                     let held = self.legacy.thread(&thread).await.map_err(store_error)?;
                     req = req.import(held.is_some());
@@ -1182,13 +1175,13 @@ impl RestateAgent {
         // Whether the turn showed itself here (it started on this node's service, or its events
         // came from this process): then no peer is looked for until this process goes quiet.
         let mut here = false;
-        // The wait for approvals the turn said it began (in this process, or from the peer
-        // running it) that Restate does not show yet. The turn says it before its writes reach
+        // Whether the turn said (in this process, or from the peer running it) it waits for
+        // approvals that Restate does not show yet. The turn says it before its writes reach
         // Restate (a handler's writes go with its next step), and a client told the run waits
         // approves at once, through any node: the run waits only on Restate's word, read until
         // it shows the wait (see [`CONFIRM_FIRST`]). Its end needs no read: a turn says it
         // ended once Restate holds its writes.
-        let mut unconfirmed: Option<Relayed> = None;
+        let mut unconfirmed = false;
         let mut confirm_pause = CONFIRM_FIRST;
         let confirm = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(confirm);
@@ -1213,14 +1206,15 @@ impl RestateAgent {
                 sig = signals.recv() => match sig {
                     Ok(sig) if signal_thread(&sig) == Some(&thread) => {
                         quiet = false;
-                        if let Some(r) = judge(sig, &thread, &answered, ours.as_ref()) {
+                        match judge(sig, &thread, &answered, ours.as_ref()) {
                             // A turn says it ended once Restate holds all it wrote.
-                            if matches!(r, Relayed::Ended(_)) {
-                                break r;
+                            Some(r @ Relayed::Ended(_)) => break r,
+                            Some(Relayed::Waiting(_)) => {
+                                confirm_pause = CONFIRM_FIRST;
+                                confirm.as_mut().reset(tokio::time::Instant::now());
+                                unconfirmed = true;
                             }
-                            confirm_pause = CONFIRM_FIRST;
-                            confirm.as_mut().reset(tokio::time::Instant::now());
-                            unconfirmed = Some(r);
+                            None => {}
                         }
                     }
                     Ok(_) => {}
@@ -1255,13 +1249,14 @@ impl RestateAgent {
                     }
                     Some(FollowLine::Signal(sig)) => {
                         quiet = false;
-                        if let Some(r) = judge(sig, &thread, &answered, ours.as_ref()) {
-                            if matches!(r, Relayed::Ended(_)) {
-                                break r;
+                        match judge(sig, &thread, &answered, ours.as_ref()) {
+                            Some(r @ Relayed::Ended(_)) => break r,
+                            Some(Relayed::Waiting(_)) => {
+                                confirm_pause = CONFIRM_FIRST;
+                                confirm.as_mut().reset(tokio::time::Instant::now());
+                                unconfirmed = true;
                             }
-                            confirm_pause = CONFIRM_FIRST;
-                            confirm.as_mut().reset(tokio::time::Instant::now());
-                            unconfirmed = Some(r);
+                            None => {}
                         }
                     }
                     // The peer's stream ended (its turn moved, the peer died, this relay lagged):
@@ -1277,22 +1272,16 @@ impl RestateAgent {
                     look_pause = (look_pause * 4).min(LOOK_MAX).max(began.elapsed() * BUSY_FACTOR);
                     look.as_mut().reset(tokio::time::Instant::now() + look_pause);
                 }
-                _ = &mut confirm, if unconfirmed.is_some() => {
-                    match &unconfirmed {
-                        // Restate shows the wait once it holds the approvals the turn waits
-                        // for (written after every event before them).
-                        Some(Relayed::Waiting(_)) => {
-                            if let Ok((waiting, more)) = self.progress(&thread, max_seq).await {
-                                for ev in more {
-                                    relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
-                                }
-                                if waits_anew(&waiting, &answered) {
-                                    break Relayed::Waiting(waiting);
-                                }
-                            }
+                // Restate shows the wait once it holds the approvals the turn waits for
+                // (written after every event before them).
+                _ = &mut confirm, if unconfirmed => {
+                    if let Ok((waiting, more)) = self.progress(&thread, max_seq).await {
+                        for ev in more {
+                            relay(ctx, &mut mapper, &mut parts, &ev, None, &mut max_seq).await?;
                         }
-                        // An end is never held here (see `judge`'s callers).
-                        Some(Relayed::Ended(_)) | None => {}
+                        if waits_anew(&waiting, &answered) {
+                            break Relayed::Waiting(waiting);
+                        }
                     }
                     confirm_pause = (confirm_pause * 2).min(FOLLOW_EVERY);
                     confirm.as_mut().reset(tokio::time::Instant::now() + confirm_pause);
