@@ -37,7 +37,8 @@
 //! tether-restate --example restate_floor`), against the first backend's plain load. The parts a
 //! turn of tether's design adds can be priced there one by one: `BENCH_FLOOR_PEEK=1` reads each
 //! object (one shared handler) before its turn, and the floor's own `FLOOR_SETS=n` and
-//! `FLOOR_INDEX=1` have each turn write `n` state keys and call a shared index.
+//! `FLOOR_INDEX=1` have each turn write `n` state keys and call a shared index; `FLOOR_PG=…` keeps
+//! each turn's record in PostgreSQL instead (see the example's docs).
 //!
 //! Each load runs on new connections and on connections opened beforehand; a last burst of
 //! `GET /healthz` on open connections shows the floor: what 1,000 requests at once take on this
