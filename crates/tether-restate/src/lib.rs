@@ -13,6 +13,9 @@
 //! - [`record`], [`store::RestateStore`], [`notes`], [`index`]: the thread's record is the
 //!   object's own state (written with the journal, read through shared handlers by any tether
 //!   node), its front-end bookkeeping a second per-thread object, its listing an index per agent.
+//! - [`shared::SharedRecord`]: or the record in a PostgreSQL database every node reaches
+//!   ([`TetherThread::shared_record`], [`RestateStore::with_shared`]): Restate then stores each
+//!   turn's steps and a few small keys, and reads of records never queue on Restate.
 //! - [`serve`] and [`register`]: the HTTP endpoint on a listener, and its registration with the
 //!   Restate admin API.
 //!
@@ -59,6 +62,7 @@ pub mod notes;
 #[allow(missing_docs)]
 pub mod object;
 pub mod record;
+pub mod shared;
 pub mod steps;
 pub mod store;
 
@@ -74,6 +78,7 @@ pub use object::{
     Attempt, LiveDrafts, LiveEvent, LivePart, OnAttempt, Progress, TetherThread, ThreadStatus, TurnOutcome,
     TurnRequest, TurnSignal, WaitingToolUse, live_part,
 };
+pub use shared::SharedRecord;
 pub use steps::Decision;
 pub use store::RestateStore;
 

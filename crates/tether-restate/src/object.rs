@@ -25,6 +25,7 @@ use tether::{
 use crate::hub::ThreadHub;
 use crate::index::TetherThreadsClient;
 use crate::record::{self, Page, Snapshot, Written};
+use crate::shared::SharedRecord;
 use crate::steps::{Decision, JournaledOutput, Step, StepClient, StepHandler, StepModel};
 
 /// The longest message text a turn accepts, in bytes.
@@ -271,6 +272,7 @@ pub struct TetherThread {
     drafts: LiveDrafts,
     signals: Option<Fanout<TurnSignal>>,
     on_attempt: Option<OnAttempt>,
+    shared: Option<SharedRecord>,
 }
 
 /// Where a turn's out-of-band messages go: one channel for every thread, or one per thread.
@@ -536,7 +538,18 @@ impl TetherThread {
             drafts: LiveDrafts::new(),
             signals: None,
             on_attempt: None,
+            shared: None,
         }
+    }
+
+    /// Keeps the threads' records in `record`, a database every tether node reaches, instead of
+    /// the object state (see [`crate::shared`]): Restate then stores each turn's steps and a few
+    /// small keys, not its events, and front-ends read records from the database. Every node
+    /// serving the same threads must be given the same database; a thread's record does not move
+    /// between the two homes.
+    pub fn shared_record(mut self, record: SharedRecord) -> Self {
+        self.shared = Some(record);
+        self
     }
 
     /// Runs `f` in this process each time a turn of a thread starts running here, before the
@@ -626,41 +639,96 @@ fn record_error(e: Error) -> TerminalError {
     TerminalError::new(format!("the thread's record: {e}"))
 }
 
-/// The record's events and checkpoint as the object state holds them (journaled reads).
-async fn read_record(ctx: &ObjectContext<'_>) -> Result<(Vec<Event>, Option<Value>), TerminalError> {
+/// How a turn fails: for good (journaled, said to its relays), or for now (Restate runs the
+/// invocation again from its journal: the shared record's database did not answer).
+enum Failure {
+    Terminal(TerminalError),
+    Retry(Error),
+}
+
+impl From<TerminalError> for Failure {
+    fn from(e: TerminalError) -> Self {
+        Failure::Terminal(e)
+    }
+}
+
+/// The record's events and checkpoint (journaled reads of the object state; with a shared
+/// record, its events up to the length the object state holds, which never change once stored).
+async fn read_record(
+    ctx: &ObjectContext<'_>,
+    shared: Option<&SharedRecord>,
+) -> Result<(Vec<Event>, Option<Value>), Failure> {
     let count = ctx
         .get::<Json<u64>>(record::EVENTS)
         .await?
         .map_or(0, Json::into_inner);
+    let checkpoint = ctx
+        .get::<Json<Value>>(record::CHECKPOINT_KEY)
+        .await?
+        .map(Json::into_inner);
+    if let Some(shared) = shared {
+        let events = shared
+            .events_upto(ctx.key(), count)
+            .await
+            .map_err(Failure::Retry)?;
+        return Ok((events, checkpoint));
+    }
     let mut events = Vec::with_capacity(usize::try_from(count.min(4096)).unwrap_or(0));
     for seq in 1..=count {
         match ctx.get::<Json<Event>>(&record::event_key(seq)).await? {
             Some(Json(e)) => events.push(e),
             None => {
-                return Err(TerminalError::new(format!(
-                    "the thread's record lacks event {seq} of {count}"
-                )));
+                return Err(
+                    TerminalError::new(format!("the thread's record lacks event {seq} of {count}")).into(),
+                );
             }
         }
     }
-    let checkpoint = ctx
-        .get::<Json<Value>>(record::CHECKPOINT_KEY)
-        .await?
-        .map(Json::into_inner);
     Ok((events, checkpoint))
 }
 
+/// The running turn's marks as the shared record shows them (see [`ThreadStatus`]).
+struct Marks {
+    invocation: Option<String>,
+    message: String,
+    announced: Option<String>,
+    /// Whether the shared record shows them as they are.
+    written: bool,
+}
+
 /// Writes what the engine added to its in-memory record since `written` into the object state
-/// (events first, then their count: a reader never sees a count ahead of the events).
+/// (events first, then their count: a reader never sees a count ahead of the events). With a
+/// shared record, the events (and the thread, the checkpoint and `marks`) go to its database
+/// first, committed before the object state's count moves past them.
 async fn write(
     ctx: &ObjectContext<'_>,
+    shared: Option<&SharedRecord>,
     mem: &MemoryStore,
     written: &mut Written,
-) -> Result<(), TerminalError> {
+    marks: &mut Marks,
+) -> Result<(), Failure> {
     let a = written.additions(mem).await.map_err(record_error)?;
-    for e in &a.events {
-        if let Some(seq) = e.seq {
-            ctx.set(&record::event_key(seq), Json(e.clone()));
+    if let Some(shared) = shared {
+        if !a.events.is_empty() || a.checkpoint.is_some() || a.thread.is_some() || !marks.written {
+            let w = crate::shared::Write::new(
+                a.thread.clone().unwrap_or_else(|| written.thread.clone()),
+                written.events + a.events.len() as u64,
+            )
+            .events(a.events.clone())
+            .checkpoint(a.checkpoint.clone())
+            .marks(
+                marks.invocation.clone(),
+                Some(marks.message.clone()),
+                marks.announced.clone(),
+            );
+            shared.write(w).await.map_err(Failure::Retry)?;
+            marks.written = true;
+        }
+    } else {
+        for e in &a.events {
+            if let Some(seq) = e.seq {
+                ctx.set(&record::event_key(seq), Json(e.clone()));
+            }
         }
     }
     if !a.events.is_empty() {
@@ -679,9 +747,9 @@ async fn write(
 /// Sends `thread` to its agent's index (a one-way call, journaled with the turn) unless the
 /// index got it as it is (`indexed`): one call for a turn whose thread changes only as it opens,
 /// where a call at the start and another after the engine set the provider session each queued
-/// on the agent's one index object.
-fn index(ctx: &ObjectContext<'_>, thread: &Thread, indexed: &mut Option<Thread>) {
-    if indexed.as_ref() == Some(thread) {
+/// on the agent's one index object. A shared record lists the threads itself: no call.
+fn index(ctx: &ObjectContext<'_>, shared: bool, thread: &Thread, indexed: &mut Option<Thread>) {
+    if shared || indexed.as_ref() == Some(thread) {
         return;
     }
     ctx.object_client::<TetherThreadsClient>(thread.agent.clone())
@@ -804,7 +872,12 @@ impl TetherThread {
         let req = req.into_inner();
         let message_id = req.message_id.clone();
         let run = req.run.clone();
-        let out = self.run_turn(&ctx, req).await;
+        let out = match self.run_turn(&ctx, req).await {
+            Ok(o) => Ok(o),
+            Err(Failure::Terminal(e)) => Err(e),
+            // Not an end: Restate runs the invocation again from its journal.
+            Err(Failure::Retry(e)) => return Err(HandlerError::from(e)),
+        };
         // Also after a failure: a thread whose turn failed is not left looking busy.
         ctx.clear(STATE_PENDING);
         ctx.clear(STATE_TURN);
@@ -921,7 +994,7 @@ impl TetherThread {
         ctx: SharedObjectContext<'_>,
         page: Json<Page>,
     ) -> Result<Json<Vec<Event>>, HandlerError> {
-        Ok(Json(page_of(&ctx, page.into_inner()).await?))
+        Ok(Json(self.page(&ctx, page.into_inner()).await?))
     }
 
     /// What the running turn waits for and a page of the record, read at once (see
@@ -933,7 +1006,7 @@ impl TetherThread {
         page: Json<Page>,
     ) -> Result<Json<Progress>, HandlerError> {
         let (waiting, events) =
-            futures_util::future::try_join(waiting_of(&ctx), page_of(&ctx, page.into_inner())).await?;
+            futures_util::future::try_join(waiting_of(&ctx), self.page(&ctx, page.into_inner())).await?;
         Ok(Json(Progress { waiting, events }))
     }
 
@@ -975,13 +1048,17 @@ impl TetherThread {
 }
 
 impl TetherThread {
+    /// A page of the record, from the object state or the shared record.
+    async fn page(&self, ctx: &SharedObjectContext<'_>, page: Page) -> Result<Vec<Event>, HandlerError> {
+        match &self.shared {
+            Some(s) => Ok(s.events_after(ctx.key(), page.after, page.limit()).await?),
+            None => page_of(ctx, page).await,
+        }
+    }
+
     /// The body of `turn`: every failure is terminal (journaled), so the [`TurnSignal::Ended`]
     /// sent for it is final.
-    async fn run_turn(
-        &self,
-        ctx: &ObjectContext<'_>,
-        req: TurnRequest,
-    ) -> Result<TurnOutcome, TerminalError> {
+    async fn run_turn(&self, ctx: &ObjectContext<'_>, req: TurnRequest) -> Result<TurnOutcome, Failure> {
         let thread =
             ThreadId::new(ctx.key()).map_err(|e| TerminalError::new_with_code(400, e.to_string()))?;
         check_request(&req)?;
@@ -997,6 +1074,13 @@ impl TetherThread {
             None => ctx.clear(STATE_ANNOUNCED),
         }
 
+        let mut marks = Marks {
+            invocation: Some(ctx.invocation_id().to_owned()),
+            message: req.message_id.clone(),
+            announced: req.announced.clone(),
+            written: false,
+        };
+        let shared = self.shared.as_ref();
         let (snapshot, mut written) = self.load(ctx, &thread, &req).await?;
         // The thread as the agent's index (`TetherThreads`) last got it: sent before the turn's
         // first step (a first turn that waits for approval is listed already), with its provider
@@ -1012,15 +1096,19 @@ impl TetherThread {
                 Some(step) = rx.recv() => {
                     // The engine waits for this step: what it recorded so far is written first,
                     // so the record is readable before the step runs (or the turn suspends).
-                    write(ctx, &mem, &mut written).await?;
-                    index(ctx, &written.thread, &mut indexed);
+                    write(ctx, shared, &mem, &mut written, &mut marks).await?;
+                    index(ctx, shared.is_some(), &written.thread, &mut indexed);
                     self.serve_step(ctx, step).await;
                 }
             }
         };
-        // Also after a failure: what the turn did is recorded.
-        write(ctx, &mem, &mut written).await?;
-        index(ctx, &written.thread, &mut indexed);
+        // Also after a failure: what the turn did is recorded (and, in a shared record, that it
+        // no longer runs).
+        marks.invocation = None;
+        marks.announced = None;
+        marks.written = false;
+        write(ctx, shared, &mem, &mut written, &mut marks).await?;
+        index(ctx, shared.is_some(), &written.thread, &mut indexed);
         let added = written.events.saturating_sub(snapshot.events.len() as u64);
         match outcome {
             Ok(mut o) => {
@@ -1028,8 +1116,8 @@ impl TetherThread {
                 o.length = written.events;
                 Ok(o)
             }
-            Err(Error::Cancelled) => Err(TerminalError::new_with_code(409, "the turn was cancelled")),
-            Err(e) => Err(TerminalError::new_with_code(500, e.to_string())),
+            Err(Error::Cancelled) => Err(TerminalError::new_with_code(409, "the turn was cancelled").into()),
+            Err(e) => Err(TerminalError::new_with_code(500, e.to_string()).into()),
         }
     }
 
@@ -1042,7 +1130,7 @@ impl TetherThread {
         ctx: &ObjectContext<'_>,
         thread: &ThreadId,
         req: &TurnRequest,
-    ) -> Result<(Snapshot, Written), TerminalError> {
+    ) -> Result<(Snapshot, Written), Failure> {
         let (now, stored, events, checkpoint, in_state) =
             match ctx.get::<Json<Thread>>(record::THREAD).await? {
                 Some(Json(t)) => {
@@ -1054,7 +1142,7 @@ impl TetherThread {
                             .await?
                             .into_inner(),
                     };
-                    let (events, checkpoint) = read_record(ctx).await?;
+                    let (events, checkpoint) = read_record(ctx, self.shared.as_ref()).await?;
                     let n = events.len() as u64;
                     (now, Some(t), events, checkpoint.clone(), (n, checkpoint))
                 }
@@ -1084,7 +1172,8 @@ impl TetherThread {
                         agent: t.agent,
                     }
                     .to_string(),
-                ));
+                )
+                .into());
             }
             Some(mut t) => {
                 if t.title.is_empty() {

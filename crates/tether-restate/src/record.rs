@@ -71,14 +71,20 @@ impl Page {
         Page { after, limit }
     }
 
+    /// How many events it asks for at most: its `limit`, capped at [`MAX_PAGE`] (0 means
+    /// [`MAX_PAGE`]).
+    pub fn limit(&self) -> u32 {
+        match self.limit {
+            0 => MAX_PAGE,
+            n => n.min(MAX_PAGE),
+        }
+    }
+
     /// The sequence numbers this page covers in a record of `count` events.
     // `1..=0` is the empty range on purpose.
     #[allow(clippy::reversed_empty_ranges)]
     pub fn range(&self, count: u64) -> std::ops::RangeInclusive<u64> {
-        let limit = match self.limit {
-            0 => MAX_PAGE,
-            n => n.min(MAX_PAGE),
-        };
+        let limit = self.limit();
         if self.after >= count {
             return 1..=0;
         }

@@ -62,6 +62,7 @@ pub struct RestateStore {
     http: reqwest::Client,
     agents: Vec<String>,
     legacy: Option<Arc<dyn ThreadStore>>,
+    shared: Option<crate::SharedRecord>,
 }
 
 impl std::fmt::Debug for RestateStore {
@@ -70,6 +71,7 @@ impl std::fmt::Debug for RestateStore {
             .field("ingress", &self.ingress.as_str())
             .field("agents", &self.agents)
             .field("legacy", &self.legacy.is_some())
+            .field("shared", &self.shared)
             .finish()
     }
 }
@@ -103,7 +105,17 @@ impl RestateStore {
             http: reqwest::Client::new(),
             agents: agents.into_iter().map(Into::into).collect(),
             legacy: None,
+            shared: None,
         })
+    }
+
+    /// Reads the records, threads and statuses from `shared`, the database the turns write them
+    /// to ([`crate::TetherThread::shared_record`]), instead of calling the thread objects through
+    /// the ingress: a read no longer queues on Restate. What a running turn waits for, the notes
+    /// and every write still go through the ingress.
+    pub fn with_shared(mut self, shared: crate::SharedRecord) -> Self {
+        self.shared = Some(shared);
+        self
     }
 
     /// Reads a thread that is not on Restate yet from `legacy` (read only: nothing is written
@@ -200,9 +212,13 @@ impl RestateStore {
     /// (see [`ThreadStatus`](crate::ThreadStatus)). A thread Restate does not hold yet is looked
     /// up in the legacy store, as [`ThreadStore::thread`] does.
     pub async fn status(&self, thread: &ThreadId) -> Result<crate::ThreadStatus> {
-        let mut status: crate::ThreadStatus = self
-            .call(crate::SERVICE, thread.as_str(), "status", &Value::Null)
-            .await?;
+        let mut status: crate::ThreadStatus = match &self.shared {
+            Some(s) => s.status(thread).await?,
+            None => {
+                self.call(crate::SERVICE, thread.as_str(), "status", &Value::Null)
+                    .await?
+            }
+        };
         if status.thread.is_none()
             && let Some(l) = &self.legacy
         {
@@ -215,8 +231,18 @@ impl RestateStore {
     /// after `after`, at most `limit`), in one call through the ingress (see
     /// [`Progress`](crate::Progress)).
     pub async fn progress(&self, record: &str, after: u64, limit: u32) -> Result<crate::Progress> {
-        self.call(crate::SERVICE, record, "progress", &page(after, limit)?)
-            .await
+        let Some(s) = &self.shared else {
+            return self
+                .call(crate::SERVICE, record, "progress", &page(after, limit)?)
+                .await;
+        };
+        // What the turn waits for first: it records its events before it waits.
+        let waiting: Vec<crate::WaitingToolUse> =
+            self.call(crate::SERVICE, record, "waiting", &Value::Null).await?;
+        let events = s
+            .events_after(record, after, Page::new(after, limit).limit())
+            .await?;
+        Ok(crate::Progress { waiting, events })
     }
 
     /// Writes several notes of thread `record` in one call through the ingress (the notes
@@ -243,8 +269,16 @@ impl RestateStore {
     /// A page of a thread's record: the events after `after`, at most `limit` (at most
     /// [`MAX_PAGE`]). What a client reconnecting to any node reads to catch up.
     pub async fn events_after(&self, record: &str, after: u64, limit: u32) -> Result<Vec<Event>> {
-        self.call(crate::SERVICE, record, "events", &page(after, limit)?)
-            .await
+        match &self.shared {
+            Some(s) => {
+                s.events_after(record, after, Page::new(after, limit).limit())
+                    .await
+            }
+            None => {
+                self.call(crate::SERVICE, record, "events", &page(after, limit)?)
+                    .await
+            }
+        }
     }
 }
 
@@ -331,8 +365,13 @@ impl EventStore for RestateStore {
 
     async fn state(&self, session_id: &str, key: &str) -> Result<Option<Value>> {
         let v: Value = if key == CHECKPOINT {
-            self.call(crate::SERVICE, session_id, "checkpoint", &Value::Null)
-                .await?
+            match &self.shared {
+                Some(s) => s.checkpoint(session_id).await?.unwrap_or(Value::Null),
+                None => {
+                    self.call(crate::SERVICE, session_id, "checkpoint", &Value::Null)
+                        .await?
+                }
+            }
         } else {
             self.call(crate::NOTES, session_id, "get", &json!(key)).await?
         };
@@ -367,9 +406,13 @@ impl ThreadStore for RestateStore {
     }
 
     async fn thread(&self, thread: &ThreadId) -> Result<Option<Thread>> {
-        let t: Option<Thread> = self
-            .call(crate::SERVICE, thread.as_str(), "thread", &Value::Null)
-            .await?;
+        let t: Option<Thread> = match &self.shared {
+            Some(s) => s.thread(thread).await?,
+            None => {
+                self.call(crate::SERVICE, thread.as_str(), "thread", &Value::Null)
+                    .await?
+            }
+        };
         match (&self.legacy, t) {
             (Some(l), None) => Ok(l.thread(thread).await?.map(on_restate)),
             (_, t) => Ok(t),
@@ -382,9 +425,14 @@ impl ThreadStore for RestateStore {
             None => self.agents.iter().map(String::as_str).collect(),
         };
         let mut all = Vec::new();
-        for a in agents {
-            let mut some: Vec<Thread> = self.call(crate::INDEX, a, "list", &Value::Null).await?;
-            all.append(&mut some);
+        match &self.shared {
+            Some(s) => all = s.threads(&agents).await?,
+            None => {
+                for a in agents {
+                    let mut some: Vec<Thread> = self.call(crate::INDEX, a, "list", &Value::Null).await?;
+                    all.append(&mut some);
+                }
+            }
         }
         if let Some(l) = &self.legacy {
             let known: std::collections::HashSet<ThreadId> = all.iter().map(|t| t.id.clone()).collect();

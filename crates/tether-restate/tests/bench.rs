@@ -124,6 +124,7 @@ async fn through_restate(
         model_url: fake.url(),
         effects: dir.join(format!("{tag}.log")),
         live: None,
+        shared: None,
     };
     let _service = Service::start(&config);
     // A warm-up turn (connections, the deployment's first call).
@@ -161,6 +162,7 @@ async fn one_node(dir: &std::path::Path, first: &str) -> (Restate, FakeOpenAi, S
         model_url: fake.url(),
         effects: dir.join("effects.log"),
         live: None,
+        shared: None,
     };
     let service = Service::start(&config);
     fake.push(Reply::text("hi"));

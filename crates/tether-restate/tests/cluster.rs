@@ -21,6 +21,7 @@ async fn a_turn_survives_the_loss_of_a_restate_node() {
         model_url: fake.url(),
         effects: dir.path().join("effects.log"),
         live: None,
+        shared: None,
     };
     let _service = Service::start(&config);
     fake.push(Reply::tool_calls(&[(

@@ -1,5 +1,9 @@
 //! tether threads on a real Restate server (from npm, `conformance/restate`), with the real
 //! service process (`tether-restate-demo`) and the testkit's OpenAI fake as the model.
+//!
+//! With `TETHER_RESTATE_RECORD=shared` every test runs with the threads' records in a real
+//! PostgreSQL (the machine's, started per test: `tether_testkit::postgres`) instead of the
+//! object state: the same scenarios, the same assertions.
 
 mod common;
 
@@ -13,24 +17,48 @@ struct Setup {
     fake: FakeOpenAi,
     config: ServiceConfig,
     _dir: tempfile::TempDir,
+    _pg: Option<tether_testkit::postgres::Postgres>,
 }
 
 async fn setup() -> Setup {
     let restate = Restate::start().await;
     let fake = FakeOpenAi::start().await;
     let dir = tempfile::tempdir().expect("tempdir");
+    let pg = match std::env::var("TETHER_RESTATE_RECORD").as_deref() {
+        Ok("shared") => Some(tether_testkit::postgres::Postgres::start().await),
+        Ok("state") | Err(_) => None,
+        Ok(other) => panic!("TETHER_RESTATE_RECORD={other}: say `state` or `shared`"),
+    };
     let config = ServiceConfig {
         listen: format!("127.0.0.1:{}", free_port()),
         admin: restate.admin.clone(),
         model_url: fake.url(),
         effects: dir.path().join("effects.log"),
         live: None,
+        shared: pg.as_ref().map(|p| p.connection()),
     };
     Setup {
         restate,
         fake,
         config,
         _dir: dir,
+        _pg: pg,
+    }
+}
+
+impl Setup {
+    /// The threads of the demo's agent as a front-end reads them: through the ingress, or from
+    /// the shared record's database when the records are kept there.
+    async fn store(&self) -> tether_restate::RestateStore {
+        let st = store(&self.restate.ingress);
+        match &self.config.shared {
+            Some(c) => st.with_shared(
+                tether_restate::SharedRecord::connect(c)
+                    .await
+                    .expect("the shared record"),
+            ),
+            None => st,
+        }
     }
 }
 
@@ -140,14 +168,16 @@ async fn an_approval_from_a_second_request_resumes_the_turn() {
             .collect::<Vec<_>>()
     };
     let thread_id = tether::ThreadId::new("t-approve").expect("an id");
-    let held = store(&ingress)
+    let held = s
+        .store()
+        .await
         .thread(&thread_id)
         .await
         .expect("the thread")
         .expect("a thread");
     assert!(held.provider_session.is_some(), "{held:?}");
     let index = until("the index to list the waiting thread", async || {
-        Some(listed(store(&ingress).threads(None).await.ok()?)).filter(|l| !l.is_empty())
+        Some(listed(s.store().await.threads(None).await.ok()?)).filter(|l| !l.is_empty())
     })
     .await;
     assert_eq!(
@@ -246,13 +276,15 @@ async fn an_approval_from_a_second_request_resumes_the_turn() {
     let (_, glance) = call(&ingress, "t-approve", "status", &json!(null)).await;
     assert_eq!(glance["invocation"], json!(null), "the turn ended: {glance}");
     // After the turn the index still matches the thread (one entry, its latest form).
-    let held = store(&ingress)
+    let held = s
+        .store()
+        .await
         .thread(&thread_id)
         .await
         .expect("the thread")
         .expect("a thread");
     until("the index to hold the thread as the turn left it", async || {
-        (listed(store(&ingress).threads(None).await.ok()?) == vec![held.clone()]).then_some(())
+        (listed(s.store().await.threads(None).await.ok()?) == vec![held.clone()]).then_some(())
     })
     .await;
 }
@@ -490,7 +522,7 @@ async fn bad_requests_are_refused_before_any_step() {
     assert!((400..500).contains(&status), "{status} {v}");
     assert!(s.fake.requests().is_empty());
     use tether::ThreadStore;
-    assert!(store(&ingress).threads(None).await.expect("threads").is_empty());
+    assert!(s.store().await.threads(None).await.expect("threads").is_empty());
     service.kill();
 }
 
@@ -577,7 +609,7 @@ async fn notes_written_together_are_written_whole_or_not_at_all() {
     let s = setup().await;
     let service = Service::start(&s.config);
     let ingress = s.restate.ingress.clone();
-    let st = store(&ingress);
+    let st = s.store().await;
     st.put_notes("t-notes", &[("a", json!("one")), ("b", json!({"n": 2}))])
         .await
         .expect("two notes");

@@ -22,6 +22,8 @@ pub mod openai;
 pub mod otlp;
 pub mod peers;
 #[cfg(unix)]
+pub mod postgres;
+#[cfg(unix)]
 pub mod restate;
 pub mod server;
 

@@ -16,6 +16,9 @@
 //! With `--live 127.0.0.1:PORT` it also serves every turn's events as they happen (token deltas
 //! included) at `GET /live/{thread}` as server-sent events, one `data: <event JSON>` each: the
 //! out-of-band stream. Unauthenticated: for loopback only.
+//!
+//! With `--shared-record <connection string>` the threads' records are kept in that PostgreSQL
+//! database instead of the object state (see `tether_restate::shared`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -33,12 +36,13 @@ struct Args {
     model_url: String,
     effects: PathBuf,
     live: Option<String>,
+    shared: Option<String>,
 }
 
 fn args() -> Result<Args, String> {
     let mut it = std::env::args().skip(1);
     let (mut listen, mut admin, mut model_url, mut effects) = (None, None, None, None);
-    let mut live = None;
+    let (mut live, mut shared) = (None, None);
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
         match flag.as_str() {
@@ -47,6 +51,7 @@ fn args() -> Result<Args, String> {
             "--model-url" => model_url = Some(value),
             "--effects" => effects = Some(value),
             "--live" => live = Some(value),
+            "--shared-record" => shared = Some(value),
             other => return Err(format!("unknown option {other}")),
         }
     }
@@ -57,6 +62,7 @@ fn args() -> Result<Args, String> {
         model_url: need(model_url, "--model-url")?,
         effects: PathBuf::from(need(effects, "--effects")?),
         live,
+        shared,
     })
 }
 
@@ -142,6 +148,15 @@ async fn main() -> std::process::ExitCode {
         }
     };
     let mut thread = TetherThread::new("demo", model, Arc::new(Effects { path: args.effects }));
+    if let Some(connection) = &args.shared {
+        match tether_restate::SharedRecord::connect(connection).await {
+            Ok(record) => thread = thread.shared_record(record),
+            Err(e) => {
+                eprintln!("tether-restate-demo: the shared record: {e}");
+                return std::process::ExitCode::FAILURE;
+            }
+        }
+    }
     if let Some(addr) = &args.live {
         let (tx, _) = tokio::sync::broadcast::channel(4096);
         let live = match tokio::net::TcpListener::bind(addr).await {

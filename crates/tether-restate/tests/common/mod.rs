@@ -51,6 +51,8 @@ pub struct ServiceConfig {
     pub effects: PathBuf,
     /// Where the service serves its live events (`--live`), if anywhere.
     pub live: Option<String>,
+    /// The PostgreSQL database its records are kept in (`--shared-record`), if any.
+    pub shared: Option<String>,
 }
 
 impl Service {
@@ -68,6 +70,7 @@ impl Service {
             .arg("--effects")
             .arg(&c.effects)
             .args(c.live.iter().flat_map(|l| ["--live", l.as_str()]))
+            .args(c.shared.iter().flat_map(|l| ["--shared-record", l.as_str()]))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
