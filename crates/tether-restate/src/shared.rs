@@ -172,7 +172,16 @@ impl std::fmt::Debug for SharedRecord {
 }
 
 fn db_error(what: &str, e: tokio_postgres::Error) -> Error {
-    Error::store_with(format!("the shared record (PostgreSQL): {what}"), e)
+    // tokio-postgres says only "db error" or "error connecting to server" itself; what the
+    // server said, or why the connection failed, is its source.
+    let mut why = String::new();
+    let mut cause: Option<&dyn std::error::Error> = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        why.push_str(": ");
+        why.push_str(&c.to_string());
+        cause = c.source();
+    }
+    Error::store_with(format!("the shared record (PostgreSQL): {what}{why}"), e)
 }
 
 fn decode<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T> {
@@ -191,6 +200,16 @@ fn to_i64(n: u64) -> i64 {
 
 fn to_u64(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
+}
+
+fn parse(connection: &str) -> Result<tokio_postgres::Config> {
+    connection.parse().map_err(|e| {
+        Error::config_with(
+            tether::ConfigKind::Invalid,
+            "the shared record's PostgreSQL connection string does not parse",
+            e,
+        )
+    })
 }
 
 async fn connect(config: &tokio_postgres::Config) -> Result<Client> {
@@ -212,13 +231,10 @@ impl SharedRecord {
     /// the tables when missing and starts the writer. TLS is not supported: run it on loopback or
     /// a private network.
     pub async fn connect(connection: &str) -> Result<Self> {
-        let config: tokio_postgres::Config = connection.parse().map_err(|e| {
-            Error::config_with(
-                tether::ConfigKind::Invalid,
-                "the shared record's PostgreSQL connection string does not parse",
-                e,
-            )
-        })?;
+        Self::open(parse(connection)?).await
+    }
+
+    async fn open(config: tokio_postgres::Config) -> Result<Self> {
         let writer = connect(&config).await?;
         writer
             .batch_execute(&format!("begin;{SCHEMA}commit;"))
@@ -234,6 +250,29 @@ impl SharedRecord {
                 next: AtomicUsize::new(0),
             }),
         })
+    }
+
+    /// As [`SharedRecord::connect`], with `password` for the database (kept out of the
+    /// connection string, which a configuration file may hold). Refused when the connection
+    /// string names a password itself.
+    pub async fn connect_with_password(connection: &str, password: &str) -> Result<Self> {
+        let mut config = parse(connection)?;
+        if config.get_password().is_some() {
+            return Err(Error::config(
+                tether::ConfigKind::Invalid,
+                "the shared record's PostgreSQL connection string holds a password: give it apart",
+            ));
+        }
+        config.password(password);
+        Self::open(config).await
+    }
+
+    /// Whether `connection` (a libpq connection string or URL) names a password (`false` when it
+    /// does not parse: [`SharedRecord::connect`] says why).
+    pub fn holds_password(connection: &str) -> bool {
+        connection
+            .parse::<tokio_postgres::Config>()
+            .is_ok_and(|c| c.get_password().is_some())
     }
 
     /// Writes `w` with whatever other writes wait at the moment, in one transaction; returns once

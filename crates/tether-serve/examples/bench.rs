@@ -836,7 +836,9 @@ async fn main() {
             .split(',')
             .map(|b| {
                 Backend::parse(b.trim()).unwrap_or_else(|| {
-                    panic!("BENCH_BACKENDS: unknown backend `{b}` (sqlite, restate1, restate3, restateN)")
+                    panic!(
+                        "BENCH_BACKENDS: unknown backend `{b}` (sqlite, restate1, restate3, restateN, restate1pg, restateNpg)"
+                    )
                 })
             })
             .collect();
@@ -1188,17 +1190,28 @@ enum Backend {
     /// `[server] backend = "restate"` on a Restate cluster of this many nodes (1: a single node;
     /// more: replication 2, the server's ingress and admin on the first node).
     Restate(usize),
+    /// The same with the records in PostgreSQL (`restate_postgres`: the machine's server,
+    /// started for the run with its default durability), `restate1pg` and the like.
+    RestateShared(usize),
 }
 
 impl Backend {
     fn parse(s: &str) -> Option<Backend> {
         match s {
             "sqlite" => Some(Backend::Sqlite),
-            _ => s
-                .strip_prefix("restate")
-                .and_then(|n| if n.is_empty() { Some(1) } else { n.parse().ok() })
-                .filter(|n| *n >= 1)
-                .map(Backend::Restate),
+            _ => {
+                let rest = s.strip_prefix("restate")?;
+                let (n, shared) = match rest.strip_suffix("pg") {
+                    Some(n) => (n, true),
+                    None => (rest, false),
+                };
+                let n = if n.is_empty() { Some(1) } else { n.parse().ok() };
+                n.filter(|n| *n >= 1).map(if shared {
+                    Backend::RestateShared
+                } else {
+                    Backend::Restate
+                })
+            }
         }
     }
 
@@ -1207,6 +1220,8 @@ impl Backend {
             Backend::Sqlite => "sqlite".into(),
             Backend::Restate(1) => "restate, 1 node".into(),
             Backend::Restate(n) => format!("restate, {n} nodes"),
+            Backend::RestateShared(1) => "restate+pg, 1 node".into(),
+            Backend::RestateShared(n) => format!("restate+pg, {n} nodes"),
         }
     }
 }
@@ -1270,10 +1285,21 @@ async fn compare(
     for (b, &backend) in backends.iter().enumerate() {
         let nodes = match backend {
             Backend::Sqlite => Vec::new(),
-            Backend::Restate(1) => vec![tether_testkit::restate::Restate::start().await],
-            Backend::Restate(n) => tether_testkit::restate::Restate::start_cluster(n).await,
+            Backend::Restate(1) | Backend::RestateShared(1) => {
+                vec![tether_testkit::restate::Restate::start().await]
+            }
+            Backend::Restate(n) | Backend::RestateShared(n) => {
+                tether_testkit::restate::Restate::start_cluster(n).await
+            }
         };
-        let server_lines = nodes.first().map(|n| n.server_lines()).unwrap_or_default();
+        let postgres = match backend {
+            Backend::RestateShared(_) => Some(tether_testkit::postgres::Postgres::start_durable().await),
+            _ => None,
+        };
+        let mut server_lines = nodes.first().map(|n| n.server_lines()).unwrap_or_default();
+        if let Some(pg) = &postgres {
+            server_lines.push_str(&format!("restate_postgres = \"{}\"\n", pg.connection()));
+        }
         let mut measured = Vec::new();
         // BENCH_VARIANTS=plain or tools: that variant only (the other is then not measured and
         // its figures in the summary are zero).

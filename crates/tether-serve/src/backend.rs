@@ -51,8 +51,8 @@ use tether_agui::approval::{self, Outstanding};
 use tether_agui::thread::Update;
 use tether_agui::{Agent, CheckError, EventMapper, Message, RunAgentInput, RunContext, RunOutcome};
 use tether_restate::{
-    LiveDrafts, LiveEvent, LivePart, TetherThread, ThreadHub, TurnRequest, TurnSignal, WaitingToolUse,
-    live_part,
+    LiveDrafts, LiveEvent, LivePart, SharedRecord, TetherThread, ThreadHub, TurnRequest, TurnSignal,
+    WaitingToolUse, live_part,
 };
 use tether_sqlite::SqliteStore;
 use tokio::sync::broadcast;
@@ -258,30 +258,63 @@ fn bad_url(what: &str, url: &str, e: impl std::fmt::Display) -> String {
 }
 
 /// The store the threads of `agents` are read through on this backend: Restate's ingress
-/// (`restate_ingress`), falling back to the node's SQLite file `legacy` for threads not on
-/// Restate yet (read only).
+/// (`restate_ingress`), or the shared record's database (`restate_postgres`), falling back to
+/// the node's SQLite file `legacy` for threads not on Restate yet (read only).
 pub(crate) fn thread_store<'a>(
     server: &ServerSection,
     agents: impl IntoIterator<Item = &'a String>,
     legacy: &SqliteStore,
+    shared: Option<&SharedRecord>,
 ) -> Result<Arc<dyn ThreadStore>, String> {
     let ingress = server
         .restate_ingress
         .clone()
         .unwrap_or_else(|| "http://127.0.0.1:8080".into());
-    let store = tether_restate::RestateStore::new(&ingress, agents.into_iter().cloned())
+    let mut store = tether_restate::RestateStore::new(&ingress, agents.into_iter().cloned())
         .map_err(|e| e.to_string())?
         .with_legacy(Arc::new(legacy.clone()));
+    if let Some(s) = shared {
+        store = store.with_shared(s.clone());
+    }
     Ok(Arc::new(store))
 }
 
+/// The shared record `[server] restate_postgres` names, connected (its tables created when
+/// missing), with the password from the variable `restate_postgres_password_env` names; `None`
+/// when the records stay in Restate's object state.
+pub(crate) async fn shared_record(server: &ServerSection) -> Result<Option<SharedRecord>, String> {
+    let Some(connection) = &server.restate_postgres else {
+        if server.restate_postgres_password_env.is_some() {
+            return Err("restate_postgres_password_env is set without restate_postgres".into());
+        }
+        return Ok(None);
+    };
+    if SharedRecord::holds_password(connection) {
+        return Err(
+            "restate_postgres holds a password: put it in an environment variable and name that \
+             variable in restate_postgres_password_env"
+                .into(),
+        );
+    }
+    let connected = match &server.restate_postgres_password_env {
+        Some(var) => {
+            let password = std::env::var(var)
+                .map_err(|_| format!("restate_postgres_password_env names {var:?}, which is not set"))?;
+            SharedRecord::connect_with_password(connection, &password).await
+        }
+        None => SharedRecord::connect(connection).await,
+    };
+    connected.map(Some).map_err(|e| format!("restate_postgres: {e}"))
+}
+
 /// Starts the `TetherThread` service of agent `name` on its listener, registers it with the
-/// admin API, and returns the agent that sends turns to it.
+/// admin API, and returns the agent that sends turns to it. `store` is the node's SQLite file
+/// (threads from before Restate), `shared` the records' database if they are kept in one.
 pub(crate) async fn start(
     name: &str,
     cfg: &AgentConfig,
     spec: ProviderSpec,
-    store: &SqliteStore,
+    (store, shared): (&SqliteStore, Option<SharedRecord>),
     server: &ServerSection,
     run_timeout: Duration,
     (node, token): (NodeUrl, Option<String>),
@@ -325,11 +358,13 @@ pub(crate) async fn start(
     let signals = ThreadHub::new(SIGNAL_CAPACITY);
     let attempts = ThreadHub::new(1);
     // One client of the threads on Restate, for this agent's reads and as its `ThreadStore`.
-    let restate = Arc::new(
-        tether_restate::RestateStore::new(&ingress_text, [name])
-            .map_err(|e| e.to_string())?
-            .with_legacy(Arc::new(store.clone())),
-    );
+    let mut reads = tether_restate::RestateStore::new(&ingress_text, [name])
+        .map_err(|e| e.to_string())?
+        .with_legacy(Arc::new(store.clone()));
+    if let Some(s) = &shared {
+        reads = reads.with_shared(s.clone());
+    }
+    let restate = Arc::new(reads);
     let threads: Arc<dyn ThreadStore> = restate.clone();
     let mut thread = TetherThread::new(name, local.model.clone(), Arc::new(handler))
         .import(Arc::new(store.clone()))
@@ -339,6 +374,9 @@ pub(crate) async fn start(
         .on_attempt(announcer(node.clone(), threads.clone(), attempts.clone()));
     if !local.model_name.is_empty() {
         thread = thread.model_name(local.model_name.clone());
+    }
+    if let Some(s) = shared {
+        thread = thread.shared_record(s);
     }
     if let Some(s) = local.system.clone().filter(|s| !s.trim().is_empty()) {
         thread = thread.system_prompt(s);
@@ -1729,6 +1767,40 @@ mod tests {
     use tether_agui::{
         AgUiResult, Agent, EventMapper, Message, RunAgentInput, RunContext, RunOptions, RunOutcome, Verifier,
     };
+
+    /// The shared record's settings are checked before any connection: a password in the
+    /// connection string, a password variable without a database or one that is not set are
+    /// each refused with what to do; no database named keeps the records on Restate.
+    #[tokio::test]
+    async fn the_shared_records_settings_are_checked() {
+        use crate::config::ServerSection;
+        let mut s = ServerSection::default();
+        assert!(super::shared_record(&s).await.expect("no database").is_none());
+        s.restate_postgres_password_env = Some("TETHER_TEST_PG_PASSWORD_UNSET".into());
+        let e = super::shared_record(&s)
+            .await
+            .expect_err("a variable without a database");
+        assert!(e.contains("without restate_postgres"), "{e}");
+        s.restate_postgres = Some("host=127.0.0.1 user=tether password=hunter2".into());
+        s.restate_postgres_password_env = None;
+        let e = super::shared_record(&s)
+            .await
+            .expect_err("a password in the file");
+        assert!(
+            e.contains("restate_postgres_password_env") && !e.contains("hunter2"),
+            "{e}"
+        );
+        s.restate_postgres = Some("postgresql://tether:hunter2@127.0.0.1/tether".into());
+        let e = super::shared_record(&s).await.expect_err("a password in a URL");
+        assert!(!e.contains("hunter2"), "{e}");
+        s.restate_postgres = Some("host=127.0.0.1 user=tether".into());
+        s.restate_postgres_password_env = Some("TETHER_TEST_PG_PASSWORD_UNSET".into());
+        let e = super::shared_record(&s).await.expect_err("an unset variable");
+        assert!(
+            e.contains("TETHER_TEST_PG_PASSWORD_UNSET") && e.contains("not set"),
+            "{e}"
+        );
+    }
 
     /// A turn starting on this node writes where it runs, tagged with its invocation, unless its
     /// sender (this node) said so in the turn (which the thread's status shows); a turn sent

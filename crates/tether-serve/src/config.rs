@@ -16,6 +16,9 @@
 //! # restate_advertise = "http://127.0.0.1:9080" # the endpoint's URI as Restate reaches it
 //! # node_url = "http://10.0.0.5:7878"           # this server as the other tether nodes reach it
 //!                                               # (they follow a turn running here live)
+//! # restate_postgres = "host=10.0.0.7 user=tether dbname=tether"   # keep the threads' records
+//! #                          # in this PostgreSQL (every node the same) instead of Restate's state
+//! # restate_postgres_password_env = "TETHER_PG_PASSWORD"   # the variable holding its password
 //!
 //! [agents.local]
 //! provider = "gguf"            # a GGUF model run in-process: no server, no key
@@ -177,6 +180,18 @@ pub struct ServerSection {
     /// record (whole messages).
     #[serde(default)]
     pub node_url: Option<String>,
+    /// Keeps the threads' records in this PostgreSQL database (a libpq connection string, such
+    /// as `host=127.0.0.1 user=tether dbname=tether`, or a `postgresql://` URL; backend
+    /// `restate`) instead of Restate's object state: Restate then stores each turn's steps and a
+    /// few small keys, and reads of records never queue on Restate. Every node serving the same
+    /// agent must name the same database. Its password, if any, comes from the variable that
+    /// `restate_postgres_password_env` names, never from this file. Default: none (the records
+    /// are Restate's object state).
+    #[serde(default)]
+    pub restate_postgres: Option<String>,
+    /// The environment variable holding the password of `restate_postgres` (none when unset).
+    #[serde(default)]
+    pub restate_postgres_password_env: Option<String>,
 }
 
 /// Where `tether serve` runs a thread's turns.
@@ -233,6 +248,8 @@ impl Default for ServerSection {
             restate_listen: None,
             restate_advertise: None,
             node_url: None,
+            restate_postgres: None,
+            restate_postgres_password_env: None,
         }
     }
 }

@@ -301,6 +301,23 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
             message: "the restate backend serves one agent per server for now".into(),
         }));
     }
+    // The records' database, when the Restate backend keeps them outside Restate: one
+    // connection set for the agent's service and the server's reads.
+    #[cfg(not(feature = "restate"))]
+    let shared = Shared;
+    #[cfg(feature = "restate")]
+    let shared: Shared = if backend == crate::config::Backend::Restate {
+        crate::backend::shared_record(&opts.config.server)
+            .await
+            .map_err(|message| {
+                ServeError::Config(crate::config::ConfigError::Invalid {
+                    path: "[server] restate_postgres".into(),
+                    message,
+                })
+            })?
+    } else {
+        None
+    };
     for (name, cfg) in &opts.config.agents {
         let agent_err = |message: String| ServeError::Agent {
             agent: name.clone(),
@@ -322,6 +339,7 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
                 &runs,
                 &shutdown,
                 (&node, token.as_deref()),
+                shared.clone(),
             )
             .await
             .map_err(agent_err)?;
@@ -340,14 +358,18 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     }
     #[cfg(feature = "restate")]
     let store: Arc<dyn tether::ThreadStore> = if backend == crate::config::Backend::Restate {
-        crate::backend::thread_store(&opts.config.server, opts.config.agents.keys(), &store).map_err(
-            |message| {
-                ServeError::Config(crate::config::ConfigError::Invalid {
-                    path: "[server] restate_ingress".into(),
-                    message,
-                })
-            },
-        )?
+        crate::backend::thread_store(
+            &opts.config.server,
+            opts.config.agents.keys(),
+            &store,
+            shared.as_ref(),
+        )
+        .map_err(|message| {
+            ServeError::Config(crate::config::ConfigError::Invalid {
+                path: "[server] restate_ingress".into(),
+                message,
+            })
+        })?
     } else {
         Arc::new(store)
     };
@@ -459,6 +481,14 @@ type Service = std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + S
 
 type Routed = (Router<AppState>, AgentInfo, Service);
 
+/// The Restate backend's shared record, if the records are kept there (`restate_postgres`).
+#[cfg(feature = "restate")]
+type Shared = Option<tether_restate::SharedRecord>;
+/// Without the `restate` feature there is none.
+#[cfg(not(feature = "restate"))]
+#[derive(Clone)]
+struct Shared;
+
 /// The run route of an agent on the Restate backend (see `backend.rs`): its service endpoint
 /// started and registered, its runs sent to Restate.
 #[cfg(feature = "restate")]
@@ -476,6 +506,7 @@ async fn restate_route(
     runs: &Arc<Semaphore>,
     shutdown: &CancellationToken,
     (node, token): (&Arc<std::sync::OnceLock<String>>, Option<&str>),
+    shared: Shared,
 ) -> Result<Routed, String> {
     let info = AgentInfo {
         name: name.to_owned(),
@@ -493,7 +524,7 @@ async fn restate_route(
         name,
         cfg,
         spec,
-        store,
+        (store, shared),
         server,
         run_timeout,
         (node.clone(), token.map(str::to_owned)),
@@ -567,6 +598,7 @@ async fn restate_route(
     _runs: &Arc<Semaphore>,
     _shutdown: &CancellationToken,
     _node: (&Arc<std::sync::OnceLock<String>>, Option<&str>),
+    _shared: Shared,
 ) -> Result<Routed, String> {
     Err(
         "[server] backend = \"restate\" needs tether serve built with the `restate` cargo feature \

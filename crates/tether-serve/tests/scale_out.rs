@@ -82,6 +82,8 @@ struct Cluster {
     _endpoints: Forwarder,
     a: Node,
     b: Node,
+    /// The records' database (`TETHER_RESTATE_RECORD=shared`), dropped after the nodes.
+    _postgres: Option<tether_testkit::postgres::Postgres>,
 }
 
 fn addr_of(url: &str) -> SocketAddr {
@@ -105,13 +107,15 @@ impl Cluster {
             SocketAddr::from(([127, 0, 0, 1], pb)),
         ])
         .await;
+        let postgres = restate::postgres().await;
+        let shared = restate::shared_lines(postgres.as_ref());
         let mut nodes = Vec::new();
         for (name, port) in [("a", pa), ("b", pb)] {
             let config = config_text(
                 &ingress.url(),
                 &restate[1].admin,
-                port,
-                &endpoints.url(),
+                (port, &endpoints.url()),
+                &shared,
                 &fake.url(),
                 &dir.path().join("ws"),
             );
@@ -127,6 +131,7 @@ impl Cluster {
             _endpoints: endpoints,
             a,
             b,
+            _postgres: postgres,
         }
     }
 
@@ -177,9 +182,16 @@ fn tail(s: &str, n: usize) -> &str {
 
 /// One agent, `main`, on the fake model, with `append_line` (no approval) and `touch_file`
 /// (approval), its turns on Restate.
-fn config_text(ingress: &str, admin: &str, listen: u16, advertise: &str, model: &str, ws: &Path) -> String {
+fn config_text(
+    ingress: &str,
+    admin: &str,
+    (listen, advertise): (u16, &str),
+    shared: &str,
+    model: &str,
+    ws: &Path,
+) -> String {
     format!(
-        "[server]\n{}\n{}{TOUCH}{WAIT}",
+        "[server]\n{}{shared}\n{}{TOUCH}{WAIT}",
         restate::node_lines(ingress, admin, listen, advertise),
         agent_main(model, ws)
     )

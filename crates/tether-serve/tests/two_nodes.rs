@@ -35,6 +35,7 @@ async fn setup() -> (Restate, Env) {
         dir: tempfile::tempdir().expect("tempdir"),
         fake: FakeOpenAi::start().await,
         restate: None,
+        postgres: restate::postgres().await,
     };
     (restate, env)
 }

@@ -73,6 +73,19 @@ impl Postgres {
     /// # Panics
     /// When PostgreSQL is missing or does not start within [`STARTUP`] (with its log).
     pub async fn start() -> Postgres {
+        Postgres::start_with(false).await
+    }
+
+    /// As [`Postgres::start`], with PostgreSQL's default durability (fsync on, every commit
+    /// flushed): for benchmarks, which must not flatter the database.
+    ///
+    /// # Panics
+    /// As [`Postgres::start`].
+    pub async fn start_durable() -> Postgres {
+        Postgres::start_with(true).await
+    }
+
+    async fn start_with(durable: bool) -> Postgres {
         let bin = bin_dir();
         let dir = tempfile::Builder::new()
             .prefix("tether-pg-")
@@ -116,14 +129,12 @@ impl Postgres {
             .arg(&data)
             .args(["-p", &port.to_string(), "-k"])
             .arg(dir.path())
-            .args([
-                "-c",
-                "listen_addresses=127.0.0.1",
-                "-c",
-                "fsync=off",
-                "-c",
-                "max_connections=200",
-            ])
+            .args(["-c", "listen_addresses=127.0.0.1", "-c", "max_connections=200"])
+            .args(if durable {
+                &[][..]
+            } else {
+                &["-c", "fsync=off"][..]
+            })
             .stdin(Stdio::null())
             .stdout(log_file.try_clone().expect("log"))
             .stderr(log_file)

@@ -23,6 +23,8 @@ pub struct Env {
     pub fake: FakeOpenAi,
     /// The Restate node this suite's turns run on (`TETHER_SERVE_BACKEND=restate`).
     pub restate: Option<restate::Restate>,
+    /// The records' database (`TETHER_RESTATE_RECORD=shared`).
+    pub postgres: Option<tether_testkit::postgres::Postgres>,
 }
 
 impl Env {
@@ -35,6 +37,7 @@ impl Env {
             } else {
                 None
             },
+            postgres: restate::postgres().await,
         }
     }
 
@@ -53,8 +56,9 @@ impl Env {
             .as_ref()
             .map(|r| r.server_lines())
             .unwrap_or_default();
+        let shared = restate::shared_lines(self.postgres.as_ref());
         let text = format!(
-            "\n[server]\n{backend}{server}\n{}{extra}\n",
+            "\n[server]\n{backend}{shared}{server}\n{}{extra}\n",
             agent_main(&self.fake.url(), &ws)
         );
         Config::parse(&text, "test.toml", self.dir.path()).unwrap()

@@ -6,6 +6,28 @@
 
 pub use tether_testkit::restate::Restate;
 
+/// Whether this run keeps the records in PostgreSQL (`TETHER_RESTATE_RECORD=shared`, with
+/// `TETHER_SERVE_BACKEND=restate`): each test then starts its own server
+/// (`tether_testkit::postgres`) and its nodes' configurations name it (`restate_postgres`).
+pub fn shared() -> bool {
+    enabled() && std::env::var("TETHER_RESTATE_RECORD").is_ok_and(|r| r == "shared")
+}
+
+/// A PostgreSQL for a test's nodes when [`shared`], else none.
+pub async fn postgres() -> Option<tether_testkit::postgres::Postgres> {
+    if shared() {
+        Some(tether_testkit::postgres::Postgres::start().await)
+    } else {
+        None
+    }
+}
+
+/// The `[server]` line naming `pg` as the records' database (empty without one).
+pub fn shared_lines(pg: Option<&tether_testkit::postgres::Postgres>) -> String {
+    pg.map(|p| format!("restate_postgres = \"{}\"\n", p.connection()))
+        .unwrap_or_default()
+}
+
 /// Whether this run of the suite is on the Restate backend.
 pub fn enabled() -> bool {
     std::env::var("TETHER_SERVE_BACKEND").is_ok_and(|b| b == "restate")
