@@ -653,26 +653,27 @@ impl From<TerminalError> for Failure {
 }
 
 /// The record's events and checkpoint (journaled reads of the object state; with a shared
-/// record, its events up to the length the object state holds, which never change once stored).
+/// record, its first `start` events, where the turn starts: see [`SharedRecord::turn_start`]).
 async fn read_record(
     ctx: &ObjectContext<'_>,
     shared: Option<&SharedRecord>,
+    start: u64,
 ) -> Result<(Vec<Event>, Option<Value>), Failure> {
-    let count = ctx
-        .get::<Json<u64>>(record::EVENTS)
-        .await?
-        .map_or(0, Json::into_inner);
     let checkpoint = ctx
         .get::<Json<Value>>(record::CHECKPOINT_KEY)
         .await?
         .map(Json::into_inner);
     if let Some(shared) = shared {
         let events = shared
-            .events_upto(ctx.key(), count)
+            .events_upto(ctx.key(), start)
             .await
             .map_err(Failure::Retry)?;
         return Ok((events, checkpoint));
     }
+    let count = ctx
+        .get::<Json<u64>>(record::EVENTS)
+        .await?
+        .map_or(0, Json::into_inner);
     let mut events = Vec::with_capacity(usize::try_from(count.min(4096)).unwrap_or(0));
     for seq in 1..=count {
         match ctx.get::<Json<Event>>(&record::event_key(seq)).await? {
@@ -692,6 +693,10 @@ struct Marks {
     invocation: Option<String>,
     message: String,
     announced: Option<String>,
+    /// The record's length when the turn started (what a replay of it starts from).
+    start: u64,
+    /// The thread as the turn found it in the shared record when it started.
+    from: Option<Thread>,
     /// Whether the shared record shows them as they are.
     written: bool,
 }
@@ -720,7 +725,8 @@ async fn write(
                 marks.invocation.clone(),
                 Some(marks.message.clone()),
                 marks.announced.clone(),
-            );
+            )
+            .started(marks.start, marks.from.clone());
             shared.write(w).await.map_err(Failure::Retry)?;
             marks.written = true;
         }
@@ -731,7 +737,8 @@ async fn write(
             }
         }
     }
-    if !a.events.is_empty() {
+    // A shared record's length is its database's (a turn starts from it, see `load`).
+    if !a.events.is_empty() && shared.is_none() {
         ctx.set(record::EVENTS, Json(written.events + a.events.len() as u64));
     }
     if let Some(c) = &a.checkpoint {
@@ -878,18 +885,32 @@ impl TetherThread {
             // Not an end: Restate runs the invocation again from its journal.
             Err(Failure::Retry(e)) => return Err(HandlerError::from(e)),
         };
-        // Also after a failure: a thread whose turn failed is not left looking busy.
-        ctx.clear(STATE_PENDING);
-        ctx.clear(STATE_TURN);
-        ctx.clear(STATE_ANNOUNCED);
-        // The end is said once Restate holds every write above: Restate acknowledges a step's
-        // result only once it stored it, after every entry before it. A relay told the turn
-        // ended answers its client at once (which may then read the record, or send its next
-        // message, through any node) without a read of its own to confirm it: one step instead
-        // of one more invocation per turn (a third more deltas/s under the serve bench's load).
-        // (Should it fail, the turn was cancelled meanwhile: nothing is said, and relays learn
-        // of the end from Restate, as from a turn on another node.)
-        let stored = ctx.run(|| async { Ok::<_, HandlerError>(()) }).name("end").await;
+        let stored = match &self.shared {
+            // The record and the marks are in the database, committed by the turn's last write
+            // (a failed turn's marks are cleared here, as far as the database answers: a relay
+            // that finds them asks Restate whether that invocation is over).
+            Some(shared) => {
+                if out.is_err() {
+                    let _ = shared.turn_over(ctx.key(), ctx.invocation_id()).await;
+                }
+                Ok(())
+            }
+            None => {
+                // Also after a failure: a thread whose turn failed is not left looking busy.
+                ctx.clear(STATE_PENDING);
+                ctx.clear(STATE_TURN);
+                ctx.clear(STATE_ANNOUNCED);
+                // The end is said once Restate holds every write above: Restate acknowledges a
+                // step's result only once it stored it, after every entry before it. A relay
+                // told the turn ended answers its client at once (which may then read the
+                // record, or send its next message, through any node) without a read of its own
+                // to confirm it: one step instead of one more invocation per turn (a third more
+                // deltas/s under the serve bench's load). (Should it fail, the turn was cancelled
+                // meanwhile: nothing is said, and relays learn of the end from Restate, as from a
+                // turn on another node.)
+                ctx.run(|| async { Ok::<_, HandlerError>(()) }).name("end").await
+            }
+        };
         if stored.is_ok()
             && let Ok(thread) = ThreadId::new(ctx.key())
         {
@@ -945,7 +966,7 @@ impl TetherThread {
     /// behind a turn that may never end by itself.
     #[handler(lazy_state)]
     async fn running(&self, ctx: SharedObjectContext<'_>) -> Result<bool, HandlerError> {
-        Ok(ctx.get::<String>(STATE_TURN).await?.is_some())
+        Ok(self.running_turn(&ctx).await?.is_some())
     }
 
     /// The thread, its record's length and its running turn's invocation, read at once (see
@@ -958,6 +979,9 @@ impl TetherThread {
     /// thread ~1.8x a small one's), which the turn that follows pays anyway: it reads it all.
     #[handler]
     async fn status(&self, ctx: SharedObjectContext<'_>) -> Result<Json<ThreadStatus>, HandlerError> {
+        if let Some(s) = &self.shared {
+            return Ok(Json(s.status(&key_of(&ctx)?).await?));
+        }
         let (thread, length, invocation, message, announced) = futures_util::future::try_join5(
             ctx.get::<Json<Thread>>(record::THREAD),
             ctx.get::<Json<u64>>(record::EVENTS),
@@ -978,6 +1002,9 @@ impl TetherThread {
     /// The thread (`null` before its first turn).
     #[handler(lazy_state)]
     async fn thread(&self, ctx: SharedObjectContext<'_>) -> Result<Json<Option<Thread>>, HandlerError> {
+        if let Some(s) = &self.shared {
+            return Ok(Json(s.thread(&key_of(&ctx)?).await?));
+        }
         Ok(Json(
             ctx.get::<Json<Thread>>(record::THREAD)
                 .await?
@@ -1013,6 +1040,9 @@ impl TetherThread {
     /// How many events the thread's record holds.
     #[handler(lazy_state)]
     async fn length(&self, ctx: SharedObjectContext<'_>) -> Result<Json<u64>, HandlerError> {
+        if let Some(s) = &self.shared {
+            return Ok(Json(s.status(&key_of(&ctx)?).await?.length));
+        }
         Ok(Json(length_of(&ctx).await?))
     }
 
@@ -1020,12 +1050,15 @@ impl TetherThread {
     /// for its end with Restate's attach.
     #[handler(lazy_state)]
     async fn invocation(&self, ctx: SharedObjectContext<'_>) -> Result<Json<Option<String>>, HandlerError> {
-        Ok(Json(ctx.get::<String>(STATE_TURN).await?))
+        Ok(Json(self.running_turn(&ctx).await?))
     }
 
     /// The thread's checkpoint (`null` when none).
     #[handler(lazy_state)]
     async fn checkpoint(&self, ctx: SharedObjectContext<'_>) -> Result<Json<Value>, HandlerError> {
+        if let Some(s) = &self.shared {
+            return Ok(Json(s.checkpoint(ctx.key()).await?.unwrap_or(Value::Null)));
+        }
         Ok(Json(
             ctx.get::<Json<Value>>(record::CHECKPOINT_KEY)
                 .await?
@@ -1037,7 +1070,7 @@ impl TetherThread {
     /// error results for what it did not run. Returns whether a turn was running.
     #[handler(lazy_state)]
     async fn cancel(&self, ctx: SharedObjectContext<'_>) -> Result<bool, HandlerError> {
-        match ctx.get::<String>(STATE_TURN).await? {
+        match self.running_turn(&ctx).await? {
             Some(id) => {
                 ctx.invocation_handle(id).cancel();
                 Ok(true)
@@ -1047,7 +1080,20 @@ impl TetherThread {
     }
 }
 
+/// The object's key as a thread id (every key a turn ran under is one).
+fn key_of(ctx: &SharedObjectContext<'_>) -> Result<ThreadId, HandlerError> {
+    ThreadId::new(ctx.key()).map_err(|e| TerminalError::new_with_code(400, e.to_string()).into())
+}
+
 impl TetherThread {
+    /// The running turn's invocation id, from the object state or the shared record's marks.
+    async fn running_turn(&self, ctx: &SharedObjectContext<'_>) -> Result<Option<String>, HandlerError> {
+        match &self.shared {
+            Some(s) => Ok(s.status(&key_of(ctx)?).await?.invocation),
+            None => Ok(ctx.get::<String>(STATE_TURN).await?),
+        }
+    }
+
     /// A page of the record, from the object state or the shared record.
     async fn page(&self, ctx: &SharedObjectContext<'_>, page: Page) -> Result<Vec<Event>, HandlerError> {
         match &self.shared {
@@ -1065,23 +1111,31 @@ impl TetherThread {
         if let Some(f) = &self.on_attempt {
             f(Attempt::new(thread.clone(), req.announced.clone()).invocation(ctx.invocation_id())).await;
         }
-        ctx.set(STATE_TURN, ctx.invocation_id().to_owned());
-        // Both from the request: the same on every replay. Shown by `status` from the turn's
-        // first step on (a handler's writes reach Restate with its next step).
-        ctx.set(STATE_MESSAGE, req.message_id.clone());
-        match &req.announced {
-            Some(at) => ctx.set(STATE_ANNOUNCED, at.clone()),
-            None => ctx.clear(STATE_ANNOUNCED),
+        // With a shared record the marks are its thread row's, written with the turn's first
+        // write (see `Marks`), not three more entries of the journal.
+        if self.shared.is_none() {
+            ctx.set(STATE_TURN, ctx.invocation_id().to_owned());
+            // Both from the request: the same on every replay. Shown by `status` from the turn's
+            // first step on (a handler's writes reach Restate with its next step).
+            ctx.set(STATE_MESSAGE, req.message_id.clone());
+            match &req.announced {
+                Some(at) => ctx.set(STATE_ANNOUNCED, at.clone()),
+                None => ctx.clear(STATE_ANNOUNCED),
+            }
         }
 
         let mut marks = Marks {
             invocation: Some(ctx.invocation_id().to_owned()),
             message: req.message_id.clone(),
             announced: req.announced.clone(),
+            start: 0,
+            from: None,
             written: false,
         };
         let shared = self.shared.as_ref();
-        let (snapshot, mut written) = self.load(ctx, &thread, &req).await?;
+        let (snapshot, mut written, started_from) = self.load(ctx, &thread, &req).await?;
+        marks.start = written.events;
+        marks.from = started_from;
         // The thread as the agent's index (`TetherThreads`) last got it: sent before the turn's
         // first step (a first turn that waits for approval is listed already), with its provider
         // session once the engine opened it, and again only when it changed.
@@ -1130,39 +1184,53 @@ impl TetherThread {
         ctx: &ObjectContext<'_>,
         thread: &ThreadId,
         req: &TurnRequest,
-    ) -> Result<(Snapshot, Written), Failure> {
-        let (now, stored, events, checkpoint, in_state) =
-            match ctx.get::<Json<Thread>>(record::THREAD).await? {
-                Some(Json(t)) => {
-                    let now = match req.clock {
-                        Some(at) => at,
-                        None => ctx
-                            .run(|| async { Ok::<_, HandlerError>(Json(now_ms())) })
-                            .name("clock")
-                            .await?
-                            .into_inner(),
-                    };
-                    let (events, checkpoint) = read_record(ctx, self.shared.as_ref()).await?;
-                    let n = events.len() as u64;
-                    (now, Some(t), events, checkpoint.clone(), (n, checkpoint))
-                }
-                None => {
-                    // Told the time and that there is nothing to import: no step.
-                    let read = match (req.clock, req.import) {
-                        (Some(at), Some(false)) => (at, None),
-                        _ => self.clock_and_import(ctx, thread).await?,
-                    };
-                    match read {
-                        (now, Some(s)) => {
-                            // The record key on Restate is the thread id.
-                            let mut t = s.thread;
-                            t.record = thread.as_str().to_owned();
-                            (now, Some(t), s.events, s.checkpoint, (0, None))
-                        }
-                        (now, None) => (now, None, Vec::new(), None, (0, None)),
+    ) -> Result<(Snapshot, Written, Option<Thread>), Failure> {
+        let in_restate = ctx
+            .get::<Json<Thread>>(record::THREAD)
+            .await?
+            .map(Json::into_inner);
+        // With a shared record: where this turn starts in it, and the thread as the database
+        // holds it when Restate does not (a first turn killed before Restate stored its thread
+        // left its record there all the same).
+        let (from_db, start) = match &self.shared {
+            Some(shared) => shared
+                .turn_start(thread, ctx.invocation_id())
+                .await
+                .map_err(Failure::Retry)?,
+            None => (None, 0),
+        };
+        let started_from = from_db.clone();
+        let (now, stored, events, checkpoint, in_state) = match in_restate.clone().or(from_db) {
+            Some(t) => {
+                let now = match req.clock {
+                    Some(at) => at,
+                    None => ctx
+                        .run(|| async { Ok::<_, HandlerError>(Json(now_ms())) })
+                        .name("clock")
+                        .await?
+                        .into_inner(),
+                };
+                let (events, checkpoint) = read_record(ctx, self.shared.as_ref(), start).await?;
+                let n = events.len() as u64;
+                (now, Some(t), events, checkpoint.clone(), (n, checkpoint))
+            }
+            None => {
+                // Told the time and that there is nothing to import: no step.
+                let read = match (req.clock, req.import) {
+                    (Some(at), Some(false)) => (at, None),
+                    _ => self.clock_and_import(ctx, thread).await?,
+                };
+                match read {
+                    (now, Some(s)) => {
+                        // The record key on Restate is the thread id.
+                        let mut t = s.thread;
+                        t.record = thread.as_str().to_owned();
+                        (now, Some(t), s.events, s.checkpoint, (0, None))
                     }
+                    (now, None) => (now, None, Vec::new(), None, (0, None)),
                 }
-            };
+            }
+        };
         let title: String = req.text.chars().take(80).collect();
         let t = match stored {
             Some(t) if t.agent != self.agent => {
@@ -1184,7 +1252,15 @@ impl TetherThread {
             // The record key is the thread id: the record is this object's state.
             None => Thread::new(thread.clone(), self.agent.clone(), thread.as_str(), now).with_title(title),
         };
-        ctx.set(record::THREAD, Json(t.clone()));
+        // A shared record keeps the thread's times: Restate's copy is written only when it changes
+        // otherwise (a new thread, a title), one journal entry fewer per turn.
+        let unchanged = self.shared.is_some()
+            && in_restate
+                .as_ref()
+                .is_some_and(|r| r.clone().with_updated_ms(t.updated_ms) == t);
+        if !unchanged {
+            ctx.set(record::THREAD, Json(t.clone()));
+        }
         let written = Written {
             thread: t.clone(),
             events: in_state.0,
@@ -1197,6 +1273,7 @@ impl TetherThread {
                 checkpoint,
             },
             written,
+            started_from,
         ))
     }
 

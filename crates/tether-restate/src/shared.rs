@@ -57,6 +57,8 @@ create table if not exists tether_threads (
     thread text not null,
     updated_ms bigint not null,
     length bigint not null default 0,
+    started_at bigint not null default 0,
+    started_from text,
     checkpoint text,
     invocation text,
     message text,
@@ -71,13 +73,15 @@ create table if not exists tether_events (
 );";
 
 const UPSERT_THREADS: &str = "
-insert into tether_threads (id, agent, thread, updated_ms, length, checkpoint, invocation, message, announced)
+insert into tether_threads (id, agent, thread, updated_ms, length, checkpoint, invocation, message, announced,
+                            started_at, started_from)
 select * from unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[],
-                     $8::text[], $9::text[])
+                     $8::text[], $9::text[], $10::bigint[], $11::text[])
 on conflict (id) do update set
     agent = excluded.agent, thread = excluded.thread, updated_ms = excluded.updated_ms,
     length = excluded.length, checkpoint = coalesce(excluded.checkpoint, tether_threads.checkpoint),
-    invocation = excluded.invocation, message = excluded.message, announced = excluded.announced";
+    invocation = excluded.invocation, message = excluded.message, announced = excluded.announced,
+    started_at = excluded.started_at, started_from = excluded.started_from";
 
 const UPSERT_EVENTS: &str = "
 insert into tether_events (thread, seq, event)
@@ -103,6 +107,11 @@ pub struct Write {
     pub message: Option<String>,
     /// Where the running turn's sender said it runs.
     pub announced: Option<String>,
+    /// The record's length when the running turn started (what a replay of it starts from).
+    pub started_at: u64,
+    /// The thread as the running turn found it in the database when it started (`None` when
+    /// it found none): what a replay of it starts from.
+    pub started_from: Option<Thread>,
 }
 
 impl Write {
@@ -116,7 +125,17 @@ impl Write {
             invocation: None,
             message: None,
             announced: None,
+            started_at: 0,
+            started_from: None,
         }
+    }
+
+    /// With where the running turn started: the record's length, and the thread as it found
+    /// it in the database (see [`SharedRecord::turn_start`]).
+    pub fn started(mut self, length: u64, from: Option<Thread>) -> Self {
+        self.started_at = length;
+        self.started_from = from;
+        self
     }
 
     /// With these events added (sequence numbers up to `length`).
@@ -323,6 +342,50 @@ impl SharedRecord {
         })
     }
 
+    /// Where a turn (invocation `invocation`) of `thread` starts in its record: the record's
+    /// length and the thread as the database holds it (`(None, 0)` before a first turn wrote
+    /// it), unless the thread's running turn is this invocation, which wrote before (a replay
+    /// after a crash or a suspension): then what it started from then ([`Write::started`]), so
+    /// that it starts from the same record and thread again (its journal must replay as it was
+    /// written) and writes its events at the same places.
+    pub async fn turn_start(&self, thread: &ThreadId, invocation: &str) -> Result<(Option<Thread>, u64)> {
+        let row = self
+            .reader()
+            .await?
+            .query_opt(
+                "select thread, length, started_at, started_from, invocation from tether_threads where id = $1",
+                &[&thread.as_str()],
+            )
+            .await
+            .map_err(|e| db_error("reading a thread", e))?;
+        let Some(row) = row else {
+            return Ok((None, 0));
+        };
+        if row.get::<_, Option<&str>>(4) == Some(invocation) {
+            let from = row
+                .get::<_, Option<&str>>(3)
+                .map(|t| decode("thread", t))
+                .transpose()?;
+            return Ok((from, to_u64(row.get(2))));
+        }
+        Ok((Some(decode("thread", row.get(0))?), to_u64(row.get(1))))
+    }
+
+    /// Clears the marks of the turn `invocation` of `thread` if they are still there (a turn
+    /// that failed before its last write); returns whether they were.
+    pub async fn turn_over(&self, thread: &str, invocation: &str) -> Result<bool> {
+        let n = self
+            .reader()
+            .await?
+            .execute(
+                "update tether_threads set invocation = null, announced = null where id = $1 and invocation = $2",
+                &[&thread, &invocation],
+            )
+            .await
+            .map_err(|e| db_error("clearing a turn's marks", e))?;
+        Ok(n > 0)
+    }
+
     /// The thread (`None` before its first turn wrote it).
     pub async fn thread(&self, thread: &ThreadId) -> Result<Option<Thread>> {
         let row = self
@@ -474,7 +537,9 @@ async fn commit(c: &mut Client, jobs: &[Job]) -> Result<()> {
         Vec::with_capacity(n),
         Vec::with_capacity(n),
     );
-    let (mut checkpoints, mut invocations, mut messages, mut announced) = (
+    let mut started_from = Vec::with_capacity(n);
+    let (mut checkpoints, mut invocations, mut messages, mut announced, mut started) = (
+        Vec::with_capacity(n),
         Vec::with_capacity(n),
         Vec::with_capacity(n),
         Vec::with_capacity(n),
@@ -497,6 +562,13 @@ async fn commit(c: &mut Client, jobs: &[Job]) -> Result<()> {
         invocations.push(w.invocation.as_deref());
         messages.push(w.message.as_deref());
         announced.push(w.announced.as_deref());
+        started.push(to_i64(w.started_at));
+        started_from.push(
+            w.started_from
+                .as_ref()
+                .map(|t| encode("a thread", t))
+                .transpose()?,
+        );
         for e in &w.events {
             let Some(seq) = e.seq else {
                 return Err(Error::store(format!("event {} has no sequence number", e.id)));
@@ -527,6 +599,8 @@ async fn commit(c: &mut Client, jobs: &[Job]) -> Result<()> {
             &invocations,
             &messages,
             &announced,
+            &started,
+            &started_from,
         ],
     )
     .await
