@@ -1554,6 +1554,12 @@ async fn floor_load(
     // BENCH_FLOOR_PEEK=1: each turn is preceded by a shared read of its object, as a
     // front-end reads a thread's status before it sends a turn.
     let peek = std::env::var_os("BENCH_FLOOR_PEEK").is_some();
+    // BENCH_FLOOR_SEND=1: each turn sent as tether's relay sends one (`…/turn/send` with an
+    // idempotency key, then an attach to its invocation) instead of one request-response call.
+    // BENCH_FLOOR_SEND=call: one request-response call with an idempotency key (what a relay
+    // that waited on its call would send).
+    let keyed_call = std::env::var("BENCH_FLOOR_SEND").is_ok_and(|v| v == "call");
+    let send = std::env::var_os("BENCH_FLOOR_SEND").is_some() && !keyed_call;
     let fire = |conns: Vec<Conn>, tag: String| async move {
         let began = Instant::now();
         let tasks: Vec<_> = conns
@@ -1561,14 +1567,32 @@ async fn floor_load(
             .enumerate()
             .map(|(i, mut conn)| {
                 let object = format!("/BenchFloor/{tag}-{i}-{}", std::process::id());
-                let req = http_request(
-                    &addr.to_string(),
-                    "POST",
-                    &format!("{object}/turn"),
-                    "application/json",
-                    Some(&serde_json::json!(deltas)),
-                    None,
-                );
+                let req = if keyed_call {
+                    let body = serde_json::json!(deltas).to_string();
+                    format!(
+                        "POST {object}/turn HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+                         idempotency-key: {object}-m1\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .into_bytes()
+                } else if send {
+                    let body = serde_json::json!(deltas).to_string();
+                    format!(
+                        "POST {object}/turn/send HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+                         idempotency-key: {object}-m1\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .into_bytes()
+                } else {
+                    http_request(
+                        &addr.to_string(),
+                        "POST",
+                        &format!("{object}/turn"),
+                        "application/json",
+                        Some(&serde_json::json!(deltas)),
+                        None,
+                    )
+                };
                 // No content type: Restate refuses one for a handler that takes no input.
                 let peek_req = peek.then(|| {
                     format!("POST {object}/peek HTTP/1.1\r\nhost: {addr}\r\ncontent-length: 0\r\n\r\n")
@@ -1584,13 +1608,28 @@ async fn floor_load(
                         (200..300).contains(&status).then_some(())?;
                     }
                     let mut body = Vec::new();
-                    let status = tokio::time::timeout(
+                    let mut status = tokio::time::timeout(
                         RUN_TIMEOUT,
                         conn.exchange(&req, || {}, |b| body.extend_from_slice(b)),
                     )
                     .await
                     .ok()?
                     .ok()?;
+                    if send {
+                        let sent: serde_json::Value = serde_json::from_slice(&body).ok()?;
+                        let id = sent["invocationId"].as_str()?.to_owned();
+                        let attach = format!(
+                            "GET /restate/invocation/{id}/attach HTTP/1.1\r\nhost: {addr}\r\n\r\n"
+                        );
+                        body.clear();
+                        status = tokio::time::timeout(
+                            RUN_TIMEOUT,
+                            conn.exchange(attach.as_bytes(), || {}, |b| body.extend_from_slice(b)),
+                        )
+                        .await
+                        .ok()?
+                        .ok()?;
+                    }
                     let started: u64 = serde_json::from_slice(&body).ok()?;
                     (200..300)
                         .contains(&status)
