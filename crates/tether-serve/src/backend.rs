@@ -5,9 +5,8 @@
 //! The seam is the agent behind an AG-UI run route. With the default backend it is
 //! `ThreadAgent`, which opens the thread's `Session` in process. Here it is [`RestateAgent`],
 //! which
-//! - sends a new user message as a `turn` call through the Restate ingress
-//!   (`/TetherThread/{thread}/turn`, idempotent by the message and run ids), which answers with
-//!   the turn's outcome;
+//! - sends a new user message as a `turn` invocation through the Restate ingress
+//!   (`/TetherThread/{thread}/turn/send`, idempotent by the message and run ids);
 //! - relays the turn's events to the client's AG-UI stream as they happen: the `TetherThread`
 //!   service runs inside this process (its endpoint on a listener of its own, registered with the
 //!   admin API at start) and sends every event (token deltas included) and every change of the
@@ -179,9 +178,10 @@ const ANNOUNCE_WAIT: Duration = Duration::from_secs(1);
 const LOOK_EVERY: Duration = Duration::from_millis(40);
 
 /// A relay's pause after a look or a read is at least this many times as long as the look or
-/// read took: an ingress that answers slowly is busy (under load, mostly with turns waiting to
-/// start), and polls that keep it busier delay every turn. Lone, the ingress answers in
-/// milliseconds and the pauses are as scheduled.
+/// read took, and its first look and read come at least this many times as long after it sent
+/// its turn as the sending took: an ingress that answers slowly is busy (under load, mostly with
+/// turns waiting to start), and polls that keep it busier delay every turn. Lone, the ingress
+/// answers in milliseconds and the pauses are as scheduled.
 const BUSY_FACTOR: u32 = 4;
 
 /// The longest pause between a relay's looks (see [`LOOK_EVERY`]).
@@ -479,41 +479,11 @@ fn restate_error(message: impl Into<String>) -> tether_agui::AgUiError {
     tether_agui::AgUiError::agent("RESTATE", message)
 }
 
-/// A turn's outcome as Restate answers a call or an attach with it (`status`, `text`), or its
-/// failure's status and message.
-fn outcome(status: u16, text: &str) -> Result<tether_restate::TurnOutcome, (u16, String)> {
-    if (200..300).contains(&status) {
-        return serde_json::from_str(text)
-            .map_err(|e| (500, format!("the turn's outcome could not be read: {e}")));
-    }
-    let message = serde_json::from_str::<Value>(text)
-        .ok()
-        .and_then(|v| v["message"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| text.to_owned());
-    Err((status, message.chars().take(2048).collect()))
-}
-
 fn calls_of(waiting: &[WaitingToolUse]) -> Vec<ToolUse> {
     waiting
         .iter()
         .map(|w| ToolUse::new(&w.id, &w.name, w.input.clone()))
         .collect()
-}
-
-/// Where a relay reads the end of its turn from.
-enum EndFrom {
-    /// Restate's attach to this invocation (a turn running already).
-    Attach(String),
-    /// The keyed call that starts the turn (its body and idempotency key).
-    Call(Value, String),
-    /// Nowhere: no turn runs.
-    Nothing,
-}
-
-impl EndFrom {
-    fn running(invocation: Option<String>) -> Self {
-        invocation.map_or(EndFrom::Nothing, EndFrom::Attach)
-    }
 }
 
 /// How a relay ended.
@@ -626,48 +596,15 @@ impl RestateAgent {
         let Ok(text) = resp.text().await else {
             return std::future::pending().await;
         };
-        outcome(status, &text)
-    }
-
-    /// Starts a turn of `thread` with the keyed call `turn` (`key`: its idempotency key) and
-    /// returns its outcome, or its failure's status and message, as [`RestateAgent::attach`]
-    /// does. Sent again while the ingress does not answer or answers that it cannot serve it
-    /// yet, for up to `tether_restate::store::FAILOVER`: the key makes a repeated call wait on
-    /// the same turn. After that, a failure with status 0: the turn may still run (its record
-    /// says what it did), but this run cannot follow its end.
-    async fn call_turn(
-        &self,
-        thread: &ThreadId,
-        req: &Value,
-        key: &str,
-    ) -> Result<tether_restate::TurnOutcome, (u16, String)> {
-        let started = tokio::time::Instant::now();
-        let mut attempt = 0;
-        loop {
-            let sent = self
-                .http
-                .post(self.url(thread, &["turn"]))
-                .json(req)
-                .header("idempotency-key", key)
-                .send()
-                .await;
-            let failed = match sent {
-                Ok(resp) if !tether_restate::store::retryable(Some(resp.status().as_u16())) => {
-                    let status = resp.status().as_u16();
-                    match resp.text().await {
-                        Ok(text) => return outcome(status, &text),
-                        Err(e) => e.to_string(),
-                    }
-                }
-                Ok(resp) => format!("the Restate ingress answered {}", resp.status()),
-                Err(e) => e.to_string(),
-            };
-            if started.elapsed() >= tether_restate::store::FAILOVER {
-                return Err((0, format!("the Restate ingress did not take the turn: {failed}")));
-            }
-            tokio::time::sleep(tether_restate::store::retry_pause(attempt)).await;
-            attempt += 1;
+        if (200..300).contains(&status) {
+            return serde_json::from_str(&text)
+                .map_err(|e| (500, format!("the turn's outcome could not be read: {e}")));
         }
+        let message = serde_json::from_str::<Value>(&text)
+            .ok()
+            .and_then(|v| v["message"].as_str().map(str::to_owned))
+            .unwrap_or(text);
+        Err((status, message.chars().take(2048).collect()))
     }
 
     /// `{ingress}/restate/invocation/{invocation}/{what}`.
@@ -1046,13 +983,16 @@ impl RestateAgent {
         // Which turn's end this run reports: the one it started (by run id), or, resuming, the
         // waiting one.
         let mut ours: Option<String> = None;
-        // How the end of the turn this run relays is read from Restate (it may run on another
-        // node's service): the call that sent it, or an attach to the running one.
-        let end_from: EndFrom;
+        // The turn this run relays (its end is read from Restate too: the turn may run on
+        // another node's service).
+        let invocation: Option<String>;
         // Set when this run reconnects to the running turn its message started: the sequence
         // number of the last event the client holds.
         // With whether the turn was running then.
         let mut reconnect: Option<(u64, bool)> = None;
+        // How long Restate took to accept the turn this run sent (zero when it sent none): how
+        // busy its ingress is, which the relay's first polls wait on (see `BUSY_FACTOR`).
+        let mut send_took = Duration::ZERO;
         let resume = ctx.input().resume.clone();
         if !resume.is_empty() {
             let Some(rec) = &existing else {
@@ -1062,7 +1002,7 @@ impl RestateAgent {
                 .await
                 .map_err(store_error)?;
             let waiting = self.waiting(&thread).await?;
-            end_from = EndFrom::running(self.invocation(&thread).await?);
+            invocation = self.invocation(&thread).await?;
             let calls = calls_of(&waiting);
             let answers = approval::decide(
                 &outstanding,
@@ -1170,7 +1110,7 @@ impl RestateAgent {
             }
             if let Some((at, true)) = reconnect {
                 shown = at;
-                end_from = EndFrom::running(self.invocation(&thread).await?);
+                invocation = self.invocation(&thread).await?;
             } else if let Some((id, text)) = user {
                 // The turn's events follow the record as it is now (the record read through the
                 // ingress starts there).
@@ -1210,11 +1150,13 @@ impl RestateAgent {
                 // same message sent again by a new run (after a failed turn) is a new turn, which
                 // goes on with what the failed one left.
                 let key = idempotency_key(&[thread.as_str(), &id, &run]);
-                // One keyed call, answered with the turn's outcome: Restate starts the turn and
-                // this request waits on it (sent again, it waits on the same turn). A send and
-                // an attach to what it started cost Restate two requests: ~15% of its turns per
-                // second under the serve bench's load, measured on the floor (BENCHMARKS.md).
-                end_from = EndFrom::Call(req, key);
+                let began = tokio::time::Instant::now();
+                let sent = self
+                    .call(&thread, &["turn", "send"], &req, Some(&key))
+                    .await
+                    .map_err(|(s, m)| restate_error(format!("sending the turn failed ({s}): {m}")))?;
+                send_took = began.elapsed();
+                invocation = sent["invocationId"].as_str().map(str::to_owned);
                 ours = Some(run);
             } else {
                 update(ctx, Update::Finished { waiting: false })?;
@@ -1246,17 +1188,16 @@ impl RestateAgent {
             }
         }
         let attached = async {
-            match &end_from {
-                EndFrom::Attach(id) => self.attach(id).await,
-                EndFrom::Call(req, key) => self.call_turn(&thread, req, key).await,
-                EndFrom::Nothing => std::future::pending().await,
+            match &invocation {
+                Some(id) => self.attach(id).await,
+                None => std::future::pending().await,
             }
         };
         tokio::pin!(attached);
         let mut follow_pause = FOLLOW_EVERY;
-        // A turn waits to start behind the turns Restate took before it: on a busy ingress the
-        // polls after the first wait as many times longer as the reads took (`BUSY_FACTOR`).
-        let follow = tokio::time::sleep(FOLLOW_FIRST);
+        // A turn waits to start behind the turns Restate took before it: on a busy ingress
+        // (slow to accept this one) the first read comes later, as every later poll does.
+        let follow = tokio::time::sleep(FOLLOW_FIRST.max(send_took * BUSY_FACTOR));
         tokio::pin!(follow);
         // Whether this process sent nothing of the turn since the last tick.
         let mut quiet = true;
@@ -1268,7 +1209,7 @@ impl RestateAgent {
         let looking = tokio::time::Instant::now();
         // The first look after one period: a turn running here has sent its first event by then
         // (its user message), and this node need not ask where the turn runs.
-        let mut look_pause = LOOK_EVERY;
+        let mut look_pause = LOOK_EVERY.max(send_took * BUSY_FACTOR);
         let look = tokio::time::sleep(look_pause);
         tokio::pin!(look);
         // Whether the turn showed itself here (it started on this node's service, or its events
