@@ -8,7 +8,8 @@
 //! - `cancel` (shared): cancels the turn in flight (Restate cancels the invocation: the step in
 //!   flight ends, a waiting approval ends as a cancel, and the turn records what it did).
 //! - `thread`, `events` and `checkpoint` (shared): the thread's record, kept in the object's
-//!   state (see [`crate::record`]), readable while a turn runs or waits.
+//!   state (see [`crate::record`]) or in a shared database ([`crate::shared`]), readable while a
+//!   turn runs or waits.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -1103,7 +1104,8 @@ impl TetherThread {
     }
 
     /// The body of `turn`: every failure is terminal (journaled), so the [`TurnSignal::Ended`]
-    /// sent for it is final.
+    /// sent for it is final, but a shared record's database not answering, which Restate retries
+    /// (the invocation runs again from its journal).
     async fn run_turn(&self, ctx: &ObjectContext<'_>, req: TurnRequest) -> Result<TurnOutcome, Failure> {
         let thread =
             ThreadId::new(ctx.key()).map_err(|e| TerminalError::new_with_code(400, e.to_string()))?;

@@ -1,5 +1,7 @@
 //! Where a thread's record lives, and how a turn reads and writes it.
 //!
+//! (Unless the service keeps the records in a shared database: see [`crate::shared`].)
+//!
 //! The record is the thread's **Restate object state** (the `TetherThread` object keyed by the
 //! thread id), so every tether node reads the same record and it is replicated with the Restate
 //! cluster:

@@ -319,17 +319,37 @@ impl SharedRecord {
         Ok(c)
     }
 
+    /// The row `sql` finds, if any (`what` names the read in its error).
+    async fn row(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>> {
+        let c = self.reader().await?;
+        c.query_opt(sql, params).await.map_err(|e| db_error(what, e))
+    }
+
+    /// The rows `sql` finds (`what` names the read in its error).
+    async fn rows(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>> {
+        let c = self.reader().await?;
+        c.query(sql, params).await.map_err(|e| db_error(what, e))
+    }
+
     /// The thread, its record's length and its running turn's marks (see [`ThreadStatus`]).
     pub async fn status(&self, thread: &ThreadId) -> Result<ThreadStatus> {
         let row = self
-            .reader()
-            .await?
-            .query_opt(
+            .row(
+                "reading a thread",
                 "select thread, length, invocation, message, announced from tether_threads where id = $1",
                 &[&thread.as_str()],
             )
-            .await
-            .map_err(|e| db_error("reading a thread", e))?;
+            .await?;
         let Some(row) = row else {
             return Ok(ThreadStatus::default());
         };
@@ -349,15 +369,7 @@ impl SharedRecord {
     /// that it starts from the same record and thread again (its journal must replay as it was
     /// written) and writes its events at the same places.
     pub async fn turn_start(&self, thread: &ThreadId, invocation: &str) -> Result<(Option<Thread>, u64)> {
-        let row = self
-            .reader()
-            .await?
-            .query_opt(
-                "select thread, length, started_at, started_from, invocation from tether_threads where id = $1",
-                &[&thread.as_str()],
-            )
-            .await
-            .map_err(|e| db_error("reading a thread", e))?;
+        let row = self.row("reading a thread", "select thread, length, started_at, started_from, invocation from tether_threads where id = $1", &[&thread.as_str()]).await?;
         let Some(row) = row else {
             return Ok((None, 0));
         };
@@ -389,28 +401,24 @@ impl SharedRecord {
     /// The thread (`None` before its first turn wrote it).
     pub async fn thread(&self, thread: &ThreadId) -> Result<Option<Thread>> {
         let row = self
-            .reader()
-            .await?
-            .query_opt(
+            .row(
+                "reading a thread",
                 "select thread from tether_threads where id = $1",
                 &[&thread.as_str()],
             )
-            .await
-            .map_err(|e| db_error("reading a thread", e))?;
+            .await?;
         row.map(|r| decode("thread", r.get(0))).transpose()
     }
 
     /// The threads of `agents`, the most recently used first.
     pub async fn threads(&self, agents: &[&str]) -> Result<Vec<Thread>> {
         let rows = self
-            .reader()
-            .await?
-            .query(
+            .rows(
+                "listing threads",
                 "select thread from tether_threads where agent = any($1) order by updated_ms desc, id",
                 &[&agents],
             )
-            .await
-            .map_err(|e| db_error("listing threads", e))?;
+            .await?;
         rows.iter().map(|r| decode("thread", r.get(0))).collect()
     }
 
@@ -418,15 +426,13 @@ impl SharedRecord {
     /// record's length).
     pub async fn events_after(&self, thread: &str, after: u64, limit: u32) -> Result<Vec<Event>> {
         let rows = self
-            .reader()
-            .await?
-            .query(
+            .rows(
+                "reading a record",
                 "select e.event from tether_events e join tether_threads t on t.id = e.thread
                  where e.thread = $1 and e.seq > $2 and e.seq <= least($2 + $3, t.length) order by e.seq",
                 &[&thread, &to_i64(after), &i64::from(limit)],
             )
-            .await
-            .map_err(|e| db_error("reading a record", e))?;
+            .await?;
         let events: Vec<Event> = rows
             .iter()
             .map(|r| decode("event", r.get(0)))
@@ -448,14 +454,12 @@ impl SharedRecord {
             return Ok(Vec::new());
         }
         let rows = self
-            .reader()
-            .await?
-            .query(
+            .rows(
+                "reading a record",
                 "select event from tether_events where thread = $1 and seq between 1 and $2 order by seq",
                 &[&thread, &to_i64(length)],
             )
-            .await
-            .map_err(|e| db_error("reading a record", e))?;
+            .await?;
         let events: Vec<Event> = rows
             .iter()
             .map(|r| decode("event", r.get(0)))
@@ -477,11 +481,12 @@ impl SharedRecord {
     /// The thread's checkpoint (`None` when none was written).
     pub async fn checkpoint(&self, thread: &str) -> Result<Option<Value>> {
         let row = self
-            .reader()
-            .await?
-            .query_opt("select checkpoint from tether_threads where id = $1", &[&thread])
-            .await
-            .map_err(|e| db_error("reading a checkpoint", e))?;
+            .row(
+                "reading a checkpoint",
+                "select checkpoint from tether_threads where id = $1",
+                &[&thread],
+            )
+            .await?;
         match row.and_then(|r| r.get::<_, Option<String>>(0)) {
             Some(text) => Ok(Some(decode("checkpoint", &text)?)),
             None => Ok(None),
