@@ -486,6 +486,18 @@ fn calls_of(waiting: &[WaitingToolUse]) -> Vec<ToolUse> {
         .collect()
 }
 
+/// A turn said it waits (in this process, or from the peer running it): its relay reads
+/// Restate at once, then less often, until Restate shows the wait (see [`CONFIRM_FIRST`]).
+fn confirm_wait(
+    pause: &mut Duration,
+    confirm: std::pin::Pin<&mut tokio::time::Sleep>,
+    unconfirmed: &mut bool,
+) {
+    *pause = CONFIRM_FIRST;
+    confirm.reset(tokio::time::Instant::now());
+    *unconfirmed = true;
+}
+
 /// How a relay ended.
 enum Relayed {
     /// The turn waits for these tool uses.
@@ -1250,9 +1262,7 @@ impl RestateAgent {
                             // A turn says it ended once Restate holds all it wrote.
                             Some(r @ Relayed::Ended(_)) => break r,
                             Some(Relayed::Waiting(_)) => {
-                                confirm_pause = CONFIRM_FIRST;
-                                confirm.as_mut().reset(tokio::time::Instant::now());
-                                unconfirmed = true;
+                                confirm_wait(&mut confirm_pause, confirm.as_mut(), &mut unconfirmed);
                             }
                             None => {}
                         }
@@ -1292,9 +1302,7 @@ impl RestateAgent {
                         match judge(sig, &thread, &answered, ours.as_ref()) {
                             Some(r @ Relayed::Ended(_)) => break r,
                             Some(Relayed::Waiting(_)) => {
-                                confirm_pause = CONFIRM_FIRST;
-                                confirm.as_mut().reset(tokio::time::Instant::now());
-                                unconfirmed = true;
+                                confirm_wait(&mut confirm_pause, confirm.as_mut(), &mut unconfirmed);
                             }
                             None => {}
                         }
