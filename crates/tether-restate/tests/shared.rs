@@ -298,3 +298,49 @@ async fn a_replayed_turn_starts_where_it_first_did() {
     assert_eq!((status.invocation, status.length), (None, 2), "the record stays");
     assert_eq!(record.turn_start(&id, "inv-1").await.expect("start").1, 2);
 }
+
+/// Ids an attacker picks reach the database only as parameters: a thread id made of SQL and
+/// quotes, or of 256 bytes of multi-byte characters, is stored and read back as itself and
+/// touches no other thread; one with control characters never gets that far (`ThreadId`).
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_ids_are_data_not_sql() {
+    let pg = Postgres::start().await;
+    let record = SharedRecord::connect(&pg.connection()).await.expect("connect");
+    record
+        .write(Write::new(thread("t-other", 1_000), 1).events(vec![event(1, "o1", "other")]))
+        .await
+        .expect("another thread");
+    let long: String = "é".repeat(128);
+    for id in [
+        "x'); drop table tether_events; --",
+        "a\\' or '1'='1",
+        long.as_str(),
+    ] {
+        record
+            .write(Write::new(thread(id, 2_000), 1).events(vec![event(1, "h1", "hostile")]))
+            .await
+            .expect("a hostile id is stored");
+        let tid = ThreadId::new(id).expect("a valid id");
+        let status = record.status(&tid).await.expect("status");
+        assert_eq!(status.thread.map(|t| t.id), Some(tid.clone()), "{id}");
+        assert_eq!(
+            record.events_after(id, 0, 10).await.expect("events").len(),
+            1,
+            "{id}"
+        );
+    }
+    let other = record
+        .events_after("t-other", 0, 10)
+        .await
+        .expect("the other thread");
+    assert_eq!(other.len(), 1, "the other thread is untouched");
+    assert_eq!(record.threads(&["demo"]).await.expect("listed").len(), 4);
+    assert!(
+        ThreadId::new("t\u{0}\n").is_err(),
+        "control characters never reach the database"
+    );
+    assert!(
+        ThreadId::new("x".repeat(257)).is_err(),
+        "nor ids longer than 256 bytes"
+    );
+}
