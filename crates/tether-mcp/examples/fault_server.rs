@@ -5,7 +5,8 @@
 //! - `echo {text}`: answers `$FAULT_TAG` and the text (also the name two servers share in the collision tests).
 //! - `count`: appends a line to `$FAULT_COUNT_FILE` and answers how many lines it holds (a side
 //!   effect a resume must not repeat).
-//! - `crash`: the process exits in the middle of the call.
+//! - `crash`: the process exits in the middle of the call; why is written on its stderr 300 ms
+//!   later, by a process it left behind.
 //! - `hang`: never answers (and, if `$FAULT_HANG_ALL` is set, stops reading: a hung server).
 //! - `malformed`: writes a line that is not JSON-RPC to stdout, then answers `after garbage`.
 //! - `grow`: adds the tool `grown` and sends `notifications/tools/list_changed`.
@@ -115,7 +116,14 @@ impl ServerHandler for Fault {
                 text(format!("count {n}"))
             }
             "crash" => {
-                eprintln!("fault_server: crashing on purpose");
+                // Its last words come from a process it leaves behind, 300 ms after it exited
+                // (as a wrapper's child may write them): the client sees the connection end
+                // before the stderr that says why, and must wait for that stderr to end.
+                let _ = std::process::Command::new("sh")
+                    .args(["-c", "sleep 0.3; echo 'fault_server: crashing on purpose' >&2"])
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .spawn();
                 std::process::exit(3);
             }
             "hang" => {

@@ -264,6 +264,18 @@ struct Conn {
     peer: Peer<RoleClient>,
     stop: Mutex<Option<RunningServiceCancellationToken>>,
     generation: u64,
+    /// Becomes true when a stdio child's stderr has ended (it exited): what it wrote last, often
+    /// the reason it failed, is then all in the tail. `None` for HTTP servers.
+    stderr_done: Option<watch::Receiver<bool>>,
+}
+
+/// Waits (bounded) for a child's stderr to end, so that a failure's message carries what the
+/// child wrote before exiting; its reader task may still be draining the pipe when the
+/// connection's end is seen.
+async fn stderr_drained(done: Option<watch::Receiver<bool>>) {
+    if let Some(mut d) = done {
+        let _ = tokio::time::timeout(Duration::from_secs(2), d.wait_for(|ended| *ended)).await;
+    }
 }
 
 impl Conn {
@@ -514,7 +526,7 @@ async fn start(inner: &Arc<Inner>) -> Result<(), McpError> {
             }
             let (transport, stderr) = stdio::ChildStdio::spawn(cmd)
                 .map_err(|e| fail(format!("cannot run `{command}`: {e}"), String::new()))?;
-            let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+            let (done_tx, done_rx) = watch::channel(false);
             if let Some(stderr) = stderr {
                 let tail = inner.stderr.clone();
                 let name = cfg.name.clone();
@@ -524,7 +536,7 @@ async fn start(inner: &Arc<Inner>) -> Result<(), McpError> {
                         tracing::debug!(server = %name, "stderr: {line}");
                         lock(&tail).push(&line);
                     }
-                    let _ = done_tx.send(());
+                    done_tx.send_replace(true);
                 });
             }
             let transport = Observed {
@@ -568,11 +580,9 @@ async fn start(inner: &Arc<Inner>) -> Result<(), McpError> {
             (served, None)
         }
     };
-    let stderr_now = |done: Option<tokio::sync::oneshot::Receiver<()>>| async move {
+    let stderr_now = |done: Option<watch::Receiver<bool>>| async move {
         // A child that failed usually exited: wait (bounded) for its stderr to end.
-        if let Some(d) = done {
-            let _ = tokio::time::timeout(Duration::from_secs(2), d).await;
-        }
+        stderr_drained(done).await;
         lock(&inner.stderr).text.clone()
     };
     let service = match service {
@@ -602,6 +612,7 @@ async fn start(inner: &Arc<Inner>) -> Result<(), McpError> {
         peer,
         stop: Mutex::new(Some(service.cancellation_token())),
         generation,
+        stderr_done: stderr_done.clone(),
     });
     *lock(&inner.conn) = Some(conn);
     {
@@ -616,6 +627,7 @@ async fn start(inner: &Arc<Inner>) -> Result<(), McpError> {
     let weak = Arc::downgrade(inner);
     tokio::spawn(async move {
         let reason = service.waiting().await;
+        stderr_drained(stderr_done).await;
         let Some(inner) = weak.upgrade() else { return };
         on_down(&inner, generation, format!("the connection ended ({reason:?})"));
     });
@@ -961,12 +973,14 @@ impl McpServer {
             }
             Some(Err(ServiceError::TransportClosed)) | Some(Err(ServiceError::TransportSend(_))) => {
                 guard.cancel = None;
+                // Read before the restart clears it: what the child wrote as it exited.
+                stderr_drained(conn.stderr_done.clone()).await;
+                let stderr = lock(&inner.stderr).text.clone();
                 on_down(
                     inner,
                     conn.generation,
                     "the connection closed during a call".into(),
                 );
-                let stderr = lock(&inner.stderr).text.clone();
                 ToolOutput::Error(format!(
                     "MCP server `{name}` exited or dropped the connection during the call of `{}` (it may have partly run); tether restarts it{}",
                     call.name,
