@@ -206,6 +206,65 @@ fn cpu_secs(pid: u32) -> f64 {
     ticks / 100.0
 }
 
+/// CPU seconds used so far by each process descended from this one, by pid: (command, seconds).
+/// Sampled before and after a load, it says where the load's CPU went (the server, Restate's
+/// nodes, PostgreSQL, the fake model), which on a busy 2-core machine is what bounds deltas/s.
+fn tree_cpu() -> std::collections::HashMap<u32, (String, f64)> {
+    let me = std::process::id();
+    let mut parent = std::collections::HashMap::new();
+    let mut comm = std::collections::HashMap::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let ppid = stat[close + 1..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|x| x.parse::<u32>().ok())
+            .unwrap_or(0);
+        parent.insert(pid, ppid);
+        comm.insert(pid, stat[open + 1..close].to_owned());
+    }
+    let descends = |mut p: u32| {
+        for _ in 0..64 {
+            match parent.get(&p) {
+                Some(&pp) if pp == me => return true,
+                Some(&pp) if pp > 1 => p = pp,
+                _ => return false,
+            }
+        }
+        false
+    };
+    comm.iter()
+        .filter(|(pid, _)| descends(**pid))
+        .map(|(pid, c)| (*pid, (c.clone(), cpu_secs(*pid))))
+        .collect()
+}
+
+/// What each command used between two [`tree_cpu`] samples, largest first ("name 1.2 s, …").
+fn cpu_by_command(
+    before: &std::collections::HashMap<u32, (String, f64)>,
+    after: &std::collections::HashMap<u32, (String, f64)>,
+) -> String {
+    let mut by: std::collections::BTreeMap<String, f64> = std::collections::BTreeMap::new();
+    for (pid, (c, secs)) in after {
+        let was = before.get(pid).map_or(0.0, |b| b.1);
+        *by.entry(c.clone()).or_default() += secs - was;
+    }
+    let mut v: Vec<(String, f64)> = by.into_iter().filter(|(_, s)| *s >= 0.01).collect();
+    v.sort_by(|a, b| b.1.total_cmp(&a.1));
+    v.iter()
+        .map(|(c, s)| format!("{c} {s:.2} s"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 fn vm_rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -1363,6 +1422,7 @@ async fn compare(
             reset_hwm(pid);
             let conns = warm(addr, "/healthz", runs).await;
             let cpu0 = (cpu_secs(pid), cpu_secs(0));
+            let tree0 = tree_cpu();
             let tag = format!("load-{b}-{v}");
             let host = addr.to_string();
             let mut load = load(
@@ -1387,8 +1447,10 @@ async fn compare(
             )
             .await;
             load.cpu = (cpu_secs(pid) - cpu0.0, cpu_secs(0) - cpu0.1);
+            let tree = cpu_by_command(&tree0, &tree_cpu());
             let hwm_kib = vm_hwm_kib(pid).saturating_sub(idle);
             let name = format!("{}, {}", backend.name(), ["plain", "tool-heavy"][v]);
+            println!("{name}: CPU during the load: {tree}; the load client {:.2} s", load.cpu.1);
             println!(
                 "{name}: lone runs {} ms (median {:.1} ms)",
                 lone.iter()
