@@ -198,12 +198,16 @@ fn cpu_secs(pid: u32) -> f64 {
         p => format!("/proc/{p}/stat"),
     };
     let stat = std::fs::read_to_string(path).unwrap_or_default();
-    // The fields after the command name (which may hold spaces, inside parentheses).
+    // The fields after the command name (which may hold spaces, inside parentheses), the state
+    // (a letter) first. Every field is kept, so that the indices are the line's: until
+    // 2026-12-05 the state was filtered out with the other non-numbers, which shifted these
+    // reads onto stime and cutime (system time only), and every "CPU serving" figure before
+    // then counted the system time alone.
     let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<f64> = rest.split_whitespace().filter_map(|x| x.parse().ok()).collect();
-    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the name and state.
-    let ticks = f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0);
-    ticks / 100.0
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line: 11 and 12 counted from the state.
+    let field = |i: usize| f.get(i).and_then(|x| x.parse::<f64>().ok()).unwrap_or(0.0);
+    (field(11) + field(12)) / 100.0
 }
 
 /// CPU seconds used so far by each process descended from this one, by pid: (command, seconds).
