@@ -1731,7 +1731,12 @@ async fn floor_load(
     }
     lone.sort();
     let conns = warm(addr, "/restate/health", runs).await;
+    let tree0 = tree_cpu();
     let mut f = fire(conns, "floor-load".into()).await;
+    println!(
+        "floor: CPU during the load: {}",
+        cpu_by_command(&tree0, &tree_cpu())
+    );
     f.lone = lone.get(lone.len() / 2).copied().unwrap_or_default();
     f
 }
