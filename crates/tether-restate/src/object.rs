@@ -26,7 +26,7 @@ use tether::{
 use crate::hub::ThreadHub;
 use crate::index::TetherThreadsClient;
 use crate::record::{self, Page, Snapshot, Written};
-use crate::shared::SharedRecord;
+use crate::shared::{SharedRecord, Start};
 use crate::steps::{Decision, JournaledOutput, Step, StepClient, StepHandler, StepModel};
 
 /// The longest message text a turn accepts, in bytes.
@@ -654,23 +654,23 @@ impl From<TerminalError> for Failure {
 }
 
 /// The record's events and checkpoint (journaled reads of the object state; with a shared
-/// record, its first `start` events, where the turn starts: see [`SharedRecord::turn_start`]).
+/// record, its events up to where the turn starts and the checkpoint it starts from, read from
+/// the database: see [`SharedRecord::turn_start`]).
 async fn read_record(
     ctx: &ObjectContext<'_>,
-    shared: Option<&SharedRecord>,
-    start: u64,
+    shared: Option<(&SharedRecord, &Start)>,
 ) -> Result<(Vec<Event>, Option<Value>), Failure> {
+    if let Some((shared, start)) = shared {
+        let events = shared
+            .events_upto(ctx.key(), start.length)
+            .await
+            .map_err(Failure::Retry)?;
+        return Ok((events, start.checkpoint.clone()));
+    }
     let checkpoint = ctx
         .get::<Json<Value>>(record::CHECKPOINT_KEY)
         .await?
         .map(Json::into_inner);
-    if let Some(shared) = shared {
-        let events = shared
-            .events_upto(ctx.key(), start)
-            .await
-            .map_err(Failure::Retry)?;
-        return Ok((events, checkpoint));
-    }
     let count = ctx
         .get::<Json<u64>>(record::EVENTS)
         .await?
@@ -694,18 +694,16 @@ struct Marks {
     invocation: Option<String>,
     message: String,
     announced: Option<String>,
-    /// The record's length when the turn started (what a replay of it starts from).
-    start: u64,
-    /// The thread as the turn found it in the shared record when it started.
-    from: Option<Thread>,
+    /// Where the turn started in the shared record (what a replay of it starts from).
+    start: Start,
     /// Whether the shared record shows them as they are.
     written: bool,
 }
 
 /// Writes what the engine added to its in-memory record since `written` into the object state
 /// (events first, then their count: a reader never sees a count ahead of the events). With a
-/// shared record, the events (and the thread, the checkpoint and `marks`) go to its database
-/// first, committed before the object state's count moves past them.
+/// shared record, the events, the thread, the checkpoint and `marks` go to its database instead,
+/// committed before this returns (so before the step that follows).
 async fn write(
     ctx: &ObjectContext<'_>,
     shared: Option<&SharedRecord>,
@@ -727,19 +725,20 @@ async fn write(
                 Some(marks.message.clone()),
                 marks.announced.clone(),
             )
-            .started(marks.start, marks.from.clone());
+            .started(&marks.start);
             shared.write(w).await.map_err(Failure::Retry)?;
             marks.written = true;
         }
-    } else {
-        for e in &a.events {
-            if let Some(seq) = e.seq {
-                ctx.set(&record::event_key(seq), Json(e.clone()));
-            }
+        // Nothing of it on Restate: no journal entry (see `crate::shared`).
+        written.apply(&a);
+        return Ok(());
+    }
+    for e in &a.events {
+        if let Some(seq) = e.seq {
+            ctx.set(&record::event_key(seq), Json(e.clone()));
         }
     }
-    // A shared record's length is its database's (a turn starts from it, see `load`).
-    if !a.events.is_empty() && shared.is_none() {
+    if !a.events.is_empty() {
         ctx.set(record::EVENTS, Json(written.events + a.events.len() as u64));
     }
     if let Some(c) = &a.checkpoint {
@@ -1126,18 +1125,15 @@ impl TetherThread {
             }
         }
 
+        let shared = self.shared.as_ref();
+        let (snapshot, mut written, start) = self.load(ctx, &thread, &req).await?;
         let mut marks = Marks {
             invocation: Some(ctx.invocation_id().to_owned()),
             message: req.message_id.clone(),
             announced: req.announced.clone(),
-            start: 0,
-            from: None,
+            start,
             written: false,
         };
-        let shared = self.shared.as_ref();
-        let (snapshot, mut written, started_from) = self.load(ctx, &thread, &req).await?;
-        marks.start = written.events;
-        marks.from = started_from;
         // The thread as the agent's index (`TetherThreads`) last got it: sent before the turn's
         // first step (a first turn that waits for approval is listed already), with its provider
         // session once the engine opened it, and again only when it changed.
@@ -1186,23 +1182,25 @@ impl TetherThread {
         ctx: &ObjectContext<'_>,
         thread: &ThreadId,
         req: &TurnRequest,
-    ) -> Result<(Snapshot, Written, Option<Thread>), Failure> {
-        let in_restate = ctx
-            .get::<Json<Thread>>(record::THREAD)
-            .await?
-            .map(Json::into_inner);
-        // With a shared record: where this turn starts in it, and the thread as the database
-        // holds it when Restate does not (a first turn killed before Restate stored its thread
-        // left its record there all the same).
-        let (from_db, start) = match &self.shared {
-            Some(shared) => shared
-                .turn_start(thread, ctx.invocation_id())
-                .await
-                .map_err(Failure::Retry)?,
-            None => (None, 0),
+    ) -> Result<(Snapshot, Written, Start), Failure> {
+        // With a shared record the thread is the database's alone: where this turn starts in it
+        // (the same on every replay), read without a journal entry.
+        let (found, start) = match &self.shared {
+            Some(shared) => {
+                let start = shared
+                    .turn_start(thread, ctx.invocation_id())
+                    .await
+                    .map_err(Failure::Retry)?;
+                (start.thread.clone(), start)
+            }
+            None => (
+                ctx.get::<Json<Thread>>(record::THREAD)
+                    .await?
+                    .map(Json::into_inner),
+                Start::default(),
+            ),
         };
-        let started_from = from_db.clone();
-        let (now, stored, events, checkpoint, in_state) = match in_restate.clone().or(from_db) {
+        let (now, stored, events, checkpoint, in_state) = match found {
             Some(t) => {
                 let now = match req.clock {
                     Some(at) => at,
@@ -1212,7 +1210,8 @@ impl TetherThread {
                         .await?
                         .into_inner(),
                 };
-                let (events, checkpoint) = read_record(ctx, self.shared.as_ref(), start).await?;
+                let (events, checkpoint) =
+                    read_record(ctx, self.shared.as_ref().map(|s| (s, &start))).await?;
                 let n = events.len() as u64;
                 (now, Some(t), events, checkpoint.clone(), (n, checkpoint))
             }
@@ -1254,13 +1253,8 @@ impl TetherThread {
             // The record key is the thread id: the record is this object's state.
             None => Thread::new(thread.clone(), self.agent.clone(), thread.as_str(), now).with_title(title),
         };
-        // A shared record keeps the thread's times: Restate's copy is written only when it changes
-        // otherwise (a new thread, a title), one journal entry fewer per turn.
-        let unchanged = self.shared.is_some()
-            && in_restate
-                .as_ref()
-                .is_some_and(|r| r.clone().with_updated_ms(t.updated_ms) == t);
-        if !unchanged {
+        // A shared record gets the thread with the turn's first write.
+        if self.shared.is_none() {
             ctx.set(record::THREAD, Json(t.clone()));
         }
         let written = Written {
@@ -1275,7 +1269,7 @@ impl TetherThread {
                 checkpoint,
             },
             written,
-            started_from,
+            start,
         ))
     }
 

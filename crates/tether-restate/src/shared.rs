@@ -11,18 +11,22 @@
 //! with its model and tool calls as journaled steps, but its events go to the database, and
 //! readers read them there.
 //!
-//! What stays on Restate: the thread (`thread`), the record's length as the turn last stored it
-//! (`events`), the checkpoint, and the running turn's marks, all small. A turn starts from the
-//! events up to that length (read from the database, not journaled: rows up to a stored length
-//! never change), so a replay starts from the same record. Before every step it writes what the
-//! engine added to the database and waits for the commit, then stores the new length on Restate
-//! with the step: an event is in the database before Restate holds a step that follows it.
+//! What stays on Restate: nothing of the record. A turn's journal holds its request, its steps
+//! (model calls, tool calls, approvals) and its outcome; the thread, its events, its checkpoint
+//! and the running turn's marks are rows here. A turn starts from what
+//! [`SharedRecord::turn_start`] reads (not journaled): on its first attempt the thread's row as
+//! it is, on a replay what that attempt wrote as its start (`started_at`, `started_from`,
+//! `started_checkpoint`), so a replay starts from the same record. Before every step it writes
+//! what the engine added and waits for the commit: an event is in the database before Restate
+//! holds a step that follows it. (Each of the thread, the checkpoint and the length kept on
+//! Restate as well cost a journal entry per turn, and Restate's CPU per turn was ~1.5× a bare
+//! turn's with them: BENCHMARKS.md.)
 //!
 //! Tables (created when missing; one database can hold the threads of many nodes and agents):
 //!
 //! | table | columns |
 //! |---|---|
-//! | `tether_threads` | `id` (the thread id, key), `agent`, `thread` (the [`Thread`] as JSON), `updated_ms`, `length`, `checkpoint` (JSON), `invocation`, `message`, `announced` |
+//! | `tether_threads` | `id` (the thread id, key), `agent`, `thread` (the [`Thread`] as JSON), `updated_ms`, `length`, `checkpoint` (JSON), `invocation`, `message`, `announced`, and where the running turn started: `started_at`, `started_from`, `started_checkpoint` |
 //! | `tether_events` | `thread`, `seq` (key together), `event` (the [`Event`] as JSON) |
 //!
 //! Writes are idempotent by (thread, sequence number): a replayed turn writes the same events at
@@ -59,11 +63,13 @@ create table if not exists tether_threads (
     length bigint not null default 0,
     started_at bigint not null default 0,
     started_from text,
+    started_checkpoint text,
     checkpoint text,
     invocation text,
     message text,
     announced text
 );
+alter table tether_threads add column if not exists started_checkpoint text;
 create index if not exists tether_threads_by_agent on tether_threads (agent, updated_ms desc, id);
 create table if not exists tether_events (
     thread text not null,
@@ -74,14 +80,15 @@ create table if not exists tether_events (
 
 const UPSERT_THREADS: &str = "
 insert into tether_threads (id, agent, thread, updated_ms, length, checkpoint, invocation, message, announced,
-                            started_at, started_from)
+                            started_at, started_from, started_checkpoint)
 select * from unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], $6::text[], $7::text[],
-                     $8::text[], $9::text[], $10::bigint[], $11::text[])
+                     $8::text[], $9::text[], $10::bigint[], $11::text[], $12::text[])
 on conflict (id) do update set
     agent = excluded.agent, thread = excluded.thread, updated_ms = excluded.updated_ms,
     length = excluded.length, checkpoint = coalesce(excluded.checkpoint, tether_threads.checkpoint),
     invocation = excluded.invocation, message = excluded.message, announced = excluded.announced,
-    started_at = excluded.started_at, started_from = excluded.started_from";
+    started_at = excluded.started_at, started_from = excluded.started_from,
+    started_checkpoint = excluded.started_checkpoint";
 
 const UPSERT_EVENTS: &str = "
 insert into tether_events (thread, seq, event)
@@ -112,6 +119,21 @@ pub struct Write {
     /// The thread as the running turn found it in the database when it started (`None` when
     /// it found none): what a replay of it starts from.
     pub started_from: Option<Thread>,
+    /// The checkpoint the running turn started from (`None`: none), for its replays.
+    pub started_checkpoint: Option<Value>,
+}
+
+/// Where a turn starts in its thread's shared record ([`SharedRecord::turn_start`]): what its
+/// first attempt found, so that every replay starts from the same record.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct Start {
+    /// The thread (`None` before a first turn wrote it).
+    pub thread: Option<Thread>,
+    /// How many events of the record the turn starts from.
+    pub length: u64,
+    /// The checkpoint the turn starts from (`None`: none was written).
+    pub checkpoint: Option<Value>,
 }
 
 impl Write {
@@ -127,14 +149,15 @@ impl Write {
             announced: None,
             started_at: 0,
             started_from: None,
+            started_checkpoint: None,
         }
     }
 
-    /// With where the running turn started: the record's length, and the thread as it found
-    /// it in the database (see [`SharedRecord::turn_start`]).
-    pub fn started(mut self, length: u64, from: Option<Thread>) -> Self {
-        self.started_at = length;
-        self.started_from = from;
+    /// With where the running turn started, as [`SharedRecord::turn_start`] gave it.
+    pub fn started(mut self, start: &Start) -> Self {
+        self.started_at = start.length;
+        self.started_from = start.thread.clone();
+        self.started_checkpoint = start.checkpoint.clone();
         self
     }
 
@@ -362,25 +385,38 @@ impl SharedRecord {
         })
     }
 
-    /// Where a turn (invocation `invocation`) of `thread` starts in its record: the record's
-    /// length and the thread as the database holds it (`(None, 0)` before a first turn wrote
-    /// it), unless the thread's running turn is this invocation, which wrote before (a replay
-    /// after a crash or a suspension): then what it started from then ([`Write::started`]), so
-    /// that it starts from the same record and thread again (its journal must replay as it was
-    /// written) and writes its events at the same places.
-    pub async fn turn_start(&self, thread: &ThreadId, invocation: &str) -> Result<(Option<Thread>, u64)> {
-        let row = self.row("reading a thread", "select thread, length, started_at, started_from, invocation from tether_threads where id = $1", &[&thread.as_str()]).await?;
+    /// Where a turn (invocation `invocation`) of `thread` starts in its record: the thread, the
+    /// record's length and the checkpoint as the database holds them (nothing before a first
+    /// turn wrote them), unless the thread's running turn is this invocation, which wrote before
+    /// (a replay after a crash or a suspension): then what it started from then
+    /// ([`Write::started`]), so that it starts from the same record, thread and checkpoint again
+    /// (its journal must replay as it was written) and writes its events at the same places.
+    pub async fn turn_start(&self, thread: &ThreadId, invocation: &str) -> Result<Start> {
+        let row = self
+            .row(
+                "reading a thread",
+                "select thread, length, checkpoint, started_from, started_at, started_checkpoint, invocation
+                 from tether_threads where id = $1",
+                &[&thread.as_str()],
+            )
+            .await?;
         let Some(row) = row else {
-            return Ok((None, 0));
+            return Ok(Start::default());
         };
-        if row.get::<_, Option<&str>>(4) == Some(invocation) {
-            let from = row
-                .get::<_, Option<&str>>(3)
+        // This invocation's replay: the columns it wrote as where it started.
+        let replay = row.get::<_, Option<&str>>(6) == Some(invocation);
+        let (t, length, checkpoint) = if replay { (3, 4, 5) } else { (0, 1, 2) };
+        Ok(Start {
+            thread: row
+                .get::<_, Option<&str>>(t)
                 .map(|t| decode("thread", t))
-                .transpose()?;
-            return Ok((from, to_u64(row.get(2))));
-        }
-        Ok((Some(decode("thread", row.get(0))?), to_u64(row.get(1))))
+                .transpose()?,
+            length: to_u64(row.get(length)),
+            checkpoint: row
+                .get::<_, Option<&str>>(checkpoint)
+                .map(|c| decode("checkpoint", c))
+                .transpose()?,
+        })
     }
 
     /// Clears the marks of the turn `invocation` of `thread` if they are still there (a turn
@@ -543,6 +579,7 @@ async fn commit(c: &mut Client, jobs: &[Job]) -> Result<()> {
         Vec::with_capacity(n),
     );
     let mut started_from = Vec::with_capacity(n);
+    let mut started_checkpoint = Vec::with_capacity(n);
     let (mut checkpoints, mut invocations, mut messages, mut announced, mut started) = (
         Vec::with_capacity(n),
         Vec::with_capacity(n),
@@ -572,6 +609,12 @@ async fn commit(c: &mut Client, jobs: &[Job]) -> Result<()> {
             w.started_from
                 .as_ref()
                 .map(|t| encode("a thread", t))
+                .transpose()?,
+        );
+        started_checkpoint.push(
+            w.started_checkpoint
+                .as_ref()
+                .map(|c| encode("a checkpoint", c))
                 .transpose()?,
         );
         for e in &w.events {
@@ -606,6 +649,7 @@ async fn commit(c: &mut Client, jobs: &[Job]) -> Result<()> {
             &announced,
             &started,
             &started_from,
+            &started_checkpoint,
         ],
     )
     .await

@@ -8,7 +8,7 @@ use common::*;
 use serde_json::json;
 use tether::{Event, EventKind, EventStore, ThreadId, ThreadStore};
 use tether_restate::SharedRecord;
-use tether_restate::shared::Write;
+use tether_restate::shared::{Start, Write};
 use tether_testkit::openai::{FakeOpenAi, Reply};
 use tether_testkit::postgres::Postgres;
 
@@ -159,8 +159,9 @@ async fn a_bad_or_unreachable_database_is_a_clear_error() {
     assert!(e.to_string().contains("PostgreSQL"), "{e}");
 }
 
-/// Turns on Restate keep their record in the database: the object state holds no event (Restate's
-/// own SQL over its state says so), a front-end's store reads the same record, thread and
+/// Turns on Restate keep their record in the database: the object state holds nothing of the
+/// thread (Restate's own SQL over its state says so: no event, no thread, no checkpoint, each of
+/// which would be a journal entry per turn), a front-end's store reads the same record, thread and
 /// listing from the database as the thread object's handlers give, and the agent's index object
 /// is never called.
 #[tokio::test(flavor = "multi_thread")]
@@ -196,7 +197,7 @@ async fn a_turns_events_are_in_the_database_and_not_in_restates_state() {
     let length = out["length"].as_u64().expect("a length");
     assert!(length >= 4, "{out}");
 
-    // Restate's state of the thread: small keys, no event.
+    // Restate's state of the thread: none.
     let rows = reqwest::Client::new()
         .post(format!("{}/query", restate.admin))
         .header("accept", "application/json")
@@ -213,12 +214,20 @@ async fn a_turns_events_are_in_the_database_and_not_in_restates_state() {
         .iter()
         .filter_map(|r| r["key"].as_str())
         .collect();
-    // The thread (written when it changes) and the checkpoint the local loop wrote; no event, no
-    // length, no marks: those are the database's.
-    assert!(keys.contains(&"thread"), "{rows}");
     assert!(
-        keys.iter().all(|k| ["thread", "checkpoint"].contains(k)),
-        "more than the thread and its checkpoint in Restate's state: {keys:?}"
+        keys.is_empty(),
+        "the thread's state on Restate: {keys:?} ({rows})"
+    );
+    // The local loop's checkpoint is the database's.
+    let checkpoint = SharedRecord::connect(&pg.connection())
+        .await
+        .expect("connect")
+        .checkpoint("t-db")
+        .await
+        .expect("a read");
+    assert!(
+        checkpoint.is_some(),
+        "the turn's checkpoint is not in the database"
     );
     let (_, index) = reqwest::Client::new()
         .post(format!("{}/query", restate.admin))
@@ -267,36 +276,60 @@ async fn a_turns_events_are_in_the_database_and_not_in_restates_state() {
 }
 
 /// A turn starts where the record ends, unless it is the thread's running turn replayed: then
-/// where it started the first time, from the thread as it found it (its journal must replay as
-/// it was written); a failed turn's marks are cleared only for that turn.
+/// where it started the first time, from the thread and the checkpoint as it found them (its
+/// journal must replay as it was written); a failed turn's marks are cleared only for that turn.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_replayed_turn_starts_where_it_first_did() {
     let pg = Postgres::start().await;
     let record = SharedRecord::connect(&pg.connection()).await.expect("connect");
     let id = ThreadId::new("t-r").expect("an id");
-    assert_eq!(record.turn_start(&id, "inv-1").await.expect("start"), (None, 0));
-    // The first turn (no thread in the database when it started) wrote two events.
+    let first = record.turn_start(&id, "inv-1").await.expect("start");
+    assert_eq!(first, Start::default(), "nothing before a first turn");
+    // The first turn (no thread in the database when it started) wrote two events and a
+    // checkpoint.
     record
         .write(
             Write::new(thread("t-r", 2_000), 2)
                 .events(vec![event(1, "e1", "one"), event(2, "e2", "two")])
+                .checkpoint(Some(json!({"turns": 1})))
                 .marks(Some("inv-1".into()), Some("m1".into()), None)
-                .started(0, None),
+                .started(&first),
         )
         .await
         .expect("a write");
     assert_eq!(
         record.turn_start(&id, "inv-1").await.expect("a replay"),
-        (None, 0)
+        Start::default(),
+        "a replay starts where the first attempt did, not from what it wrote"
     );
-    let (found, start) = record.turn_start(&id, "inv-2").await.expect("the next turn");
-    assert_eq!((found.map(|t| t.updated_ms), start), (Some(2_000), 2));
+    let second = record.turn_start(&id, "inv-2").await.expect("the next turn");
+    assert_eq!(
+        (
+            second.thread.as_ref().map(|t| t.updated_ms),
+            second.length,
+            second.checkpoint.clone()
+        ),
+        (Some(2_000), 2, Some(json!({"turns": 1})))
+    );
+    // The second turn moves the checkpoint on; its replay starts from the one it found.
+    record
+        .write(
+            Write::new(thread("t-r", 3_000), 3)
+                .events(vec![event(3, "e3", "three")])
+                .checkpoint(Some(json!({"turns": 2})))
+                .marks(Some("inv-2".into()), Some("m2".into()), None)
+                .started(&second),
+        )
+        .await
+        .expect("a write");
+    assert_eq!(record.turn_start(&id, "inv-2").await.expect("a replay"), second);
     // It failed before its last write: only its own marks are cleared.
-    assert!(!record.turn_over("t-r", "inv-2").await.expect("not that turn's"));
-    assert!(record.turn_over("t-r", "inv-1").await.expect("its marks"));
+    assert!(!record.turn_over("t-r", "inv-1").await.expect("not that turn's"));
+    assert!(record.turn_over("t-r", "inv-2").await.expect("its marks"));
     let status = record.status(&id).await.expect("status");
-    assert_eq!((status.invocation, status.length), (None, 2), "the record stays");
-    assert_eq!(record.turn_start(&id, "inv-1").await.expect("start").1, 2);
+    assert_eq!((status.invocation, status.length), (None, 3), "the record stays");
+    let next = record.turn_start(&id, "inv-2").await.expect("start");
+    assert_eq!((next.length, next.checkpoint), (3, Some(json!({"turns": 2}))));
 }
 
 /// Ids an attacker picks reach the database only as parameters: a thread id made of SQL and

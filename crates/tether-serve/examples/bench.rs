@@ -1454,7 +1454,10 @@ async fn compare(
             let tree = cpu_by_command(&tree0, &tree_cpu());
             let hwm_kib = vm_hwm_kib(pid).saturating_sub(idle);
             let name = format!("{}, {}", backend.name(), ["plain", "tool-heavy"][v]);
-            println!("{name}: CPU during the load: {tree}; the load client {:.2} s", load.cpu.1);
+            println!(
+                "{name}: CPU during the load: {tree}; the load client {:.2} s",
+                load.cpu.1
+            );
             println!(
                 "{name}: lone runs {} ms (median {:.1} ms)",
                 lone.iter()
