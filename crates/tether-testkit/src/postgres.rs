@@ -5,6 +5,10 @@
 //!
 //! PostgreSQL refuses to run as root: when the tests run as root (as CI does), the cluster
 //! belongs to the `postgres` user the package creates, and its commands run through `runuser`.
+//!
+//! A test process killed outright (a timeout, a SIGKILL) cannot stop its server: the next
+//! [`Postgres`] started on the machine stops the servers and removes the directories of test
+//! processes that no longer run (each directory names its process in a file, `owner`).
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -87,10 +91,14 @@ impl Postgres {
 
     async fn start_with(durable: bool) -> Postgres {
         let bin = bin_dir();
+        reap_orphans(&std::env::temp_dir());
         let dir = tempfile::Builder::new()
-            .prefix("tether-pg-")
+            .prefix(PREFIX)
             .tempdir()
             .expect("tempdir");
+        let me = std::process::id();
+        let owner = format!("{me} {}", process_start(me).unwrap_or(0));
+        std::fs::write(dir.path().join(OWNER), owner).expect("the owner file");
         if is_root() {
             let ok = Command::new("chown")
                 .args(["-R", "postgres:"])
@@ -181,6 +189,74 @@ impl Postgres {
     }
 }
 
+/// The prefix of a server's directory under the temp dir.
+const PREFIX: &str = "tether-pg-";
+/// The file in a server's directory naming the process that started it: `<pid> <start time>`.
+const OWNER: &str = "owner";
+
+/// When process `pid` started (clock ticks after boot, `/proc/<pid>/stat`'s field 22), if it
+/// runs (a zombie, dead but not yet reaped, does not): with the pid, it names one process,
+/// whatever pid reuse does.
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name (which may hold spaces), the state first: field 22 of
+    // the line is the 20th of these.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+/// Whether process `pid` runs (exists and is not a zombie).
+fn runs(pid: i32) -> bool {
+    u32::try_from(pid).ok().and_then(process_start).is_some()
+}
+
+/// Stops the server and removes the directory of every test server under `tmp` whose test
+/// process no longer runs. A directory without an owner file (one being set up) is left alone.
+/// The server is signalled only if its command line names that directory, so a pid reused by
+/// another process is never signalled.
+fn reap_orphans(tmp: &Path) {
+    for entry in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if !entry.file_name().to_string_lossy().starts_with(PREFIX) || !path.is_dir() {
+            continue;
+        }
+        let Ok(owner) = std::fs::read_to_string(path.join(OWNER)) else {
+            continue;
+        };
+        let mut fields = owner.split_whitespace().map(|f| f.parse::<u64>().ok());
+        let (Some(Some(pid)), Some(Some(start))) = (fields.next(), fields.next()) else {
+            continue;
+        };
+        let alive = u32::try_from(pid)
+            .ok()
+            .and_then(process_start)
+            .is_some_and(|s| s == start);
+        if alive {
+            continue;
+        }
+        let data = path.join("data");
+        let server = std::fs::read_to_string(data.join("postmaster.pid"))
+            .ok()
+            .and_then(|p| p.lines().next().and_then(|l| l.trim().parse::<i32>().ok()));
+        if let Some(server) = server {
+            let cmdline = std::fs::read(format!("/proc/{server}/cmdline")).unwrap_or_default();
+            let names_dir = String::from_utf8_lossy(&cmdline).contains(&*data.to_string_lossy());
+            if names_dir {
+                // SAFETY: kill(2) on a process whose command line names this directory.
+                unsafe { libc::kill(server, libc::SIGQUIT) };
+                let asked = Instant::now();
+                while asked.elapsed() < Duration::from_secs(5) && runs(server) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&path);
+    }
+}
+
 impl Drop for Postgres {
     fn drop(&mut self) {
         let group = i32::try_from(self.child.id()).ok();
@@ -201,5 +277,57 @@ impl Drop for Postgres {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dead test process's directory goes, its server stopped (the process whose command line
+    /// names the directory); a live process's directory, and one without an owner, stay.
+    #[test]
+    fn orphans_of_dead_test_processes_are_reaped() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let orphan = tmp.path().join("tether-pg-orphan");
+        let data = orphan.join("data");
+        std::fs::create_dir_all(&data).expect("dirs");
+        // A process that ran and is gone: its pid names no process with that start time.
+        let mut gone = Command::new("true").spawn().expect("true");
+        let _ = gone.wait();
+        std::fs::write(orphan.join(OWNER), format!("{} 1", gone.id())).expect("owner");
+        // Its "server": a process whose command line names the data directory.
+        let mut server = Command::new("sh")
+            .args(["-c", "sleep 600; true"])
+            .arg(&data)
+            .spawn()
+            .expect("sh");
+        std::fs::write(
+            data.join("postmaster.pid"),
+            format!("{}\n{}\n", server.id(), data.display()),
+        )
+        .expect("postmaster.pid");
+        // A process that runs (this one), and a directory being set up (no owner yet).
+        let live = tmp.path().join("tether-pg-live");
+        std::fs::create_dir_all(&live).expect("dir");
+        let me = std::process::id();
+        std::fs::write(
+            live.join(OWNER),
+            format!("{me} {}", process_start(me).expect("mine")),
+        )
+        .expect("owner");
+        let fresh = tmp.path().join("tether-pg-fresh");
+        std::fs::create_dir_all(&fresh).expect("dir");
+
+        reap_orphans(tmp.path());
+
+        assert!(!orphan.exists(), "the dead process's directory is left");
+        let status = server.try_wait().expect("wait");
+        assert!(status.is_some(), "its server still runs");
+        let _ = server.kill();
+        assert!(
+            live.exists() && fresh.exists(),
+            "a live or unowned directory was removed"
+        );
     }
 }
