@@ -1174,9 +1174,10 @@ impl TetherThread {
     }
 
     /// Reads the thread's record from the object state (journaled reads: a replay starts from the
-    /// same record), or imports it from the legacy store when the object has none, and claims
-    /// the thread for this agent, stamped with the turn's journaled clock. Returns the record and
-    /// what of it is in the object state.
+    /// same record) or, with a shared record, from where [`SharedRecord::turn_start`] says the
+    /// turn starts; or imports it from the legacy store when there is none, and claims the thread
+    /// for this agent, stamped with the turn's clock. Returns the record, what of it is written
+    /// already, and the turn's start in the shared record (a default one without).
     async fn load(
         &self,
         ctx: &ObjectContext<'_>,

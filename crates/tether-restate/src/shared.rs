@@ -19,7 +19,7 @@
 //! `started_checkpoint`), so a replay starts from the same record. Before every step it writes
 //! what the engine added and waits for the commit: an event is in the database before Restate
 //! holds a step that follows it. (Each of the thread, the checkpoint and the length kept on
-//! Restate as well cost a journal entry per turn, and Restate's CPU per turn was ~1.5× a bare
+//! Restate as well cost a journal entry per turn, and Restate's CPU per turn was ~1.35× a bare
 //! turn's with them: BENCHMARKS.md.)
 //!
 //! Tables (created when missing; one database can hold the threads of many nodes and agents):

@@ -213,6 +213,7 @@ fn cpu_secs(pid: u32) -> f64 {
 /// CPU seconds used so far by each process descended from this one, by pid: (command, seconds).
 /// Sampled before and after a load, it says where the load's CPU went (the server, Restate's
 /// nodes, PostgreSQL, the fake model), which on a busy 2-core machine is what bounds deltas/s.
+/// (A process that ends between the samples is not counted: none does during a load.)
 fn tree_cpu() -> std::collections::HashMap<u32, (String, f64)> {
     let me = std::process::id();
     let mut parent = std::collections::HashMap::new();
