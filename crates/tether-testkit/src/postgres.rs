@@ -245,11 +245,19 @@ fn reap_orphans(tmp: &Path) {
             let cmdline = std::fs::read(format!("/proc/{server}/cmdline")).unwrap_or_default();
             let names_dir = String::from_utf8_lossy(&cmdline).contains(&*data.to_string_lossy());
             if names_dir {
-                // SAFETY: kill(2) on a process whose command line names this directory.
-                unsafe { libc::kill(server, libc::SIGQUIT) };
-                let asked = Instant::now();
-                while asked.elapsed() < Duration::from_secs(5) && runs(server) {
-                    std::thread::sleep(Duration::from_millis(20));
+                // Its immediate shutdown first; killed if it is still there after 5 s (a server
+                // stuck, or a process that ignores SIGQUIT, as one started in the background of
+                // a shell without job control does).
+                for (signal, grace) in [(libc::SIGQUIT, 5), (libc::SIGKILL, 1)] {
+                    // SAFETY: kill(2) on a process whose command line names this directory.
+                    unsafe { libc::kill(server, signal) };
+                    let asked = Instant::now();
+                    while asked.elapsed() < Duration::from_secs(grace) && runs(server) {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
+                    if !runs(server) {
+                        break;
+                    }
                 }
             }
         }
@@ -296,12 +304,24 @@ mod tests {
         let mut gone = Command::new("true").spawn().expect("true");
         let _ = gone.wait();
         std::fs::write(orphan.join(OWNER), format!("{} 1", gone.id())).expect("owner");
-        // Its "server": a process whose command line names the data directory.
-        let mut server = Command::new("sh")
-            .args(["-c", "sleep 600; true"])
+        // Its "server": a process whose command line names the data directory, with SIGQUIT's
+        // default action whatever this test inherited (a shell without job control starts
+        // background commands with it ignored), and no pipe of ours held open by its sleeps.
+        let mut server = Command::new("sh");
+        server
+            .args(["-c", "while :; do sleep 1; done"])
             .arg(&data)
-            .spawn()
-            .expect("sh");
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: signal(2) in the child before exec, async-signal-safe; no memory is touched.
+        unsafe {
+            server.pre_exec(|| {
+                libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut server = server.spawn().expect("sh");
         std::fs::write(
             data.join("postmaster.pid"),
             format!("{}\n{}\n", server.id(), data.display()),
@@ -322,8 +342,20 @@ mod tests {
         reap_orphans(tmp.path());
 
         assert!(!orphan.exists(), "the dead process's directory is left");
-        let status = server.try_wait().expect("wait");
-        assert!(status.is_some(), "its server still runs");
+        // Signalled and gone: reaped here (it is this test's child), at most 10 s later.
+        let asked = Instant::now();
+        let mut status = server.try_wait().expect("wait");
+        while status.is_none() && asked.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(20));
+            status = server.try_wait().expect("wait");
+        }
+        assert!(
+            status.is_some(),
+            "its server still runs: stat {:?}, command line {:?}",
+            std::fs::read_to_string(format!("/proc/{}/stat", server.id())),
+            std::fs::read(format!("/proc/{}/cmdline", server.id()))
+                .map(|c| String::from_utf8_lossy(&c).into_owned())
+        );
         let _ = server.kill();
         assert!(
             live.exists() && fresh.exists(),
