@@ -113,26 +113,7 @@ fn reset_hwm(pid: u32) {
 /// `wrapper`: its first descendant named `tether-serve` (heaptrack's script runs the server as
 /// its child), or the wrapper itself (valgrind runs the server in its own process).
 fn wrapped_server(wrapper: u32) -> u32 {
-    let mut procs: Vec<(u32, u32, String)> = Vec::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid ...`; the name may hold spaces, inside the parentheses.
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let comm = stat[open + 1..close].to_owned();
-        let ppid = stat[close + 1..]
-            .split_whitespace()
-            .nth(1)
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(0);
-        procs.push((pid, ppid, comm));
-    }
+    let procs = processes();
     let mut family = vec![wrapper];
     let mut i = 0;
     while i < family.len() {
@@ -191,6 +172,31 @@ fn otel_rounds() -> usize {
         .map_or(OTEL_ROUNDS, |r| r.max(1) | 1)
 }
 
+/// Every process on the machine: (pid, parent pid, command name), from `/proc/<pid>/stat`.
+fn processes() -> Vec<(u32, u32, String)> {
+    let mut procs = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; the name may hold spaces, inside the parentheses.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = stat[open + 1..close].to_owned();
+        let ppid = stat[close + 1..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        procs.push((pid, ppid, comm));
+    }
+    procs
+}
+
 /// CPU time (user + system) a process has used so far; `pid` 0 is this process.
 fn cpu_secs(pid: u32) -> f64 {
     let path = match pid {
@@ -216,26 +222,8 @@ fn cpu_secs(pid: u32) -> f64 {
 /// (A process that ends between the samples is not counted: none does during a load.)
 fn tree_cpu() -> std::collections::HashMap<u32, (String, f64)> {
     let me = std::process::id();
-    let mut parent = std::collections::HashMap::new();
-    let mut comm = std::collections::HashMap::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let ppid = stat[close + 1..]
-            .split_whitespace()
-            .nth(1)
-            .and_then(|x| x.parse::<u32>().ok())
-            .unwrap_or(0);
-        parent.insert(pid, ppid);
-        comm.insert(pid, stat[open + 1..close].to_owned());
-    }
+    let procs = processes();
+    let parent: std::collections::HashMap<u32, u32> = procs.iter().map(|(p, pp, _)| (*p, *pp)).collect();
     let descends = |mut p: u32| {
         for _ in 0..64 {
             match parent.get(&p) {
@@ -246,9 +234,10 @@ fn tree_cpu() -> std::collections::HashMap<u32, (String, f64)> {
         }
         false
     };
-    comm.iter()
-        .filter(|(pid, _)| descends(**pid))
-        .map(|(pid, c)| (*pid, (c.clone(), cpu_secs(*pid))))
+    procs
+        .into_iter()
+        .filter(|(pid, _, _)| descends(*pid))
+        .map(|(pid, _, c)| (pid, (c, cpu_secs(pid))))
         .collect()
 }
 
