@@ -220,7 +220,10 @@ fn runs(pid: i32) -> bool {
 fn reap_orphans(tmp: &Path) {
     for entry in std::fs::read_dir(tmp).into_iter().flatten().flatten() {
         let path = entry.path();
-        if !entry.file_name().to_string_lossy().starts_with(PREFIX) || !path.is_dir() {
+        // The entry's own type, not its target's: a link planted under the shared temp dir
+        // would otherwise lead the reaper to read an owner and signal a process elsewhere.
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if !entry.file_name().to_string_lossy().starts_with(PREFIX) || !is_dir {
             continue;
         }
         let Ok(owner) = std::fs::read_to_string(path.join(OWNER)) else {
@@ -360,6 +363,58 @@ mod tests {
         assert!(
             live.exists() && fresh.exists(),
             "a live or unowned directory was removed"
+        );
+    }
+
+    /// A link named like a server's directory is not followed: whatever it points to (here a
+    /// dead owner and a "server" whose command line names the path through the link), nothing
+    /// is signalled and nothing removed.
+    #[test]
+    fn a_planted_link_is_not_followed() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let target = tmp.path().join("elsewhere");
+        std::fs::create_dir_all(target.join("data")).expect("dirs");
+        let mut gone = Command::new("true").spawn().expect("true");
+        let _ = gone.wait();
+        std::fs::write(target.join(OWNER), format!("{} 1", gone.id())).expect("owner");
+        let link = tmp.path().join("tether-pg-planted");
+        std::os::unix::fs::symlink(&target, &link).expect("symlink");
+        let data = link.join("data");
+        let mut victim = Command::new("sh");
+        victim
+            .args(["-c", "while :; do sleep 1; done"])
+            .arg(&data)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SAFETY: signal(2) in the child before exec, async-signal-safe; no memory is touched.
+        unsafe {
+            victim.pre_exec(|| {
+                libc::signal(libc::SIGQUIT, libc::SIG_DFL);
+                Ok(())
+            });
+        }
+        let mut victim = victim.spawn().expect("sh");
+        std::fs::write(
+            target.join("data").join("postmaster.pid"),
+            format!("{}\n{}\n", victim.id(), data.display()),
+        )
+        .expect("postmaster.pid");
+
+        reap_orphans(tmp.path());
+
+        // A signal would have ended it at once (SIGQUIT's default action).
+        std::thread::sleep(Duration::from_millis(200));
+        let status = victim.try_wait().expect("wait");
+        let _ = victim.kill();
+        let _ = victim.wait();
+        assert!(
+            status.is_none(),
+            "the process named through the link was signalled"
+        );
+        assert!(
+            link.symlink_metadata().is_ok() && target.join(OWNER).exists(),
+            "the link or what it points to was removed"
         );
     }
 }
