@@ -246,3 +246,17 @@ async fn json_mode_prints_events_and_the_result() {
     assert_eq!(last["result"]["terminal"], "end_turn");
     assert!(lines.iter().any(|l| l["event"]["type"] == "local.model_response"));
 }
+
+/// The binary's compiled-in jemalloc options take effect (the same as `tether-serve`'s).
+#[test]
+fn the_allocator_options_are_read() {
+    let out = Command::new(env!("CARGO_BIN_EXE_tether"))
+        .arg("--help")
+        .env("_RJEM_MALLOC_CONF", "stats_print:true")
+        .output()
+        .expect("tether --help");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let has = |opt: &str| err.lines().any(|l| l.trim_start().starts_with(opt));
+    assert!(has("opt.dirty_decay_ms: 20 "), "{err}");
+    assert!(has("opt.muzzy_decay_ms: 0 "), "{err}");
+}

@@ -1,6 +1,6 @@
 //! The real `tether-serve` binary against hostile workspace contents: a FIFO read by a tool must
 //! neither hang the run nor stop SIGTERM from ending the server within its shutdown grace, and a
-//! command tool runs confined.
+//! command tool runs confined. Also: the binary's allocator options.
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;
@@ -179,4 +179,30 @@ command = '''echo "$TETHER_ARG_NAME" > inside.txt; touch {out}/pwned || echo no-
     );
     assert_eq!(std::fs::read_to_string(ws.join("inside.txt")).unwrap(), "x\n");
     assert!(!outside.path().join("pwned").exists());
+}
+
+/// The binary's compiled-in jemalloc options take effect (a misnamed symbol would be linked and
+/// silently ignored): freed pages go back after 20 ms, and the environment still overrides them.
+#[test]
+fn the_allocator_options_are_read_and_the_environment_overrides_them() {
+    let decay = |conf: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_tether-serve"))
+            .arg("--help")
+            .env("_RJEM_MALLOC_CONF", conf)
+            .output()
+            .expect("tether-serve --help");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        let opt = |name: &str| {
+            err.lines()
+                .find(|l| l.trim_start().starts_with(name))
+                .map(|l| l.trim().to_owned())
+                .unwrap_or_else(|| panic!("no {name} in jemalloc's statistics: {err}"))
+        };
+        (opt("opt.dirty_decay_ms:"), opt("opt.muzzy_decay_ms:"))
+    };
+    let (dirty, muzzy) = decay("stats_print:true");
+    assert!(dirty.starts_with("opt.dirty_decay_ms: 20 "), "{dirty}");
+    assert!(muzzy.starts_with("opt.muzzy_decay_ms: 0 "), "{muzzy}");
+    let (dirty, _) = decay("stats_print:true,dirty_decay_ms:10000");
+    assert!(dirty.starts_with("opt.dirty_decay_ms: 10000 "), "{dirty}");
 }
