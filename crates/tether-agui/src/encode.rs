@@ -125,12 +125,12 @@ fn encode_sse_fast(event: &AgUiEvent, out: &mut Vec<u8>) -> Result<bool, serde_j
     out.extend_from_slice(b"\",\"");
     out.extend_from_slice(id_key);
     out.extend_from_slice(b"\":");
-    serde_json::to_writer(&mut *out, id)?;
+    push_json_str(out, id);
     out.extend_from_slice(b",\"delta\":");
-    serde_json::to_writer(&mut *out, delta)?;
+    push_json_str(out, delta);
     if let Some(sub) = sub {
         out.extend_from_slice(b",\"subagentRunId\":");
-        serde_json::to_writer(&mut *out, sub)?;
+        push_json_str(out, sub);
     }
     if let Some(ts) = ts {
         out.extend_from_slice(b",\"timestamp\":");
@@ -138,6 +138,82 @@ fn encode_sse_fast(event: &AgUiEvent, out: &mut Vec<u8>) -> Result<bool, serde_j
     }
     out.extend_from_slice(b"}\n\n");
     Ok(true)
+}
+
+/// Appends `s` to `out` as a JSON string: the bytes `serde_json::to_writer(out, s)` writes
+/// (the same escapes: `\"`, `\\`, `\b \f \n \r \t`, `\u00xx` for the other control characters,
+/// everything else as it is).
+///
+/// Written here rather than left to serde_json, whose escaper looks at one byte at a time through
+/// `io::Write`: this one skips eight plain bytes at a time (no control character, quote or
+/// backslash among them) and copies each plain run with one `extend_from_slice`. It is the SSE
+/// encoder's hot path: the `encode` bench measures it (BENCHMARKS.md, issue 16's table).
+fn push_json_str(out: &mut Vec<u8>, s: &str) {
+    let b = s.as_bytes();
+    out.reserve(b.len() + 2);
+    out.push(b'"');
+    let mut copied = 0;
+    let mut i = 0;
+    while i < b.len() {
+        let rest = &b[i..];
+        let (word, n) = match rest.first_chunk::<8>() {
+            Some(w) => (*w, 8),
+            None => {
+                // The last bytes, padded with plain ones.
+                let mut w = [b' '; 8];
+                w[..rest.len()].copy_from_slice(rest);
+                (w, rest.len())
+            }
+        };
+        let special = specials(u64::from_le_bytes(word));
+        if special == 0 {
+            i += n;
+            continue;
+        }
+        // The lowest flag is exact (a false one can only sit above a true one).
+        i += (special.trailing_zeros() / 8) as usize;
+        let Some(&c) = b.get(i) else { break };
+        out.extend_from_slice(&b[copied..i]);
+        push_escape(out, c);
+        i += 1;
+        copied = i;
+    }
+    out.extend_from_slice(&b[copied..]);
+    out.push(b'"');
+}
+
+/// The high bit of each byte of `w` that JSON must escape (a control character, `"` or `\`),
+/// eight bytes at once; exact for the lowest such byte.
+fn specials(w: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let quote = w ^ (ONES * u64::from(b'"'));
+    let backslash = w ^ (ONES * u64::from(b'\\'));
+    ((w.wrapping_sub(ONES * 0x20) & !w)
+        | (quote.wrapping_sub(ONES) & !quote)
+        | (backslash.wrapping_sub(ONES) & !backslash))
+        & HIGH
+}
+
+/// Appends the escape of `c`, a byte [`specials`] flags, as serde_json writes it.
+fn push_escape(out: &mut Vec<u8>, c: u8) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let short: &[u8] = match c {
+        b'"' => b"\\\"",
+        b'\\' => b"\\\\",
+        b'\n' => b"\\n",
+        b'\r' => b"\\r",
+        b'\t' => b"\\t",
+        0x08 => b"\\b",
+        0x0c => b"\\f",
+        _ => {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(c >> 4)]);
+            out.push(HEX[usize::from(c & 0xf)]);
+            return;
+        }
+    };
+    out.extend_from_slice(short);
 }
 
 /// Appends `data: {json}\n\n` for `event` to `out` (LF only, one line of JSON).
@@ -218,6 +294,25 @@ mod tests {
             assert!(encode_sse_fast(e, &mut fast).unwrap());
             let slow = format!("data: {}\n\n", serde_json::to_string(e).unwrap());
             assert_eq!(String::from_utf8(fast).unwrap(), slow);
+        }
+    }
+
+    proptest::proptest! {
+        /// The hand-written escaper writes what serde_json writes, for any string: plain runs
+        /// longer and shorter than a word, every control character, quotes, backslashes and
+        /// multi-byte characters at any offset.
+        #[test]
+        fn json_strings_are_escaped_as_serde_json_does(
+            s in proptest::prop_oneof![
+                proptest::prelude::any::<String>(),
+                "[\\x00-\\x1f\"\\\\a-z \\x7fé€😀]{0,40}",
+            ]
+        ) {
+            let mut ours = b"prefix".to_vec();
+            push_json_str(&mut ours, &s);
+            let mut theirs = b"prefix".to_vec();
+            serde_json::to_writer(&mut theirs, &s).unwrap();
+            proptest::prop_assert_eq!(String::from_utf8_lossy(&ours), String::from_utf8_lossy(&theirs));
         }
     }
 
