@@ -178,12 +178,14 @@ impl Written {
         let t = &self.thread;
         let mut out = Additions::default();
         let mut next = self.events + 1;
-        for e in mem.load(&t.record).await? {
+        // Only what is new: a turn writes before each step, and a long thread's record would
+        // otherwise be copied whole each time.
+        for e in mem.events_after(&t.record, self.events)? {
             match e.seq {
                 Some(s) if s < next => {}
                 Some(s) if s == next => {
                     next += 1;
-                    out.events.push(e);
+                    out.events.push(Event::clone(&e));
                 }
                 other => {
                     return Err(tether::Error::store(format!(

@@ -123,6 +123,37 @@ impl MemoryStore {
 }
 
 impl MemoryStore {
+    /// The session's events numbered above `after` (and any unnumbered ones among the newest),
+    /// oldest first: what a writer that has copied the record up to `after` elsewhere still has
+    /// to copy. It reads back from the newest event, so a long record costs only what is new
+    /// (`load` copies every event).
+    ///
+    /// ```
+    /// use tether::{Event, EventKind, EventStore, MemoryStore};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let store = MemoryStore::default();
+    /// for (seq, id) in [(1, "a"), (2, "b"), (3, "c")] {
+    ///     let e = Event::new(id, "demo", serde_json::json!({}), EventKind::Other).with_seq(seq);
+    ///     store.append("s", &e).await.unwrap();
+    /// }
+    /// let new = store.events_after("s", 1).unwrap();
+    /// assert_eq!(new.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(), ["b", "c"]);
+    /// # })
+    /// ```
+    pub fn events_after(&self, session_id: &str, after: u64) -> Result<Vec<Arc<Event>>> {
+        self.with(|m| {
+            let Some(s) = m.get(session_id) else {
+                return Vec::new();
+            };
+            let older = s
+                .events
+                .iter()
+                .rposition(|e| e.seq.is_some_and(|n| n <= after))
+                .map_or(0, |i| i + 1);
+            s.events[older..].to_vec()
+        })
+    }
+
     /// Appends the event `make` gives, unless its id is stored already.
     fn append_arc(&self, session_id: &str, id: &str, make: impl FnOnce() -> Arc<Event>) -> Result<bool> {
         self.with_session(session_id, |s| {
@@ -278,5 +309,34 @@ impl EventStore for MemoryStore {
             v.sort();
             v
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::EventKind;
+
+    fn ids(events: &[Arc<Event>]) -> Vec<&str> {
+        events.iter().map(|e| e.id.as_str()).collect()
+    }
+
+    /// The tail above a sequence number, whatever came before it; unnumbered events among the
+    /// newest come with it (a caller checks the numbers), and an unknown session has none.
+    #[tokio::test]
+    async fn events_after_returns_the_tail_above_a_number() {
+        let store = MemoryStore::default();
+        let event = |id: &str| Event::new(id, "t", Value::Null, EventKind::Other);
+        store.append("s", &event("a").with_seq(1)).await.unwrap();
+        store.append("s", &event("b").with_seq(2)).await.unwrap();
+        store.append("s", &event("c").with_seq(3)).await.unwrap();
+        assert_eq!(ids(&store.events_after("s", 0).unwrap()), ["a", "b", "c"]);
+        assert_eq!(ids(&store.events_after("s", 2).unwrap()), ["c"]);
+        assert!(store.events_after("s", 3).unwrap().is_empty());
+        assert!(store.events_after("s", 9).unwrap().is_empty());
+        assert!(store.events_after("other", 0).unwrap().is_empty());
+        store.append("s", &event("d")).await.unwrap();
+        assert_eq!(ids(&store.events_after("s", 3).unwrap()), ["d"]);
+        assert_eq!(ids(&store.events_after("s", 1).unwrap()), ["b", "c", "d"]);
     }
 }
