@@ -265,6 +265,23 @@ mod tests {
         Some(ops)
     }
 
+    proptest::proptest! {
+        /// A serialized string of any length, with quotes and backslashes anywhere, ends where
+        /// serde_json ended it.
+        #[test]
+        fn strings_end_where_they_end(
+            s in proptest::prop_oneof![
+                proptest::prelude::any::<String>(),
+                "[\"\\\\a-z é]{0,80}",
+            ]
+        ) {
+            let mut doc = serde_json::to_vec(&s).unwrap();
+            let end = doc.len();
+            doc.extend_from_slice(b",\"x\\\"y\"]");
+            proptest::prop_assert_eq!(skip_string(&doc, 0), Some(end));
+        }
+    }
+
     #[test]
     fn one_leaf() {
         let a = json!({"items": [{"done": true, "id": 1}, {"done": false, "id": 2}], "t": "x"});

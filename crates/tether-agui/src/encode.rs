@@ -182,17 +182,10 @@ fn push_json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
-/// The high bit of each byte of `w` that JSON must escape (a control character, `"` or `\`),
+/// The high bit of each byte of `w` that JSON must escape (a control character, `"` or `\\`),
 /// eight bytes at once; exact for the lowest such byte.
 fn specials(w: u64) -> u64 {
-    const ONES: u64 = 0x0101_0101_0101_0101;
-    const HIGH: u64 = 0x8080_8080_8080_8080;
-    let quote = w ^ (ONES * u64::from(b'"'));
-    let backslash = w ^ (ONES * u64::from(b'\\'));
-    ((w.wrapping_sub(ONES * 0x20) & !w)
-        | (quote.wrapping_sub(ONES) & !quote)
-        | (backslash.wrapping_sub(ONES) & !backslash))
-        & HIGH
+    crate::swar::below(w, 0x20) | crate::swar::equal(w, b'"') | crate::swar::equal(w, b'\\')
 }
 
 /// Appends the escape of `c`, a byte [`specials`] flags, as serde_json writes it.

@@ -45,6 +45,7 @@ pub mod patch;
 pub mod proto;
 pub mod run;
 pub mod server;
+mod swar;
 pub mod thread;
 pub mod types;
 pub mod verify;
