@@ -295,25 +295,23 @@ impl Drop for Postgres {
 mod tests {
     use super::*;
 
-    /// A dead test process's directory goes, its server stopped (the process whose command line
-    /// names the directory); a live process's directory, and one without an owner, stay.
-    #[test]
-    fn orphans_of_dead_test_processes_are_reaped() {
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let orphan = tmp.path().join("tether-pg-orphan");
-        let data = orphan.join("data");
-        std::fs::create_dir_all(&data).expect("dirs");
-        // A process that ran and is gone: its pid names no process with that start time.
+    /// A directory owned by a process that ran and is gone: its pid names no process with
+    /// that start time.
+    fn owned_by_the_dead(dir: &Path) {
         let mut gone = Command::new("true").spawn().expect("true");
         let _ = gone.wait();
-        std::fs::write(orphan.join(OWNER), format!("{} 1", gone.id())).expect("owner");
-        // Its "server": a process whose command line names the data directory, with SIGQUIT's
-        // default action whatever this test inherited (a shell without job control starts
-        // background commands with it ignored), and no pipe of ours held open by its sleeps.
+        std::fs::write(dir.join(OWNER), format!("{} 1", gone.id())).expect("owner");
+    }
+
+    /// A stand-in "server" whose command line names `data` and whose pid the `postmaster.pid`
+    /// in `pid_dir` gives, with SIGQUIT's default action whatever this test inherited (a shell
+    /// without job control starts background commands with it ignored), and no pipe of ours
+    /// held open by its sleeps.
+    fn stand_in(data: &Path, pid_dir: &Path) -> std::process::Child {
         let mut server = Command::new("sh");
         server
             .args(["-c", "while :; do sleep 1; done"])
-            .arg(&data)
+            .arg(data)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -324,12 +322,25 @@ mod tests {
                 Ok(())
             });
         }
-        let mut server = server.spawn().expect("sh");
+        let server = server.spawn().expect("sh");
         std::fs::write(
-            data.join("postmaster.pid"),
+            pid_dir.join("postmaster.pid"),
             format!("{}\n{}\n", server.id(), data.display()),
         )
         .expect("postmaster.pid");
+        server
+    }
+
+    /// A dead test process's directory goes, its server stopped (the process whose command line
+    /// names the directory); a live process's directory, and one without an owner, stay.
+    #[test]
+    fn orphans_of_dead_test_processes_are_reaped() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let orphan = tmp.path().join("tether-pg-orphan");
+        let data = orphan.join("data");
+        std::fs::create_dir_all(&data).expect("dirs");
+        owned_by_the_dead(&orphan);
+        let mut server = stand_in(&data, &data);
         // A process that runs (this one), and a directory being set up (no owner yet).
         let live = tmp.path().join("tether-pg-live");
         std::fs::create_dir_all(&live).expect("dir");
@@ -374,32 +385,11 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tempdir");
         let target = tmp.path().join("elsewhere");
         std::fs::create_dir_all(target.join("data")).expect("dirs");
-        let mut gone = Command::new("true").spawn().expect("true");
-        let _ = gone.wait();
-        std::fs::write(target.join(OWNER), format!("{} 1", gone.id())).expect("owner");
+        owned_by_the_dead(&target);
         let link = tmp.path().join("tether-pg-planted");
         std::os::unix::fs::symlink(&target, &link).expect("symlink");
         let data = link.join("data");
-        let mut victim = Command::new("sh");
-        victim
-            .args(["-c", "while :; do sleep 1; done"])
-            .arg(&data)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // SAFETY: signal(2) in the child before exec, async-signal-safe; no memory is touched.
-        unsafe {
-            victim.pre_exec(|| {
-                libc::signal(libc::SIGQUIT, libc::SIG_DFL);
-                Ok(())
-            });
-        }
-        let mut victim = victim.spawn().expect("sh");
-        std::fs::write(
-            target.join("data").join("postmaster.pid"),
-            format!("{}\n{}\n", victim.id(), data.display()),
-        )
-        .expect("postmaster.pid");
+        let mut victim = stand_in(&data, &target.join("data"));
 
         reap_orphans(tmp.path());
 
