@@ -15,9 +15,9 @@ mod term;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// jemalloc's options, as `tether-serve`'s (which says why): freed pages go back 20 ms after.
+/// jemalloc's options, as `tether-serve`'s ([`tether_serve::JEMALLOC_CONF`] says which and why).
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static MALLOC_CONF: &[u8; 35] = b"dirty_decay_ms:20,muzzy_decay_ms:0\0";
+static MALLOC_CONF: &[u8; 35] = tether_serve::JEMALLOC_CONF;
 
 /// Run any AI agent, wherever its loop lives, with the tools kept local.
 #[derive(Parser, Debug)]

@@ -40,7 +40,8 @@ use tether_mcp::{McpServer, ServerConfig, Transport};
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// With the programs' options too (`tether-serve`'s main says why).
+/// With the programs' options too (a copy of `tether_serve::JEMALLOC_CONF`, which says why;
+/// this crate sits below `tether-serve`).
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static MALLOC_CONF: &[u8; 35] = b"dirty_decay_ms:20,muzzy_decay_ms:0\0";
 

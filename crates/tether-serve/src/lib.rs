@@ -48,6 +48,14 @@ mod ui;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// The jemalloc options the `tether-serve` and `tether` binaries compile in (each exports it as
+/// `_rjem_malloc_conf`, the symbol tikv-jemalloc-sys's jemalloc reads at its start): freed pages
+/// go back to the system 20 ms after they were freed instead of 10 s. With jemalloc's defaults a
+/// burst of runs kept ~10 KiB more peak memory per run than glibc's malloc; with these, as much
+/// as glibc's, still faster than it (BENCHMARKS.md, "The allocator"). `_RJEM_MALLOC_CONF` in the
+/// environment overrides them (`dirty_decay_ms:10000` for the defaults' speed).
+pub const JEMALLOC_CONF: &[u8; 35] = b"dirty_decay_ms:20,muzzy_decay_ms:0\0";
+
 pub use config::{Config, ConfigError};
 pub use server::{ServeError, Server, ServerOptions, start};
 

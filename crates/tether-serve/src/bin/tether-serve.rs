@@ -9,14 +9,9 @@ use clap::Parser;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-/// jemalloc's options, read at its start (the `_rjem_` prefix is tikv-jemalloc-sys's): freed
-/// pages go back to the system 20 ms after they were freed instead of 10 s. With jemalloc's
-/// default a burst of runs kept ~10 KiB more peak memory per run than glibc's malloc; with this,
-/// as much as glibc's, still faster than it (BENCHMARKS.md, "The allocator").
-/// `_RJEM_MALLOC_CONF` in the environment overrides it (`dirty_decay_ms:10000` for the default's
-/// speed).
+/// jemalloc's options ([`tether_serve::JEMALLOC_CONF`] says which and why).
 #[unsafe(export_name = "_rjem_malloc_conf")]
-static MALLOC_CONF: &[u8; 35] = b"dirty_decay_ms:20,muzzy_decay_ms:0\0";
+static MALLOC_CONF: &[u8; 35] = tether_serve::JEMALLOC_CONF;
 
 #[derive(Parser)]
 #[command(name = "tether-serve", about = "Serve tether agents over AG-UI with a web UI")]
