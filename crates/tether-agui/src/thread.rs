@@ -32,7 +32,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use tether::{
     CancellationToken, Capabilities, ElicitationRequest, ElicitationResponse, EventKind, Handler,
-    HandlerError, PendingToolUse, PermissionOutcome, PermissionRequest, ReadTextFile, Session,
+    HandlerError, PendingToolUse, PermissionOutcome, PermissionRequest, ReadTextFile, Role, Session,
     SessionBuilder, SessionInfo, SessionResult, StopReason, Subscription, TerminalRequest, TerminalResponse,
     ThreadId, ThreadStore, ToolOutput, ToolResult, ToolSpec, ToolUse, UserMessage, Waiting, WriteTextFile,
 };
@@ -654,6 +654,8 @@ pub struct ThreadAgent<S = ()> {
     keep_alive: usize,
     max_held: usize,
     on_open: Option<Arc<OnOpen>>,
+    /// Runs go first until their first output ([`ThreadAgent::priority`]).
+    priority: Option<tether::priority::Priority>,
     clock: AtomicU64,
     threads: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Live>>>>,
     /// The table's size at which [`Self::slot`] next sweeps out entries that keep nothing.
@@ -691,6 +693,7 @@ impl ThreadAgent<()> {
             keep_alive: 0,
             max_held: 64,
             on_open: None,
+            priority: None,
             clock: AtomicU64::new(0),
             threads: Mutex::new(HashMap::new()),
             sweep_at: AtomicUsize::new(MIN_SWEEP),
@@ -716,6 +719,7 @@ impl ThreadAgent<()> {
             keep_alive: self.keep_alive,
             max_held: self.max_held,
             on_open: self.on_open,
+            priority: self.priority,
             clock: self.clock,
             threads: self.threads,
             sweep_at: self.sweep_at,
@@ -775,6 +779,16 @@ impl<S> ThreadAgent<S> {
         + 'static,
     ) -> Self {
         self.on_open = Some(Arc::new(f));
+        self
+    }
+
+    /// Gives this agent's runs priority until their first output (see [`tether::priority`]):
+    /// each run counts as starting from its admission until the first output it maps (text,
+    /// reasoning, a tool call, a message, an error) or its end, and the sessions it opens pace
+    /// their model deltas on `priority`. Give every agent of a server the same priority: a burst
+    /// of new runs then gets its first words before the streams already going get more.
+    pub fn priority(mut self, priority: tether::priority::Priority) -> Self {
+        self.priority = Some(priority);
         self
     }
 
@@ -1006,11 +1020,27 @@ fn unanswered(id: &str, name: &str) -> AgUiError {
     )
 }
 
+/// Whether an event is output a client shows: what ends a run's wait for its first output
+/// ([`ThreadAgent::priority`]).
+fn is_output(kind: &EventKind) -> bool {
+    match kind {
+        EventKind::TextDelta { .. }
+        | EventKind::ReasoningDelta { .. }
+        | EventKind::ToolCallStart { .. }
+        | EventKind::ToolCall { .. }
+        | EventKind::Error { .. } => true,
+        EventKind::Message { role, .. } => *role == Role::Assistant,
+        _ => false,
+    }
+}
+
 /// Maps a run's events and folds them into the typed state.
 struct Mapping<'a, S> {
     mapper: EventMapper,
     names: HashMap<String, String>,
     reducer: Option<&'a StateReducer<S>>,
+    /// The run counts as starting until its first output is mapped ([`ThreadAgent::priority`]).
+    starting: Option<tether::priority::Starting>,
 }
 
 impl<S: crate::AgentState> Mapping<'_, S> {
@@ -1023,6 +1053,9 @@ impl<S: crate::AgentState> Mapping<'_, S> {
     /// the tool calls it shows: the run's end tells front-end calls from unanswered ones by them.
     fn map_now(&mut self, ctx: &mut RunContext<S>, ev: &tether::Event) -> AgUiResult<()> {
         self.mapper.map(ctx, ev)?;
+        if self.starting.is_some() && is_output(&ev.kind) {
+            self.starting = None;
+        }
         match &ev.kind {
             EventKind::ToolCallStart {
                 tool_use_id, name, ..
@@ -1092,6 +1125,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
             },
             names: HashMap::new(),
             reducer: self.reducer.as_deref(),
+            starting: self.priority.as_ref().map(tether::priority::Priority::starting),
         };
         mapping.update(
             ctx,
@@ -1237,6 +1271,9 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                     // interrupts is checked first, before anything is recorded.
                     if plan.resume.is_empty() {
                         builder = builder.first_messages(plan.users.clone());
+                    }
+                    if let Some(p) = &self.priority {
+                        builder = builder.priority(p.clone());
                     }
                     // The relay below takes every queued event before it polls the turn again,
                     // so the queue holds what one poll of the turn produced; when it is full the

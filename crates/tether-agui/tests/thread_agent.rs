@@ -657,3 +657,128 @@ async fn a_slow_client_slows_the_run_and_loses_nothing() {
         "{ev:#?}"
     );
 }
+
+/// A model that streams its pieces one delta each, after `gate` lets it (when it has one).
+struct Pieces {
+    pieces: &'static [&'static str],
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+}
+
+#[async_trait::async_trait]
+impl ChatModel for Pieces {
+    fn name(&self) -> &str {
+        "pieces"
+    }
+
+    async fn chat(
+        &self,
+        _req: &tether::ChatRequest,
+        deltas: &tether::DeltaSink,
+    ) -> tether::Result<tether::ChatResponse> {
+        if let Some(g) = &self.gate {
+            let _ = g.acquire().await;
+        }
+        for p in self.pieces {
+            deltas.text(p).await;
+        }
+        Ok(ScriptedModel::text(&self.pieces.concat()))
+    }
+}
+
+fn paced(model: Pieces, priority: &tether::priority::Priority) -> Arc<ThreadAgent> {
+    let model: Arc<dyn ChatModel> = Arc::new(model);
+    Arc::new(
+        ThreadAgent::new("a", Arc::new(MemoryStore::default()), move |_input| {
+            Ok(Session::builder(LocalLoop::with_model(model.clone())))
+        })
+        .priority(priority.clone()),
+    )
+}
+
+/// The text of the `TEXT_MESSAGE_CONTENT` events among `ev`.
+fn contents(ev: &[Value]) -> Vec<String> {
+    ev.iter()
+        .filter(|e| e["type"] == "TEXT_MESSAGE_CONTENT")
+        .map(|e| e["delta"].as_str().unwrap_or_default().to_owned())
+        .collect()
+}
+
+/// A run counts as starting until its first output; while another run is starting, a streaming
+/// run's next deltas wait, and they go on, all of them, once that run has its first output.
+#[tokio::test]
+async fn with_a_priority_a_stream_waits_for_the_runs_still_starting() {
+    let priority = tether::priority::Priority::new(std::time::Duration::from_secs(3600));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let agent = paced(
+        Pieces {
+            pieces: &["a", "b", "c"],
+            gate: Some(gate.clone()),
+        },
+        &priority,
+    );
+    // Another run, still starting (what a server's next request would be).
+    let other = priority.starting();
+    let mut events = run_agent(agent, input(), RunOptions::default());
+    // Admitted, no output yet: the run counts as starting too.
+    tokio::time::timeout(WAIT, async {
+        while priority.waiting() < 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("the run counted as starting");
+    gate.add_permits(1);
+    let mut seen = Vec::new();
+    while contents(&seen).is_empty() {
+        let e = tokio::time::timeout(WAIT, futures_util::StreamExt::next(&mut events))
+            .await
+            .expect("the first delta")
+            .expect("the stream went on");
+        seen.extend(to_json(&[e]));
+    }
+    assert_eq!(contents(&seen), ["a"]);
+    assert_eq!(priority.waiting(), 1, "its first output ended the run's start");
+    // The other run has no output yet: the stream holds its next delta.
+    let held = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        futures_util::StreamExt::next(&mut events),
+    )
+    .await;
+    assert!(
+        held.is_err(),
+        "a delta went out while another run was starting: {held:?}"
+    );
+    drop(other);
+    let rest = tokio::time::timeout(WAIT, events.collect_all())
+        .await
+        .expect("the run finished once no run was starting");
+    seen.extend(to_json(&rest));
+    assert_eq!(contents(&seen).concat(), "abc", "nothing lost");
+    assert_eq!(kinds(&seen).last().map(String::as_str), Some("RUN_FINISHED"));
+    assert_eq!(priority.waiting(), 0);
+}
+
+/// However long other runs keep starting, a stream waits at most the hold per delta.
+#[tokio::test(start_paused = true)]
+async fn a_stream_waits_at_most_the_hold_per_delta() {
+    let hold = std::time::Duration::from_secs(1);
+    let priority = tether::priority::Priority::new(hold);
+    let agent = paced(
+        Pieces {
+            pieces: &["a", "b", "c"],
+            gate: None,
+        },
+        &priority,
+    );
+    let _forever = priority.starting();
+    let t0 = tokio::time::Instant::now();
+    let ev = serve(&agent, input()).await;
+    let took = t0.elapsed();
+    assert_eq!(contents(&ev).concat(), "abc");
+    assert_eq!(kinds(&ev).last().map(String::as_str), Some("RUN_FINISHED"));
+    // Each delta after the first waited the whole hold (the clock is the test's: it moves only
+    // when every task waits), and none waited longer.
+    assert!(took >= 2 * hold, "the deltas were not held: {took:?}");
+    assert!(took <= 3 * hold, "a delta waited past the hold: {took:?}");
+    assert_eq!(priority.waiting(), 1, "only the run that never started is left");
+}

@@ -52,6 +52,7 @@ pub mod handler;
 #[cfg(feature = "json-scan")]
 pub mod json_scan;
 pub mod local;
+pub mod priority;
 pub mod provider;
 pub mod raw;
 pub mod retry;

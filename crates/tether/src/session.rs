@@ -192,6 +192,8 @@ pub struct SessionBuilder {
     subscribers: Vec<mpsc::Sender<Box<Event>>>,
     /// The observer attached to the session's sink at open (a tracer).
     observer: Option<Arc<dyn EventObserver>>,
+    /// The priority the session's model deltas are paced on ([`SessionBuilder::priority`]).
+    priority: Option<crate::priority::Priority>,
     /// Whether the provider's `open` reaches nothing outside the process
     /// ([`SessionBuilder::provider_opens_locally`]).
     opens_locally: bool,
@@ -344,6 +346,16 @@ impl SessionBuilder {
         self
     }
 
+    /// Paces the session's model deltas on `priority`: after each delta it delivers, the session
+    /// waits (at most the priority's hold) while another run is starting, so that runs still
+    /// waiting for their first output go first (see [`crate::priority`]). A server gives one
+    /// priority to all its sessions; the runs mark themselves with
+    /// [`Priority::starting`](crate::priority::Priority::starting). Default: no pacing.
+    pub fn priority(mut self, priority: crate::priority::Priority) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+
     /// Opens the session (creating or reattaching on the provider's side; for a thread, see
     /// [`Self::thread`]).
     pub async fn open(self) -> Result<Session> {
@@ -357,6 +369,9 @@ impl SessionBuilder {
         }
         if let Some(o) = self.observer {
             sink.set_observer(o);
+        }
+        if let Some(p) = self.priority {
+            sink.set_priority(p);
         }
         let mut cx = TurnContext::new(sink, self.handler).with_turn(0, self.config.max_turns);
         cx.terminal_tool = self.config.terminal_tool.as_ref().map(|t| t.name.clone());
@@ -812,6 +827,7 @@ impl Session {
             thread: None,
             subscribers: Vec::new(),
             observer: None,
+            priority: None,
             opens_locally: false,
         }
     }

@@ -53,6 +53,8 @@ struct Inner {
     /// W3C `traceparent` values by scope (see [`EventSink::traceparent`]).
     trace: StdMutex<Traceparents>,
     full_payloads: AtomicBool,
+    /// What the model deltas are paced on ([`EventSink::set_priority`]).
+    priority: OnceLock<crate::priority::Priority>,
 }
 
 /// Sees every event of a session as it is delivered, synchronously, before the handler and the
@@ -234,6 +236,7 @@ impl EventSink {
                 observer_deltas: AtomicBool::new(false),
                 trace: StdMutex::new(Traceparents::default()),
                 full_payloads: AtomicBool::new(false),
+                priority: OnceLock::new(),
             }),
         }
     }
@@ -505,6 +508,20 @@ impl EventSink {
         } else {
             self.deliver_unobserved(Delivered::Owned(event)).await;
         }
+        // Boxed, and only when a run is starting: the wait (a timer) stays out of every model
+        // call's future, which otherwise carries it for each delta.
+        if let Some(p) = self.inner.priority.get()
+            && p.waiting() > 0
+        {
+            Box::pin(p.pace()).await;
+        }
+    }
+
+    /// Paces this session's model deltas on `priority` (see [`crate::priority`]): after each
+    /// delta a [`DeltaSink`] delivers, the session waits while another run is starting (at most
+    /// the priority's hold). Set once; returns `false` when a priority was already set.
+    pub fn set_priority(&self, priority: crate::priority::Priority) -> bool {
+        self.inner.priority.set(priority).is_ok()
     }
 
     /// Shorthand: records a durable event built from a raw type, raw payload and kind.
