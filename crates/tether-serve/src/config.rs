@@ -7,6 +7,8 @@
 //! run_timeout_secs = 600       # a run past this ends in RUN_ERROR{code: "RUN_TIMEOUT"}
 //! max_concurrent_runs = 256    # 429 past this
 //! shutdown_grace_secs = 30     # running turns get this long to finish on shutdown
+//! first_output_hold_ms = 20    # while runs wait for their first output, a streaming run waits
+//!                              # up to this per model delta (0: no priority for new runs)
 //! allowed_origins = ["http://localhost:5173"]   # other web origins that may call the API (CORS)
 //! backend = "sqlite"           # where turns run: "sqlite" (in process, default) or "restate"
 //!                              # (durable invocations; needs the `restate` cargo feature):
@@ -142,6 +144,14 @@ pub struct ServerSection {
     /// Seconds running turns get to finish on shutdown (default 30).
     #[serde(default = "default_grace")]
     pub shutdown_grace_secs: u64,
+    /// First output first (default 20 ms; 0 turns it off): while any run is still waiting for
+    /// its first output, a run already streaming waits up to this many milliseconds after each
+    /// model delta before it reads its model again (see `tether::priority`). Under a burst of
+    /// runs every run gets its first words sooner; the price is that all of them are in memory
+    /// at once (a higher peak) and a stream may lag by this much per delta while runs arrive.
+    /// At most 1000.
+    #[serde(default = "default_first_output_hold")]
+    pub first_output_hold_ms: u64,
     /// Longest the whole body of a run request may take to arrive, in seconds (default 30; 408
     /// past it). A client that trickles its body holds a connection, never a run slot: the slot is
     /// taken once the body is read.
@@ -220,6 +230,12 @@ fn default_concurrency() -> usize {
 fn default_grace() -> u64 {
     30
 }
+fn default_first_output_hold() -> u64 {
+    20
+}
+
+/// The largest `first_output_hold_ms`: a stream never waits longer than this per delta.
+pub const MAX_FIRST_OUTPUT_HOLD_MS: u64 = 1000;
 fn default_body_timeout() -> u64 {
     30
 }
@@ -240,6 +256,7 @@ impl Default for ServerSection {
             run_timeout_secs: default_run_timeout(),
             max_concurrent_runs: default_concurrency(),
             shutdown_grace_secs: default_grace(),
+            first_output_hold_ms: default_first_output_hold(),
             body_timeout_secs: default_body_timeout(),
             allowed_origins: Vec::new(),
             backend: Backend::default(),
@@ -742,6 +759,12 @@ impl Config {
                 "[server] max_body_bytes and max_concurrent_runs must be at least 1".into(),
             ));
         }
+        if s.first_output_hold_ms > MAX_FIRST_OUTPUT_HOLD_MS {
+            return Err(invalid(format!(
+                "[server] first_output_hold_ms is {}; it must be between 0 (off) and {MAX_FIRST_OUTPUT_HOLD_MS} milliseconds",
+                s.first_output_hold_ms
+            )));
+        }
         let durations = [
             ("[server] run_timeout_secs", s.run_timeout_secs, 1),
             ("[server] body_timeout_secs", s.body_timeout_secs, 1),
@@ -1038,6 +1061,23 @@ name = "confirm"
             .unwrap_err()
             .to_string();
         assert!(e.contains("strict") && e.contains("auto"), "{e}");
+    }
+
+    #[test]
+    fn the_first_output_hold_is_bounded_and_can_be_off() {
+        let base = Path::new(".");
+        let c = Config::parse("[agents.a]\n", "t.toml", base).unwrap();
+        assert_eq!(c.server.first_output_hold_ms, 20);
+        let c = Config::parse("[server]\nfirst_output_hold_ms = 0\n[agents.a]\n", "t.toml", base).unwrap();
+        assert_eq!(c.server.first_output_hold_ms, 0);
+        let e = Config::parse(
+            "[server]\nfirst_output_hold_ms = 1001\n[agents.a]\n",
+            "t.toml",
+            base,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("first_output_hold_ms") && e.contains("1000"), "{e}");
     }
 
     /// Issue 17: every duration from the config is bounded with a clear error; none overflows

@@ -281,6 +281,9 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
     let front_rt = FrontRuntime(Some(rt));
     let shutdown = CancellationToken::new();
     let runs = Arc::new(Semaphore::new(limits.max_concurrent_runs));
+    // One for the whole server: its runs share its cores.
+    let priority = (limits.first_output_hold_ms > 0)
+        .then(|| tether::priority::Priority::new(Duration::from_millis(limits.first_output_hold_ms)));
     let endpoint = EndpointOptions::default()
         .with_body_limit(limits.max_body_bytes)
         .with_body_timeout(Some(Duration::from_secs(limits.body_timeout_secs)))
@@ -348,7 +351,8 @@ pub async fn start(opts: ServerOptions) -> Result<Server, ServeError> {
             services.push(service);
             continue;
         }
-        let (agent, info) = thread_agent(name, cfg, spec, &store, run_timeout).map_err(agent_err)?;
+        let (agent, info) =
+            thread_agent(name, cfg, spec, &store, run_timeout, priority.as_ref()).map_err(agent_err)?;
         infos.push(info);
         let check: Arc<dyn ResumeCheck> = agent.clone();
         let options = endpoint
@@ -672,6 +676,7 @@ fn thread_agent(
     spec: crate::providers::ProviderSpec,
     store: &SqliteStore,
     run_timeout: Duration,
+    priority: Option<&tether::priority::Priority>,
 ) -> Result<(Arc<ServedAgent>, AgentInfo), String> {
     use crate::handler::{ServeHandler, schema_or_empty};
     use crate::providers::ProviderSpec;
@@ -737,7 +742,11 @@ fn thread_agent(
         Ok(builder)
     };
     let store: Arc<dyn tether::ThreadStore> = Arc::new(store.clone());
-    let agent = ThreadAgent::new(name, store, factory)
+    let mut agent = ThreadAgent::new(name, store, factory);
+    if let Some(p) = priority {
+        agent = agent.priority(p.clone());
+    }
+    let agent = agent
         .frontend_tools(frontend)
         .model(model)
         .run_timeout(run_timeout)
@@ -1357,7 +1366,7 @@ mod tests {
             toml::from_str("[agents.a]\nmodel = \"m\"\nbase_url = \"http://127.0.0.1:1/v1\"\n").unwrap();
         let (_, acfg) = cfg.agents.iter().next().unwrap();
         let spec = acfg.provider_spec("a").unwrap();
-        let (agent, _) = thread_agent("a", acfg, spec, &store, Duration::from_secs(5)).unwrap();
+        let (agent, _) = thread_agent("a", acfg, spec, &store, Duration::from_secs(5), None).unwrap();
         let input: RunAgentInput =
             serde_json::from_value(json!({"threadId": "t", "runId": "r", "messages": []})).unwrap();
         let (mut ctx, _rx) = tether_agui::RunContext::<Value>::new(input, &Default::default());
