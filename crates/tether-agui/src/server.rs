@@ -365,11 +365,12 @@ const MAX_BATCH: usize = 256;
 
 /// The response body: encoded events, every event ready at once in one chunk, with keep-alives
 /// while idle. Events are encoded as they are taken off the queue (no vector of them is held),
-/// into one buffer that grows to the largest chunk written: the per-run memory is that buffer.
+/// into the chunk's own buffer, which the body takes over: between chunks nothing is held.
 struct BodyStream {
     events: EventStream,
     encoding: Encoding,
     keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
+    /// The chunk being encoded.
     buf: Vec<u8>,
     /// Held until the stream is dropped.
     _guard: Option<StreamGuard>,
@@ -392,7 +393,9 @@ impl Stream for BodyStream {
         let this = self.get_mut();
         match this.events.poll_next_event(cx) {
             Poll::Ready(Some(first)) => {
-                this.buf.clear();
+                // A new buffer per chunk, handed to the body without a copy: a stream that waits
+                // between chunks holds no buffer.
+                this.buf = Vec::with_capacity(256);
                 this.encode(&first);
                 for _ in 1..MAX_BATCH {
                     let Some(e) = this.events.try_next_event() else {
@@ -403,7 +406,7 @@ impl Stream for BodyStream {
                 if let Some((d, sleep)) = &mut this.keep_alive {
                     sleep.as_mut().reset(tokio::time::Instant::now() + *d);
                 }
-                Poll::Ready(Some(Ok(Bytes::copy_from_slice(&this.buf))))
+                Poll::Ready(Some(Ok(Bytes::from(std::mem::take(&mut this.buf)))))
             }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {

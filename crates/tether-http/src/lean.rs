@@ -432,6 +432,10 @@ impl LeanResponse {
     }
 }
 
+/// The most bytes left after a read's pieces that move to a buffer of their own rather than keep
+/// the read's whole buffer (a chunk's size line is a few bytes).
+const LEFTOVER: usize = 256;
+
 struct BodyReader {
     /// `None` once the body has ended (the connection is back in the pool, or closed).
     stream: Option<TcpStream>,
@@ -447,6 +451,7 @@ impl BodyReader {
     async fn next(&mut self) -> Result<Option<Bytes>, LeanError> {
         loop {
             if let Some(piece) = self.take()? {
+                self.let_go();
                 return Ok(Some(piece));
             }
             if self.framing == Framing::Done {
@@ -456,12 +461,21 @@ impl BodyReader {
             let Some(stream) = self.stream.as_mut() else {
                 return Ok(None);
             };
-            // Room for a full read, in the same allocation once the last piece was dropped.
+            // Nothing held while the stream waits for bytes (see `let_go`), and a buffer is taken
+            // only once the socket is readable. A server relaying 1,000 streams that wait (a
+            // slow model, or streams held back while new runs start: `tether::priority`) holds
+            // no read buffer for them, where it held `read_buffer` bytes each.
+            stream.readable().await.map_err(LeanError::io)?;
             let want = self.read_buffer.saturating_sub(self.buf.len()).max(1024);
             if self.buf.capacity() - self.buf.len() < want {
                 self.buf.reserve(want);
             }
-            let n = stream.read_buf(&mut self.buf).await.map_err(LeanError::io)?;
+            let n = match stream.try_read_buf(&mut self.buf) {
+                Ok(n) => n,
+                // Readiness can be spurious: wait again.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(LeanError::io(e)),
+            };
             if n == 0 {
                 self.stream = None;
                 return match self.framing {
@@ -477,6 +491,17 @@ impl BodyReader {
                     )),
                 };
             }
+        }
+    }
+
+    /// Hands the read's allocation over to the pieces taken from it (freed once the caller drops
+    /// them): what is left (nothing, or the start of a chunk's framing) moves to a buffer of its
+    /// own, so that a stream between two reads holds no read buffer.
+    fn let_go(&mut self) {
+        if self.buf.is_empty() {
+            self.buf = BytesMut::new();
+        } else if self.buf.len() <= LEFTOVER {
+            self.buf = BytesMut::from(&self.buf[..]);
         }
     }
 
@@ -867,6 +892,48 @@ mod tests {
 
     fn client(url: &str) -> Arc<Lean> {
         Arc::new(Lean::new(url, &HeaderMap::new(), 8192, Duration::from_secs(2)).unwrap())
+    }
+
+    /// Between two reads a stream keeps none of the read buffer: the piece handed over owns the
+    /// read's allocation, and what is left of the framing has a small buffer of its own.
+    #[tokio::test]
+    async fn a_stream_between_reads_holds_no_read_buffer() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/v1/chat/completions", l.local_addr().unwrap());
+        let (go_on, wait) = tokio::sync::oneshot::channel::<()>();
+        let first = "data: one\n\n";
+        let second = "data: two\n\n";
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut b = [0u8; 4096];
+            let _ = s.read(&mut b).await.unwrap();
+            // The first chunk, then the start of the next one's size line.
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{first}\r\n{:x}",
+                first.len(),
+                second.len()
+            );
+            s.write_all(head.as_bytes()).await.unwrap();
+            let _ = wait.await;
+            s.write_all(format!("\r\n{second}\r\n0\r\n\r\n").as_bytes())
+                .await
+                .unwrap();
+        });
+        let c = client(&url);
+        let mut r = c.post(&url, "text/event-stream", b"{}").await.unwrap();
+        let piece = r.chunk().await.unwrap().unwrap();
+        assert_eq!(piece, first.as_bytes());
+        let kept = r.body.buf.capacity();
+        assert!(
+            kept <= LEFTOVER,
+            "the stream kept {kept} bytes of buffer between reads"
+        );
+        go_on.send(()).unwrap();
+        let mut rest = Vec::new();
+        while let Some(p) = r.chunk().await.unwrap() {
+            rest.extend_from_slice(&p);
+        }
+        assert_eq!(rest, second.as_bytes(), "the framing left over was kept");
     }
 
     #[tokio::test]
