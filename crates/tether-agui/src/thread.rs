@@ -503,12 +503,14 @@ async fn steps(
         outstanding.retain(|_, rec| !rec.kind.is_live());
         approval::save(store, &record, &outstanding).await?;
     }
+    // The awaits of the rare paths below (a resume, a lost question, a denial) are boxed: inline,
+    // each would size this future for every run (2.8 KB against ~1 KB), held to the run's end.
     let sink = session.sink().clone();
     for rec in &lost {
-        record_lost(&sink, rec).await?;
+        Box::pin(record_lost(&sink, rec)).await?;
     }
     for id in &answers.approved {
-        session.approve(id).await;
+        Box::pin(session.approve(id)).await;
     }
     for id in &answers.denied {
         let summary = waiting
@@ -519,12 +521,11 @@ async fn steps(
                 _ => p.tool_use.name.clone(),
             })
             .unwrap_or_default();
-        session
-            .answer_tool_use(ToolResult::error(
-                id,
-                format!("the user denied this action ({summary})"),
-            ))
-            .await?;
+        Box::pin(session.answer_tool_use(ToolResult::error(
+            id,
+            format!("the user denied this action ({summary})"),
+        )))
+        .await?;
     }
     for r in &plan.results {
         // Only a front-end tool's call takes its result from the client: a backend call's
@@ -534,7 +535,7 @@ async fn steps(
                 && p.waiting == Waiting::Client
                 && handler.is_frontend(&p.tool_use.name)
         }) {
-            session.answer_tool_use(r.clone()).await?;
+            Box::pin(session.answer_tool_use(r.clone())).await?;
         }
     }
     let mut new_users = Vec::new();
@@ -553,12 +554,11 @@ async fn steps(
         // calls still run).
         for p in session.pending() {
             if !answers.approved.contains(&p.tool_use.id) {
-                session
-                    .answer_tool_use(ToolResult::error(
-                        &p.tool_use.id,
-                        "not answered: the user sent a new message instead",
-                    ))
-                    .await?;
+                Box::pin(session.answer_tool_use(ToolResult::error(
+                    &p.tool_use.id,
+                    "not answered: the user sent a new message instead",
+                )))
+                .await?;
             }
         }
     }
@@ -1294,7 +1294,9 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                     let h = handler.clone();
                     let on_open = self.on_open.clone();
                     let work: Work = Box::pin(async move {
-                        let mut session = match builder.open().await {
+                        // Boxed: the open's future (3.5 KB) is gone once the session is open,
+                        // instead of sizing this one for the whole run.
+                        let mut session = match Box::pin(builder.open()).await {
                             Ok(s) => s,
                             Err(e) => return (None, Err(WorkError::Tether(e))),
                         };
