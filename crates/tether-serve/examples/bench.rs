@@ -17,6 +17,9 @@
 //! byte) and to the first text, the peak resident memory (VmHWM) of the server process and of
 //! the fake server process, and the CPU time the serving process and the load client used.
 //!
+//! `BENCH_SERVER_CONFIG="first_output_hold_ms = 0"` adds settings to the server's `[server]`
+//! section (there: the same server without first output first).
+//!
 //! `BENCH_OTEL=1` adds tracing's cost: the relayed load on open connections against two fresh
 //! servers, one traced with OTLP export to a receiver on loopback, in alternating order
 //! (`BENCH_OTEL_ROUNDS`, default 5, rounds of one load each).
@@ -910,10 +913,12 @@ async fn main() {
     )
     .await;
     let cfg = tmp.join("tether.toml");
+    // BENCH_SERVER_CONFIG: more `[server]` settings, e.g. "first_output_hold_ms = 0".
+    let extra = std::env::var("BENCH_SERVER_CONFIG").unwrap_or_default();
     std::fs::write(
         &cfg,
         format!(
-            "[server]\nmax_concurrent_runs = {}\n[agents.bench]\nbase_url = \"{fake_url}\"\nmodel = \"bench\"\n",
+            "[server]\nmax_concurrent_runs = {}\n{extra}\n[agents.bench]\nbase_url = \"{fake_url}\"\nmodel = \"bench\"\n",
             runs + 16
         ),
     )
