@@ -182,7 +182,7 @@ fn push_json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
-/// The high bit of each byte of `w` that JSON must escape (a control character, `"` or `\\`),
+/// The high bit of each byte of `w` that JSON must escape (a control character, `"` or `\`),
 /// eight bytes at once; exact for the lowest such byte.
 fn specials(w: u64) -> u64 {
     crate::swar::below(w, 0x20) | crate::swar::equal(w, b'"') | crate::swar::equal(w, b'\\')

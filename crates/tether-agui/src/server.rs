@@ -337,7 +337,6 @@ async fn handle<A: Agent>(ep: Arc<Endpoint<A>>, mut req: Request) -> Response {
         events,
         encoding,
         keep_alive: keep_alive.map(|d| (d, Box::pin(tokio::time::sleep(d)))),
-        buf: Vec::new(),
         _guard: guard,
         _admitted: admitted,
     };
@@ -370,8 +369,6 @@ struct BodyStream {
     events: EventStream,
     encoding: Encoding,
     keep_alive: Option<(Duration, Pin<Box<Sleep>>)>,
-    /// The chunk being encoded.
-    buf: Vec<u8>,
     /// Held until the stream is dropped.
     _guard: Option<StreamGuard>,
     /// What the admission check handed over, held likewise.
@@ -379,8 +376,8 @@ struct BodyStream {
 }
 
 impl BodyStream {
-    fn encode(&mut self, e: &crate::event::AgUiEvent) {
-        if let Err(err) = self.encoding.encode_into(e, &mut self.buf) {
+    fn encode(&self, e: &crate::event::AgUiEvent, buf: &mut Vec<u8>) {
+        if let Err(err) = self.encoding.encode_into(e, buf) {
             tracing::error!("could not encode {}: {err}", e.event_type());
         }
     }
@@ -395,18 +392,18 @@ impl Stream for BodyStream {
             Poll::Ready(Some(first)) => {
                 // A new buffer per chunk, handed to the body without a copy: a stream that waits
                 // between chunks holds no buffer.
-                this.buf = Vec::with_capacity(256);
-                this.encode(&first);
+                let mut buf = Vec::with_capacity(256);
+                this.encode(&first, &mut buf);
                 for _ in 1..MAX_BATCH {
                     let Some(e) = this.events.try_next_event() else {
                         break;
                     };
-                    this.encode(&e);
+                    this.encode(&e, &mut buf);
                 }
                 if let Some((d, sleep)) = &mut this.keep_alive {
                     sleep.as_mut().reset(tokio::time::Instant::now() + *d);
                 }
-                Poll::Ready(Some(Ok(Bytes::from(std::mem::take(&mut this.buf)))))
+                Poll::Ready(Some(Ok(Bytes::from(buf))))
             }
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => {
