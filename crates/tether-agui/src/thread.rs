@@ -1087,7 +1087,7 @@ impl<S: crate::AgentState> Mapping<'_, S> {
     /// Maps the events the session delivered and the run has not shown yet, each when the
     /// client has room for it.
     async fn drain(&mut self, ctx: &mut RunContext<S>, events: &mut Subscription) -> AgUiResult<()> {
-        while let Ok(ev) = events.try_recv() {
+        while let Ok(ev) = events.try_recv_shared() {
             self.map(ctx, &ev).await?;
         }
         Ok(())
@@ -1220,7 +1220,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                         mut events,
                         ..
                     } = *h;
-                    while events.try_recv().is_ok() {}
+                    while events.try_recv_shared().is_ok() {}
                     handler.set_frontend(self.frontend_specs(ctx.input()));
                     let plan = Arc::new(plan);
                     let cancel = cancel.clone();
@@ -1338,7 +1338,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                     timed_out = true;
                     cancel.cancel();
                 }
-                ev = events.recv(), if events_open => match ev {
+                ev = events.recv_shared(), if events_open => match ev {
                     Some(ev) => mapping.map(ctx, &ev).await?,
                     None => events_open = false,
                 },

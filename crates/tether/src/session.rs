@@ -189,7 +189,7 @@ pub struct SessionBuilder {
     /// The thread to open, when the session is a thread's.
     thread: Option<ThreadOpen>,
     /// Subscriptions made before the session opened.
-    subscribers: Vec<mpsc::Sender<Box<Event>>>,
+    subscribers: Vec<mpsc::Sender<std::sync::Arc<Event>>>,
     /// The observer attached to the session's sink at open (a tracer).
     observer: Option<Arc<dyn EventObserver>>,
     /// The priority the session's model deltas are paced on ([`SessionBuilder::priority`]).

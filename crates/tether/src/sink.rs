@@ -46,7 +46,7 @@ struct Inner {
     store: Arc<dyn EventStore>,
     record: Mutex<Record>,
     live: StdMutex<LiveGuard>,
-    subscribers: StdMutex<Vec<mpsc::Sender<Box<Event>>>>,
+    subscribers: StdMutex<Vec<mpsc::Sender<Arc<Event>>>>,
     observer: OnceLock<Arc<dyn EventObserver>>,
     /// Whether the observer wants the deltas a [`DeltaSink`] delivers (its `wants_deltas`).
     observer_deltas: AtomicBool,
@@ -573,24 +573,20 @@ impl EventSink {
         self.inner.handler.on_event(&event, &info).await;
         // Fast path: a subscriber with room takes the event without waiting and without an async
         // lock; only a full queue makes the session wait (outside the lock) for that subscriber.
-        let mut waiting: Vec<(mpsc::Sender<Box<Event>>, Box<Event>)> = Vec::new();
+        let mut waiting: Vec<(mpsc::Sender<Arc<Event>>, Arc<Event>)> = Vec::new();
         {
             let Ok(mut subs) = self.inner.subscribers.lock() else {
                 return;
             };
             subs.retain(|s| !s.is_closed());
-            let n = subs.len();
-            let mut event = Some(event);
-            for (i, s) in subs.iter().enumerate() {
-                // The last subscriber gets the event itself (unless the record shares it); the
-                // others get clones.
-                let ev = if i + 1 == n {
-                    event.take().map(Delivered::into_box)
-                } else {
-                    event.as_deref().map(|e| Box::new(e.clone()))
-                };
-                let Some(ev) = ev else { break };
-                match s.try_send(ev) {
+            if subs.is_empty() {
+                return;
+            }
+            // Every subscriber shares one event: a durable one with the record (no copy of its
+            // payload while the store writes it), a live one in the allocation it gets here.
+            let event = event.into_shared();
+            for s in subs.iter() {
+                match s.try_send(Arc::clone(&event)) {
                     Ok(()) => {}
                     Err(mpsc::error::TrySendError::Full(ev)) => waiting.push((s.clone(), ev)),
                     Err(mpsc::error::TrySendError::Closed(_)) => {}
@@ -613,7 +609,7 @@ impl EventSink {
     }
 
     /// Delivers to a subscription made before the sink existed ([`Subscription::pair`]).
-    pub(crate) fn attach(&self, tx: mpsc::Sender<Box<Event>>) {
+    pub(crate) fn attach(&self, tx: mpsc::Sender<Arc<Event>>) {
         if let Ok(mut subs) = self.inner.subscribers.lock() {
             subs.push(tx);
         }
@@ -647,10 +643,10 @@ impl std::ops::Deref for Delivered {
 }
 
 impl Delivered {
-    fn into_box(self) -> Box<Event> {
+    fn into_shared(self) -> Arc<Event> {
         match self {
-            Delivered::Owned(e) => Box::new(e),
-            Delivered::Shared(e) => Box::new(unshare(e)),
+            Delivered::Owned(e) => Arc::new(e),
+            Delivered::Shared(e) => e,
         }
     }
 }
@@ -1170,17 +1166,19 @@ impl LiveMessage {
 /// A live feed of a session's events, in order (from [`EventSink::subscribe`]). Dropping it
 /// unsubscribes.
 ///
-/// The queue holds boxed events: a tokio channel allocates its slots 32 at a time, and 32
+/// The queue holds shared events: a tokio channel allocates its slots 32 at a time, and 32
 /// pointers (256 bytes) rather than 32 events (about 8 KiB) per block is what every concurrent
-/// session saves, at one small allocation per delivered event.
+/// session saves. A durable event is the record's own (not a copy of its payload), so a
+/// consumer that only reads events takes the `*_shared` forms; [`Subscription::recv`] and its
+/// siblings give an owned event, copied when the record still holds it.
 #[derive(Debug)]
 pub struct Subscription {
-    rx: mpsc::Receiver<Box<Event>>,
+    rx: mpsc::Receiver<Arc<Event>>,
 }
 
 impl Subscription {
     /// A subscription and the sender a sink delivers to.
-    pub(crate) fn pair(capacity: usize) -> (Subscription, mpsc::Sender<Box<Event>>) {
+    pub(crate) fn pair(capacity: usize) -> (Subscription, mpsc::Sender<Arc<Event>>) {
         let (tx, rx) = mpsc::channel(capacity.max(1));
         (Subscription { rx }, tx)
     }
@@ -1189,17 +1187,44 @@ impl Subscription {
     ///
     /// Cancel safe: an event is never lost when this future is dropped before it completes.
     pub async fn recv(&mut self) -> Option<Event> {
-        self.rx.recv().await.map(|b| *b)
+        self.recv_shared().await.map(unshare)
     }
 
     /// The next event if one is queued now.
     pub fn try_recv(&mut self) -> std::result::Result<Event, mpsc::error::TryRecvError> {
-        self.rx.try_recv().map(|b| *b)
+        self.try_recv_shared().map(unshare)
     }
 
     /// Polls for the next event.
     pub fn poll_recv(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Option<Event>> {
-        self.rx.poll_recv(cx).map(|o| o.map(|b| *b))
+        self.poll_recv_shared(cx).map(|o| o.map(unshare))
+    }
+
+    /// The next event as delivered, shared with the record and the other subscribers; `None`
+    /// once the session is gone and every event was received. Cancel safe, as [`Subscription::recv`].
+    ///
+    /// ```
+    /// # async fn f(sub: &mut tether::Subscription) {
+    /// while let Some(ev) = sub.recv_shared().await {
+    ///     println!("{}", ev.raw_type);
+    /// }
+    /// # }
+    /// ```
+    pub async fn recv_shared(&mut self) -> Option<Arc<Event>> {
+        self.rx.recv().await
+    }
+
+    /// The next event as delivered, if one is queued now.
+    pub fn try_recv_shared(&mut self) -> std::result::Result<Arc<Event>, mpsc::error::TryRecvError> {
+        self.rx.try_recv()
+    }
+
+    /// Polls for the next event as delivered.
+    pub fn poll_recv_shared(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Arc<Event>>> {
+        self.rx.poll_recv(cx)
     }
 
     /// Closes the feed: the session stops delivering to it; queued events can still be received.
@@ -1923,6 +1948,38 @@ mod tests {
             .map(|e| e.id.clone())
             .collect();
         assert_eq!(record, ["a", "b", "c"]);
+    }
+
+    #[tokio::test]
+    async fn subscribers_share_a_durable_event_with_the_record_and_with_each_other() {
+        let store = Arc::new(crate::store::MemoryStore::default());
+        let sink = EventSink::new(
+            SessionInfo::new("s1", "test"),
+            Arc::new(crate::handler::NoTools),
+            store,
+        );
+        let mut a = sink.subscribe(8).await;
+        let mut b = sink.subscribe(8).await;
+        assert!(sink.emit(stored("a", 0)).await.unwrap());
+        let (Ok(got_a), Ok(got_b)) = (a.try_recv_shared(), b.try_recv_shared()) else {
+            panic!("both subscribers get the event");
+        };
+        let record = sink.take_record().await;
+        assert!(
+            Arc::ptr_eq(&got_a, &record[0]) && Arc::ptr_eq(&got_b, &record[0]),
+            "one event, not a copy per subscriber"
+        );
+        assert_eq!(got_a.seq, Some(1));
+        // A live event: one allocation shared by both; the owned form still reads it.
+        DeltaSink::new(sink.clone(), "m1").text("hi").await;
+        let (Ok(live_a), Ok(live_b)) = (a.try_recv_shared(), b.try_recv()) else {
+            panic!("both subscribers get the delta");
+        };
+        for kind in [&live_a.kind, &live_b.kind] {
+            assert!(
+                matches!(kind, EventKind::TextDelta { message_id, delta } if message_id == "m1" && delta == "hi")
+            );
+        }
     }
 
     #[test]
