@@ -158,7 +158,8 @@ pub fn run_agent<A: Agent>(agent: Arc<A>, input: RunAgentInput, options: RunOpti
             }
             Err(e) => Err(e),
         };
-        ctx.finish(result).await;
+        // Boxed: the end's future (~1 KB) would otherwise size the run's task for its whole life.
+        Box::pin(ctx.finish(result)).await;
     };
     let task = match runtime {
         Some(rt) => rt.spawn(run),

@@ -412,7 +412,10 @@ impl Done {
     }
 }
 
-type WorkOut = (Option<Session>, std::result::Result<Done, WorkError>);
+/// What a run's work leaves: its session (to keep) and how its turn ended. Boxed: held inline it
+/// sized the run's relay future (the `select!` output, the locals after it) by ~1.1 KB for the
+/// whole of every run.
+type WorkOut = Box<(Option<Session>, std::result::Result<Done, WorkError>)>;
 type Work = Pin<Box<dyn Future<Output = WorkOut> + Send>>;
 
 /// What a request brings, owned (the work outlives the borrow of the run's input).
@@ -886,7 +889,7 @@ impl<S> ThreadAgent<S> {
                 ask.refuse();
                 // The turn goes on with the refusal; its session is closed when it ends.
                 tokio::spawn(async move {
-                    if let Ok((Some(s), _)) = work.await {
+                    if let Ok((Some(s), _)) = work.await.map(|o| *o) {
                         let _ = s.close().await;
                     }
                 });
@@ -1194,21 +1197,21 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                     let h = handler.clone();
                     let work: Work = Box::pin(async move {
                         let (session, first) = match held.await {
-                            Ok(out) => out,
+                            Ok(out) => *out,
                             Err(e) => (
                                 None,
                                 Err(WorkError::Internal(format!("the held turn failed: {e}"))),
                             ),
                         };
                         let Some(mut session) = session else {
-                            return (None, first);
+                            return Box::new((None, first));
                         };
                         let first = match first {
                             Ok(d) => d,
-                            Err(e) => return (Some(session), Err(e)),
+                            Err(e) => return Box::new((Some(session), Err(e))),
                         };
                         let next = steps(&mut session, store.as_ref(), &plan, &h, cancel, false).await;
-                        (Some(session), next.map(|d| d.after(first)))
+                        Box::new((Some(session), next.map(|d| d.after(first))))
                     });
                     (work, handler, asks, events)
                 }
@@ -1228,7 +1231,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                     let h = handler.clone();
                     let work: Work = Box::pin(async move {
                         let r = steps(&mut session, store.as_ref(), &plan, &h, cancel, false).await;
-                        (Some(session), r)
+                        Box::new((Some(session), r))
                     });
                     (work, handler, asks, events)
                 }
@@ -1293,18 +1296,19 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
                     let store = store.clone();
                     let h = handler.clone();
                     let on_open = self.on_open.clone();
+                    // Boxed, as the open's future (3.5 KB) is: what the work captures stays for
+                    // its whole life, and the builder (~600 bytes) is spent once the session is open.
+                    let builder = Box::new(builder);
                     let work: Work = Box::pin(async move {
-                        // Boxed: the open's future (3.5 KB) is gone once the session is open,
-                        // instead of sizing this one for the whole run.
-                        let mut session = match Box::pin(builder.open()).await {
+                        let mut session = match Box::pin((*builder).open()).await {
                             Ok(s) => s,
-                            Err(e) => return (None, Err(WorkError::Tether(e))),
+                            Err(e) => return Box::new((None, Err(WorkError::Tether(e)))),
                         };
                         if let Some(f) = on_open {
                             f(session.sink()).await;
                         }
                         let r = steps(&mut session, store.as_ref(), &plan, &h, cancel, true).await;
-                        (Some(session), r)
+                        Box::new((Some(session), r))
                     });
                     (work, handler, rx, events)
                 }
@@ -1326,7 +1330,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
         let mut stopping = false;
         let mut timed_out = false;
         let mut events_open = true;
-        let (session, result) = loop {
+        let out = loop {
             tokio::select! {
                 biased;
                 _ = client_gone.cancelled(), if !stopping => {
@@ -1381,6 +1385,7 @@ impl<S: crate::AgentState + Sync> ThreadAgent<S> {
         };
         // 3. Keep the session (or close it), then end the run.
         mapping.drain(ctx, &mut events).await?;
+        let (session, result) = *out;
         if let Some(session) = session {
             if self.keep_alive > 0 {
                 *live = Live::Idle(Box::new(Held {

@@ -206,157 +206,14 @@ impl LocalLoop {
         Ok(())
     }
 
-    async fn call_model(&mut self, cx: &TurnContext, message_id: &str) -> Result<ChatResponse> {
-        // The tools change rarely (between requests, or an MCP server's list): copied only then,
-        // and not even compared while the engine declares the list it declared last time.
-        let generation = cx.tools_generation();
-        if (generation.is_none() || generation != self.tools_generation) && self.req.tools != cx.tools {
-            self.req.tools = cx.tools.clone();
-        }
-        self.tools_generation = generation;
-        let req = &self.req;
-        let mut retries = 0u32;
-        loop {
-            if cx.sink.observed() {
-                // The model call's start, for a tracer (a mark: not recorded, not delivered).
-                let model = if req.model.is_empty() {
-                    self.model.default_model()
-                } else {
-                    req.model.as_str()
-                };
-                cx.sink.mark(Mark::ModelCall(&ModelCall {
-                    message_id,
-                    attempt: retries + 1,
-                    model,
-                    provider: self.model.name(),
-                    endpoint: self.model.endpoint(),
-                    request: req,
-                }));
-            }
-            // Every attempt streams under the message's one id: the sink then shows a retried
-            // message once (a repeat is held back, a different attempt restarts the message).
-            let deltas = DeltaSink::new(cx.sink.clone(), message_id);
-            match self.model.chat(req, &deltas).await {
-                Ok(r) => return Ok(r),
-                Err(e) => {
-                    let Some(d) = self.retry.delay_for(&e, retries) else {
-                        return Err(e);
-                    };
-                    retries += 1;
-                    tracing::warn!(attempt = retries, delay_ms = d.as_millis() as u64, error = %e, "retrying model call");
-                    cx.sink
-                        .record(
-                            "",
-                            raw::LOCAL_RETRY,
-                            json!({"type": raw::LOCAL_RETRY, "attempt": retries, "delay_ms": d.as_millis() as u64, "error": e.to_string(), "status": e.status()}),
-                            EventKind::Retry {
-                                attempt: retries,
-                                delay_ms: d.as_millis() as u64,
-                                error: e.to_string(),
-                            },
-                        )
-                        .await?;
-                    self.retry.sleeper.sleep(d).await;
-                }
-            }
-        }
-    }
-}
-
-/// The duplicate-call key: the tool name and its arguments (see [`ToolUse::fingerprint`]):
-/// canonical JSON when they parse, the raw text when they don't.
-/// The loop keys each call by its decoded use's fingerprint, which is this.
-#[cfg(test)]
-fn call_key(name: &str, arguments: &str) -> String {
-    ToolUse::from_arguments("", name, arguments).fingerprint()
-}
-
-#[async_trait]
-impl Provider for LocalLoop {
-    fn name(&self) -> &str {
-        "local"
-    }
-
-    async fn open(&mut self, _cx: &TurnContext) -> Result<Opened> {
-        // The system prompt and an imported transcript are in no record.
-        self.beyond_record = true;
-        if self.req.messages.is_empty()
-            && let Some(p) = &self.system_prompt
-        {
-            self.req.messages.push(ChatMessage::system(p.clone()));
-        }
-        Ok(Opened {
-            session_id: self.session_id.clone(),
-            resumed: self.resumed,
-            ..Opened::default()
-        })
-    }
-
-    /// Rebuilds the history from the thread's checkpoint and the events recorded after it (see
-    /// the `rebuild` module): tool calls left unanswered are pending, user messages left
-    /// unanswered are sent again. Messages of this loop are numbered under its own fresh session
-    /// id, so their ids never collide with those already recorded.
-    async fn resume(&mut self, from: Resume<'_>, cx: &TurnContext) -> Result<Opened> {
-        let rb = rebuild::rebuild(&from, self.system_prompt.as_deref(), cx).await?;
-        self.req.messages = rb.history;
-        self.resumed = true;
-        // Rebuilt from the checkpoint and the record: the same resume rebuilds it again.
-        self.beyond_record = false;
-        if self.req.messages.is_empty()
-            && let Some(p) = &self.system_prompt
-        {
-            self.req.messages.push(ChatMessage::system(p.clone()));
-        }
-        Ok(Opened {
-            session_id: from
-                .session_id
-                .map(str::to_owned)
-                .unwrap_or_else(|| self.session_id.clone()),
-            resumed: true,
-            pending: rb.pending,
-            unanswered: rb.unanswered,
-        })
-    }
-
-    async fn turn(&mut self, input: Input, cx: &TurnContext) -> Result<TurnResult> {
-        match input {
-            Input::Message(text) => {
-                self.req.messages.push(ChatMessage::user(text));
-                self.seen.clear();
-                self.error_counts.clear();
-            }
-            Input::ToolResults(answered) => self.apply_results(cx, &answered).await?,
-            Input::Continue => {}
-            Input::Raw(v) => {
-                let m: ChatMessage = serde_json::from_value(v).map_err(|e| {
-                    Error::config_with(
-                        crate::ConfigKind::Invalid,
-                        "a raw input to the local loop must be a chat message",
-                        e,
-                    )
-                })?;
-                if m.role == Role::User {
-                    self.seen.clear();
-                    self.error_counts.clear();
-                }
-                self.req.messages.push(m);
-                self.beyond_record = true;
-            }
-        }
-        if cx.is_final_turn() {
-            let text = match &cx.terminal_tool {
-                Some(t) => format!(
-                    "FINAL TURN: you are about to reach the maximum number of turns. Call `{t}` now with your final answer, and no other tool."
-                ),
-                None => "FINAL TURN: you are about to reach the maximum number of turns. Give your final answer now, without calling any tool.".to_owned(),
-            };
-            self.directive(cx, "final_turn", text).await?;
-        }
-        // Derived from the history's length, so ids stay unique when a session is reattached
-        // from its transcript (a restarted counter would collide with recorded ids).
-        let message_id = format!("{}-m{}", self.session_id, self.req.messages.len());
-        let resp = self.call_model(cx, &message_id).await?;
-
+    /// The rest of a turn once the model answered: the response recorded (with its usage and
+    /// any repeated calls answered), the turn's result.
+    async fn answered(
+        &mut self,
+        cx: &TurnContext,
+        message_id: String,
+        resp: ChatResponse,
+    ) -> Result<TurnResult> {
         // Each call decoded once: for the record, the duplicate check and the engine.
         let all_uses: Vec<ToolUse> = resp.message.tool_calls.iter().map(|c| c.to_tool_use()).collect();
         let mut uses = Vec::new();
@@ -453,6 +310,164 @@ impl Provider for LocalLoop {
             server_tool_uses: Vec::new(),
             usage: resp.usage,
         })
+    }
+
+    async fn call_model(&mut self, cx: &TurnContext, message_id: &str) -> Result<ChatResponse> {
+        // The tools change rarely (between requests, or an MCP server's list): copied only then,
+        // and not even compared while the engine declares the list it declared last time.
+        let generation = cx.tools_generation();
+        if (generation.is_none() || generation != self.tools_generation) && self.req.tools != cx.tools {
+            self.req.tools = cx.tools.clone();
+        }
+        self.tools_generation = generation;
+        let req = &self.req;
+        let mut retries = 0u32;
+        loop {
+            if cx.sink.observed() {
+                // The model call's start, for a tracer (a mark: not recorded, not delivered).
+                let model = if req.model.is_empty() {
+                    self.model.default_model()
+                } else {
+                    req.model.as_str()
+                };
+                cx.sink.mark(Mark::ModelCall(&ModelCall {
+                    message_id,
+                    attempt: retries + 1,
+                    model,
+                    provider: self.model.name(),
+                    endpoint: self.model.endpoint(),
+                    request: req,
+                }));
+            }
+            // Every attempt streams under the message's one id: the sink then shows a retried
+            // message once (a repeat is held back, a different attempt restarts the message).
+            let deltas = DeltaSink::new(cx.sink.clone(), message_id);
+            match self.model.chat(req, &deltas).await {
+                Ok(r) => return Ok(r),
+                Err(e) => {
+                    let Some(d) = self.retry.delay_for(&e, retries) else {
+                        return Err(e);
+                    };
+                    retries += 1;
+                    tracing::warn!(attempt = retries, delay_ms = d.as_millis() as u64, error = %e, "retrying model call");
+                    // Boxed: a retry is rare, and a record's future inline (1.6 KB) sized this
+                    // call's future by that much for the whole of every model stream.
+                    Box::pin(cx.sink.record(
+                        "",
+                        raw::LOCAL_RETRY,
+                        json!({"type": raw::LOCAL_RETRY, "attempt": retries, "delay_ms": d.as_millis() as u64, "error": e.to_string(), "status": e.status()}),
+                        EventKind::Retry {
+                            attempt: retries,
+                            delay_ms: d.as_millis() as u64,
+                            error: e.to_string(),
+                        },
+                    ))
+                    .await?;
+                    self.retry.sleeper.sleep(d).await;
+                }
+            }
+        }
+    }
+}
+
+/// The duplicate-call key: the tool name and its arguments (see [`ToolUse::fingerprint`]):
+/// canonical JSON when they parse, the raw text when they don't.
+/// The loop keys each call by its decoded use's fingerprint, which is this.
+#[cfg(test)]
+fn call_key(name: &str, arguments: &str) -> String {
+    ToolUse::from_arguments("", name, arguments).fingerprint()
+}
+
+#[async_trait]
+impl Provider for LocalLoop {
+    fn name(&self) -> &str {
+        "local"
+    }
+
+    async fn open(&mut self, _cx: &TurnContext) -> Result<Opened> {
+        // The system prompt and an imported transcript are in no record.
+        self.beyond_record = true;
+        if self.req.messages.is_empty()
+            && let Some(p) = &self.system_prompt
+        {
+            self.req.messages.push(ChatMessage::system(p.clone()));
+        }
+        Ok(Opened {
+            session_id: self.session_id.clone(),
+            resumed: self.resumed,
+            ..Opened::default()
+        })
+    }
+
+    /// Rebuilds the history from the thread's checkpoint and the events recorded after it (see
+    /// the `rebuild` module): tool calls left unanswered are pending, user messages left
+    /// unanswered are sent again. Messages of this loop are numbered under its own fresh session
+    /// id, so their ids never collide with those already recorded.
+    async fn resume(&mut self, from: Resume<'_>, cx: &TurnContext) -> Result<Opened> {
+        let rb = rebuild::rebuild(&from, self.system_prompt.as_deref(), cx).await?;
+        self.req.messages = rb.history;
+        self.resumed = true;
+        // Rebuilt from the checkpoint and the record: the same resume rebuilds it again.
+        self.beyond_record = false;
+        if self.req.messages.is_empty()
+            && let Some(p) = &self.system_prompt
+        {
+            self.req.messages.push(ChatMessage::system(p.clone()));
+        }
+        Ok(Opened {
+            session_id: from
+                .session_id
+                .map(str::to_owned)
+                .unwrap_or_else(|| self.session_id.clone()),
+            resumed: true,
+            pending: rb.pending,
+            unanswered: rb.unanswered,
+        })
+    }
+
+    async fn turn(&mut self, input: Input, cx: &TurnContext) -> Result<TurnResult> {
+        match input {
+            Input::Message(text) => {
+                self.req.messages.push(ChatMessage::user(text));
+                self.seen.clear();
+                self.error_counts.clear();
+            }
+            // The awaits around the model call are boxed: inline, each sized the turn's future
+            // for the whole of the model's stream (the turn's future is 2.5 KB with them, ~500
+            // bytes without), and each runs while the stream's own future is gone.
+            Input::ToolResults(answered) => Box::pin(self.apply_results(cx, &answered)).await?,
+            Input::Continue => {}
+            Input::Raw(v) => {
+                let m: ChatMessage = serde_json::from_value(v).map_err(|e| {
+                    Error::config_with(
+                        crate::ConfigKind::Invalid,
+                        "a raw input to the local loop must be a chat message",
+                        e,
+                    )
+                })?;
+                if m.role == Role::User {
+                    self.seen.clear();
+                    self.error_counts.clear();
+                }
+                self.req.messages.push(m);
+                self.beyond_record = true;
+            }
+        }
+        if cx.is_final_turn() {
+            let text = match &cx.terminal_tool {
+                Some(t) => format!(
+                    "FINAL TURN: you are about to reach the maximum number of turns. Call `{t}` now with your final answer, and no other tool."
+                ),
+                None => "FINAL TURN: you are about to reach the maximum number of turns. Give your final answer now, without calling any tool.".to_owned(),
+            };
+            Box::pin(self.directive(cx, "final_turn", text)).await?;
+        }
+        // Derived from the history's length, so ids stay unique when a session is reattached
+        // from its transcript (a restarted counter would collide with recorded ids).
+        let message_id = format!("{}-m{}", self.session_id, self.req.messages.len());
+        let resp = self.call_model(cx, &message_id).await?;
+
+        Box::pin(self.answered(cx, message_id, resp)).await
     }
 
     async fn record_tool_results(&mut self, answered: &[ToolUseResult]) -> Result<()> {

@@ -1175,7 +1175,7 @@ impl Session {
                 // The drive future is gone: its tool tasks were aborted as it was dropped.
                 stop_tasks(&self.tasks).await;
                 let _ = tokio::time::timeout(PROVIDER_GRACE, self.provider.interrupt()).await;
-                if let Err(e) = self.settle(why).await {
+                if let Err(e) = Box::pin(self.settle(why)).await {
                     tracing::warn!(error = %e, "could not record the tool uses a stop left unanswered");
                 }
                 Err(stopped)
@@ -1206,6 +1206,9 @@ impl Session {
     /// Answers the tool batch in flight after a stop (`why`): uses not yet run, running, or
     /// waiting on a front-end get an error result (memoized and recorded), and the whole batch is
     /// handed to the provider, whose history then holds an answer for every call.
+    ///
+    /// Its callers box it: a stop is rare, and inline its 2.6 KB future sized every request's
+    /// future (`request`, `drive`) for the whole of every turn.
     async fn settle(&mut self, why: &str) -> Result<()> {
         let slots = std::mem::take(&mut *lock(&self.batch));
         if slots.is_empty() {
@@ -1380,7 +1383,7 @@ impl Session {
                             saving.await?;
                         }
                         // The turn's tool uses are answered (not run), so the history stays whole.
-                        self.settle(&format!("the session was halted ({reason})")).await?;
+                        Box::pin(self.settle(&format!("the session was halted ({reason})"))).await?;
                         let sr = StopReason::Halted { reason };
                         return Ok(self.finish(acc, Terminal::Terminated, sr, Vec::new()).await);
                     }
@@ -1403,7 +1406,7 @@ impl Session {
                     if let Err(e) = saved {
                         // The calls that ran are memoized and recorded: the provider gets their
                         // results (and the others an error result), so its history stays whole.
-                        self.settle("the checkpoint could not be saved").await?;
+                        Box::pin(self.settle("the checkpoint could not be saved")).await?;
                         return Err(e);
                     }
                     let (results, pending) = ran?;
@@ -1534,19 +1537,19 @@ impl Session {
                 };
                 attempts += 1;
                 let delay_ms = delay.as_millis() as u64;
-                self.cx
-                    .sink
-                    .record(
-                        "",
-                        raw::RECONNECT,
-                        json!({"attempt": attempts, "delay_ms": delay_ms, "error": err.to_string()}),
-                        EventKind::Retry {
-                            attempt: attempts,
-                            delay_ms,
-                            error: err.to_string(),
-                        },
-                    )
-                    .await?;
+                // Boxed: a reconnect is rare, and a record's future (2 KB) inline sized the
+                // session's request future by that much for the whole of every turn.
+                Box::pin(self.cx.sink.record(
+                    "",
+                    raw::RECONNECT,
+                    json!({"attempt": attempts, "delay_ms": delay_ms, "error": err.to_string()}),
+                    EventKind::Retry {
+                        attempt: attempts,
+                        delay_ms,
+                        error: err.to_string(),
+                    },
+                ))
+                .await?;
                 self.config.reconnect.sleeper.sleep(delay).await;
                 match self.provider.reconnect(&self.cx).await {
                     Ok(p) => break p,
